@@ -1,0 +1,15 @@
+//! Generated RLS v3 types (see `build.rs` and `proto/`).
+//!
+//! `RateLimitDescriptor.Entry.key/value` are `Vec<u8>` here: Envoy may send raw header bytes
+//! that are not UTF-8, and decoding them as `string` would fail the whole RPC.
+//! [`FILE_DESCRIPTOR_SET`] is the canonical, string-typed schema served by reflection.
+#![allow(missing_docs, clippy::all, clippy::pedantic)]
+
+include!(concat!(env!("OUT_DIR"), "/floodgate_proto.rs"));
+
+/// Canonical encoded `FileDescriptorSet` of `proto/` (string-typed entries), for reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/floodgate_descriptor.bin"));
+
+pub use envoy::extensions::common::ratelimit::v3 as common;
+pub use envoy::service::ratelimit::v3 as rls;
