@@ -4,11 +4,24 @@
 //! script (`lua/`) must agree with it exactly (a randomized equivalence test drives both).
 //! Hence the rules followed everywhere here:
 //! - time is integer microseconds since the Unix epoch, passed in (never read from a clock);
-//! - only integer arithmetic, and every intermediate value stays below 2^53 so that Lua's
-//!   doubles compute the very same numbers;
+//! - only `+`, `-`, `×` and floor division of non-negative integers, and every intermediate
+//!   value stays below 2^53 so that Lua's doubles compute the very same numbers (each file
+//!   notes its bounds; tests assert them through `exact`);
 //! - a denied or check-only (`cost == 0`) evaluation never changes state.
 //!
-//! Placeholder: the algorithms land with the limiter change; the types below are the contract.
+//! The store evaluates every bucket of a request, then either commits every
+//! [`Evaluation::next`] (all enforcing buckets admitted) or none of them (DESIGN §4: a denied
+//! request debits nothing), and reports [`Evaluation::committed`] or [`Evaluation::current`].
+//!
+//! Inputs outside the documented domain (a `now_us` outside `[0, 2^52]`, params that fail
+//! [`LimitParams::validate`], corrupt stored state) are clamped into it, so `evaluate` never
+//! panics; for valid inputs the clamps are no-ops. The operator-facing description of the math
+//! is `docs/algorithms.md`.
+
+mod fixed_window;
+mod sliding_window;
+mod token_bucket;
+mod window;
 
 /// Which algorithm a limit uses (`algorithm:` in the limits file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,3 +72,243 @@ pub enum State {
         previous: u64,
     },
 }
+
+/// Signed cost of one bucket operation: > 0 debit, < 0 refund, 0 = check only.
+///
+/// Callers clamp `u64` hits into the `i64` range before calling.
+pub type Cost = i64;
+
+/// What the bucket looks like from outside: whole tokens left and time until full/reset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct View {
+    /// Whole tokens (requests) that could still be admitted now (`limit_remaining`).
+    pub remaining: u64,
+    /// µs until the bucket is full again / the counted hits are forgotten
+    /// (`duration_until_reset`, which the service rounds up to seconds).
+    pub reset_us: u64,
+}
+
+/// The outcome of evaluating one cost against one bucket; see the module docs for how the
+/// store combines evaluations of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Would this cost be admitted? (Refunds and checks of a non-overdrawn bucket: true.)
+    pub admitted: bool,
+    /// The state to store if the caller commits this evaluation, with its TTL in µs
+    /// (time until the state is equivalent to absent). `None` = leave stored state unchanged.
+    /// `Some((_, 0))` means the state equals "absent": the store may delete the key.
+    /// Always `None` when !admitted or cost == 0.
+    pub next: Option<(State, u64)>,
+    /// The view if `next` is committed (equals `current` when `next` is None).
+    pub committed: View,
+    /// The view if nothing is committed (state as it is now, at `now_us`).
+    pub current: View,
+    /// When !admitted: µs from now until this same cost could be admitted; `None` if never
+    /// (cost above capacity / limit, or requests_per_period == 0). `Some(0)` when admitted.
+    pub retry_after_us: Option<u64>,
+}
+
+impl Evaluation {
+    /// Admitted without touching state (check-only, or nothing to change).
+    fn unchanged(current: View) -> Self {
+        Evaluation {
+            admitted: true,
+            next: None,
+            committed: current,
+            current,
+            retry_after_us: Some(0),
+        }
+    }
+
+    /// Not admitted: state stays as it is.
+    fn denied(current: View, retry_after_us: Option<u64>) -> Self {
+        Evaluation {
+            admitted: false,
+            next: None,
+            committed: current,
+            current,
+            retry_after_us,
+        }
+    }
+
+    /// Admitted, storing `state` for `ttl_us`, after which the bucket looks like `committed`.
+    fn commit(current: View, state: State, ttl_us: u64, committed: View) -> Self {
+        Evaluation {
+            admitted: true,
+            next: Some((state, ttl_us)),
+            committed,
+            current,
+            retry_after_us: Some(0),
+        }
+    }
+}
+
+/// A [`Cost`] split by what it asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    /// `cost == 0`: would the bucket admit anything at all? Never changes state.
+    Check,
+    /// `cost > 0`: take this many tokens.
+    Debit(u64),
+    /// `cost < 0`: give this many tokens back (a request that was debited but not served).
+    Refund(u64),
+}
+
+impl Op {
+    fn of(cost: Cost) -> Self {
+        match cost {
+            0 => Op::Check,
+            c if c > 0 => Op::Debit(c.unsigned_abs()),
+            c => Op::Refund(c.unsigned_abs()),
+        }
+    }
+}
+
+/// Largest `now_us` the arithmetic is designed for: 2^52 µs ≈ 142 years after 1970, so
+/// `now + 2 × period` and `tat + tolerance` stay below 2^53.
+pub const MAX_NOW_US: i64 = 1 << 52;
+
+/// Longest period: 2^36 ms ≈ 795 days, so the sliding window's `W_ms × 65536` stays below 2^53.
+pub const MAX_PERIOD_US: u64 = (1 << 36) * 1000;
+
+/// Largest token bucket tolerance `burst × T`: 2^50 µs ≈ 35.7 years. Bounds the stored
+/// theoretical arrival time to `now + 2^50`, so `tat + cost × T` stays below 2^53.
+pub const MAX_TOLERANCE_US: u64 = 1 << 50;
+
+/// Largest `requests_per_period`, `burst` and stored counter (`u32::MAX`, what Envoy's
+/// `requests_per_unit` can carry); keeps `count × 65536` below 2^48.
+pub const MAX_COUNT: u64 = u32::MAX as u64;
+
+/// Evaluate `cost` against a bucket. `state` None = absent (full bucket / empty windows).
+/// A state of another algorithm than `params.algorithm` is treated as absent.
+///
+/// `now_us` is clamped to `[0, MAX_NOW_US]`; see the module docs for the other clamps.
+pub fn evaluate(
+    params: &LimitParams,
+    state: Option<&State>,
+    now_us: i64,
+    cost: Cost,
+) -> Evaluation {
+    let now = now_us.clamp(0, MAX_NOW_US);
+    match params.algorithm {
+        Algorithm::TokenBucket => {
+            let tat = match state {
+                Some(State::TokenBucket { tat_us }) => Some(*tat_us),
+                _ => None,
+            };
+            token_bucket::evaluate(params, tat, now, cost)
+        }
+        Algorithm::FixedWindow => {
+            let stored = match state {
+                Some(State::FixedWindow { window, count }) => Some((*window, *count)),
+                _ => None,
+            };
+            fixed_window::evaluate(params, stored, now, cost)
+        }
+        Algorithm::SlidingWindow => {
+            let stored = match state {
+                Some(State::SlidingWindow {
+                    window,
+                    current,
+                    previous,
+                }) => Some(sliding_window::Stored {
+                    window: *window,
+                    current: *current,
+                    previous: *previous,
+                }),
+                _ => None,
+            };
+            sliding_window::evaluate(params, stored, now, cost)
+        }
+    }
+}
+
+impl LimitParams {
+    /// Validates Lua-safety bounds; returns a human message on failure (used by config loading).
+    ///
+    /// The bounds keep every value the Redis script computes below 2^53 (see the constants).
+    pub fn validate(&self) -> Result<(), String> {
+        let period = self.period_us;
+        if period == 0 || !period.is_multiple_of(1_000_000) {
+            return Err(format!(
+                "the period must be a positive whole number of seconds (got {period} µs)"
+            ));
+        }
+        if period > MAX_PERIOD_US {
+            return Err(format!(
+                "the period ({} s) exceeds the longest supported period, 2^36 ms (about 795 \
+                 days)",
+                period / 1_000_000
+            ));
+        }
+        if self.requests_per_period > MAX_COUNT {
+            return Err(format!(
+                "requests_per_unit {} exceeds the maximum {MAX_COUNT}",
+                self.requests_per_period
+            ));
+        }
+        if self.burst > MAX_COUNT {
+            return Err(format!(
+                "burst {} exceeds the maximum {MAX_COUNT}",
+                self.burst
+            ));
+        }
+        if self.algorithm == Algorithm::TokenBucket && self.requests_per_period > 0 {
+            let rate = self.requests_per_period;
+            if rate > period {
+                return Err(format!(
+                    "token_bucket can grant at most one token per microsecond (requests_per_unit \
+                     {rate} per {}); use algorithm: fixed_window",
+                    describe_period(period)
+                ));
+            }
+            let tolerance = u128::from(token_bucket::emission_interval_us(period, rate))
+                * u128::from(self.burst);
+            if tolerance > u128::from(MAX_TOLERANCE_US) {
+                return Err(format!(
+                    "token_bucket burst {} at requests_per_unit {rate} per {} takes {} s to \
+                     refill, more than the supported 2^50 µs (about 35 years); lower burst",
+                    self.burst,
+                    describe_period(period),
+                    tolerance / 1_000_000
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// "second" or "N seconds", for messages.
+fn describe_period(period_us: u64) -> String {
+    match period_us / 1_000_000 {
+        1 => "second".to_owned(),
+        s => format!("{s} seconds"),
+    }
+}
+
+/// Period used by the math: validated params pass through; others are clamped to
+/// `[1 ms, MAX_PERIOD_US]` so no division by zero or overflow can happen.
+fn period_us(params: &LimitParams) -> i64 {
+    // MAX_PERIOD_US < 2^47, so the conversion cannot fail.
+    i64::try_from(params.period_us.clamp(1000, MAX_PERIOD_US)).unwrap_or(i64::MAX)
+}
+
+/// `requests_per_period` used by the math (clamped to [`MAX_COUNT`]).
+fn limit(params: &LimitParams) -> u64 {
+    params.requests_per_period.min(MAX_COUNT)
+}
+
+/// Marks a value the Lua script computes as a double. Under `cfg(test)` it asserts the value is
+/// exactly representable (|x| < 2^53); otherwise it is the identity.
+fn exact<T: Into<i128> + Copy>(value: T) -> T {
+    #[cfg(test)]
+    assert!(
+        value.into().unsigned_abs() < 1 << 53,
+        "value {} would lose precision in Lua",
+        value.into()
+    );
+    value
+}
+
+#[cfg(test)]
+mod tests;

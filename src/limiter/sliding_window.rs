@@ -1,0 +1,372 @@
+//! Sliding window: the two-counter estimate. The previous window's count is weighted by the
+//! share of the sliding window (`now − period, now]` that still overlaps it, in 1/65536 steps at
+//! millisecond resolution, and added to the current window's count.
+//!
+//! Bounds (validated params, `now ≤ 2^52`): `W_ms ≤ 2^36`, so `(W_ms − elapsed_ms) × 65536 ≤
+//! 2^52`; counts ≤ 2^32, so `count × weight ≤ 2^48`; in the retry solver
+//! `(budget + 1) × 65536 ≤ 2^48` and `(w_max + 1) × W_ms ≤ 65537 × 2^36 < 2^53`;
+//! `start + 2 × period ≤ 2^52 + 2^47`.
+
+use super::window::{Position, plausible};
+use super::{Cost, Evaluation, LimitParams, MAX_COUNT, Op, State, View, exact};
+
+/// Fixed-point one: weights are in 1/65536.
+const ONE: u64 = 65536;
+
+/// The stored counters of one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Stored {
+    /// Index of the window `current` counts.
+    pub(super) window: i64,
+    /// Hits in that window.
+    pub(super) current: u64,
+    /// Hits in the window before it.
+    pub(super) previous: u64,
+}
+
+/// The counters as of the evaluation time, and the weight of `previous`.
+#[derive(Clone, Copy, Debug)]
+struct Counters {
+    current: u64,
+    previous: u64,
+    /// Window length in ms (`W_ms`).
+    window_ms: u64,
+    /// Weight of `previous` in 1/65536, in `(0, 65536]`.
+    weight: u64,
+}
+
+impl Counters {
+    /// `floor(previous × weight / 65536) + current`.
+    fn estimate(&self) -> u64 {
+        exact(self.previous * self.weight) / ONE + self.current
+    }
+}
+
+/// `w(e) = floor((W_ms − e) × 65536 / W_ms)`: weight of the previous window at `e` whole ms
+/// into the current one.
+fn weight(window_ms: u64, elapsed_ms: u64) -> u64 {
+    exact(window_ms.saturating_sub(elapsed_ms) * ONE) / window_ms
+}
+
+/// The first whole ms `e` into a window at which `floor(previous × w(e) / 65536) ≤ budget`,
+/// or `None` if no `e < W_ms` qualifies. Solved in integers (w(e) is non-increasing in e):
+/// the condition is `w(e) ≤ w_max = floor(((budget + 1) × 65536 − 1) / previous)`, and
+/// `w(e) ≤ w_max ⇔ W_ms − e ≤ floor(((w_max + 1) × W_ms − 1) / 65536)`.
+fn first_ms_within(previous: u64, budget: u64, window_ms: u64) -> Option<u64> {
+    if previous == 0 {
+        return Some(0);
+    }
+    let w_max = (exact((budget + 1) * ONE) - 1) / previous;
+    if w_max >= ONE {
+        return Some(0);
+    }
+    let span = (exact((w_max + 1) * window_ms) - 1) / ONE;
+    let e = window_ms.saturating_sub(span);
+    (e < window_ms).then_some(e)
+}
+
+/// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against the stored counters.
+pub(super) fn evaluate(
+    params: &LimitParams,
+    stored: Option<Stored>,
+    now: i64,
+    cost: Cost,
+) -> Evaluation {
+    let period = super::period_us(params);
+    let limit = super::limit(params);
+    // Zero counters are absent, so they cannot hold the clock in a later window (see `locate`).
+    let stored =
+        stored.filter(|s| (s.current > 0 || s.previous > 0) && plausible(s.window, period));
+    let pos = Position::locate(period, now, stored.map(|s| s.window));
+    // The stored window rolls: one window back becomes `previous`, older is forgotten.
+    let (current, previous) = match stored {
+        Some(s) if s.window == pos.index => (s.current, s.previous),
+        Some(s) if s.window == pos.index - 1 => (0, s.current),
+        _ => (0, 0),
+    };
+    let window_ms = (period / 1000).unsigned_abs();
+    let elapsed_ms = ((pos.effective - pos.start) / 1000).unsigned_abs();
+    let at = |current: u64, previous: u64| Counters {
+        current: current.min(MAX_COUNT),
+        previous: previous.min(MAX_COUNT),
+        window_ms,
+        weight: weight(window_ms, elapsed_ms),
+    };
+    let counters = at(current, previous);
+    let view = |c: &Counters| View {
+        remaining: limit.saturating_sub(c.estimate()),
+        reset_us: forgotten_in(&pos, c),
+    };
+    let current_view = view(&counters);
+    let estimate = counters.estimate();
+    let commit = |next: Counters| {
+        let state = State::SlidingWindow {
+            window: pos.index,
+            current: next.current,
+            previous: next.previous,
+        };
+        Evaluation::commit(current_view, state, forgotten_in(&pos, &next), view(&next))
+    };
+    match Op::of(cost) {
+        Op::Check if estimate <= limit => Evaluation::unchanged(current_view),
+        Op::Check => Evaluation::denied(current_view, Some(retry_after(&pos, &counters, limit, 0))),
+        Op::Debit(n) if n > limit => Evaluation::denied(current_view, None),
+        Op::Debit(n) if exact(estimate + n) <= limit => {
+            commit(at(counters.current + n, counters.previous))
+        }
+        Op::Debit(n) => {
+            Evaluation::denied(current_view, Some(retry_after(&pos, &counters, limit, n)))
+        }
+        // Refunds only touch the current window: the previous one is history.
+        Op::Refund(n) => commit(at(
+            counters.current - n.min(counters.current),
+            counters.previous,
+        )),
+    }
+}
+
+/// µs until the counters are forgotten (equivalent to absent): the end of the next window if
+/// `current > 0`, else the end of this one if `previous > 0`, else 0. This is both the view's
+/// `reset_us` and the TTL to store the counters with.
+fn forgotten_in(pos: &Position, c: &Counters) -> u64 {
+    if c.current > 0 {
+        pos.until_window_end(2)
+    } else if c.previous > 0 {
+        pos.until_window_end(1)
+    } else {
+        0
+    }
+}
+
+/// µs from now until `estimate + n ≤ limit` with no other traffic, for `n ≤ limit`: first
+/// within this window (if `current + n ≤ limit`), else within the next one (where `current`
+/// has become `previous`), else at the start of the one after (both counters forgotten).
+/// Exact because the estimate never increases while no traffic arrives.
+fn retry_after(pos: &Position, c: &Counters, limit: u64, n: u64) -> u64 {
+    let ms = |e: u64| i64::try_from(e).unwrap_or(i64::MAX / 2) * 1000;
+    if let Some(budget) = limit.checked_sub(c.current + n)
+        && let Some(e) = first_ms_within(c.previous, budget, c.window_ms)
+    {
+        // e lies after the current ms (the cost is denied now), but stay safe.
+        let offset = ms(e).max(pos.effective - pos.start);
+        return pos.until(0, offset);
+    }
+    if let Some(e) = first_ms_within(c.current, limit.saturating_sub(n), c.window_ms) {
+        return pos.until(1, ms(e));
+    }
+    pos.until_window_end(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::Algorithm;
+    use proptest::prelude::*;
+
+    /// A minute boundary.
+    const NOW: i64 = 1_700_000_040_000_000;
+    const MINUTE: i64 = 60_000_000;
+    const INDEX: i64 = NOW / MINUTE;
+
+    fn params(limit: u64) -> LimitParams {
+        LimitParams {
+            algorithm: Algorithm::SlidingWindow,
+            requests_per_period: limit,
+            period_us: 60_000_000,
+            burst: 0,
+        }
+    }
+
+    fn stored(window: i64, current: u64, previous: u64) -> Option<Stored> {
+        Some(Stored {
+            window,
+            current,
+            previous,
+        })
+    }
+
+    /// 15 s into a 60 s window the previous count weighs 45/60: floor(10 × 0.75) + 2 = 9.
+    #[test]
+    fn estimate_weights_previous_window() {
+        assert_eq!(weight(60_000, 15_000), 49_152);
+        let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_999, 0);
+        assert_eq!(e.current.remaining, 11);
+        assert_eq!(weight(60_000, 0), ONE);
+        assert_eq!(weight(60_000, 59_999), 1);
+    }
+
+    /// Admits while estimate + n ≤ limit and stores with TTL = end of the next window.
+    #[test]
+    fn debit_stores_counters() {
+        let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_000, 11);
+        assert_eq!(
+            e.next,
+            Some((
+                State::SlidingWindow {
+                    window: INDEX,
+                    current: 13,
+                    previous: 10
+                },
+                105_000_000
+            ))
+        );
+        assert_eq!(
+            e.committed,
+            View {
+                remaining: 0,
+                reset_us: 105_000_000
+            }
+        );
+        let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_000, 12);
+        assert!(!e.admitted && e.next.is_none());
+    }
+
+    /// The stored window rolls into `previous` one window later and is forgotten after two.
+    #[test]
+    fn windows_roll() {
+        let e = evaluate(&params(20), stored(INDEX - 1, 8, 3), NOW, 1);
+        assert_eq!(
+            e.next.map(|n| n.0),
+            Some(State::SlidingWindow {
+                window: INDEX,
+                current: 1,
+                previous: 8
+            })
+        );
+        assert_eq!(
+            e.current,
+            View {
+                remaining: 12,
+                reset_us: MINUTE as u64
+            }
+        );
+        let e = evaluate(&params(20), stored(INDEX - 2, 8, 3), NOW, 0);
+        assert_eq!(
+            e.current,
+            View {
+                remaining: 20,
+                reset_us: 0
+            }
+        );
+    }
+
+    /// A cost above the limit never passes.
+    #[test]
+    fn cost_above_limit_never_passes() {
+        let e = evaluate(&params(5), None, NOW, 6);
+        assert_eq!((e.admitted, e.next, e.retry_after_us), (false, None, None));
+    }
+
+    /// Check-only is over only when the estimate is strictly above the limit.
+    #[test]
+    fn check_only() {
+        assert!(evaluate(&params(10), stored(INDEX, 10, 0), NOW, 0).admitted);
+        let e = evaluate(&params(10), stored(INDEX, 11, 0), NOW, 0);
+        assert!(!e.admitted && e.next.is_none());
+    }
+
+    /// A refund lowers only `current`, not below 0; TTL follows what is left.
+    #[test]
+    fn refund_touches_only_current() {
+        let e = evaluate(&params(10), stored(INDEX, 3, 7), NOW, -5);
+        assert_eq!(
+            e.next,
+            Some((
+                State::SlidingWindow {
+                    window: INDEX,
+                    current: 0,
+                    previous: 7
+                },
+                MINUTE as u64
+            ))
+        );
+        let e = evaluate(&params(10), stored(INDEX - 1, 3, 7), NOW, -5);
+        assert_eq!(e.next.map(|n| n.1), Some(MINUTE as u64));
+        let e = evaluate(&params(10), None, NOW, -5);
+        assert_eq!(e.next.map(|n| n.1), Some(0));
+    }
+
+    /// Denied at 15 s with previous 10, current 2, limit 10, cost 2: it needs
+    /// floor(10 × w / 65536) ≤ 6, first true at 18 000 ms into the window.
+    #[test]
+    fn retry_after_solves_within_window() {
+        let p = params(10);
+        let s = stored(INDEX, 2, 10);
+        let e = evaluate(&p, s, NOW + 15_000_000, 2);
+        assert!(!e.admitted);
+        // w ≤ floor((7 × 65536 − 1) / 10) = 45875 ⇔ 60000 − e ≤ 42000 ⇔ e ≥ 18000 ms.
+        assert_eq!(e.retry_after_us, Some(3_000_000));
+        assert!(evaluate(&p, s, NOW + 18_000_000, 2).admitted);
+        assert!(!evaluate(&p, s, NOW + 17_999_999, 2).admitted);
+    }
+
+    /// When this window can never fit the cost, the retry lands in the next window.
+    #[test]
+    fn retry_after_moves_to_next_window() {
+        let p = params(10);
+        let s = stored(INDEX, 9, 0);
+        let e = evaluate(&p, s, NOW, 5);
+        // Next window: floor(9 × w / 65536) ≤ 5 ⇔ w ≤ 43690 ⇔ e ≥ 20000 ms.
+        assert_eq!(e.retry_after_us, Some(60_000_000 + 20_000_000));
+    }
+
+    /// When even the last ms of the next window is too heavy, the retry is two windows on.
+    #[test]
+    fn retry_after_falls_back_to_window_after_next() {
+        let p = LimitParams {
+            period_us: 1_000_000,
+            ..params(5000)
+        };
+        let index = NOW / 1_000_000;
+        let s = stored(index, 5000, 0);
+        let e = evaluate(&p, s, NOW, 5000);
+        assert_eq!(e.retry_after_us, Some(2_000_000));
+        assert!(!evaluate(&p, s, NOW + 1_999_999, 5000).admitted);
+    }
+
+    proptest! {
+        /// retry_after is exact: the same cost passes at now + retry and not one µs earlier.
+        #[test]
+        fn retry_after_is_exact(
+            limit in prop_oneof![0u64..40, 0u64..=MAX_COUNT],
+            period_s in prop::sample::select(vec![1u64, 7, 60, 3600, 100_000]),
+            current in prop_oneof![0u64..50, 0u64..=MAX_COUNT],
+            previous in prop_oneof![0u64..50, 0u64..=MAX_COUNT],
+            back in 0i64..2,
+            offset_permille in 0i64..1000,
+            cost in prop_oneof![0i64..45, 0i64..=i64::from(u32::MAX)],
+        ) {
+            let p = LimitParams { period_us: period_s * 1_000_000, ..params(limit) };
+            let period = i64::try_from(p.period_us).unwrap_or(1);
+            let index = NOW / period;
+            let s = stored(index - back, current, previous);
+            let now = index * period + period / 1000 * offset_permille;
+            let e = evaluate(&p, s, now, cost);
+            if let (false, Some(r)) = (e.admitted, e.retry_after_us) {
+                let r = i64::try_from(r).unwrap_or(i64::MAX);
+                prop_assert!(r > 0);
+                prop_assert!(evaluate(&p, s, now + r, cost).admitted);
+                prop_assert!(!evaluate(&p, s, now + r - 1, cost).admitted);
+            }
+        }
+
+        /// No window's own counter ever exceeds the limit through admitted debits.
+        #[test]
+        fn current_never_exceeds_limit(
+            limit in 0u64..20,
+            steps in prop::collection::vec((0i64..20_000_000, -3i64..8), 1..80),
+        ) {
+            let p = params(limit);
+            let mut state = None;
+            let mut now = NOW;
+            for (dt, cost) in steps {
+                now += dt;
+                let e = evaluate(&p, state, now, cost);
+                if let Some((State::SlidingWindow { window, current, previous }, _)) = e.next {
+                    prop_assert!(current <= limit);
+                    state = stored(window, current, previous);
+                }
+            }
+        }
+    }
+}
