@@ -1,2 +1,142 @@
-//! Limits configuration: the reference server's YAML, parsed, validated and compiled into a
-//! matching tree. Placeholder: the loader lands with the config change.
+//! Limits configuration: the reference server's YAML limits files, parsed, validated and
+//! compiled into one matching tree per domain.
+//!
+//! Place in the request path: the service resolves the request's domain with
+//! [`Config::domain`], then each request descriptor with [`Domain::find`]; the resulting
+//! [`Match`] (a [`Rule`] with its [`Limit`]s, plus how each entry matched) is what the planner
+//! turns into bucket operations. A [`Config`] is immutable; a reload builds a new one and swaps
+//! it in only if it loaded without error.
+//!
+//! - `model` — the file as written (serde, unknown keys rejected);
+//! - `load` — reading files and directories, parsing, error collection;
+//! - `validate` — semantic checks, compiling the tree;
+//! - `tree` — the compiled tree and the matching walk;
+//! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`].
+//!
+//! The format, floodgate's extensions and every error are documented in `docs/config.md`.
+
+mod limit;
+mod load;
+mod model;
+mod tree;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+pub use limit::{Defaults, Limit, Rule, Unit};
+pub use load::{ConfigError, ConfigErrors};
+pub use tree::{Domain, Match, Step};
+
+/// A loaded limits configuration: every domain, by name.
+#[derive(Debug, Default)]
+pub struct Config {
+    domains: BTreeMap<String, Domain>,
+}
+
+impl Config {
+    /// Loads a file, or every `*.yaml`/`*.yml` file directly inside a directory (names starting
+    /// with `.` skipped, symlinks followed, read in name order). An empty directory gives a
+    /// configuration without domains. Every error of every file is returned.
+    pub fn load(path: &Path, defaults: &Defaults) -> Result<Config, ConfigErrors> {
+        let (sources, mut errors) = load::read_sources(path);
+        match Config::from_sources(&sources, defaults) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigErrors(errors)),
+            Err(ConfigErrors(more)) => {
+                errors.extend(more);
+                Err(ConfigErrors(errors))
+            }
+        }
+    }
+
+    /// Builds a configuration from `(file name, content)` pairs; the names only label errors.
+    pub fn from_sources(
+        sources: &[(String, String)],
+        defaults: &Defaults,
+    ) -> Result<Config, ConfigErrors> {
+        let domains = load::compile(sources, defaults)?;
+        let domains = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
+        Ok(Config { domains })
+    }
+
+    /// A configuration without domains: every request is answered OK.
+    pub fn empty() -> Config {
+        Config::default()
+    }
+
+    /// The domain with this name.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Every domain, sorted by name.
+    pub fn domains(&self) -> impl Iterator<Item = &Domain> {
+        self.domains.values()
+    }
+
+    /// Whether there is no domain at all.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    /// Human-readable listing, one line per limit, domains by name and rules by path:
+    ///
+    /// ```text
+    /// edge.remote_address: 10/second token_bucket burst=20 shadow_mode=false
+    /// edge.path_/api/*: 100/5 minutes fixed_window name=api shadow_mode=true quota_mode
+    /// edge.user: unlimited shadow_mode=false
+    /// internal: no limits
+    /// ```
+    ///
+    /// After the rule path: the rate (or `unlimited`), the algorithm, `burst=` for token
+    /// buckets, `name=` and `replaces=a,b` when set, `shadow_mode=`, then the flags
+    /// `quota_mode`, `detailed_metric`, `value_to_metric` only when set. A domain without any
+    /// limit gets a `<domain>: no limits` line.
+    pub fn describe(&self) -> String {
+        let mut out = String::new();
+        for domain in self.domains() {
+            let rules = domain.rules();
+            if rules.is_empty() {
+                let _ = writeln!(out, "{}: no limits", domain.name);
+            }
+            for rule in rules {
+                for limit in &rule.limits {
+                    let _ = writeln!(out, "{}", describe_limit(rule, limit));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn describe_limit(rule: &Rule, limit: &Limit) -> String {
+    let mut line = format!("{}: {}", rule.path, limit.rate());
+    if !limit.unlimited {
+        let _ = write!(line, " {}", limit::algorithm_name(limit.algorithm));
+        if limit.algorithm == crate::limiter::Algorithm::TokenBucket {
+            let _ = write!(line, " burst={}", limit.burst);
+        }
+    }
+    if let Some(name) = &limit.name {
+        let _ = write!(line, " name={name}");
+    }
+    if !limit.replaces.is_empty() {
+        let _ = write!(line, " replaces={}", limit.replaces.join(","));
+    }
+    let _ = write!(line, " shadow_mode={}", rule.shadow_mode);
+    for (flag, set) in [
+        ("quota_mode", rule.quota_mode),
+        ("detailed_metric", rule.detailed_metric),
+        ("value_to_metric", rule.value_to_metric),
+    ] {
+        if set {
+            let _ = write!(line, " {flag}");
+        }
+    }
+    line
+}

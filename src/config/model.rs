@@ -1,0 +1,108 @@
+//! The limits file exactly as written: serde structs, nothing validated beyond YAML types.
+//!
+//! Every field is optional here so that the loader can tell "absent" from "empty" and report
+//! semantic errors itself, with a path; unknown keys are rejected by serde
+//! (`deny_unknown_fields`), which the reference also does (`config error, unknown key`).
+//! String fields accept any YAML scalar (`value: 200` is the string `"200"`), as the reference's
+//! YAML decoder does.
+
+use serde::Deserialize;
+
+/// One limits file: `{domain, descriptors}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileModel {
+    /// The domain every descriptor of this file belongs to.
+    #[serde(default)]
+    pub(crate) domain: Option<String>,
+    /// Top-level descriptors.
+    #[serde(default)]
+    pub(crate) descriptors: Option<Vec<DescriptorModel>>,
+}
+
+/// One descriptor node.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DescriptorModel {
+    /// Entry key; required and non-empty.
+    #[serde(default)]
+    pub(crate) key: Option<String>,
+    /// Entry value: absent or empty matches any value; may contain `*` wildcards.
+    #[serde(default)]
+    pub(crate) value: Option<String>,
+    /// The reference's single limit.
+    #[serde(default)]
+    pub(crate) rate_limit: Option<RateLimitModel>,
+    /// Extension: several limits on one node (exclusive with `rate_limit`).
+    #[serde(default)]
+    pub(crate) rate_limits: Option<Vec<RateLimitModel>>,
+    /// Nested descriptors: the next entry of a request descriptor.
+    #[serde(default)]
+    pub(crate) descriptors: Option<Vec<DescriptorModel>>,
+    /// Never deny on this node's limits.
+    #[serde(default)]
+    pub(crate) shadow_mode: Option<bool>,
+    /// Metric key from the request's values.
+    #[serde(default)]
+    pub(crate) detailed_metric: Option<bool>,
+    /// Metric key carries the request's value at this level.
+    #[serde(default)]
+    pub(crate) value_to_metric: Option<bool>,
+    /// Values matching this wildcard share one bucket.
+    #[serde(default)]
+    pub(crate) share_threshold: Option<bool>,
+    /// Soft limit: over-limit does not deny by itself.
+    #[serde(default)]
+    pub(crate) quota_mode: Option<bool>,
+}
+
+/// One limit: the reference's `rate_limit` block plus floodgate's extensions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RateLimitModel {
+    /// `second` … `year`, case-insensitive.
+    #[serde(default)]
+    pub(crate) unit: Option<String>,
+    /// Requests per period.
+    #[serde(default)]
+    pub(crate) requests_per_unit: Option<u32>,
+    /// Always OK.
+    #[serde(default)]
+    pub(crate) unlimited: Option<bool>,
+    /// Name, for `replaces` and `current_limit.name`.
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+    /// Limits this one replaces.
+    #[serde(default)]
+    pub(crate) replaces: Option<Vec<ReplacesModel>>,
+    /// Extension: algorithm.
+    #[serde(default)]
+    pub(crate) algorithm: Option<AlgorithmModel>,
+    /// Extension: token-bucket capacity.
+    #[serde(default)]
+    pub(crate) burst: Option<u32>,
+    /// Extension: period = unit × multiplier.
+    #[serde(default)]
+    pub(crate) unit_multiplier: Option<u32>,
+}
+
+/// One `replaces` item: `{name}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplacesModel {
+    /// Name of the replaced limit.
+    #[serde(default)]
+    pub(crate) name: Option<String>,
+}
+
+/// `algorithm:` as spelled in the file.
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlgorithmModel {
+    /// `token_bucket`.
+    TokenBucket,
+    /// `fixed_window`.
+    FixedWindow,
+    /// `sliding_window`.
+    SlidingWindow,
+}

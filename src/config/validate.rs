@@ -1,0 +1,333 @@
+//! Semantic validation of one file's descriptors, compiling them into a tree as it goes.
+//!
+//! Paths in errors are built here (`descriptors[1].rate_limits[0].burst`); the reference's
+//! error messages are reused where it has one for the same mistake.
+
+use std::collections::HashMap;
+
+use super::limit::{Defaults, Limit, Rule, Unit, algorithm_name};
+use super::load::ConfigError;
+use super::model::{AlgorithmModel, DescriptorModel, RateLimitModel};
+use super::tree::{Children, Node};
+use crate::limiter::Algorithm;
+
+/// Longest period the limiter accepts: its arithmetic must stay below 2^53 µs in Lua doubles.
+const MAX_PERIOD_MS: u128 = 1 << 36;
+/// Largest token-bucket span (emission interval × burst) the limiter accepts, in µs.
+const MAX_BUCKET_SPAN_US: u128 = 1 << 50;
+
+/// Validates one file's descriptors and compiles them, pushing every error it finds.
+pub(crate) struct Builder<'a> {
+    /// The file being validated, for error labels.
+    pub(crate) file: &'a str,
+    /// Loader defaults (algorithm).
+    pub(crate) defaults: &'a Defaults,
+    /// Where errors go.
+    pub(crate) errors: &'a mut Vec<ConfigError>,
+}
+
+impl Builder<'_> {
+    fn push(&mut self, path: &str, message: impl Into<String>) {
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            path: path.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    /// One level: `prefix` is the YAML path of the parent (`descriptors[0].`), `metric` the
+    /// parent's metric key (the domain at the top).
+    pub(crate) fn level(
+        &mut self,
+        models: &[DescriptorModel],
+        prefix: &str,
+        metric: &str,
+    ) -> Children {
+        let mut children = Children::default();
+        let mut seen: HashMap<(&str, Option<&str>), usize> = HashMap::new();
+        for (i, model) in models.iter().enumerate() {
+            let at = format!("{prefix}descriptors[{i}]");
+            let key = model.key.as_deref().unwrap_or_default();
+            if key.is_empty() {
+                self.push(&format!("{at}.key"), "descriptor has empty key");
+            }
+            let value = model.value.as_deref().filter(|v| !v.is_empty());
+            let composite = match value {
+                Some(value) => format!("{key}_{value}"),
+                None => key.to_owned(),
+            };
+            let path = format!("{metric}.{composite}");
+            let duplicate = seen.get(&(key, value)).copied();
+            if let Some(first) = duplicate {
+                let message = format!(
+                    "duplicate descriptor composite key '{path}' (first defined at \
+                     {prefix}descriptors[{first}])"
+                );
+                self.push(&at, message);
+            }
+            // Built even when it will be dropped, to report the errors inside it too.
+            let node = self.node(model, &at, &path, value);
+            if key.is_empty() || duplicate.is_some() {
+                continue;
+            }
+            seen.insert((key, value), i);
+            children.insert(key, value, node);
+        }
+        children
+    }
+
+    fn node(&mut self, model: &DescriptorModel, at: &str, path: &str, value: Option<&str>) -> Node {
+        let share_threshold = model.share_threshold.unwrap_or(false);
+        if share_threshold && !value.is_some_and(|v| v.contains('*')) {
+            let message = "share_threshold can only be used with a wildcard value (one \
+                           containing '*')";
+            self.push(&format!("{at}.share_threshold"), message);
+        }
+        let limits = match (&model.rate_limit, &model.rate_limits) {
+            (Some(_), Some(_)) => {
+                self.push(
+                    at,
+                    "has both `rate_limit` and `rate_limits`; use one of them",
+                );
+                Vec::new()
+            }
+            (Some(one), None) => self.limits(
+                std::slice::from_ref(one),
+                &format!("{at}.rate_limit"),
+                false,
+            ),
+            (None, Some(many)) if many.is_empty() => {
+                self.push(&format!("{at}.rate_limits"), "must list at least one limit");
+                Vec::new()
+            }
+            (None, Some(many)) => self.limits(many, &format!("{at}.rate_limits"), true),
+            (None, None) => Vec::new(),
+        };
+        let rule = (!limits.is_empty()).then(|| Rule {
+            path: path.to_owned(),
+            limits,
+            shadow_mode: model.shadow_mode.unwrap_or(false),
+            detailed_metric: model.detailed_metric.unwrap_or(false),
+            value_to_metric: model.value_to_metric.unwrap_or(false),
+            quota_mode: model.quota_mode.unwrap_or(false),
+        });
+        let descriptors = model.descriptors.as_deref().unwrap_or_default();
+        Node {
+            rule,
+            value_to_metric: model.value_to_metric.unwrap_or(false),
+            share_threshold,
+            children: self.level(descriptors, &format!("{at}."), path),
+        }
+    }
+
+    /// Validates the limits of one node; `indexed` for `rate_limits` (paths get an index).
+    /// Returns only the valid limits.
+    fn limits(&mut self, models: &[RateLimitModel], at: &str, indexed: bool) -> Vec<Limit> {
+        let mut limits: Vec<Limit> = Vec::new();
+        let mut seen: HashMap<(Algorithm, u64), usize> = HashMap::new();
+        for (i, model) in models.iter().enumerate() {
+            let at = if indexed {
+                format!("{at}[{i}]")
+            } else {
+                at.to_owned()
+            };
+            let Some(limit) = self.limit(model, &at) else {
+                continue;
+            };
+            if models.len() > 1 && limit.unlimited {
+                self.push(
+                    &at,
+                    "an unlimited limit cannot be combined with other limits",
+                );
+                continue;
+            }
+            if !limit.unlimited {
+                // Same algorithm and period would mean the same bucket in the store.
+                let identity = (limit.algorithm, limit.period_seconds());
+                if let Some(first) = seen.insert(identity, i) {
+                    let message = format!(
+                        "same algorithm ({}) and period as rate_limits[{first}]; two limits on \
+                         one descriptor need different periods or algorithms",
+                        algorithm_name(limit.algorithm)
+                    );
+                    self.push(&at, message);
+                    continue;
+                }
+            }
+            limits.push(limit);
+        }
+        limits
+    }
+
+    fn limit(&mut self, model: &RateLimitModel, at: &str) -> Option<Limit> {
+        let before = self.errors.len();
+        let name = model.name.clone().filter(|n| !n.is_empty());
+        let mut replaces = Vec::new();
+        for (j, item) in model.replaces.iter().flatten().enumerate() {
+            let item_at = format!("{at}.replaces[{j}].name");
+            match item.name.as_deref().unwrap_or_default() {
+                "" => self.push(&item_at, "should not have an empty replaces entry"),
+                n if Some(n) == name.as_deref() => {
+                    self.push(
+                        &item_at,
+                        "replaces should not contain name of same descriptor",
+                    );
+                }
+                n => replaces.push(n.to_owned()),
+            }
+        }
+        let unit_text = model.unit.as_deref().filter(|u| !u.is_empty());
+        if model.unlimited.unwrap_or(false) {
+            self.unlimited(model, at, unit_text);
+            return (self.errors.len() == before).then_some(Limit {
+                name,
+                unlimited: true,
+                unit: Unit::Second,
+                unit_multiplier: 1,
+                requests_per_unit: 0,
+                algorithm: self.defaults.algorithm,
+                burst: 0,
+                replaces,
+            });
+        }
+        let unit = match unit_text.map(|u| (u, Unit::from_name(u))) {
+            Some((_, Some(unit))) => Some(unit),
+            Some((text, None)) => {
+                let message = format!(
+                    "invalid rate limit unit '{text}' (expected second, minute, hour, day, week, \
+                     month or year)"
+                );
+                self.push(&format!("{at}.unit"), message);
+                None
+            }
+            None => {
+                self.push(&format!("{at}.unit"), "missing rate limit unit");
+                None
+            }
+        };
+        if model.requests_per_unit.is_none() {
+            self.push(
+                &format!("{at}.requests_per_unit"),
+                "missing requests_per_unit",
+            );
+        }
+        let requests_per_unit = model.requests_per_unit.unwrap_or(0);
+        let unit_multiplier = model.unit_multiplier.unwrap_or(1);
+        if unit_multiplier == 0 {
+            self.push(
+                &format!("{at}.unit_multiplier"),
+                "unit_multiplier must be at least 1",
+            );
+        }
+        let algorithm = match model.algorithm {
+            Some(AlgorithmModel::TokenBucket) => Algorithm::TokenBucket,
+            Some(AlgorithmModel::FixedWindow) => Algorithm::FixedWindow,
+            Some(AlgorithmModel::SlidingWindow) => Algorithm::SlidingWindow,
+            None => self.defaults.algorithm,
+        };
+        let burst = match (algorithm, model.burst) {
+            (Algorithm::TokenBucket, Some(0)) => {
+                self.push(&format!("{at}.burst"), "burst must be at least 1");
+                0
+            }
+            (Algorithm::TokenBucket, Some(burst)) => burst,
+            (_, Some(_)) => {
+                let message = format!(
+                    "burst applies only to token_bucket; {} has no burst",
+                    algorithm_name(algorithm)
+                );
+                self.push(&format!("{at}.burst"), message);
+                requests_per_unit
+            }
+            (_, None) => requests_per_unit,
+        };
+        let limit = Limit {
+            name,
+            unlimited: false,
+            unit: unit?,
+            unit_multiplier,
+            requests_per_unit,
+            algorithm,
+            burst,
+            replaces,
+        };
+        if self.errors.len() == before {
+            self.check_bounds(&limit, at);
+        }
+        (self.errors.len() == before).then_some(limit)
+    }
+
+    /// `unlimited: true` takes no rate. `requests_per_unit` is tolerated (and ignored) because
+    /// the reference accepts it there; it rejects a unit, and the extensions make no sense.
+    fn unlimited(&mut self, model: &RateLimitModel, at: &str, unit: Option<&str>) {
+        if unit.is_some() {
+            self.push(
+                &format!("{at}.unit"),
+                "should not specify rate limit unit when unlimited",
+            );
+        }
+        let extensions = [
+            ("algorithm", model.algorithm.is_some()),
+            ("burst", model.burst.is_some()),
+            ("unit_multiplier", model.unit_multiplier.is_some()),
+        ];
+        for (field, present) in extensions {
+            if present {
+                self.push(
+                    &format!("{at}.{field}"),
+                    format!("should not specify {field} when unlimited"),
+                );
+            }
+        }
+        if model.requests_per_unit.is_some() {
+            tracing::warn!(
+                file = self.file,
+                path = at,
+                "requests_per_unit ignored: the limit is unlimited"
+            );
+        }
+    }
+
+    /// Bounds that keep the limiter's integer arithmetic exact in Lua doubles (< 2^53).
+    fn check_bounds(&mut self, limit: &Limit, at: &str) {
+        let period_s = u128::from(limit.unit.seconds()) * u128::from(limit.unit_multiplier);
+        if period_s * 1000 > MAX_PERIOD_MS {
+            let message = format!(
+                "period of {} × {} is too long: at most 2^36 ms (about 795 days)",
+                limit.unit_multiplier, limit.unit
+            );
+            let field = if limit.unit_multiplier > 1 {
+                "unit_multiplier"
+            } else {
+                "unit"
+            };
+            self.push(&format!("{at}.{field}"), message);
+            return;
+        }
+        if limit.algorithm != Algorithm::TokenBucket || limit.requests_per_unit == 0 {
+            return;
+        }
+        let period_us = period_s * 1_000_000;
+        let rate = u128::from(limit.requests_per_unit);
+        if rate > period_us {
+            let message = format!(
+                "{} is more than one request per microsecond, which token_bucket cannot \
+                 represent; use algorithm: fixed_window for such rates",
+                limit.rate()
+            );
+            self.push(&format!("{at}.requests_per_unit"), message);
+            return;
+        }
+        let interval_us = period_us.div_ceil(rate);
+        if interval_us * u128::from(limit.burst) > MAX_BUCKET_SPAN_US {
+            let message = format!(
+                "burst {} × {interval_us} µs per token exceeds 2^50 µs (about 35 years); lower \
+                 burst or raise requests_per_unit",
+                limit.burst
+            );
+            // Only an explicit burst can get here: the default (requests_per_unit) spans about
+            // one period, which the period bound already keeps below 2^47 µs.
+            self.push(&format!("{at}.burst"), message);
+        }
+    }
+}
