@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         .file
         .iter_mut()
         .find(|f| f.name() == ENTRY_FILE)
-        .and_then(|f| f.message_type.iter_mut().find(|m| m.name() == "RateLimitDescriptor"))
+        .and_then(|f| {
+            f.message_type
+                .iter_mut()
+                .find(|m| m.name() == "RateLimitDescriptor")
+        })
         .and_then(|m| m.nested_type.iter_mut().find(|m| m.name() == "Entry"))
         .ok_or("RateLimitDescriptor.Entry not found in proto/")?;
     for field in &mut entry.field {

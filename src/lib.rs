@@ -1,6 +1,41 @@
 //! floodgate: a global rate-limit server speaking Envoy's rate-limit service API (RLS v3).
+//!
+//! # How a request flows
+//!
+//! ```text
+//! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
+//! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
+//!                                                     │ 1. plan::Plan::build   (config matching, costs)
+//!                                                     │ 2. store::Store::apply (all-or-nothing debits)
+//!                                                     │ 3. plan::Plan::respond (statuses, codes)
+//!                                                     └─▶ metrics
+//! ```
+//!
+//! # The modules, top to bottom
+//!
+//! Each layer imports only the layers below it.
+//!
+//! - [`server`]: binds gRPC and HTTP, serves health and reflection, shuts down gracefully.
+//! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
+//! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
+//! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
+//! - [`store`]: the `Store` trait and the in-process memory store.
+//! - [`config`]: the limits YAML: model, loading, validation, the matching tree.
+//! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
+//! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
+//! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
+//!   generated RLS v3 types.
 #![forbid(unsafe_code)]
 
+pub mod bucket;
+pub mod clock;
 pub mod config;
+pub mod http;
 pub mod limiter;
+pub mod metrics;
+pub mod plan;
 pub mod proto;
+pub mod server;
+pub mod service;
+pub mod settings;
+pub mod store;

@@ -1,1 +1,87 @@
-fn main() {}
+//! The `floodgate` binary: parse settings, set up logging, run. Everything else is the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use floodgate::config::{Config, Defaults};
+use floodgate::server;
+use floodgate::settings::{CheckConfigSettings, Cli, Command, LogFormat};
+
+/// Exit code for bad flags or an unloadable configuration (EX_USAGE): nothing was started.
+const EXIT_USAGE: u8 = 64;
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Err(e) => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    match cli.command {
+        Command::CheckConfig(settings) => check_config(&settings),
+        Command::Serve(settings) => {
+            init_tracing(settings.log_format);
+            let prepared = match server::prepare(settings) {
+                Ok(prepared) => prepared,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    eprintln!("floodgate: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("floodgate: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(server::serve(prepared)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tracing::error!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+fn check_config(settings: &CheckConfigSettings) -> ExitCode {
+    let defaults = Defaults {
+        algorithm: settings.algorithm.value.into(),
+    };
+    match Config::load(&settings.path, &defaults) {
+        Ok(config) => {
+            print!("{}", config.describe());
+            println!("{}: valid", settings.path.display());
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            eprintln!("{errors}");
+            eprintln!(
+                "{}: invalid ({} error{})",
+                settings.path.display(),
+                errors.0.len(),
+                if errors.0.len() == 1 { "" } else { "s" }
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

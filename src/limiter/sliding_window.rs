@@ -4,7 +4,7 @@
 //!
 //! Bounds (validated params, `now ≤ 2^52`): `W_ms ≤ 2^36`, so `(W_ms − elapsed_ms) × 65536 ≤
 //! 2^52`; counts ≤ 2^32, so `count × weight ≤ 2^48`; in the retry solver
-//! `(budget + 1) × 65536 ≤ 2^48` and `(w_max + 1) × W_ms ≤ 65537 × 2^36 < 2^53`;
+//! `budget × 65536 ≤ 2^48` and `(w_max + 1) × W_ms ≤ 65537 × 2^36 < 2^53`;
 //! `start + 2 × period ≤ 2^52 + 2^47`.
 
 use super::window::{Position, plausible};
@@ -36,9 +36,12 @@ struct Counters {
 }
 
 impl Counters {
-    /// `floor(previous × weight / 65536) + current`.
+    /// `ceil(previous × weight / 65536) + current`. Rounded up: a hit of the previous window
+    /// still partly inside the sliding window counts whole, so the estimate never admits
+    /// more than the limit (with floor, a limit of 1 per minute would admit a request 1 ms
+    /// after the window boundary right after one 1 ms before it).
     fn estimate(&self) -> u64 {
-        exact(self.previous * self.weight) / ONE + self.current
+        exact(self.previous * self.weight).div_ceil(ONE) + self.current
     }
 }
 
@@ -48,15 +51,15 @@ fn weight(window_ms: u64, elapsed_ms: u64) -> u64 {
     exact(window_ms.saturating_sub(elapsed_ms) * ONE) / window_ms
 }
 
-/// The first whole ms `e` into a window at which `floor(previous × w(e) / 65536) ≤ budget`,
+/// The first whole ms `e` into a window at which `ceil(previous × w(e) / 65536) ≤ budget`,
 /// or `None` if no `e < W_ms` qualifies. Solved in integers (w(e) is non-increasing in e):
-/// the condition is `w(e) ≤ w_max = floor(((budget + 1) × 65536 − 1) / previous)`, and
+/// the condition is `w(e) ≤ w_max = floor(budget × 65536 / previous)`, and
 /// `w(e) ≤ w_max ⇔ W_ms − e ≤ floor(((w_max + 1) × W_ms − 1) / 65536)`.
 fn first_ms_within(previous: u64, budget: u64, window_ms: u64) -> Option<u64> {
     if previous == 0 {
         return Some(0);
     }
-    let w_max = (exact((budget + 1) * ONE) - 1) / previous;
+    let w_max = exact(budget * ONE) / previous;
     if w_max >= ONE {
         return Some(0);
     }
@@ -185,12 +188,12 @@ mod tests {
         })
     }
 
-    /// 15 s into a 60 s window the previous count weighs 45/60: floor(10 × 0.75) + 2 = 9.
+    /// 15 s into a 60 s window the previous count weighs 45/60: ceil(10 × 0.75) + 2 = 10.
     #[test]
     fn estimate_weights_previous_window() {
         assert_eq!(weight(60_000, 15_000), 49_152);
         let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_999, 0);
-        assert_eq!(e.current.remaining, 11);
+        assert_eq!(e.current.remaining, 10);
         assert_eq!(weight(60_000, 0), ONE);
         assert_eq!(weight(60_000, 59_999), 1);
     }
@@ -198,13 +201,13 @@ mod tests {
     /// Admits while estimate + n ≤ limit and stores with TTL = end of the next window.
     #[test]
     fn debit_stores_counters() {
-        let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_000, 11);
+        let e = evaluate(&params(20), stored(INDEX, 2, 10), NOW + 15_000_000, 10);
         assert_eq!(
             e.next,
             Some((
                 State::SlidingWindow {
                     window: INDEX,
-                    current: 13,
+                    current: 12,
                     previous: 10
                 },
                 105_000_000
@@ -287,17 +290,17 @@ mod tests {
     }
 
     /// Denied at 15 s with previous 10, current 2, limit 10, cost 2: it needs
-    /// floor(10 × w / 65536) ≤ 6, first true at 18 000 ms into the window.
+    /// ceil(10 × w / 65536) ≤ 6, first true at 24 000 ms into the window.
     #[test]
     fn retry_after_solves_within_window() {
         let p = params(10);
         let s = stored(INDEX, 2, 10);
         let e = evaluate(&p, s, NOW + 15_000_000, 2);
         assert!(!e.admitted);
-        // w ≤ floor((7 × 65536 − 1) / 10) = 45875 ⇔ 60000 − e ≤ 42000 ⇔ e ≥ 18000 ms.
-        assert_eq!(e.retry_after_us, Some(3_000_000));
-        assert!(evaluate(&p, s, NOW + 18_000_000, 2).admitted);
-        assert!(!evaluate(&p, s, NOW + 17_999_999, 2).admitted);
+        // w ≤ floor(6 × 65536 / 10) = 39321 ⇔ 60000 − e ≤ 36000 ⇔ e ≥ 24000 ms.
+        assert_eq!(e.retry_after_us, Some(9_000_000));
+        assert!(evaluate(&p, s, NOW + 24_000_000, 2).admitted);
+        assert!(!evaluate(&p, s, NOW + 23_999_999, 2).admitted);
     }
 
     /// When this window can never fit the cost, the retry lands in the next window.
@@ -306,8 +309,8 @@ mod tests {
         let p = params(10);
         let s = stored(INDEX, 9, 0);
         let e = evaluate(&p, s, NOW, 5);
-        // Next window: floor(9 × w / 65536) ≤ 5 ⇔ w ≤ 43690 ⇔ e ≥ 20000 ms.
-        assert_eq!(e.retry_after_us, Some(60_000_000 + 20_000_000));
+        // Next window: ceil(9 × w / 65536) ≤ 5 ⇔ w ≤ 36408 ⇔ e ≥ 26667 ms.
+        assert_eq!(e.retry_after_us, Some(60_000_000 + 26_667_000));
     }
 
     /// When even the last ms of the next window is too heavy, the retry is two windows on.

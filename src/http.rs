@@ -1,0 +1,251 @@
+//! Admin HTTP endpoints, as the reference server serves them on port 8080.
+//!
+//! - `GET /healthcheck`: `200 OK` while serving, `503` once shutdown has begun.
+//! - `POST /json`: ShouldRateLimit with a JSON body in protobuf's JSON mapping (field names in
+//!   `snake_case` or `lowerCamelCase`); answers the JSON response with `200` for OK, `429`
+//!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed.
+//! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
+//! - `GET /rlconfig`: the limits in force, one line per limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use crate::proto::common::{
+    RateLimitDescriptor,
+    rate_limit_descriptor::{Entry, RateLimitOverride},
+};
+use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
+use crate::service::{RateLimiter, RequestError};
+
+/// What the HTTP handlers share.
+#[derive(Clone)]
+pub struct AdminState {
+    /// The request path shared with gRPC.
+    pub limiter: Arc<RateLimiter>,
+    /// False once shutdown has begun.
+    pub serving: Arc<AtomicBool>,
+}
+
+/// The admin router.
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", post(json_should_rate_limit))
+        .route("/metrics", get(metrics))
+        .route("/rlconfig", get(rlconfig))
+        .with_state(state)
+}
+
+async fn healthcheck(State(state): State<AdminState>) -> Response {
+    if state.serving.load(Ordering::SeqCst) {
+        (StatusCode::OK, "OK\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.limiter.metrics().encode(),
+    )
+        .into_response()
+}
+
+async fn rlconfig(State(state): State<AdminState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        state.limiter.config().describe(),
+    )
+        .into_response()
+}
+
+async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) -> Response {
+    let request = match serde_json::from_slice::<JsonRequest>(&body) {
+        Ok(request) => request.into_proto(),
+        Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
+    };
+    match state.limiter.should_rate_limit(&request).await {
+        Ok(response) => {
+            let status = if response.overall_code == rate_limit_response::Code::OverLimit as i32 {
+                StatusCode::TOO_MANY_REQUESTS
+            } else {
+                StatusCode::OK
+            };
+            (status, axum::Json(response_json(&response))).into_response()
+        }
+        Err(RequestError::Invalid(e)) => error(StatusCode::BAD_REQUEST, &e.0),
+        Err(e @ RequestError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+/// `RateLimitRequest` in protobuf's JSON mapping.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    /// protobuf's JSON mapping writes 64-bit integers as strings; accept both.
+    #[serde(default, alias = "hitsAddend")]
+    hits_addend: Option<JsonU64>,
+    #[serde(default, alias = "isNegativeHits")]
+    is_negative_hits: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(default, alias = "requestsPerUnit")]
+    requests_per_unit: u32,
+    unit: JsonUnit,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonU64 {
+    Number(u64),
+    Text(String),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonUnit {
+    Number(i32),
+    Name(String),
+}
+
+impl JsonRequest {
+    fn into_proto(self) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: self.domain,
+            hits_addend: self.hits_addend,
+            descriptors: self
+                .descriptors
+                .into_iter()
+                .map(|d| RateLimitDescriptor {
+                    entries: d
+                        .entries
+                        .into_iter()
+                        .map(|e| Entry {
+                            key: e.key.into_bytes(),
+                            value: e.value.into_bytes(),
+                        })
+                        .collect(),
+                    limit: d.limit.map(|l| RateLimitOverride {
+                        requests_per_unit: l.requests_per_unit,
+                        unit: match l.unit {
+                            JsonUnit::Number(n) => n,
+                            // An unknown name maps to UNKNOWN (0), which planning rejects.
+                            JsonUnit::Name(name) => {
+                                crate::proto::envoy::r#type::v3::RateLimitUnit::from_str_name(&name)
+                                    .map_or(0, |u| u as i32)
+                            }
+                        },
+                    }),
+                    hits_addend: d.hits_addend.map(|h| match h {
+                        JsonU64::Number(n) => n,
+                        // Unparseable text becomes u64::MAX: above any capacity, denied.
+                        JsonU64::Text(s) => s.parse().unwrap_or(u64::MAX),
+                    }),
+                    is_negative_hits: d.is_negative_hits,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The response in protobuf's JSON mapping (lowerCamelCase, defaults omitted).
+fn response_json(response: &RateLimitResponse) -> Value {
+    let code_name = |code: i32| {
+        rate_limit_response::Code::try_from(code)
+            .map_or("UNKNOWN", |c| c.as_str_name())
+            .to_string()
+    };
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|s| {
+            let mut status = Map::new();
+            status.insert("code".into(), code_name(s.code).into());
+            if let Some(limit) = &s.current_limit {
+                let mut l = Map::new();
+                if !limit.name.is_empty() {
+                    l.insert("name".into(), limit.name.clone().into());
+                }
+                l.insert("requestsPerUnit".into(), limit.requests_per_unit.into());
+                l.insert(
+                    "unit".into(),
+                    rate_limit_response::rate_limit::Unit::try_from(limit.unit)
+                        .map_or("UNKNOWN", |u| u.as_str_name())
+                        .into(),
+                );
+                status.insert("currentLimit".into(), l.into());
+            }
+            if s.limit_remaining != 0 {
+                status.insert("limitRemaining".into(), s.limit_remaining.into());
+            }
+            if let Some(d) = &s.duration_until_reset {
+                status.insert(
+                    "durationUntilReset".into(),
+                    format!("{}s", d.seconds).into(),
+                );
+            }
+            Value::Object(status)
+        })
+        .collect();
+    let mut out = Map::new();
+    out.insert(
+        "overallCode".into(),
+        code_name(response.overall_code).into(),
+    );
+    out.insert("statuses".into(), statuses.into());
+    if !response.response_headers_to_add.is_empty() {
+        out.insert(
+            "responseHeadersToAdd".into(),
+            response
+                .response_headers_to_add
+                .iter()
+                .map(|h| json!({ "key": h.key, "value": h.value }))
+                .collect::<Vec<_>>()
+                .into(),
+        );
+    }
+    Value::Object(out)
+}

@@ -1,0 +1,221 @@
+//! Every metric floodgate exports, with its name and help text, and how it is recorded.
+//!
+//! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
+//! configuration: per-rule series are labelled with the domain and the rule's path from the
+//! limits file (`domain.key_value.key`), never with request values. Like the reference
+//! server, rule counters add hits, not requests (a request with `hits_addend: 5` adds 5).
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `floodgate_rule_hits_total` | domain, rule | hits evaluated against the rule |
+//! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
+//! | `floodgate_rule_over_limit_total` | domain, rule | hits the rule denied |
+//! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
+//! | `floodgate_requests_total` | result | ShouldRateLimit calls by result |
+//! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
+//! | `floodgate_config_loads_total` | result | limits loads by result (`success`, `error`) |
+//! | `floodgate_memory_buckets` | — | buckets held by the memory store |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::plan::{Outcome, Verdict};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: String,
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    store: &'static str,
+}
+
+/// How a ShouldRateLimit call ended, for `floodgate_requests_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestResult {
+    /// Answered OK.
+    Ok,
+    /// Answered OVER_LIMIT.
+    OverLimit,
+    /// Rejected as malformed.
+    Invalid,
+    /// The store failed.
+    StoreError,
+}
+
+impl RequestResult {
+    fn label(self) -> &'static str {
+        match self {
+            RequestResult::Ok => "ok",
+            RequestResult::OverLimit => "over_limit",
+            RequestResult::Invalid => "invalid",
+            RequestResult::StoreError => "store_error",
+        }
+    }
+}
+
+/// The metric registry and handles to every metric.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    rule_hits: Family<RuleLabels, Counter>,
+    rule_within_limit: Family<RuleLabels, Counter>,
+    rule_over_limit: Family<RuleLabels, Counter>,
+    rule_shadow_mode: Family<RuleLabels, Counter>,
+    requests: Family<ResultLabels, Counter>,
+    store_duration: Family<StoreLabels, Histogram>,
+    config_loads: Family<ResultLabels, Counter>,
+    memory_buckets: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered at zero.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let rule_hits = Family::<RuleLabels, Counter>::default();
+        let rule_within_limit = Family::<RuleLabels, Counter>::default();
+        let rule_over_limit = Family::<RuleLabels, Counter>::default();
+        let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
+        let requests = Family::<ResultLabels, Counter>::default();
+        // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
+        let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
+        );
+        let config_loads = Family::<ResultLabels, Counter>::default();
+        let memory_buckets = Gauge::default();
+        registry.register(
+            "floodgate_rule_hits",
+            "Hits evaluated against a rule",
+            rule_hits.clone(),
+        );
+        registry.register(
+            "floodgate_rule_within_limit",
+            "Hits a rule admitted",
+            rule_within_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_over_limit",
+            "Hits a rule denied",
+            rule_over_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_shadow_mode",
+            "Hits a shadow-mode rule would have denied",
+            rule_shadow_mode.clone(),
+        );
+        registry.register(
+            "floodgate_requests",
+            "ShouldRateLimit calls by result",
+            requests.clone(),
+        );
+        registry.register(
+            "floodgate_store_duration_seconds",
+            "Time spent in the store per request",
+            store_duration.clone(),
+        );
+        registry.register(
+            "floodgate_config_loads",
+            "Limits configuration loads by result",
+            config_loads.clone(),
+        );
+        registry.register(
+            "floodgate_memory_buckets",
+            "Buckets held by the memory store",
+            memory_buckets.clone(),
+        );
+        Metrics {
+            registry,
+            rule_hits,
+            rule_within_limit,
+            rule_over_limit,
+            rule_shadow_mode,
+            requests,
+            store_duration,
+            config_loads,
+            memory_buckets,
+        }
+    }
+
+    /// A shareable registry.
+    pub fn shared() -> Arc<Metrics> {
+        Arc::new(Metrics::new())
+    }
+
+    /// Counts a planned request's per-rule verdicts and its result.
+    pub fn record_outcome(&self, outcome: &Outcome, result: RequestResult) {
+        for tally in &outcome.tallies {
+            let labels = RuleLabels {
+                domain: outcome.domain.clone(),
+                rule: tally.rule.clone(),
+            };
+            self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
+            let family = match tally.verdict {
+                Verdict::WithinLimit => &self.rule_within_limit,
+                Verdict::OverLimit => &self.rule_over_limit,
+                Verdict::ShadowOverLimit => &self.rule_shadow_mode,
+            };
+            family.get_or_create(&labels).inc_by(tally.hits);
+        }
+        self.record_request(result);
+    }
+
+    /// Counts a ShouldRateLimit call by result.
+    pub fn record_request(&self, result: RequestResult) {
+        self.requests
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc();
+    }
+
+    /// Records the time one request spent in the store.
+    pub fn record_store_duration(&self, store: &'static str, elapsed: Duration) {
+        self.store_duration
+            .get_or_create(&StoreLabels { store })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts a limits configuration load.
+    pub fn record_config_load(&self, ok: bool) {
+        self.config_loads
+            .get_or_create(&ResultLabels {
+                result: if ok { "success" } else { "error" },
+            })
+            .inc();
+    }
+
+    /// Sets the number of buckets held by the memory store.
+    pub fn set_memory_buckets(&self, buckets: usize) {
+        self.memory_buckets
+            .set(i64::try_from(buckets).unwrap_or(i64::MAX));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

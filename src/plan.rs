@@ -1,0 +1,702 @@
+//! Pure request planning: `(request, config) → bucket operations`, then
+//! `(plan, store answer) → response`. No I/O, no clock; everything here is unit-tested.
+//!
+//! [`Plan::build`] validates the request, matches each descriptor against its domain's rules
+//! (or takes its `limit` override), drops limits named in another matched limit's `replaces`,
+//! works out each descriptor's cost, and folds the result into one [`BucketOp`] per distinct
+//! bucket (the same bucket reached twice is debited once, with the summed cost).
+//! [`Plan::respond`] turns the store's [`Applied`] into Envoy's response: one status per
+//! descriptor in request order, never `UNKNOWN`.
+
+use std::collections::HashMap;
+
+use prost_types::Duration;
+
+use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue};
+use crate::config::{Config, Limit, Step, Unit};
+use crate::limiter::{Algorithm, Cost, LimitParams};
+use crate::proto::rls::{
+    RateLimitRequest, RateLimitResponse,
+    rate_limit_response::{Code, DescriptorStatus, RateLimit},
+};
+
+/// Bounds on what one request may carry; beyond them the request is rejected as invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Maximum descriptors per request.
+    pub max_descriptors: usize,
+    /// Maximum entries per descriptor.
+    pub max_entries: usize,
+    /// Maximum length of an entry key or value, in bytes.
+    pub max_value_len: usize,
+}
+
+impl Default for RequestLimits {
+    /// Far above anything Envoy's route actions produce, far below what would hurt us.
+    fn default() -> Self {
+        RequestLimits {
+            max_descriptors: 64,
+            max_entries: 32,
+            max_value_len: 4096,
+        }
+    }
+}
+
+/// Settings that shape planning.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Global shadow mode: every limit is evaluated and counted, none denies.
+    pub shadow_mode: bool,
+    /// Algorithm for descriptor `limit` overrides (configured limits carry their own).
+    pub default_algorithm: Algorithm,
+    /// Request-size bounds.
+    pub limits: RequestLimits,
+}
+
+/// Why a request was rejected before touching any bucket. The message is for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRequest(pub String);
+
+/// The limit a descriptor is checked against.
+#[derive(Debug, Clone, Copy)]
+enum LimitSource<'c> {
+    Configured(&'c Limit),
+    /// A descriptor `limit` override (`requests_per_unit`, unit).
+    Override(u32, Unit),
+}
+
+#[derive(Debug)]
+struct PlannedLimit<'c> {
+    source: LimitSource<'c>,
+    /// Metric path of the rule (bounded by configuration, never request values).
+    rule: String,
+    /// Index into [`Plan::ops`].
+    op: usize,
+    enforce: bool,
+}
+
+#[derive(Debug)]
+enum DescriptorPlan<'c> {
+    /// Unknown domain, no matching rule, or every matched limit replaced.
+    Unmatched,
+    /// Matched an `unlimited` rule: always OK, no store access.
+    Unlimited { rule: String },
+    /// One or more limits, each backed by a bucket op.
+    Limited(Vec<PlannedLimit<'c>>),
+}
+
+/// What a request asks of the store, and how to answer it afterwards.
+#[derive(Debug)]
+pub struct Plan<'c> {
+    domain: String,
+    /// Each descriptor's cost (signed, summed into ops).
+    costs: Vec<Cost>,
+    descriptors: Vec<DescriptorPlan<'c>>,
+    /// One op per distinct bucket, in first-seen order.
+    pub ops: Vec<BucketOp>,
+}
+
+/// How one limit of one descriptor fared, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    /// The rule's metric path (`domain.key_value.key`).
+    pub rule: String,
+    /// Hits the descriptor asked for (0 for check-only and refunds).
+    pub hits: u64,
+    /// The verdict for this limit.
+    pub verdict: Verdict,
+}
+
+/// A limit's verdict, as metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The limit admitted the hits.
+    WithinLimit,
+    /// The limit denied the hits.
+    OverLimit,
+    /// The limit would have denied, but it is in shadow mode.
+    ShadowOverLimit,
+}
+
+/// The response and what metrics should count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The answer for Envoy.
+    pub response: RateLimitResponse,
+    /// The request's domain.
+    pub domain: String,
+    /// One tally per evaluated limit.
+    pub tallies: Vec<Tally>,
+}
+
+impl<'c> Plan<'c> {
+    /// Validates `request` and works out which buckets it debits and by how much.
+    pub fn build(
+        request: &RateLimitRequest,
+        config: &'c Config,
+        options: &PlanOptions,
+    ) -> Result<Plan<'c>, InvalidRequest> {
+        validate(request, &options.limits)?;
+        let domain = config.domain(&request.domain);
+        // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
+        let request_hits = u64::from(request.hits_addend.max(1));
+
+        let mut matched: Vec<Vec<(LimitSource<'c>, String, bool, BucketKey)>> = Vec::new();
+        let mut costs = Vec::with_capacity(request.descriptors.len());
+        for (i, descriptor) in request.descriptors.iter().enumerate() {
+            // A present descriptor hits_addend overrides the request's; present and 0 = check.
+            let hits = descriptor
+                .hits_addend
+                .unwrap_or(request_hits)
+                .min(i64::MAX as u64) as i64;
+            costs.push(if descriptor.is_negative_hits {
+                -hits
+            } else {
+                hits
+            });
+            let mut limits = Vec::new();
+            let Some(domain) = domain else {
+                matched.push(limits);
+                continue;
+            };
+            let entries: Vec<(&[u8], &[u8])> = descriptor
+                .entries
+                .iter()
+                .map(|e| (e.key.as_slice(), e.value.as_slice()))
+                .collect();
+            if let Some(limit) = &descriptor.limit {
+                // The reference applies an override whenever the domain is known, matched
+                // rule or not, and never in shadow mode.
+                let unit = Unit::from_proto(limit.unit).ok_or_else(|| {
+                    InvalidRequest(format!(
+                        "descriptors[{i}].limit.unit: unit {} is not a valid rate limit unit",
+                        limit.unit
+                    ))
+                })?;
+                let source = LimitSource::Override(limit.requests_per_unit, unit);
+                let params = override_params(limit.requests_per_unit, unit, options);
+                params.validate().map_err(|reason| {
+                    InvalidRequest(format!("descriptors[{i}].limit: {reason}"))
+                })?;
+                let key = BucketKey::new(
+                    &request.domain,
+                    entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
+                    params.algorithm,
+                    params.period_us,
+                );
+                limits.push((source, format!("{}.override", request.domain), true, key));
+            } else if let Some(found) = domain.find(&entries) {
+                let rule = found.rule;
+                let enforce = !(rule.shadow_mode || options.shadow_mode);
+                for limit in &rule.limits {
+                    let params = limit.params();
+                    let key = BucketKey::new(
+                        &request.domain,
+                        entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
+                            let value = match step {
+                                Step::Wildcard {
+                                    pattern,
+                                    shared: true,
+                                } => KeyValue::Shared(pattern),
+                                _ => KeyValue::Value(v),
+                            };
+                            (k, value)
+                        }),
+                        params.algorithm,
+                        params.period_us,
+                    );
+                    limits.push((
+                        LimitSource::Configured(limit),
+                        rule.path.clone(),
+                        enforce,
+                        key,
+                    ));
+                }
+            }
+            matched.push(limits);
+        }
+
+        // `replaces`: a matched limit named N is dropped when another matched limit lists N.
+        let replaced: Vec<&str> = matched
+            .iter()
+            .flatten()
+            .filter_map(|(source, ..)| match source {
+                LimitSource::Configured(limit) => Some(limit),
+                LimitSource::Override(..) => None,
+            })
+            .flat_map(|limit| limit.replaces.iter().map(String::as_str))
+            .collect();
+
+        let mut ops: Vec<BucketOp> = Vec::new();
+        let mut op_index: HashMap<BucketKey, usize> = HashMap::new();
+        let mut descriptors = Vec::with_capacity(matched.len());
+        for (limits, &cost) in matched.into_iter().zip(&costs) {
+            let mut planned = Vec::new();
+            let mut unlimited_rule = None;
+            for (source, rule, enforce, key) in limits {
+                let params = match source {
+                    LimitSource::Configured(limit) => {
+                        if limit
+                            .name
+                            .as_deref()
+                            .is_some_and(|name| replaced.contains(&name))
+                        {
+                            continue;
+                        }
+                        if limit.unlimited {
+                            unlimited_rule = Some(rule);
+                            continue;
+                        }
+                        limit.params()
+                    }
+                    LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
+                };
+                let op = *op_index.entry(key.clone()).or_insert_with(|| {
+                    ops.push(BucketOp {
+                        key,
+                        params,
+                        cost: 0,
+                        enforce: false,
+                    });
+                    ops.len() - 1
+                });
+                ops[op].cost = ops[op].cost.saturating_add(cost);
+                ops[op].enforce |= enforce;
+                planned.push(PlannedLimit {
+                    source,
+                    rule,
+                    op,
+                    enforce,
+                });
+            }
+            descriptors.push(match (planned.is_empty(), unlimited_rule) {
+                (false, _) => DescriptorPlan::Limited(planned),
+                (true, Some(rule)) => DescriptorPlan::Unlimited { rule },
+                (true, None) => DescriptorPlan::Unmatched,
+            });
+        }
+
+        Ok(Plan {
+            domain: request.domain.clone(),
+            costs,
+            descriptors,
+            ops,
+        })
+    }
+
+    /// Builds the response from the store's answer (one result per op of this plan).
+    pub fn respond(&self, applied: &Applied) -> Outcome {
+        let mut tallies = Vec::new();
+        let mut over = false;
+        let statuses = self
+            .descriptors
+            .iter()
+            .zip(&self.costs)
+            .map(|(descriptor, &cost)| {
+                let hits = u64::try_from(cost).unwrap_or(0);
+                match descriptor {
+                    DescriptorPlan::Unmatched => DescriptorStatus {
+                        code: Code::Ok as i32,
+                        ..Default::default()
+                    },
+                    DescriptorPlan::Unlimited { rule } => {
+                        tallies.push(Tally {
+                            rule: rule.clone(),
+                            hits,
+                            verdict: Verdict::WithinLimit,
+                        });
+                        DescriptorStatus {
+                            code: Code::Ok as i32,
+                            limit_remaining: u32::MAX,
+                            ..Default::default()
+                        }
+                    }
+                    DescriptorPlan::Limited(limits) => {
+                        let status = self.limited_status(limits, applied, hits, &mut tallies);
+                        over |= status.code == Code::OverLimit as i32;
+                        status
+                    }
+                }
+            })
+            .collect();
+        Outcome {
+            response: RateLimitResponse {
+                overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+                statuses,
+                ..Default::default()
+            },
+            domain: self.domain.clone(),
+            tallies,
+        }
+    }
+
+    /// The status of a descriptor with limits: OVER_LIMIT if an enforcing limit denied it;
+    /// it reports the binding limit (the denying one that frees last, else the one with the
+    /// fewest tokens left), as Envoy builds its headers from a single limit.
+    fn limited_status(
+        &self,
+        limits: &[PlannedLimit<'c>],
+        applied: &Applied,
+        hits: u64,
+        tallies: &mut Vec<Tally>,
+    ) -> DescriptorStatus {
+        let mut chosen: Option<(&PlannedLimit<'c>, bool)> = None;
+        for limit in limits {
+            let Some(result) = applied.buckets.get(limit.op) else {
+                continue;
+            };
+            let denied = !result.admitted;
+            let over = denied && limit.enforce;
+            tallies.push(Tally {
+                rule: limit.rule.clone(),
+                hits,
+                verdict: match (denied, limit.enforce) {
+                    (false, _) => Verdict::WithinLimit,
+                    (true, true) => Verdict::OverLimit,
+                    (true, false) => Verdict::ShadowOverLimit,
+                },
+            });
+            let better = match chosen {
+                None => true,
+                Some((current, current_over)) => {
+                    let current_result = &applied.buckets[current.op];
+                    match (over, current_over) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        // Both deny: the one that frees last binds (None = never).
+                        (true, true) => {
+                            result.retry_after_us.unwrap_or(u64::MAX)
+                                > current_result.retry_after_us.unwrap_or(u64::MAX)
+                        }
+                        (false, false) => result.view.remaining < current_result.view.remaining,
+                    }
+                }
+            };
+            if better {
+                chosen = Some((limit, over));
+            }
+        }
+        let Some((limit, over)) = chosen else {
+            return DescriptorStatus {
+                code: Code::Ok as i32,
+                ..Default::default()
+            };
+        };
+        let result = &applied.buckets[limit.op];
+        let params = self.ops[limit.op].params;
+        let (name, requests_per_unit, unit) = match limit.source {
+            LimitSource::Configured(l) => (
+                l.name.clone().unwrap_or_default(),
+                l.requests_per_unit,
+                l.unit,
+            ),
+            LimitSource::Override(rpu, unit) => (String::new(), rpu, unit),
+        };
+        DescriptorStatus {
+            code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            current_limit: Some(RateLimit {
+                name,
+                requests_per_unit,
+                unit: unit.to_response_proto(),
+            }),
+            limit_remaining: u32::try_from(result.view.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(Duration {
+                // Envoy reads only the seconds: round up so a client never retries early.
+                seconds: i64::try_from(
+                    reported_reset_us(&params, result.view.reset_us).div_ceil(1_000_000),
+                )
+                .unwrap_or(i64::MAX),
+                nanos: 0,
+            }),
+            quota: None,
+        }
+    }
+}
+
+fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) -> LimitParams {
+    LimitParams {
+        algorithm: options.default_algorithm,
+        requests_per_period: u64::from(requests_per_unit),
+        period_us: unit.seconds() * 1_000_000,
+        burst: u64::from(requests_per_unit),
+    }
+}
+
+/// The token bucket charges `ceil(period / rate)` µs per token (never faster than
+/// configured), so a full refill can take a few µs longer than the period. Report the time
+/// at the configured rate so "3 per second" says 1 s, not 2 s after rounding up.
+fn reported_reset_us(params: &LimitParams, reset_us: u64) -> u64 {
+    if params.algorithm != Algorithm::TokenBucket || params.requests_per_period == 0 {
+        return reset_us;
+    }
+    let rate = u128::from(params.requests_per_period);
+    let period = u128::from(params.period_us);
+    let per_token = period.div_ceil(rate);
+    if per_token * rate == period {
+        return reset_us;
+    }
+    // Rounded up, like every reset we report: never tell a client to come back too early.
+    u64::try_from((u128::from(reset_us) * period).div_ceil(rate * per_token)).unwrap_or(reset_us)
+}
+
+fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), InvalidRequest> {
+    let invalid = |message: String| Err(InvalidRequest(message));
+    if request.domain.is_empty() {
+        return invalid("rate limit domain must not be empty".into());
+    }
+    if request.domain.len() > limits.max_value_len {
+        return invalid(format!(
+            "rate limit domain is {} bytes long; at most {} are allowed",
+            request.domain.len(),
+            limits.max_value_len
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return invalid("rate limit descriptor list must not be empty".into());
+    }
+    if request.descriptors.len() > limits.max_descriptors {
+        return invalid(format!(
+            "request has {} descriptors; at most {} are allowed",
+            request.descriptors.len(),
+            limits.max_descriptors
+        ));
+    }
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return invalid(format!("descriptors[{i}] has no entries"));
+        }
+        if descriptor.entries.len() > limits.max_entries {
+            return invalid(format!(
+                "descriptors[{i}] has {} entries; at most {} are allowed",
+                descriptor.entries.len(),
+                limits.max_entries
+            ));
+        }
+        for (j, entry) in descriptor.entries.iter().enumerate() {
+            for (field, bytes) in [("key", &entry.key), ("value", &entry.value)] {
+                if bytes.len() > limits.max_value_len {
+                    return invalid(format!(
+                        "descriptors[{i}].entries[{j}].{field} is {} bytes long; at most {} are allowed",
+                        bytes.len(),
+                        limits.max_value_len
+                    ));
+                }
+            }
+            if entry.key.is_empty() {
+                return invalid(format!(
+                    "descriptors[{i}].entries[{j}].key must not be empty"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::BucketResult;
+    use crate::config::Defaults;
+    use crate::limiter::View;
+    use crate::proto::common::{RateLimitDescriptor, rate_limit_descriptor::Entry};
+
+    const LIMITS: &str = r#"
+domain: d
+descriptors:
+  - key: a
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: b
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: b}
+  - key: c
+    rate_limit: {unit: minute, requests_per_unit: 5, replaces: [{name: b}]}
+  - key: u
+    rate_limit: {unlimited: true}
+"#;
+
+    fn config() -> Config {
+        Config::from_sources(
+            &[("t.yaml".to_string(), LIMITS.to_string())],
+            &Defaults {
+                algorithm: Algorithm::TokenBucket,
+            },
+        )
+        .unwrap()
+    }
+
+    fn options() -> PlanOptions {
+        PlanOptions {
+            shadow_mode: false,
+            default_algorithm: Algorithm::TokenBucket,
+            limits: RequestLimits::default(),
+        }
+    }
+
+    fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn answer(plan: &Plan<'_>, admitted: bool, remaining: u64, reset_us: u64) -> Applied {
+        Applied {
+            committed: admitted,
+            buckets: plan
+                .ops
+                .iter()
+                .map(|_| BucketResult {
+                    admitted,
+                    view: View {
+                        remaining,
+                        reset_us,
+                    },
+                    retry_after_us: if admitted { Some(0) } else { Some(1) },
+                })
+                .collect(),
+        }
+    }
+
+    /// Two descriptors reaching one bucket make one op with the summed cost.
+    #[test]
+    fn same_bucket_is_one_op_with_summed_cost() {
+        let config = config();
+        let mut req = request(vec![descriptor("a", "x"), descriptor("a", "x")]);
+        req.hits_addend = 2;
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        assert_eq!(plan.ops.len(), 1);
+        assert_eq!(plan.ops[0].cost, 4);
+        assert!(plan.ops[0].enforce);
+    }
+
+    /// Different values of a bare key are different buckets.
+    #[test]
+    fn distinct_values_are_distinct_buckets() {
+        let config = config();
+        let req = request(vec![descriptor("a", "x"), descriptor("a", "y")]);
+        assert_eq!(Plan::build(&req, &config, &options()).unwrap().ops.len(), 2);
+    }
+
+    /// A present descriptor hits_addend wins; zero checks; negative hits refund.
+    #[test]
+    fn descriptor_hits_addend_and_negative_hits() {
+        let config = config();
+        let mut check = descriptor("a", "x");
+        check.hits_addend = Some(0);
+        let mut refund = descriptor("a", "y");
+        refund.hits_addend = Some(7);
+        refund.is_negative_hits = true;
+        let mut req = request(vec![check, refund]);
+        req.hits_addend = 5;
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        assert_eq!(plan.ops.iter().map(|o| o.cost).collect::<Vec<_>>(), [0, -7]);
+    }
+
+    /// Shadow rules and global shadow mode produce non-enforcing ops.
+    #[test]
+    fn shadow_ops_do_not_enforce() {
+        let config = config();
+        let plan = Plan::build(&request(vec![descriptor("b", "x")]), &config, &options()).unwrap();
+        assert!(!plan.ops[0].enforce);
+        let mut shadow = options();
+        shadow.shadow_mode = true;
+        let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &shadow).unwrap();
+        assert!(!plan.ops[0].enforce);
+    }
+
+    /// `replaces` drops the named limit only when the replacing limit also matched.
+    #[test]
+    fn replaces_needs_both_matched() {
+        let config = config();
+        let alone = Plan::build(&request(vec![descriptor("b", "x")]), &config, &options()).unwrap();
+        assert_eq!(alone.ops.len(), 1);
+        let both = Plan::build(
+            &request(vec![descriptor("b", "x"), descriptor("c", "x")]),
+            &config,
+            &options(),
+        )
+        .unwrap();
+        assert_eq!(both.ops.len(), 1);
+        let outcome = both.respond(&answer(&both, true, 4, 12_000_000));
+        assert!(outcome.response.statuses[0].current_limit.is_none());
+        assert!(outcome.response.statuses[1].current_limit.is_some());
+    }
+
+    /// Unlimited and unmatched descriptors need no store access.
+    #[test]
+    fn unlimited_and_unmatched_make_no_ops() {
+        let config = config();
+        let plan = Plan::build(
+            &request(vec![descriptor("u", "x"), descriptor("zzz", "x")]),
+            &config,
+            &options(),
+        )
+        .unwrap();
+        assert!(plan.ops.is_empty());
+        let response = plan.respond(&answer(&plan, true, 0, 0)).response;
+        assert_eq!(response.overall_code, Code::Ok as i32);
+        assert_eq!(response.statuses[0].limit_remaining, u32::MAX);
+        assert_eq!(response.statuses[1].limit_remaining, 0);
+    }
+
+    /// The response reports remaining and reset (rounded up to whole seconds).
+    #[test]
+    fn response_rounds_reset_up() {
+        let config = config();
+        let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options()).unwrap();
+        let response = plan.respond(&answer(&plan, true, 2, 1)).response;
+        let status = &response.statuses[0];
+        assert_eq!(status.limit_remaining, 2);
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 1);
+        // 5 per minute: 12 s per token exactly, so the raw reset is reported, rounded up.
+        let plan = Plan::build(&request(vec![descriptor("c", "x")]), &config, &options()).unwrap();
+        let response = plan.respond(&answer(&plan, false, 0, 2_000_001)).response;
+        assert_eq!(response.overall_code, Code::OverLimit as i32);
+        assert_eq!(
+            response.statuses[0].duration_until_reset.unwrap().seconds,
+            3
+        );
+    }
+
+    /// A shadow limit that denies is reported OK, and tallied as shadow.
+    #[test]
+    fn shadow_denial_is_ok_and_tallied() {
+        let config = config();
+        let plan = Plan::build(&request(vec![descriptor("b", "x")]), &config, &options()).unwrap();
+        let outcome = plan.respond(&answer(&plan, false, 0, 1));
+        assert_eq!(outcome.response.overall_code, Code::Ok as i32);
+        assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
+        assert_eq!(outcome.tallies[0].rule, "d.b");
+    }
+
+    /// The reported reset of a non-divisible token bucket rate uses the configured rate.
+    #[test]
+    fn token_bucket_reset_is_reported_at_configured_rate() {
+        let params = LimitParams {
+            algorithm: Algorithm::TokenBucket,
+            requests_per_period: 3,
+            period_us: 1_000_000,
+            burst: 3,
+        };
+        // Three tokens at 333_334 µs each: 1_000_002 µs of debt, reported as 1 s.
+        assert_eq!(reported_reset_us(&params, 1_000_002), 1_000_000);
+        let exact = LimitParams {
+            requests_per_period: 4,
+            burst: 4,
+            ..params
+        };
+        assert_eq!(reported_reset_us(&exact, 750_000), 750_000);
+    }
+}

@@ -1,0 +1,305 @@
+//! Serving: gRPC (rate-limit service, `grpc.health.v1`, reflection) and admin HTTP, with
+//! graceful shutdown.
+//!
+//! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
+//! and never sleep. [`serve`] is what `floodgate serve` does: build everything from settings,
+//! bind, log the addresses, and run until SIGTERM or SIGINT.
+//!
+//! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
+//! stop accepting connections and drain in-flight requests, and after the grace period any
+//! straggler is cut off.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::clock::SystemClock;
+use crate::config::{Config, ConfigErrors, Defaults};
+use crate::http::{self, AdminState};
+use crate::metrics::Metrics;
+use crate::plan::{PlanOptions, RequestLimits};
+use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
+use crate::service::{RateLimiter, RlsService};
+use crate::settings::ServeSettings;
+use crate::store::{MemoryStore, Store};
+
+/// Name under which the rate-limit service reports health (besides the server-wide "").
+const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// How often the memory store drops expired buckets.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The limits could not be loaded at start-up.
+    #[error("cannot load limits from {path}:\n{errors}")]
+    Config {
+        /// The configured path.
+        path: String,
+        /// Every problem found.
+        errors: ConfigErrors,
+    },
+    /// A setting cannot be honoured.
+    #[error("{0}")]
+    Settings(String),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    /// The HTTP server failed.
+    #[error("HTTP server failed: {0}")]
+    Http(io::Error),
+    /// Reflection could not be built from the embedded descriptors (a build defect).
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Everything `floodgate serve` needs, built and validated before any port is bound.
+pub struct Prepared {
+    /// The request path.
+    pub limiter: Arc<RateLimiter>,
+    /// The memory store, when it is the store (its sweeper starts with the server).
+    pub memory: Option<Arc<MemoryStore>>,
+    /// The settings it was built from.
+    pub settings: ServeSettings,
+}
+
+/// Loads the limits and builds the request path; fails on anything an operator must fix.
+pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
+    if let Some(url) = &settings.redis_url {
+        return Err(ServerError::Settings(format!(
+            "--redis-url {}: the Redis store is not available in this build yet; \
+             run without --redis-url to use the in-memory store",
+            crate::settings::redact_url(url)
+        )));
+    }
+    let metrics = Metrics::shared();
+    let defaults = Defaults {
+        algorithm: settings.algorithm.value.into(),
+    };
+    let config = Config::load(&settings.config, &defaults).map_err(|errors| {
+        metrics.record_config_load(false);
+        ServerError::Config {
+            path: settings.config.display().to_string(),
+            errors,
+        }
+    })?;
+    metrics.record_config_load(true);
+    tracing::info!(
+        path = %settings.config.display(),
+        domains = config.domains().count(),
+        "limits loaded"
+    );
+    let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+    let store: Arc<dyn Store> = memory.clone();
+    let limiter = Arc::new(RateLimiter::new(
+        Arc::new(ArcSwap::from_pointee(config)),
+        store,
+        PlanOptions {
+            shadow_mode: settings.shadow_mode,
+            default_algorithm: settings.algorithm.value.into(),
+            limits: RequestLimits::default(),
+        },
+        metrics,
+    ));
+    Ok(Prepared {
+        limiter,
+        memory: Some(memory),
+        settings,
+    })
+}
+
+/// Binds the configured addresses and serves until SIGTERM or SIGINT.
+pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
+    let settings = &prepared.settings;
+    let bind = |addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })
+    };
+    let grpc = bind(settings.grpc_addr).await?;
+    let http = bind(settings.http_addr).await?;
+    if let Some(memory) = &prepared.memory {
+        spawn_memory_upkeep(memory, prepared.limiter.metrics());
+    }
+    tracing::info!(
+        store = if prepared.memory.is_some() {
+            "memory"
+        } else {
+            "redis"
+        },
+        shadow_mode = settings.shadow_mode,
+        "floodgate starting"
+    );
+    let shutdown = shutdown_signal();
+    run(
+        grpc,
+        http,
+        prepared.limiter.clone(),
+        settings.shutdown_grace,
+        shutdown,
+    )
+    .await?;
+    tracing::info!("floodgate stopped");
+    Ok(())
+}
+
+fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {
+    memory.spawn_sweeper(SWEEP_INTERVAL);
+    let weak = Arc::downgrade(memory);
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
+        loop {
+            ticker.tick().await;
+            let Some(memory) = weak.upgrade() else { return };
+            metrics.set_memory_buckets(memory.len());
+        }
+    });
+}
+
+/// Serves gRPC on `grpc` and admin HTTP on `http` until `shutdown` completes, then drains:
+/// health goes NOT_SERVING, both servers stop accepting and finish in-flight requests, for at
+/// most `grace`.
+pub async fn run(
+    grpc: TcpListener,
+    http: TcpListener,
+    limiter: Arc<RateLimiter>,
+    grace: Duration,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let grpc_addr = grpc.local_addr().map_err(ServerError::Http)?;
+    let http_addr = http.local_addr().map_err(ServerError::Http)?;
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_service_status("", ServingStatus::Serving).await;
+    health
+        .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let serving = Arc::new(AtomicBool::new(true));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        // An Err means the sender is gone, which only happens once we are stopping anyway.
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    // Envoy multiplexes many requests on few connections: answer each small message at once.
+    let incoming = TcpListenerStream::new(grpc).map(|stream| {
+        stream.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
+    let grpc_server = tonic::transport::Server::builder()
+        .add_service(RateLimitServiceServer::new(RlsService::new(
+            limiter.clone(),
+        )))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+    let admin = http::router(AdminState {
+        limiter,
+        serving: serving.clone(),
+    });
+    let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
+
+    let mut grpc_task = tokio::spawn(grpc_server);
+    let mut http_task = tokio::spawn(async move { http_server.await.map_err(ServerError::Http) });
+    tracing::info!(%grpc_addr, %http_addr, "listening");
+
+    tokio::select! {
+        () = shutdown => {}
+        result = &mut grpc_task => return flatten(result.map(|r| r.map_err(ServerError::from))),
+        result = &mut http_task => return flatten(result),
+    }
+
+    tracing::info!("shutting down: health NOT_SERVING, draining in-flight requests");
+    serving.store(false, Ordering::SeqCst);
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    health
+        .set_service_status(RLS_SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+    let _ = stop_tx.send(true);
+
+    let drained = tokio::time::timeout(grace, async {
+        let grpc = flatten((&mut grpc_task).await.map(|r| r.map_err(ServerError::from)));
+        let http = flatten((&mut http_task).await);
+        grpc.and(http)
+    })
+    .await;
+    match drained {
+        Ok(result) => result,
+        Err(_) => {
+            tracing::warn!(?grace, "grace period over; closing remaining connections");
+            grpc_task.abort();
+            http_task.abort();
+            Ok(())
+        }
+    }
+}
+
+fn flatten(
+    result: Result<Result<(), ServerError>, tokio::task::JoinError>,
+) -> Result<(), ServerError> {
+    match result {
+        Ok(inner) => inner,
+        // A panic in a server task is a defect: re-raise it rather than hide it.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Registers SIGTERM (Kubernetes) and SIGINT (Ctrl-C) handlers now, and returns a future that
+/// completes on either. Registering before the listeners are announced means a signal sent as
+/// soon as the server says "listening" is never handled by the default action (killing us).
+fn shutdown_signal() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    async move {
+        let wait = |name: &'static str, registered: io::Result<tokio::signal::unix::Signal>| async move {
+            match registered {
+                Ok(mut s) => {
+                    s.recv().await;
+                    tracing::info!("{name} received");
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for {name}");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            () = wait("SIGTERM", term) => {}
+            () = wait("SIGINT", int) => {}
+        }
+    }
+}

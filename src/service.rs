@@ -1,0 +1,155 @@
+//! The rate-limit service: `ShouldRateLimit` from request to response.
+//!
+//! [`RateLimiter::should_rate_limit`] is the whole request path — plan against the current
+//! limits, apply the plan's bucket operations in the store, build the response, count it —
+//! shared by the gRPC service ([`RlsService`]) and the HTTP `POST /json` endpoint.
+//! [`RequestError`] is the one error type of that path and `From<RequestError> for Status`
+//! the one place it becomes a gRPC status.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use tonic::{Request, Response, Status};
+
+use crate::config::Config;
+use crate::metrics::{Metrics, RequestResult};
+use crate::plan::{InvalidRequest, Plan, PlanOptions};
+use crate::proto::rls::{
+    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
+};
+use crate::store::{Store, StoreError};
+
+/// Why a ShouldRateLimit call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// The request is malformed; the message says exactly how.
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<RequestError> for Status {
+    fn from(error: RequestError) -> Status {
+        match error {
+            RequestError::Invalid(e) => Status::invalid_argument(e.0),
+            // UNAVAILABLE, not a made-up OK: Envoy then applies its own failure_mode_deny,
+            // which is the operator's decision to make, not ours.
+            RequestError::Store(e) => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+/// The shared request path: current limits, the store, options and metrics.
+pub struct RateLimiter {
+    /// The limits in force; swapped whole on reload so a request sees one version.
+    config: Arc<ArcSwap<Config>>,
+    /// Where buckets live.
+    store: Arc<dyn Store>,
+    /// Shadow mode, override algorithm, request bounds.
+    options: PlanOptions,
+    /// Where outcomes are counted.
+    metrics: Arc<Metrics>,
+}
+
+impl RateLimiter {
+    /// A limiter over `config` and `store`.
+    pub fn new(
+        config: Arc<ArcSwap<Config>>,
+        store: Arc<dyn Store>,
+        options: PlanOptions,
+        metrics: Arc<Metrics>,
+    ) -> RateLimiter {
+        RateLimiter {
+            config,
+            store,
+            options,
+            metrics,
+        }
+    }
+
+    /// The limits currently in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.load_full()
+    }
+
+    /// The metrics this limiter records into.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Answers one request.
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let config = self.config.load_full();
+        let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
+            self.metrics.record_request(RequestResult::Invalid);
+            tracing::debug!(domain = %request.domain, error = %e, "invalid request");
+        })?;
+        let applied = if plan.ops.is_empty() {
+            // Nothing to count (unknown domain, no match, unlimited): no store access.
+            crate::bucket::Applied {
+                committed: true,
+                buckets: Vec::new(),
+            }
+        } else {
+            let started = Instant::now();
+            let applied = self.store.apply(&plan.ops).await;
+            self.metrics
+                .record_store_duration(self.store.name(), started.elapsed());
+            applied.inspect_err(|e| {
+                self.metrics.record_request(RequestResult::StoreError);
+                tracing::debug!(domain = %request.domain, error = %e, "store failed");
+            })?
+        };
+        let outcome = plan.respond(&applied);
+        let over = outcome.response.overall_code
+            == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
+        self.metrics.record_outcome(
+            &outcome,
+            if over {
+                RequestResult::OverLimit
+            } else {
+                RequestResult::Ok
+            },
+        );
+        tracing::debug!(
+            domain = %request.domain,
+            descriptors = request.descriptors.len(),
+            over_limit = over,
+            "answered"
+        );
+        Ok(outcome.response)
+    }
+}
+
+/// The gRPC face of [`RateLimiter`].
+#[derive(Clone)]
+pub struct RlsService {
+    limiter: Arc<RateLimiter>,
+}
+
+impl RlsService {
+    /// Serves `limiter` over gRPC.
+    pub fn new(limiter: Arc<RateLimiter>) -> RlsService {
+        RlsService { limiter }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.limiter
+            .should_rate_limit(request.get_ref())
+            .await
+            .map(Response::new)
+            .map_err(Status::from)
+    }
+}

@@ -1,0 +1,243 @@
+//! Command line and environment → settings.
+//!
+//! Every flag can also be set with an environment variable `FLOODGATE_<FLAG>` (for example
+//! `--grpc-addr` ↔ `FLOODGATE_GRPC_ADDR`); a flag on the command line wins. Secrets (the Redis
+//! URL's password) are redacted in `Debug` output, so settings can be logged safely.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::limiter::Algorithm;
+
+/// floodgate: a global rate-limit server for Envoy (RLS v3).
+#[derive(Debug, Parser)]
+#[command(name = "floodgate", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the rate-limit API (gRPC) and the admin endpoints (HTTP).
+    Serve(ServeSettings),
+    /// Validate a limits file or directory, print the limits, and exit (0 valid, 1 invalid).
+    CheckConfig(CheckConfigSettings),
+}
+
+/// `floodgate serve`.
+#[derive(Args)]
+pub struct ServeSettings {
+    /// Limits: a YAML file, or a directory whose *.yaml / *.yml files are all loaded.
+    #[arg(long, env = "FLOODGATE_CONFIG", value_name = "FILE|DIR")]
+    pub config: PathBuf,
+
+    /// Address for gRPC: the rate-limit service, health and reflection.
+    #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
+    pub grpc_addr: SocketAddr,
+
+    /// Address for HTTP: /healthcheck, /json, /metrics, /rlconfig.
+    #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
+    pub http_addr: SocketAddr,
+
+    /// Redis URL (redis:// or rediss://). Without it, buckets live in process memory.
+    #[arg(long, env = "FLOODGATE_REDIS_URL", value_name = "URL")]
+    pub redis_url: Option<String>,
+
+    /// Algorithm for limits that do not name one, and for descriptor limit overrides.
+    #[command(flatten)]
+    pub algorithm: AlgorithmFlag,
+
+    /// Evaluate and count every limit, but never answer OVER_LIMIT.
+    #[arg(long, env = "FLOODGATE_SHADOW_MODE")]
+    pub shadow_mode: bool,
+
+    /// Log line format.
+    #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// On SIGTERM, how long in-flight requests may take to finish before exit.
+    #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", value_parser = parse_seconds, default_value = "10")]
+    pub shutdown_grace: Duration,
+}
+
+/// `floodgate check-config`.
+#[derive(Debug, Args)]
+pub struct CheckConfigSettings {
+    /// Limits: a YAML file or a directory of them.
+    #[arg(value_name = "FILE|DIR")]
+    pub path: PathBuf,
+
+    /// Algorithm for limits that do not name one.
+    #[command(flatten)]
+    pub algorithm: AlgorithmFlag,
+}
+
+/// `--default-algorithm`, shared by `serve` and `check-config` so both read limits alike.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct AlgorithmFlag {
+    /// Algorithm for limits that do not name one (and, when serving, for limit overrides).
+    #[arg(
+        long = "default-algorithm",
+        env = "FLOODGATE_DEFAULT_ALGORITHM",
+        value_enum,
+        default_value_t = AlgorithmArg::TokenBucket
+    )]
+    pub value: AlgorithmArg,
+}
+
+/// `--default-algorithm` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum AlgorithmArg {
+    /// Continuous refill (GCRA).
+    TokenBucket,
+    /// The reference server's fixed windows.
+    FixedWindow,
+    /// Two-window weighted estimate.
+    SlidingWindow,
+}
+
+impl From<AlgorithmArg> for Algorithm {
+    fn from(value: AlgorithmArg) -> Algorithm {
+        match value {
+            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
+            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+        }
+    }
+}
+
+/// `--log-format` values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| format!("'{text}' is not a number of seconds"))
+}
+
+/// Replaces the password of a URL like `redis://user:secret@host` with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let masked = if userinfo.contains(':') || !user.is_empty() {
+                format!("{}:***", user)
+            } else {
+                "***".to_string()
+            };
+            format!("{scheme}://{masked}@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}
+
+impl fmt::Debug for ServeSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServeSettings")
+            .field("config", &self.config)
+            .field("grpc_addr", &self.grpc_addr)
+            .field("http_addr", &self.http_addr)
+            .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("default_algorithm", &self.algorithm.value)
+            .field("shadow_mode", &self.shadow_mode)
+            .field("log_format", &self.log_format)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("floodgate").chain(args.iter().copied()))
+    }
+
+    /// Defaults match the reference server's ports and floodgate's documented defaults.
+    #[test]
+    fn serve_defaults() {
+        let Command::Serve(s) = parse(&["serve", "--config", "x.yaml"]).unwrap().command else {
+            panic!("not serve");
+        };
+        assert_eq!(s.grpc_addr, "0.0.0.0:8081".parse().unwrap());
+        assert_eq!(s.http_addr, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(s.algorithm.value, AlgorithmArg::TokenBucket);
+        assert!(!s.shadow_mode && s.redis_url.is_none());
+        assert_eq!(s.shutdown_grace, Duration::from_secs(10));
+    }
+
+    /// Every flag parses, including the snake_case algorithm names.
+    #[test]
+    fn serve_flags() {
+        let Command::Serve(s) = parse(&[
+            "serve",
+            "--config",
+            "dir",
+            "--grpc-addr",
+            "127.0.0.1:1",
+            "--http-addr",
+            "127.0.0.1:2",
+            "--default-algorithm",
+            "fixed_window",
+            "--shadow-mode",
+            "--log-format",
+            "json",
+            "--shutdown-grace",
+            "0.5",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(s.algorithm.value, AlgorithmArg::FixedWindow);
+        assert!(s.shadow_mode);
+        assert_eq!(s.log_format, LogFormat::Json);
+        assert_eq!(s.shutdown_grace, Duration::from_millis(500));
+    }
+
+    /// A malformed address is a parse error, not a panic later.
+    #[test]
+    fn bad_address_is_rejected() {
+        assert!(parse(&["serve", "--config", "x", "--grpc-addr", "nope"]).is_err());
+    }
+
+    /// Passwords never reach Debug output.
+    #[test]
+    fn redis_password_is_redacted() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:s3cret@host"), "rediss://:***@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        let Command::Serve(s) = parse(&["serve", "--config", "x", "--redis-url", "redis://:pw@h"])
+            .unwrap()
+            .command
+        else {
+            panic!("not serve");
+        };
+        assert!(!format!("{s:?}").contains("pw@"));
+    }
+}

@@ -1,0 +1,42 @@
+//! Where buckets live. One operation: apply all of a request's bucket operations atomically.
+//!
+//! Every store evaluates with [`crate::limiter::evaluate`] (or, for Redis, a Lua script that
+//! must agree with it) and settles with [`crate::bucket::settle`], so a request's debits are
+//! stored all or none, whatever the store.
+
+use async_trait::async_trait;
+
+use crate::bucket::{Applied, BucketOp};
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// A store failure. Carries whether retrying could help, so callers pick the right answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time; it may come back.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something we cannot use; retrying will not help.
+    #[error("store failed: {0}")]
+    Failed(String),
+}
+
+impl StoreError {
+    /// True when the same call may succeed later (an outage rather than a bug).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+/// A bucket store.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Evaluates every op and stores the debits of all of them or of none (see
+    /// [`crate::bucket::settle`]). Returns one result per op, in order.
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError>;
+
+    /// A short name for logs and metrics (`memory`, `redis`).
+    fn name(&self) -> &'static str;
+}

@@ -1,0 +1,124 @@
+//! The binary's command line: check-config, and start-up failures exiting 64.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(BIN);
+    command.args(args).env_remove("RUST_LOG");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn bad_limits() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: b\ndescriptors:\n  - key: k\n    bogus: 1\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// check-config on the shipped examples exits 0 and prints every domain's limits.
+#[test]
+fn check_config_accepts_examples() {
+    let out = run(
+        &[
+            "check-config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/limits"),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("valid"));
+}
+
+/// check-config reports every error with file, path and reason, and exits 1.
+#[test]
+fn check_config_reports_every_error() {
+    let dir = bad_limits();
+    let out = run(&["check-config", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("a.yaml: descriptors[0].rate_limit.unit"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("fortnight"), "{stderr}");
+    assert!(stderr.contains("b.yaml: descriptors[0]"), "{stderr}");
+    assert!(stderr.contains("bogus"), "{stderr}");
+    assert!(stderr.contains("invalid (2 errors)"), "{stderr}");
+}
+
+/// serve with an unloadable config exits 64 with the errors, before binding anything.
+#[test]
+fn serve_with_bad_config_exits_64() {
+    let dir = bad_limits();
+    let out = run(
+        &[
+            "serve",
+            "--config",
+            dir.path().to_str().unwrap(),
+            "--grpc-addr",
+            "127.0.0.1:0",
+            "--http-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("cannot load limits"), "{stderr}");
+    assert!(stderr.contains("fortnight"), "{stderr}");
+    assert!(!text(&out.stdout).contains("listening"));
+}
+
+/// FLOODGATE_* environment variables stand in for flags.
+#[test]
+fn environment_variables_set_flags() {
+    let dir = bad_limits();
+    let out = run(
+        &["serve"],
+        &[("FLOODGATE_CONFIG", dir.path().to_str().unwrap())],
+    );
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("fortnight"));
+}
+
+/// Bad flags exit 64 with clap's message.
+#[test]
+fn bad_flags_exit_64() {
+    let out = run(
+        &["serve", "--config", "x", "--grpc-addr", "not-an-address"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("--grpc-addr"));
+    let out = run(
+        &["serve", "--config", "x", "--default-algorithm", "leaky"],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(64));
+}
+
+/// A missing config path is an unloadable config: exit 64.
+#[test]
+fn missing_config_exits_64() {
+    let out = run(&["serve", "--config", "/nonexistent/limits"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(text(&out.stderr).contains("/nonexistent/limits"));
+}

@@ -1,0 +1,143 @@
+//! The admin HTTP endpoints: /healthcheck, /json, /metrics, /rlconfig.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use serde_json::{Value, json};
+use support::http::{call, post_json};
+use support::*;
+
+const LIMITS: &str = r#"
+domain: web
+descriptors:
+  - key: client
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: quiet
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+
+fn body(key: &str, value: &str) -> String {
+    json!({"domain": "web", "descriptors": [{"entries": [{"key": key, "value": value}]}]})
+        .to_string()
+}
+
+/// /healthcheck answers 200 OK while serving.
+#[tokio::test]
+async fn healthcheck_ok() {
+    let server = TestServer::start(LIMITS).await;
+    let response = call(server.http_addr, "GET", "/healthcheck", None).await;
+    assert_eq!((response.status, response.body.as_str()), (200, "OK\n"));
+    server.stop().await;
+}
+
+/// POST /json answers 200 within the limit and 429 over it, with protobuf-JSON bodies.
+#[tokio::test]
+async fn json_ok_then_429() {
+    let server = TestServer::start(LIMITS).await;
+    let first = post_json(server.http_addr, &body("client", "a")).await;
+    assert_eq!(first.status, 200);
+    let parsed: Value = serde_json::from_str(&first.body).unwrap();
+    assert_eq!(
+        parsed,
+        json!({"overallCode": "OK", "statuses": [{
+            "code": "OK",
+            "currentLimit": {"requestsPerUnit": 2, "unit": "MINUTE"},
+            "limitRemaining": 1,
+            "durationUntilReset": "30s"
+        }]})
+    );
+    post_json(server.http_addr, &body("client", "a")).await;
+    let over = post_json(server.http_addr, &body("client", "a")).await;
+    assert_eq!(over.status, 429);
+    let parsed: Value = serde_json::from_str(&over.body).unwrap();
+    assert_eq!(parsed["overallCode"], "OVER_LIMIT");
+    server.stop().await;
+}
+
+/// camelCase field names and string-encoded 64-bit numbers are accepted, as protobuf JSON allows.
+#[tokio::test]
+async fn json_accepts_protobuf_json_spellings() {
+    let server = TestServer::start(LIMITS).await;
+    let request = json!({"domain": "web", "hitsAddend": 1, "descriptors": [
+        {"entries": [{"key": "client", "value": "b"}], "hitsAddend": "2"}
+    ]});
+    let response = post_json(server.http_addr, &request.to_string()).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    let parsed: Value = serde_json::from_str(&response.body).unwrap();
+    // Two hits of two: nothing left, so limitRemaining is omitted as protobuf JSON does.
+    assert!(
+        parsed["statuses"][0].get("limitRemaining").is_none(),
+        "{parsed}"
+    );
+    server.stop().await;
+}
+
+/// Bad bodies and invalid requests are 400 with a message saying what is wrong.
+#[tokio::test]
+async fn json_bad_requests_are_400() {
+    let server = TestServer::start(LIMITS).await;
+    let garbage = post_json(server.http_addr, "{not json").await;
+    assert_eq!(garbage.status, 400);
+    assert!(
+        garbage.body.contains("invalid JSON body"),
+        "{}",
+        garbage.body
+    );
+    let unknown_field = post_json(server.http_addr, r#"{"domain":"web","bogus":1}"#).await;
+    assert_eq!(unknown_field.status, 400);
+    assert!(
+        unknown_field.body.contains("bogus"),
+        "{}",
+        unknown_field.body
+    );
+    let empty = post_json(server.http_addr, r#"{"domain":"","descriptors":[]}"#).await;
+    assert_eq!(empty.status, 400);
+    assert!(
+        empty.body.contains("rate limit domain must not be empty"),
+        "{}",
+        empty.body
+    );
+    server.stop().await;
+}
+
+/// /metrics counts hits per rule: within, over and shadow, adding hits not requests.
+#[tokio::test]
+async fn metrics_count_hits_per_rule() {
+    let server = TestServer::start(LIMITS).await;
+    for _ in 0..3 {
+        post_json(server.http_addr, &body("client", "a")).await;
+    }
+    for _ in 0..2 {
+        post_json(server.http_addr, &body("quiet", "a")).await;
+    }
+    let metrics = call(server.http_addr, "GET", "/metrics", None).await;
+    assert_eq!(metrics.status, 200);
+    let text = metrics.body;
+    for line in [
+        r#"floodgate_rule_hits_total{domain="web",rule="web.client"} 3"#,
+        r#"floodgate_rule_within_limit_total{domain="web",rule="web.client"} 2"#,
+        r#"floodgate_rule_over_limit_total{domain="web",rule="web.client"} 1"#,
+        r#"floodgate_rule_hits_total{domain="web",rule="web.quiet"} 2"#,
+        r#"floodgate_rule_shadow_mode_total{domain="web",rule="web.quiet"} 1"#,
+        r#"floodgate_requests_total{result="ok"} 4"#,
+        r#"floodgate_requests_total{result="over_limit"} 1"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in:\n{text}"
+        );
+    }
+    server.stop().await;
+}
+
+/// /rlconfig lists the loaded limits.
+#[tokio::test]
+async fn rlconfig_lists_limits() {
+    let server = TestServer::start(LIMITS).await;
+    let response = call(server.http_addr, "GET", "/rlconfig", None).await;
+    assert_eq!(response.status, 200);
+    assert!(response.body.contains("web.client"), "{}", response.body);
+    assert!(response.body.contains("web.quiet"), "{}", response.body);
+    server.stop().await;
+}

@@ -1,0 +1,638 @@
+//! ShouldRateLimit semantics over real gRPC, on the memory store with a manual clock.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
+use floodgate::proto::rls::rate_limit_response::{Code, DescriptorStatus, rate_limit::Unit};
+use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use support::*;
+use tonic::Code as GrpcCode;
+
+const LIMITS: &str = r#"
+domain: test
+descriptors:
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: fw
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
+  - key: sw
+    rate_limit: {unit: minute, requests_per_unit: 2, algorithm: sliding_window}
+  - key: burst
+    rate_limit: {unit: minute, requests_per_unit: 60, burst: 5}
+  - key: user
+    descriptors:
+      - key: path
+        value: "/api/admin"
+        rate_limit: {unit: minute, requests_per_unit: 1}
+      - key: path
+        value: "/api/*"
+        rate_limit: {unit: minute, requests_per_unit: 2}
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: day, requests_per_unit: 3, name: daily}
+  - key: plan
+    value: basic
+    rate_limit: {unit: minute, requests_per_unit: 1, name: basic}
+  - key: plan
+    value: premium
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      name: premium
+      replaces: [{name: basic}]
+  - key: shared
+    value: "a*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#;
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+fn only(response: &RateLimitResponse) -> &DescriptorStatus {
+    assert_eq!(response.statuses.len(), 1, "{response:?}");
+    &response.statuses[0]
+}
+
+fn remaining(response: &RateLimitResponse) -> u32 {
+    only(response).limit_remaining
+}
+
+fn reset_seconds(status: &DescriptorStatus) -> i64 {
+    status.duration_until_reset.as_ref().unwrap().seconds
+}
+
+async fn tb(server: &TestServer) -> RateLimitResponse {
+    server.ask(simple("test", "tb", "x")).await
+}
+
+/// One status per descriptor, in request order: limited, unmatched (bare OK), unlimited.
+#[tokio::test]
+async fn statuses_follow_request_order() {
+    let server = TestServer::start(LIMITS).await;
+    let response = server
+        .ask(request(
+            "test",
+            vec![
+                descriptor(&[("tb", "x")]),
+                descriptor(&[("nothing", "here")]),
+                descriptor(&[("free", "x")]),
+            ],
+        ))
+        .await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(response.statuses.len(), 3);
+    let limited = &response.statuses[0];
+    assert_eq!(limited.code, OK);
+    let limit = limited.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (3, Unit::Second as i32)
+    );
+    assert_eq!(limited.limit_remaining, 2);
+    assert_eq!(reset_seconds(limited), 1);
+    assert_eq!(
+        response.statuses[1],
+        DescriptorStatus {
+            code: OK,
+            ..Default::default()
+        }
+    );
+    let unlimited = &response.statuses[2];
+    assert_eq!(unlimited.code, OK);
+    assert_eq!(unlimited.limit_remaining, u32::MAX);
+    assert!(unlimited.current_limit.is_none());
+    server.stop().await;
+}
+
+/// An unknown domain answers a bare OK per descriptor and touches no bucket.
+#[tokio::test]
+async fn unknown_domain_is_bare_ok() {
+    let server = TestServer::start(LIMITS).await;
+    let response = server.ask(simple("nope", "tb", "x")).await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(
+        *only(&response),
+        DescriptorStatus {
+            code: OK,
+            ..Default::default()
+        }
+    );
+    assert!(server.memory.is_empty());
+    server.stop().await;
+}
+
+/// A token bucket admits its burst at once, denies the next, and refills continuously.
+#[tokio::test]
+async fn token_bucket_burst_deny_refill() {
+    let server = TestServer::start(LIMITS).await;
+    for expected in [2, 1, 0] {
+        let response = tb(&server).await;
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(remaining(&response), expected);
+    }
+    let denied = tb(&server).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert_eq!(only(&denied).code, OVER);
+    assert_eq!(remaining(&denied), 0);
+    // 3 per second: one token every 333.334 ms (rounded up to the µs).
+    server.clock.advance(333_333);
+    assert_eq!(tb(&server).await.overall_code, OVER);
+    server.clock.advance(1);
+    let refilled = tb(&server).await;
+    assert_eq!(refilled.overall_code, OK);
+    assert_eq!(remaining(&refilled), 0);
+    server.stop().await;
+}
+
+/// `burst` sets the token bucket's capacity independently of its rate.
+#[tokio::test]
+async fn burst_sets_capacity() {
+    let server = TestServer::start(LIMITS).await;
+    for _ in 0..5 {
+        assert_eq!(
+            server.ask(simple("test", "burst", "x")).await.overall_code,
+            OK
+        );
+    }
+    assert_eq!(
+        server.ask(simple("test", "burst", "x")).await.overall_code,
+        OVER
+    );
+    // 60 per minute: one token per second.
+    server.advance_ms(1000);
+    assert_eq!(
+        server.ask(simple("test", "burst", "x")).await.overall_code,
+        OK
+    );
+    server.stop().await;
+}
+
+/// Fixed windows count per aligned window and reset at the boundary, like the reference.
+#[tokio::test]
+async fn fixed_window_counts_per_window() {
+    let server = TestServer::start(LIMITS).await;
+    server.advance_ms(500);
+    let first = server.ask(simple("test", "fw", "x")).await;
+    assert_eq!(remaining(&first), 1);
+    // 59.5 s left in the window, rounded up.
+    assert_eq!(reset_seconds(only(&first)), 60);
+    assert_eq!(server.ask(simple("test", "fw", "x")).await.overall_code, OK);
+    assert_eq!(
+        server.ask(simple("test", "fw", "x")).await.overall_code,
+        OVER
+    );
+    server.advance_ms(59_500);
+    let next_window = server.ask(simple("test", "fw", "x")).await;
+    assert_eq!(next_window.overall_code, OK);
+    assert_eq!(remaining(&next_window), 1);
+    server.stop().await;
+}
+
+/// The sliding window carries the previous window's weight into the next one.
+#[tokio::test]
+async fn sliding_window_weighs_previous_window() {
+    let server = TestServer::start(LIMITS).await;
+    assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
+    assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
+    assert_eq!(
+        server.ask(simple("test", "sw", "x")).await.overall_code,
+        OVER
+    );
+    // Just into the next window the previous two still weigh ~2: denied.
+    server.advance_ms(60_000 + 1_000);
+    assert_eq!(
+        server.ask(simple("test", "sw", "x")).await.overall_code,
+        OVER
+    );
+    // Halfway through, they weigh 1: one more fits.
+    server.advance_ms(29_000);
+    assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
+    assert_eq!(
+        server.ask(simple("test", "sw", "x")).await.overall_code,
+        OVER
+    );
+    server.stop().await;
+}
+
+/// A denied request debits nothing: the bucket that would have admitted is left untouched.
+#[tokio::test]
+async fn denied_request_debits_nothing() {
+    let server = TestServer::start(LIMITS).await;
+    server.ask(simple("test", "fw", "x")).await;
+    server.ask(simple("test", "fw", "x")).await;
+    let both = server
+        .ask(request(
+            "test",
+            vec![descriptor(&[("tb", "x")]), descriptor(&[("fw", "x")])],
+        ))
+        .await;
+    assert_eq!(both.overall_code, OVER);
+    assert_eq!(both.statuses[0].code, OK);
+    assert_eq!(
+        both.statuses[0].limit_remaining, 3,
+        "tb must not be debited"
+    );
+    assert_eq!(both.statuses[1].code, OVER);
+    assert_eq!(remaining(&tb(&server).await), 2);
+    server.stop().await;
+}
+
+/// The same bucket reached by two descriptors is debited once with the summed cost.
+#[tokio::test]
+async fn same_bucket_twice_is_debited_once_with_summed_cost() {
+    let server = TestServer::start(LIMITS).await;
+    let twice = || {
+        request(
+            "test",
+            vec![descriptor(&[("tb", "x")]), descriptor(&[("tb", "x")])],
+        )
+    };
+    let first = server.ask(twice()).await;
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(first.statuses[0].limit_remaining, 1);
+    assert_eq!(first.statuses[1].limit_remaining, 1);
+    let second = server.ask(twice()).await;
+    assert_eq!(second.overall_code, OVER);
+    assert_eq!(second.statuses[0].limit_remaining, 1, "nothing debited");
+    server.stop().await;
+}
+
+/// A cost above the capacity never passes and debits nothing.
+#[tokio::test]
+async fn cost_above_capacity_never_passes() {
+    let server = TestServer::start(LIMITS).await;
+    let mut big = simple("test", "tb", "x");
+    big.hits_addend = 4;
+    let response = server.ask(big).await;
+    assert_eq!(response.overall_code, OVER);
+    assert_eq!(remaining(&response), 3);
+    assert_eq!(remaining(&tb(&server).await), 2);
+    server.stop().await;
+}
+
+/// hits_addend: request-level 0 means 1, N debits N; a present descriptor-level value wins,
+/// present-and-zero only checks, and is_negative_hits refunds.
+#[tokio::test]
+async fn hits_addend_rules() {
+    let server = TestServer::start(LIMITS).await;
+    let mut two = simple("test", "tb", "x");
+    two.hits_addend = 2;
+    assert_eq!(remaining(&server.ask(two).await), 1);
+
+    let check = request("test", vec![with_hits(descriptor(&[("tb", "x")]), 0)]);
+    let checked = server.ask(check.clone()).await;
+    assert_eq!((checked.overall_code, remaining(&checked)), (OK, 1));
+    assert_eq!(
+        remaining(&server.ask(check).await),
+        1,
+        "a check debits nothing"
+    );
+
+    // Descriptor-level 1 overrides request-level 3.
+    let mut overridden = request("test", vec![with_hits(descriptor(&[("tb", "x")]), 1)]);
+    overridden.hits_addend = 3;
+    assert_eq!(remaining(&server.ask(overridden).await), 0);
+
+    let mut refund = with_hits(descriptor(&[("tb", "x")]), 2);
+    refund.is_negative_hits = true;
+    let refunded = server.ask(request("test", vec![refund])).await;
+    assert_eq!((refunded.overall_code, remaining(&refunded)), (OK, 2));
+    server.stop().await;
+}
+
+/// A descriptor `limit` override replaces the configured limit (in a known domain only).
+#[tokio::test]
+async fn limit_override_replaces_configured_limit() {
+    let server = TestServer::start(LIMITS).await;
+    let overridden = || {
+        request(
+            "test",
+            vec![with_override(
+                descriptor(&[("tb", "x")]),
+                1,
+                RateLimitUnit::Minute as i32,
+            )],
+        )
+    };
+    let first = server.ask(overridden()).await;
+    let limit = only(&first).current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Minute as i32)
+    );
+    assert_eq!(first.overall_code, OK);
+    assert_eq!(server.ask(overridden()).await.overall_code, OVER);
+
+    // Overrides apply even where no rule matches, as in the reference.
+    let unmatched = request(
+        "test",
+        vec![with_override(
+            descriptor(&[("nothing", "x")]),
+            5,
+            RateLimitUnit::Hour as i32,
+        )],
+    );
+    assert_eq!(remaining(&server.ask(unmatched).await), 4);
+
+    let unknown_domain = request(
+        "nope",
+        vec![with_override(
+            descriptor(&[("tb", "x")]),
+            5,
+            RateLimitUnit::Hour as i32,
+        )],
+    );
+    assert!(
+        only(&server.ask(unknown_domain).await)
+            .current_limit
+            .is_none()
+    );
+
+    let bad_unit = request(
+        "test",
+        vec![with_override(descriptor(&[("tb", "x")]), 5, 0)],
+    );
+    let status = server.ask_err(bad_unit).await;
+    assert_eq!(status.code(), GrpcCode::InvalidArgument);
+    assert!(
+        status.message().contains("descriptors[0].limit.unit"),
+        "{}",
+        status.message()
+    );
+    server.stop().await;
+}
+
+/// `unlimited` answers OK with 4294967295 remaining and never touches the store.
+#[tokio::test]
+async fn unlimited_never_touches_the_store() {
+    let server = TestServer::start(LIMITS).await;
+    for _ in 0..10 {
+        let response = server.ask(simple("test", "free", "x")).await;
+        assert_eq!(remaining(&response), u32::MAX);
+    }
+    assert!(server.memory.is_empty());
+    server.stop().await;
+}
+
+/// A shadow-mode rule is evaluated (remaining drops) but never denies.
+#[tokio::test]
+async fn shadow_rule_never_denies() {
+    let server = TestServer::start(LIMITS).await;
+    for _ in 0..3 {
+        let response = server.ask(simple("test", "shadow", "x")).await;
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(remaining(&response), 0);
+    }
+    server.stop().await;
+}
+
+/// Global shadow mode turns every would-be denial into OK.
+#[tokio::test]
+async fn global_shadow_mode_never_denies() {
+    let mut options = options();
+    options.shadow_mode = true;
+    let server = TestServer::start_with(LIMITS, options).await;
+    for _ in 0..5 {
+        assert_eq!(tb(&server).await.overall_code, OK);
+    }
+    server.stop().await;
+}
+
+/// A matched limit named in another matched limit's `replaces` is dropped.
+#[tokio::test]
+async fn replaced_limit_is_dropped() {
+    let server = TestServer::start(LIMITS).await;
+    let both = || {
+        request(
+            "test",
+            vec![
+                descriptor(&[("plan", "basic")]),
+                descriptor(&[("plan", "premium")]),
+            ],
+        )
+    };
+    for _ in 0..3 {
+        let response = server.ask(both()).await;
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(
+            response.statuses[0],
+            DescriptorStatus {
+                code: OK,
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            response.statuses[1].current_limit.as_ref().unwrap().name,
+            "premium"
+        );
+    }
+    // Alone, basic applies: 1 per minute.
+    assert_eq!(
+        server
+            .ask(simple("test", "plan", "basic"))
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(
+        server
+            .ask(simple("test", "plan", "basic"))
+            .await
+            .overall_code,
+        OVER
+    );
+    server.stop().await;
+}
+
+/// Several limits on one descriptor all apply; the status reports the one that binds.
+#[tokio::test]
+async fn several_limits_on_one_descriptor() {
+    let server = TestServer::start(LIMITS).await;
+    let multi = || simple("test", "multi", "x");
+    let first = server.ask(multi()).await;
+    // Per second: 1 left; per day: 2 left → the per-second limit is the tighter one.
+    assert_eq!(
+        only(&first).current_limit.as_ref().unwrap().unit,
+        Unit::Second as i32
+    );
+    assert_eq!(remaining(&first), 1);
+    assert_eq!(server.ask(multi()).await.overall_code, OK);
+    let per_second = server.ask(multi()).await;
+    assert_eq!(per_second.overall_code, OVER);
+    assert_eq!(
+        only(&per_second).current_limit.as_ref().unwrap().unit,
+        Unit::Second as i32
+    );
+    server.advance_ms(1000);
+    assert_eq!(server.ask(multi()).await.overall_code, OK);
+    server.advance_ms(1000);
+    let daily = server.ask(multi()).await;
+    assert_eq!(daily.overall_code, OVER);
+    let limit = only(&daily).current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.unit, limit.name.as_str()),
+        (Unit::Day as i32, "daily")
+    );
+    server.stop().await;
+}
+
+/// Matching precedence per level: exact value, then wildcard, then bare key.
+#[tokio::test]
+async fn exact_then_wildcard_then_bare_key() {
+    let server = TestServer::start(LIMITS).await;
+    let rpu = |response: RateLimitResponse| {
+        only(&response)
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit
+    };
+    let ask = |path: &'static str| {
+        server.ask(request(
+            "test",
+            vec![descriptor(&[("user", "u"), ("path", path)])],
+        ))
+    };
+    assert_eq!(rpu(ask("/api/admin").await), 1);
+    assert_eq!(rpu(ask("/api/users").await), 2);
+    assert_eq!(rpu(ask("/other").await), 5);
+    // Depth must match: a descriptor stopping at `user` has no limit.
+    let shallow = server.ask(simple("test", "user", "u")).await;
+    assert!(only(&shallow).current_limit.is_none());
+    server.stop().await;
+}
+
+/// With share_threshold, every value matching the wildcard shares one bucket.
+#[tokio::test]
+async fn share_threshold_shares_one_bucket() {
+    let server = TestServer::start(LIMITS).await;
+    assert_eq!(
+        server
+            .ask(simple("test", "shared", "abc"))
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(
+        server
+            .ask(simple("test", "shared", "axy"))
+            .await
+            .overall_code,
+        OK
+    );
+    assert_eq!(
+        server.ask(simple("test", "shared", "a")).await.overall_code,
+        OVER
+    );
+    server.stop().await;
+}
+
+/// Wildcard values without share_threshold get a bucket per distinct value.
+#[tokio::test]
+async fn wildcard_without_share_threshold_is_per_value() {
+    let server = TestServer::start(LIMITS).await;
+    let ask = |path: &'static str| {
+        server.ask(request(
+            "test",
+            vec![descriptor(&[("user", "u"), ("path", path)])],
+        ))
+    };
+    for _ in 0..2 {
+        assert_eq!(ask("/api/a").await.overall_code, OK);
+    }
+    assert_eq!(ask("/api/a").await.overall_code, OVER);
+    assert_eq!(ask("/api/b").await.overall_code, OK);
+    server.stop().await;
+}
+
+/// Raw, non-UTF-8 descriptor bytes are answered, not rejected.
+#[tokio::test]
+async fn non_utf8_values_are_accepted() {
+    let server = TestServer::start(LIMITS).await;
+    let mut d = descriptor(&[("user", ""), ("path", "")]);
+    d.entries[0].value = vec![0xff, 0xfe, b'{'];
+    d.entries[1].value = vec![0xc3, 0x28];
+    let response = server.ask(request("test", vec![d])).await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(
+        only(&response)
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
+    server.stop().await;
+}
+
+/// Malformed requests get INVALID_ARGUMENT with a precise message, and debit nothing.
+#[tokio::test]
+async fn malformed_requests_are_invalid_argument() {
+    let server = TestServer::start(LIMITS).await;
+    let cases: Vec<(RateLimitRequest, &str)> = vec![
+        (simple("", "tb", "x"), "rate limit domain must not be empty"),
+        (
+            request("test", vec![]),
+            "rate limit descriptor list must not be empty",
+        ),
+        (
+            request(
+                "test",
+                (0..65).map(|_| descriptor(&[("tb", "x")])).collect(),
+            ),
+            "request has 65 descriptors; at most 64 are allowed",
+        ),
+        (
+            request("test", vec![descriptor(&[])]),
+            "descriptors[0] has no entries",
+        ),
+        (
+            request("test", vec![descriptor(&[("tb", &"v".repeat(4097))])]),
+            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed",
+        ),
+    ];
+    for (request, message) in cases {
+        let status = server.ask_err(request).await;
+        assert_eq!(status.code(), GrpcCode::InvalidArgument);
+        assert_eq!(status.message(), message);
+    }
+    assert!(server.memory.is_empty());
+    server.stop().await;
+}
+
+/// Health reports SERVING for the server and the rate-limit service.
+#[tokio::test]
+async fn health_reports_serving() {
+    use tonic_health::pb::{
+        HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+    };
+    let server = TestServer::start(LIMITS).await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let status = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        assert_eq!(status, ServingStatus::Serving as i32, "service {service:?}");
+    }
+    server.stop().await;
+}

@@ -1,0 +1,41 @@
+//! A minimal HTTP/1.1 client for the admin endpoints: one request per connection.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A response: status code and body.
+#[derive(Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+/// Sends `method path` with an optional body and reads the whole response.
+pub async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    HttpResponse {
+        status,
+        headers: head.to_string(),
+        body: body.to_string(),
+    }
+}
+
+/// `POST /json` with `body`.
+pub async fn post_json(addr: SocketAddr, body: &str) -> HttpResponse {
+    call(addr, "POST", "/json", Some(body)).await
+}
