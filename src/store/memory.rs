@@ -80,6 +80,17 @@ impl MemoryStore {
         removed
     }
 
+    /// The stored state of `key` and the µs time at which it expires, if any is stored and
+    /// not yet expired. For tests that compare stores.
+    pub fn state_of(&self, key: &BucketKey) -> Option<(State, i64)> {
+        let now = self.clock.now_us();
+        let shard = lock(&self.shards[self.shard_of(key)]);
+        shard
+            .get(key)
+            .filter(|e| e.expires_at_us > now)
+            .map(|e| (e.state, e.expires_at_us))
+    }
+
     /// Number of stored buckets (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).len()).sum()

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::bucket::{Applied, BucketOp};
 
 pub mod memory;
+pub mod redis;
 
 pub use memory::MemoryStore;
 
