@@ -1,0 +1,309 @@
+//! The Lua script that applies one request's bucket operations inside Redis (`lua/apply.lua`),
+//! and the glue around it: how a call is encoded into KEYS/ARGV and how the reply is decoded
+//! into an [`Applied`]. No I/O here; the store sends [`invocation`] and hands the reply to
+//! [`decode`].
+//!
+//! The script computes what [`crate::limiter::evaluate`] and [`crate::bucket::settle`] compute
+//! (a randomized equivalence test, `tests/lua_equivalence.rs`, drives both with the same
+//! operations and times). Its header documents the layout; in short:
+//!
+//! ```text
+//! KEYS   prefix + BucketKey, one per op
+//! ARGV   now_us ("" = Redis TIME), then per op: algorithm, requests_per_period, period_us,
+//!        burst, cost, enforce
+//! reply  committed, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
+//! ```
+
+use std::sync::LazyLock;
+
+use redis::{Script, ScriptInvocation};
+
+use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
+use crate::limiter::{Algorithm, View};
+use crate::store::StoreError;
+
+/// The script's source.
+pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
+
+/// ARGV values per op, after ARGV\[1\] (now).
+pub const ARGS_PER_OP: usize = 6;
+
+/// Reply values per op, after the leading `committed`.
+pub const REPLY_PER_OP: usize = 4;
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
+
+/// The script, hashed once. [`ScriptInvocation::invoke_async`] runs it with EVALSHA and loads
+/// it on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
+pub fn script() -> &'static Script {
+    &SCRIPT
+}
+
+/// The Redis key of a bucket: the configured prefix followed by the key bytes.
+pub fn full_key(prefix: &[u8], key: &BucketKey) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + key.as_bytes().len());
+    out.extend_from_slice(prefix);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+/// KEYS for `ops`, in order.
+pub fn keys(prefix: &[u8], ops: &[BucketOp]) -> Vec<Vec<u8>> {
+    ops.iter().map(|op| full_key(prefix, &op.key)).collect()
+}
+
+/// ARGV for `ops`: `now_us` (`None` = let Redis `TIME` decide, the production choice so
+/// replicas agree; `Some` only for tests), then [`ARGS_PER_OP`] decimal integers per op.
+pub fn args(ops: &[BucketOp], now_us: Option<i64>) -> Vec<String> {
+    let mut out = Vec::with_capacity(1 + ARGS_PER_OP * ops.len());
+    out.push(now_us.map(|now| now.to_string()).unwrap_or_default());
+    for op in ops {
+        let algorithm = match op.params.algorithm {
+            Algorithm::TokenBucket => "0",
+            Algorithm::FixedWindow => "1",
+            Algorithm::SlidingWindow => "2",
+        };
+        out.push(algorithm.to_owned());
+        out.push(op.params.requests_per_period.to_string());
+        out.push(op.params.period_us.to_string());
+        out.push(op.params.burst.to_string());
+        out.push(op.cost.to_string());
+        out.push(if op.enforce { "1" } else { "0" }.to_owned());
+    }
+    out
+}
+
+/// A ready-to-send call of the script for `ops` (all of which must live in one Redis Cluster
+/// slot): `invocation(..).invoke_async::<Vec<i64>>(&mut conn)`, then [`decode`].
+pub fn invocation(
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+) -> ScriptInvocation<'static> {
+    let mut call = script().prepare_invoke();
+    for key in keys(prefix, ops) {
+        call.key(key);
+    }
+    for arg in args(ops, now_us) {
+        call.arg(arg);
+    }
+    call
+}
+
+/// Number of integers the script answers for `ops` operations.
+pub fn reply_len(ops: usize) -> usize {
+    1 + REPLY_PER_OP * ops
+}
+
+/// Decodes the script's reply for `ops` operations. Anything the script cannot have produced
+/// is [`StoreError::Failed`]: a script/binary mismatch, not an outage.
+pub fn decode(reply: &[i64], ops: usize) -> Result<Applied, StoreError> {
+    let malformed = |what: String| StoreError::Failed(format!("malformed apply.lua reply: {what}"));
+    if reply.len() != reply_len(ops) {
+        return Err(malformed(format!(
+            "{} values for {ops} bucket operations, expected {}",
+            reply.len(),
+            reply_len(ops)
+        )));
+    }
+    let flag = |value: i64, name: &str| match value {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(malformed(format!("{name} is {other}, expected 0 or 1"))),
+    };
+    let count = |value: i64, name: &str, i: usize| {
+        u64::try_from(value)
+            .map_err(|_| malformed(format!("{name} of operation {i} is negative ({value})")))
+    };
+    let committed = flag(reply[0], "committed")?;
+    let buckets = reply[1..]
+        .chunks_exact(REPLY_PER_OP)
+        .enumerate()
+        .map(|(i, values)| {
+            let admitted = flag(values[0], "admitted")?;
+            let view = View {
+                remaining: count(values[1], "remaining", i)?,
+                reset_us: count(values[2], "reset_us", i)?,
+            };
+            let retry_after_us = match values[3] {
+                -1 if !admitted => None,
+                0 if admitted => Some(0),
+                r if !admitted && r >= 0 => Some(r.unsigned_abs()),
+                r => {
+                    return Err(malformed(format!(
+                        "retry_after_us of operation {i} is {r} while admitted is {admitted}"
+                    )));
+                }
+            };
+            Ok(BucketResult {
+                admitted,
+                view,
+                retry_after_us,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Applied { committed, buckets })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::KeyValue;
+    use crate::limiter::LimitParams;
+
+    fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
+        BucketOp {
+            key: BucketKey::new(
+                "edge",
+                [(&b"ip"[..], KeyValue::Value(b"10.0.0.1"))],
+                algorithm,
+                60_000_000,
+            ),
+            params: LimitParams {
+                algorithm,
+                requests_per_period: 7,
+                period_us: 60_000_000,
+                burst: 9,
+            },
+            cost,
+            enforce,
+        }
+    }
+
+    /// KEYS are the prefix followed by the bucket key bytes, one per op, in order.
+    #[test]
+    fn keys_are_prefix_then_bucket_key() {
+        let ops = [
+            op(Algorithm::TokenBucket, 1, true),
+            op(Algorithm::SlidingWindow, 1, true),
+        ];
+        assert_eq!(
+            keys(b"fg:", &ops),
+            vec![
+                b"fg:edge:ip=10.0.0.1|tb60".to_vec(),
+                b"fg:edge:ip=10.0.0.1|sw60".to_vec()
+            ]
+        );
+        assert_eq!(full_key(b"", &ops[0].key), ops[0].key.as_bytes());
+    }
+
+    /// ARGV is now (empty = Redis TIME), then six decimal integers per op.
+    #[test]
+    fn args_layout() {
+        let ops = [
+            op(Algorithm::TokenBucket, 3, true),
+            op(Algorithm::FixedWindow, -2, false),
+            op(Algorithm::SlidingWindow, i64::MIN, true),
+        ];
+        let expected: Vec<&str> = vec![
+            "",
+            "0",
+            "7",
+            "60000000",
+            "9",
+            "3",
+            "1",
+            "1",
+            "7",
+            "60000000",
+            "9",
+            "-2",
+            "0",
+            "2",
+            "7",
+            "60000000",
+            "9",
+            "-9223372036854775808",
+            "1",
+        ];
+        assert_eq!(args(&ops, None), expected);
+        assert_eq!(
+            args(&ops, Some(1_750_000_000_123_456))[0],
+            "1750000000123456"
+        );
+        assert_eq!(args(&[], Some(5)), vec!["5"]);
+        assert_eq!(args(&ops, None).len(), 1 + ARGS_PER_OP * ops.len());
+    }
+
+    /// The invocation carries the same script as `script()` (its SHA is what EVALSHA sends).
+    #[test]
+    fn script_is_the_lua_source() {
+        assert_eq!(script().get_hash(), Script::new(SOURCE).get_hash());
+        assert!(SOURCE.contains("KEYS[i]") && SOURCE.contains("ARGV[1]"));
+        let call = invocation(b"p:", &[op(Algorithm::TokenBucket, 1, true)], None);
+        assert!(format!("{call:?}").contains("keys: 1"));
+    }
+
+    /// A well-formed reply decodes into the results settle() would give.
+    #[test]
+    fn decode_reply() {
+        let reply = [0, 1, 4, 1_500, 0, 0, 0, 60_000_000, 59_000_000, 0, 2, 0, -1];
+        let applied = decode(&reply, 3).unwrap();
+        assert_eq!(
+            applied,
+            Applied {
+                committed: false,
+                buckets: vec![
+                    BucketResult {
+                        admitted: true,
+                        view: View {
+                            remaining: 4,
+                            reset_us: 1_500
+                        },
+                        retry_after_us: Some(0),
+                    },
+                    BucketResult {
+                        admitted: false,
+                        view: View {
+                            remaining: 0,
+                            reset_us: 60_000_000
+                        },
+                        retry_after_us: Some(59_000_000),
+                    },
+                    BucketResult {
+                        admitted: false,
+                        view: View {
+                            remaining: 2,
+                            reset_us: 0
+                        },
+                        retry_after_us: None,
+                    },
+                ],
+            }
+        );
+        assert_eq!(
+            decode(&[1], 0).unwrap(),
+            Applied {
+                committed: true,
+                buckets: vec![]
+            }
+        );
+    }
+
+    /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
+    #[test]
+    fn decode_rejects_malformed_replies() {
+        let cases: [(&[i64], usize, &str); 7] = [
+            (
+                &[1, 1, 0, 0],
+                1,
+                "4 values for 1 bucket operations, expected 5",
+            ),
+            (&[1], 1, "1 values"),
+            (&[2, 1, 0, 0, 0], 1, "committed is 2"),
+            (&[1, 3, 0, 0, 0], 1, "admitted is 3"),
+            (&[1, 1, -1, 0, 0], 1, "remaining of operation 0 is negative"),
+            (
+                &[1, 1, 0, 0, 5],
+                1,
+                "retry_after_us of operation 0 is 5 while admitted is true",
+            ),
+            (&[0, 0, 0, 0, -2], 1, "retry_after_us of operation 0 is -2"),
+        ];
+        for (reply, ops, message) in cases {
+            let err = decode(reply, ops).unwrap_err();
+            assert!(!err.is_transient());
+            assert!(err.to_string().contains(message), "{err} lacks {message:?}");
+        }
+    }
+}
