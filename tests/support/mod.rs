@@ -28,6 +28,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 pub mod http;
+pub mod redis;
 
 /// 2025-06-15T00:00:00Z in µs: aligned to the day, so windows start exactly here.
 pub const START_US: i64 = 1_749_945_600_000_000;
