@@ -1,0 +1,759 @@
+//! `lua/apply.lua` against the specification: the same bucket operations at the same fixed
+//! times, applied by the script in a real `redis-server` and by the memory store (which calls
+//! `limiter::evaluate` and `bucket::settle`), must give identical answers and identical state.
+//!
+//! Redis expires keys by real time while the memory store expires them by the test's fake
+//! time, so the randomized test runs each script call in a MULTI/EXEC together with `PTTL` and
+//! `PERSIST` of every key: it records the TTL the script set, then keeps Redis from expiring
+//! anything (Redis does not expire keys in the middle of a transaction, but `PTTL` counts real
+//! time, so the recorded TTL may be short by up to the time the transaction took, which the
+//! test measures). Where the memory store holds a live state, Redis must hold the very same
+//! state with the same TTL (rounded up to ms); where the memory store has none, Redis must hold
+//! none or one whose own TTL had run out by the fake now (give or take that rounding) — a stale
+//! state the algorithms treat as absent, which the identical answers of every later step
+//! confirm.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use floodgate::bucket::{Applied, BucketKey, BucketOp, KeyValue, settle};
+use floodgate::clock::{Clock, ManualClock, SystemClock};
+use floodgate::limiter::{self, Algorithm, LimitParams, State};
+use floodgate::store::redis::script;
+use floodgate::store::{MemoryStore, Store};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncCommands, Value};
+use support::START_US;
+use support::redis::RedisServer;
+
+/// Prefix of every Redis key the tests write.
+const PREFIX: &[u8] = b"fg:";
+
+const SECOND: u64 = 1_000_000;
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitParams {
+    LimitParams {
+        algorithm,
+        requests_per_period: rate,
+        period_us: period_s * SECOND,
+        burst,
+    }
+}
+
+fn key(name: &str, algorithm: Algorithm, period_us: u64) -> BucketKey {
+    BucketKey::new(
+        "eq",
+        [(&b"k"[..], KeyValue::Value(name.as_bytes()))],
+        algorithm,
+        period_us,
+    )
+}
+
+fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
+    BucketOp {
+        key: key(name, params.algorithm, params.period_us),
+        params,
+        cost,
+        enforce,
+    }
+}
+
+/// Runs the script with a fixed `now` (or Redis `TIME` for `None`).
+async fn lua(conn: &mut MultiplexedConnection, ops: &[BucketOp], now: Option<i64>) -> Applied {
+    let reply: Vec<i64> = script::invocation(PREFIX, ops, now)
+        .invoke_async(conn)
+        .await
+        .unwrap();
+    script::decode(&reply, ops.len()).unwrap()
+}
+
+/// What the specification answers for `ops` at `now` against the given stored states.
+fn spec(ops: &[BucketOp], states: &[Option<State>], now: i64) -> Applied {
+    let evaluations: Vec<_> = ops
+        .iter()
+        .zip(states)
+        .map(|(op, state)| limiter::evaluate(&op.params, state.as_ref(), now, op.cost))
+        .collect();
+    settle(ops, &evaluations).0
+}
+
+/// The state a Redis key holds, decoded the way the script reads it (`None` if absent).
+async fn redis_state(conn: &mut MultiplexedConnection, key: &[u8]) -> Option<State> {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
+    match kind.as_str() {
+        "none" => None,
+        "string" => {
+            let tat: i64 = conn.get(key).await.unwrap();
+            Some(State::TokenBucket { tat_us: tat })
+        }
+        "hash" => {
+            let h: HashMap<String, i64> = conn.hgetall(key).await.unwrap();
+            let (window, count) = (h["w"], h["c"].unsigned_abs());
+            Some(match h.get("p") {
+                Some(p) => State::SlidingWindow {
+                    window,
+                    current: count,
+                    previous: p.unsigned_abs(),
+                },
+                None => State::FixedWindow { window, count },
+            })
+        }
+        other => panic!(
+            "unexpected type {other} at {}",
+            String::from_utf8_lossy(key)
+        ),
+    }
+}
+
+/// DUMP of every key (None when absent): a byte-exact snapshot of their contents.
+async fn dump(conn: &mut MultiplexedConnection, keys: &[Vec<u8>]) -> Vec<Option<Vec<u8>>> {
+    let mut out = Vec::new();
+    for key in keys {
+        out.push(redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap());
+    }
+    out
+}
+
+async fn flush(conn: &mut MultiplexedConnection) {
+    let () = redis::cmd("FLUSHALL").query_async(conn).await.unwrap();
+}
+
+// ---------------------------------------------------------------------------------------
+// The randomized equivalence test.
+// ---------------------------------------------------------------------------------------
+
+/// Keys in the pool of each case.
+const POOL: usize = 4;
+
+/// One operation of a step: which pool key, optionally other params (same period: a config
+/// reload may change the algorithm or the numbers of a bucket, never the key's period), cost.
+#[derive(Clone, Debug)]
+struct OpSpec {
+    key: usize,
+    change: Option<(Algorithm, u64, u64)>,
+    cost: i64,
+    enforce: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    /// µs the clock moves before this step (negative: it steps back).
+    dt: i64,
+    ops: Vec<OpSpec>,
+    /// Keep a repeated key (the planner never sends one; both stores must still agree).
+    allow_repeat: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    /// Offset of the first step from `START_US` (day-aligned), µs.
+    start: i64,
+    pool: Vec<LimitParams>,
+    steps: Vec<Step>,
+}
+
+fn algorithm() -> impl Strategy<Value = Algorithm> {
+    prop::sample::select(vec![
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ])
+}
+
+fn rate() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        5 => 0u64..=12,
+        3 => prop::sample::select(vec![3u64, 7, 10, 60, 100, 1000]),
+        1 => 0u64..=1_000_000,
+        1 => Just(u64::from(u32::MAX)),
+    ]
+}
+
+/// Burst: the rate itself (the default), a small number, or twice the rate.
+fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![Just(rate), 0u64..=20, Just(rate.saturating_mul(2))]
+}
+
+/// Mostly valid limits of 1 s, 1 min and 1 h; a few that config validation would refuse,
+/// which both sides must clamp the same way.
+fn limit_params() -> impl Strategy<Value = LimitParams> {
+    let valid = (
+        algorithm(),
+        rate(),
+        prop::sample::select(vec![1u64, 60, 3600]),
+    )
+        .prop_flat_map(|(a, r, p)| burst_for(r).prop_map(move |b| params(a, r, p, b)));
+    let refused = (
+        algorithm(),
+        prop::sample::select(vec![0u64, 5, 2_000_000, u64::MAX]),
+        prop::sample::select(vec![0u64, 999, 1500, 7 * SECOND, u64::MAX]),
+        prop::sample::select(vec![0u64, 3, u64::MAX]),
+    )
+        .prop_map(|(a, r, period_us, b)| LimitParams {
+            algorithm: a,
+            requests_per_period: r,
+            period_us,
+            burst: b,
+        });
+    prop_oneof![12 => valid, 1 => refused]
+}
+
+fn cost() -> impl Strategy<Value = i64> {
+    let max = i64::from(u32::MAX);
+    prop_oneof![
+        8 => -3i64..=12,
+        2 => Just(0i64),
+        1 => -40i64..=40,
+        1 => prop::sample::select(vec![i64::MAX, i64::MIN, max, max + 1, -max, 1 << 53, 1_000_000]),
+    ]
+}
+
+fn op_spec() -> impl Strategy<Value = OpSpec> {
+    (
+        0..POOL,
+        prop::option::weighted(0.1, (algorithm(), rate(), 0u64..=20)),
+        cost(),
+        prop::bool::weighted(0.85),
+    )
+        .prop_map(|(key, change, cost, enforce)| OpSpec {
+            key,
+            change,
+            cost,
+            enforce,
+        })
+}
+
+/// Time steps from 0 µs to 2 h (two periods of the longest limit), sometimes a little back.
+fn dt() -> impl Strategy<Value = i64> {
+    prop_oneof![
+        3 => Just(0i64),
+        3 => 0i64..1_000,
+        4 => 0i64..2_000_000,
+        2 => 0i64..120_000_000,
+        1 => 0i64..7_200_000_000,
+        1 => -2_000_000i64..0,
+    ]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        dt(),
+        prop::collection::vec(op_spec(), 1..=5),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(dt, ops, allow_repeat)| Step {
+            dt,
+            ops,
+            allow_repeat,
+        })
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (
+        0i64..7_200_000_000,
+        prop::collection::vec(limit_params(), POOL),
+        prop::collection::vec(step(), 1..40),
+    )
+        .prop_map(|(start, pool, steps)| Case { start, pool, steps })
+}
+
+/// The bucket ops of one step.
+fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey]) -> Vec<BucketOp> {
+    let mut seen = [false; POOL];
+    let mut ops = Vec::new();
+    for spec in &step.ops {
+        if !step.allow_repeat && std::mem::replace(&mut seen[spec.key], true) {
+            continue;
+        }
+        let base = pool[spec.key];
+        let params = match spec.change {
+            Some((algorithm, rate, burst)) => LimitParams {
+                algorithm,
+                requests_per_period: rate,
+                burst,
+                ..base
+            },
+            None => base,
+        };
+        ops.push(BucketOp {
+            key: keys[spec.key].clone(),
+            params,
+            cost: spec.cost,
+            enforce: spec.enforce,
+        });
+    }
+    ops
+}
+
+/// What the test saw of the script's last write of a key.
+#[derive(Clone, Copy, Debug)]
+struct Write {
+    /// Fake time of the write, µs.
+    at: i64,
+    /// PTTL right after it, ms.
+    pttl_ms: i64,
+    /// Real time the transaction took, ms (rounded up): the TTL the script set lies in
+    /// `[pttl_ms, pttl_ms + took_ms]`.
+    took_ms: i64,
+}
+
+/// Compares what the memory store holds live (state, expiry) with what Redis holds.
+fn compare_state(
+    memory: Option<(State, i64)>,
+    redis: Option<State>,
+    write: Option<&Write>,
+    now: i64,
+) -> Result<(), String> {
+    match (memory, redis, write) {
+        (None, None, _) => Ok(()),
+        (Some((state, expires_at)), Some(stored), Some(w)) => {
+            let ttl_ms = (expires_at - w.at + 999).div_euclid(1000);
+            if stored == state && (w.pttl_ms..=w.pttl_ms + w.took_ms).contains(&ttl_ms) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "memory holds {state:?} for {ttl_ms} ms, redis {stored:?} with {w:?}"
+                ))
+            }
+        }
+        // Only a state whose own TTL (rounded up to ms) ran out by now may linger in Redis.
+        (None, Some(_), Some(w)) if w.at + (w.pttl_ms - 1) * 1000 < now => Ok(()),
+        (memory, redis, write) => Err(format!(
+            "memory holds {memory:?}, redis {redis:?} (last write seen: {write:?})"
+        )),
+    }
+}
+
+/// Drives one case through both stores; `Err` describes the first divergence.
+async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), String> {
+    flush(conn).await;
+    let keys: Vec<BucketKey> = case
+        .pool
+        .iter()
+        .enumerate()
+        .map(|(i, p)| key(&i.to_string(), p.algorithm, p.period_us))
+        .collect();
+    let redis_keys: Vec<Vec<u8>> = keys.iter().map(|k| script::full_key(PREFIX, k)).collect();
+    let clock = Arc::new(ManualClock::new(START_US + case.start));
+    let memory = MemoryStore::new(clock.clone());
+    let mut written: HashMap<usize, Write> = HashMap::new();
+    for (n, step) in case.steps.iter().enumerate() {
+        clock.advance(step.dt);
+        let now = clock.now_us();
+        let ops = ops_of(step, &case.pool, &keys);
+        let expected = memory.apply(&ops).await.map_err(|e| e.to_string())?;
+
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .invoke_script(&script::invocation(PREFIX, &ops, Some(now)));
+        for key in &redis_keys {
+            pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
+        }
+        let sent = Instant::now();
+        let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
+        let took_ms = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX) + 1;
+        let ttls: Vec<i64> = results
+            .split_off(1)
+            .into_iter()
+            .map(|v| redis::from_redis_value(v).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let reply: Vec<i64> =
+            redis::from_redis_value(results.remove(0)).map_err(|e| e.to_string())?;
+        let got = script::decode(&reply, ops.len()).map_err(|e| e.to_string())?;
+        let context = || format!("step {n} at now {now} with ops {ops:#?}");
+        if got != expected {
+            return Err(format!(
+                "answers differ at {}:\n lua    {got:?}\n memory {expected:?}",
+                context()
+            ));
+        }
+
+        for (i, key) in keys.iter().enumerate() {
+            match ttls[i] {
+                // PTTL ≥ 0: written by this very call (PTTL counts real time, so it may
+                // have reached 0; expiry itself waits until the transaction is over).
+                pttl_ms if pttl_ms >= 0 => {
+                    let write = Write {
+                        at: now,
+                        pttl_ms,
+                        took_ms,
+                    };
+                    written.insert(i, write);
+                }
+                -2 => {
+                    written.remove(&i);
+                }
+                _ => {}
+            }
+            let stored = redis_state(conn, &redis_keys[i]).await;
+            compare_state(memory.state_of(key), stored, written.get(&i), now)
+                .map_err(|e| format!("key {i} at {}: {e}", context()))?;
+        }
+    }
+    Ok(())
+}
+
+/// For random batches, limits, costs and times, the script answers and stores exactly what
+/// the memory store (the Rust specification) does, step after step.
+#[test]
+fn script_matches_memory_store() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let conn = rt.block_on(async {
+        let mut conn = server.connection().await;
+        // Transactions send EVALSHA without the NOSCRIPT fallback: load the script first.
+        script::script().load_async(&mut conn).await.unwrap();
+        conn
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 150,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&case(), |case| {
+        let mut conn = conn.clone();
+        rt.block_on(run_case(&mut conn, &case))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Deterministic properties.
+// ---------------------------------------------------------------------------------------
+
+/// `START_US` + 10.5 s: inside a 1 s, 1 min and 1 h window alike, not on a boundary.
+const NOW: i64 = START_US + 10_500_000;
+
+fn one_of_each(cost: i64) -> Vec<BucketOp> {
+    vec![
+        op("tb", params(Algorithm::TokenBucket, 10, 60, 10), cost, true),
+        op("fw", params(Algorithm::FixedWindow, 10, 60, 0), cost, true),
+        op(
+            "sw",
+            params(Algorithm::SlidingWindow, 10, 60, 0),
+            cost,
+            true,
+        ),
+    ]
+}
+
+fn redis_keys(ops: &[BucketOp]) -> Vec<Vec<u8>> {
+    script::keys(PREFIX, ops)
+}
+
+/// Every key the script writes carries a TTL (ceil of the state's TTL in ms), and a refund
+/// back to "absent" deletes the key instead of storing it.
+#[tokio::test]
+async fn every_written_key_has_a_ttl() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let ops = one_of_each(3);
+    let applied = lua(&mut conn, &ops, Some(NOW)).await;
+    assert!(applied.committed);
+    for (key, result) in redis_keys(&ops).iter().zip(&applied.buckets) {
+        let ttl: i64 = conn.pttl(key).await.unwrap();
+        let expected = i64::try_from(result.view.reset_us.div_ceil(1000)).unwrap();
+        assert!(
+            ttl > 0 && ttl <= expected,
+            "PTTL {ttl}, expected ≤ {expected}"
+        );
+    }
+    let refund = lua(&mut conn, &one_of_each(-3), Some(NOW)).await;
+    assert!(refund.committed);
+    for key in redis_keys(&ops) {
+        let exists: bool = conn.exists(&key).await.unwrap();
+        assert!(
+            !exists,
+            "{} survived a full refund",
+            String::from_utf8_lossy(&key)
+        );
+    }
+}
+
+/// A batch with one enforcing bucket over its limit changes no key at all (not even the
+/// admitted buckets' TTLs), and reports the current views.
+#[tokio::test]
+async fn denied_batch_changes_no_key() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let ops = one_of_each(4);
+    assert!(lua(&mut conn, &ops, Some(NOW)).await.committed);
+    let keys = redis_keys(&ops);
+    let before = dump(&mut conn, &keys).await;
+    let ttl_before: i64 = conn.pttl(&keys[0]).await.unwrap();
+
+    let mut batch = one_of_each(1);
+    batch[2].cost = 7; // 4 + 7 > 10: the sliding window denies, so nothing is debited.
+    let applied = lua(&mut conn, &batch, Some(NOW + 1000)).await;
+    let states = [
+        Some(State::TokenBucket {
+            tat_us: NOW + 24_000_000,
+        }),
+        Some(State::FixedWindow {
+            window: NOW / 60_000_000,
+            count: 4,
+        }),
+        Some(State::SlidingWindow {
+            window: NOW / 60_000_000,
+            current: 4,
+            previous: 0,
+        }),
+    ];
+    assert_eq!(applied, spec(&batch, &states, NOW + 1000));
+    assert!(!applied.committed);
+    assert_eq!(applied.buckets[0].view.remaining, 6);
+    assert_eq!(dump(&mut conn, &keys).await, before);
+    let ttl_after: i64 = conn.pttl(&keys[0]).await.unwrap();
+    assert!(
+        ttl_after <= ttl_before,
+        "the TTL was refreshed: {ttl_before} → {ttl_after} ms"
+    );
+}
+
+/// Checks (cost 0) change nothing, neither on stored buckets nor by creating keys.
+#[tokio::test]
+async fn check_only_changes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let fresh = lua(&mut conn, &one_of_each(0), Some(NOW)).await;
+    assert_eq!(fresh, spec(&one_of_each(0), &[None, None, None], NOW));
+    let count: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(count, 0);
+
+    assert!(lua(&mut conn, &one_of_each(10), Some(NOW)).await.committed);
+    let keys = redis_keys(&one_of_each(0));
+    let before = dump(&mut conn, &keys).await;
+    let check = lua(&mut conn, &one_of_each(0), Some(NOW + 5)).await;
+    assert!(check.committed && check.buckets.iter().all(|b| b.view.remaining == 0));
+    assert_eq!(dump(&mut conn, &keys).await, before);
+}
+
+/// With ARGV[1] empty the script takes Redis `TIME`, and a 1-per-minute limit answers as the
+/// memory store does at the host's clock (within the time the call took).
+#[tokio::test]
+async fn redis_time_matches_memory_store() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for attempt in 0.. {
+        assert!(attempt < 5, "a minute boundary fell inside every attempt");
+        flush(&mut conn).await;
+        let ops = vec![
+            op("tb", params(Algorithm::TokenBucket, 1, 60, 1), 1, true),
+            op("fw", params(Algorithm::FixedWindow, 1, 60, 1), 1, true),
+            op("sw", params(Algorithm::SlidingWindow, 1, 60, 1), 1, true),
+        ];
+        let before = SystemClock.now_us();
+        let first = lua(&mut conn, &ops, None).await;
+        let second = lua(&mut conn, &ops, None).await;
+        let after = SystemClock.now_us();
+        if before / 60_000_000 != after / 60_000_000 {
+            continue; // the windows moved in between: answers legitimately differ
+        }
+        let clock = Arc::new(ManualClock::new(before));
+        let memory = MemoryStore::new(clock.clone());
+        let expected_first = memory.apply(&ops).await.unwrap();
+        let expected_second = memory.apply(&ops).await.unwrap();
+        let slack = u64::try_from(after - before).unwrap();
+        for (got, expected) in [(&first, &expected_first), (&second, &expected_second)] {
+            assert_eq!(got.committed, expected.committed);
+            for (g, e) in got.buckets.iter().zip(&expected.buckets) {
+                assert_eq!(
+                    (g.admitted, g.view.remaining),
+                    (e.admitted, e.view.remaining)
+                );
+                // Later time: reset and retry can only have shrunk, by at most the call time.
+                assert!(
+                    g.view.reset_us <= e.view.reset_us
+                        && g.view.reset_us + slack >= e.view.reset_us
+                );
+                let (gr, er) = (g.retry_after_us.unwrap(), e.retry_after_us.unwrap());
+                assert!(gr <= er && gr + slack >= er, "retry {gr} vs {er}");
+            }
+        }
+        assert!(first.committed && !second.committed);
+        break;
+    }
+}
+
+/// What a corrupted key holds before the script runs.
+enum Corrupt {
+    Text(&'static str),
+    Hash(&'static [(&'static str, &'static str)]),
+    /// A hash `{w: <NOW's 60 s window + offset>, c: <count>}` plus these extra fields.
+    Window(i64, &'static str, &'static [(&'static str, &'static str)]),
+    List,
+}
+
+/// Keys of the wrong type, another algorithm's shape or unparseable values read as absent
+/// (never an error), out-of-range numbers are clamped like the Rust clamps them, and the
+/// write replaces whatever was there.
+#[tokio::test]
+async fn garbage_state_is_absent_or_clamped() {
+    use Corrupt::*;
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let index = NOW / 60_000_000;
+    let tb = params(Algorithm::TokenBucket, 10, 60, 10);
+    let fw = params(Algorithm::FixedWindow, 10, 60, 0);
+    let sw = params(Algorithm::SlidingWindow, 10, 60, 0);
+    let huge_count = State::FixedWindow {
+        window: index,
+        count: 99_999_999_999,
+    };
+    let zero_fixed = State::FixedWindow {
+        window: index + 1,
+        count: 0,
+    };
+    let zero_sliding = State::SlidingWindow {
+        window: index + 1,
+        current: 0,
+        previous: 0,
+    };
+    // (limit, what the key holds, the state the Rust limiter would be given)
+    let cases = [
+        (tb, Hash(&[("w", "1")]), None),
+        (tb, Text("abc"), None),
+        (tb, Text("1.5e15"), None),
+        (tb, Text(""), None),
+        (tb, List, None),
+        (
+            tb,
+            Text("99999999999999999999999"),
+            Some(State::TokenBucket { tat_us: i64::MAX }),
+        ),
+        (
+            tb,
+            Text("-99999999999999999999999"),
+            Some(State::TokenBucket { tat_us: i64::MIN }),
+        ),
+        (fw, Text("12"), None),
+        (fw, List, None),
+        (fw, Hash(&[("w", "x"), ("c", "1")]), None),
+        (fw, Hash(&[("c", "3")]), None),
+        (fw, Window(0, "99999999999", &[]), Some(huge_count)),
+        (sw, Window(0, "-4", &[("p", "1")]), None),
+        // Zero counters are absent even in a later window (they must not hold the clock).
+        (fw, Window(1, "0", &[]), Some(zero_fixed)),
+        (sw, Window(1, "0", &[("p", "0")]), Some(zero_sliding)),
+        (sw, Hash(&[("w", "-1"), ("c", "4"), ("p", "1")]), None),
+        (
+            sw,
+            Hash(&[("w", "99999999999999999999"), ("c", "4"), ("p", "1")]),
+            None,
+        ),
+        // Another algorithm's shape is absent too (the script tells them apart by `p`).
+        (sw, Window(0, "4", &[]), None),
+        (fw, Window(0, "4", &[("p", "0")]), None),
+    ];
+    for (i, (params, corrupt, state)) in cases.into_iter().enumerate() {
+        let ops = vec![op(&format!("g{i}"), params, 2, true)];
+        let key = &redis_keys(&ops)[0];
+        let cmd = match corrupt {
+            Text(v) => redis::cmd("SET").arg(key).arg(v).to_owned(),
+            Hash(fields) => redis::cmd("HSET").arg(key).arg(fields).to_owned(),
+            Window(offset, count, extra) => redis::cmd("HSET")
+                .arg(key)
+                .arg(&[("w", (index + offset).to_string()), ("c", count.to_owned())])
+                .arg(extra)
+                .to_owned(),
+            List => redis::cmd("RPUSH").arg(key).arg("1").to_owned(),
+        };
+        let () = cmd.query_async(&mut conn).await.unwrap();
+        let got = lua(&mut conn, &ops, Some(NOW)).await;
+        assert_eq!(got, spec(&ops, &[state], NOW), "case {i}");
+        let next = limiter::evaluate(&params, state.as_ref(), NOW, 2).next;
+        if let Some((written, _)) = next.filter(|_| got.committed) {
+            assert_eq!(redis_state(&mut conn, key).await, Some(written), "case {i}");
+        }
+    }
+}
+
+/// The same key twice in one call: both ops see the state before the call and the later
+/// write wins, exactly as in the memory store.
+#[tokio::test]
+async fn repeated_key_matches_memory_store() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(NOW)));
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let ops = vec![op("dup", p, 3, true), op("dup", p, 1, true)];
+    for _ in 0..3 {
+        assert_eq!(
+            lua(&mut conn, &ops, Some(NOW)).await,
+            memory.apply(&ops).await.unwrap()
+        );
+        let key = &redis_keys(&ops)[0];
+        let stored = redis_state(&mut conn, key).await;
+        assert_eq!(stored, memory.state_of(&ops[0].key).map(|(s, _)| s));
+    }
+}
+
+/// A `now` outside [0, 2^52] is clamped exactly as `limiter::evaluate` clamps it.
+#[tokio::test]
+async fn now_is_clamped_like_the_limiter() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for now in [-5, i64::MIN, i64::MAX, limiter::MAX_NOW_US + 1] {
+        flush(&mut conn).await;
+        let ops = one_of_each(2);
+        assert_eq!(
+            lua(&mut conn, &ops, Some(now)).await,
+            spec(&ops, &[None, None, None], now)
+        );
+    }
+}
+
+/// A call that does not follow the KEYS/ARGV layout is an error reply, not a guess.
+#[tokio::test]
+async fn malformed_call_is_an_error() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let mut call = script::script().prepare_invoke();
+    call.key("k").arg("").arg("0");
+    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
+    assert!(err.to_string().contains("floodgate apply.lua"), "{err}");
+    let mut call = script::script().prepare_invoke();
+    call.key("k")
+        .arg("")
+        .arg("9")
+        .arg("1")
+        .arg("1")
+        .arg("1")
+        .arg("1")
+        .arg("1");
+    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
+    assert!(err.to_string().contains("unknown algorithm"), "{err}");
+}
+
+/// The script is reloaded transparently (EVALSHA, then SCRIPT LOAD on NOSCRIPT) after Redis
+/// restarts empty, and answers as a fresh bucket.
+#[tokio::test]
+async fn script_reloads_after_restart() {
+    let mut server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let ops = one_of_each(10);
+    assert!(lua(&mut conn, &ops, Some(NOW)).await.committed);
+    assert!(!lua(&mut conn, &ops, Some(NOW)).await.committed);
+    server.restart();
+    let mut conn = server.connection().await;
+    assert_eq!(
+        lua(&mut conn, &ops, Some(NOW)).await,
+        spec(&ops, &[None, None, None], NOW)
+    );
+}
