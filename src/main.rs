@@ -27,19 +27,22 @@ fn main() -> ExitCode {
         Command::CheckConfig(settings) => check_config(&settings),
         Command::Serve(settings) => {
             init_tracing(settings.log_format);
+            let runtime = match tokio::runtime::Runtime::new() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("floodgate: cannot start the runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            // Store set-up spawns background tasks (the Redis pool), so it runs inside the
+            // runtime; it binds nothing, so a bad setting still exits before any port is bound.
+            let _entered = runtime.enter();
             let prepared = match server::prepare(settings) {
                 Ok(prepared) => prepared,
                 Err(e) => {
                     tracing::error!("{e}");
                     eprintln!("floodgate: {e}");
                     return ExitCode::from(EXIT_USAGE);
-                }
-            };
-            let runtime = match tokio::runtime::Runtime::new() {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("floodgate: cannot start the runtime: {e}");
-                    return ExitCode::FAILURE;
                 }
             };
             match runtime.block_on(server::serve(prepared)) {
@@ -79,7 +82,11 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only on a terminal: log collectors read files and pipes.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

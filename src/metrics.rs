@@ -15,6 +15,10 @@
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads by result (`success`, `error`) |
 //! | `floodgate_memory_buckets` | — | buckets held by the memory store |
+//! | `floodgate_store_errors_total` | kind | store failures (`unavailable`: outage; `failed`: defect) |
+//! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
+//! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
+//! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +42,16 @@ struct RuleLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    policy: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,6 +95,10 @@ pub struct Metrics {
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
     memory_buckets: Gauge,
+    store_errors: Family<KindLabels, Counter>,
+    store_degraded: Family<PolicyLabels, Counter>,
+    store_available: Gauge,
+    local_cache_over_limit: Counter,
 }
 
 impl Default for Metrics {
@@ -104,6 +122,10 @@ impl Metrics {
         );
         let config_loads = Family::<ResultLabels, Counter>::default();
         let memory_buckets = Gauge::default();
+        let store_errors = Family::<KindLabels, Counter>::default();
+        let store_degraded = Family::<PolicyLabels, Counter>::default();
+        let store_available = Gauge::default();
+        let local_cache_over_limit = Counter::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -144,6 +166,26 @@ impl Metrics {
             "Buckets held by the memory store",
             memory_buckets.clone(),
         );
+        registry.register(
+            "floodgate_store_errors",
+            "Store failures by kind (unavailable: outage; failed: defect)",
+            store_errors.clone(),
+        );
+        registry.register(
+            "floodgate_store_degraded",
+            "Requests answered by the failure policy because the store was unusable",
+            store_degraded.clone(),
+        );
+        registry.register(
+            "floodgate_store_available",
+            "1 while the store is usable (circuit closed), else 0",
+            store_available.clone(),
+        );
+        registry.register(
+            "floodgate_local_cache_over_limit",
+            "Requests denied by the local over-limit cache without a store call",
+            local_cache_over_limit.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -154,6 +196,10 @@ impl Metrics {
             store_duration,
             config_loads,
             memory_buckets,
+            store_errors,
+            store_degraded,
+            store_available,
+            local_cache_over_limit,
         }
     }
 
@@ -209,6 +255,30 @@ impl Metrics {
     pub fn set_memory_buckets(&self, buckets: usize) {
         self.memory_buckets
             .set(i64::try_from(buckets).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a store failure by kind.
+    pub fn record_store_error(&self, error: &crate::store::StoreError) {
+        self.store_errors
+            .get_or_create(&KindLabels { kind: error.kind() })
+            .inc();
+    }
+
+    /// Counts a request answered by the failure policy.
+    pub fn record_degraded(&self, policy: &'static str) {
+        self.store_degraded
+            .get_or_create(&PolicyLabels { policy })
+            .inc();
+    }
+
+    /// Sets whether the store is usable.
+    pub fn set_store_available(&self, available: bool) {
+        self.store_available.set(i64::from(available));
+    }
+
+    /// Counts a request denied by the local over-limit cache.
+    pub fn record_local_cache_hit(&self) {
+        self.local_cache_over_limit.inc();
     }
 
     /// The Prometheus text exposition of every metric.

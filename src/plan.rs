@@ -188,6 +188,9 @@ impl<'c> Plan<'c> {
                 limits.push((source, format!("{}.override", request.domain), true, key));
             } else if let Some(found) = domain.find(&entries) {
                 let rule = found.rule;
+                // The rule's path, or with request values where the rule opted in
+                // (detailed_metric / value_to_metric).
+                let metric = found.metric_key(&entries).into_owned();
                 let enforce = !(rule.shadow_mode || options.shadow_mode);
                 for limit in &rule.limits {
                     let params = limit.params();
@@ -206,12 +209,7 @@ impl<'c> Plan<'c> {
                         params.algorithm,
                         params.period_us,
                     );
-                    limits.push((
-                        LimitSource::Configured(limit),
-                        rule.path.clone(),
-                        enforce,
-                        key,
-                    ));
+                    limits.push((LimitSource::Configured(limit), metric.clone(), enforce, key));
                 }
             }
             matched.push(limits);

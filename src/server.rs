@@ -30,10 +30,14 @@ use crate::plan::{PlanOptions, RequestLimits};
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
-use crate::store::{MemoryStore, Store};
+use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 
 /// Name under which the rate-limit service reports health (besides the server-wide "").
 const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+
+/// How often a Redis behind an open circuit breaker is probed.
+const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 
 /// How often the memory store drops expired buckets.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -77,19 +81,14 @@ pub struct Prepared {
     pub limiter: Arc<RateLimiter>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
+    /// The Redis store with its failure policy, when Redis is configured.
+    pub redis: Option<Arc<ResilientStore>>,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
 
 /// Loads the limits and builds the request path; fails on anything an operator must fix.
 pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
-    if let Some(url) = &settings.redis_url {
-        return Err(ServerError::Settings(format!(
-            "--redis-url {}: the Redis store is not available in this build yet; \
-             run without --redis-url to use the in-memory store",
-            crate::settings::redact_url(url)
-        )));
-    }
     let metrics = Metrics::shared();
     let defaults = Defaults {
         algorithm: settings.algorithm.value.into(),
@@ -107,8 +106,36 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         domains = config.domains().count(),
         "limits loaded"
     );
-    let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
-    let store: Arc<dyn Store> = memory.clone();
+    let (store, memory, redis): (Arc<dyn Store>, _, _) = match &settings.redis_url {
+        None => {
+            let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+            (memory.clone(), Some(memory), None)
+        }
+        Some(url) => {
+            let redis = RedisStore::new(&RedisSettings {
+                url: url.clone(),
+                key_prefix: settings.redis_key_prefix.clone(),
+                pool_size: settings.redis_pool_size,
+                connect_timeout: settings.redis_connect_timeout_ms,
+                command_timeout: settings.redis_timeout_ms,
+            })
+            .map_err(|e| ServerError::Settings(e.to_string()))?;
+            let fallback = (settings.on_store_error == FailurePolicy::Local)
+                .then(|| Arc::new(MemoryStore::new(Arc::new(SystemClock))));
+            let resilient = Arc::new(ResilientStore::new(
+                Arc::new(redis),
+                Resilience {
+                    policy: settings.on_store_error,
+                    cache_capacity: settings.local_cache_size,
+                    failure_threshold: settings.redis_failure_threshold,
+                    quiet_period: settings.redis_timeout_ms * 2,
+                },
+                fallback.clone(),
+                metrics.clone(),
+            ));
+            (resilient.clone(), fallback, Some(resilient))
+        }
+    };
     let limiter = Arc::new(RateLimiter::new(
         Arc::new(ArcSwap::from_pointee(config)),
         store,
@@ -121,7 +148,8 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     ));
     Ok(Prepared {
         limiter,
-        memory: Some(memory),
+        memory,
+        redis,
         settings,
     })
 }
@@ -139,12 +167,19 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     if let Some(memory) = &prepared.memory {
         spawn_memory_upkeep(memory, prepared.limiter.metrics());
     }
+    let mut store_health = None;
+    if let Some(redis) = &prepared.redis {
+        redis.spawn_probe(PROBE_INTERVAL);
+        // Only under policy `error` is the service unusable while Redis is: the other
+        // policies still answer, so health stays SERVING.
+        if settings.on_store_error == FailurePolicy::Error {
+            store_health = Some(redis.availability());
+        }
+    }
     tracing::info!(
-        store = if prepared.memory.is_some() {
-            "memory"
-        } else {
-            "redis"
-        },
+        store = if prepared.redis.is_some() { "redis" } else { "memory" },
+        redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        on_store_error = settings.on_store_error.as_str(),
         shadow_mode = settings.shadow_mode,
         "floodgate starting"
     );
@@ -154,6 +189,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         http,
         prepared.limiter.clone(),
         settings.shutdown_grace,
+        store_health,
         shutdown,
     )
     .await?;
@@ -177,12 +213,13 @@ fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {
 
 /// Serves gRPC on `grpc` and admin HTTP on `http` until `shutdown` completes, then drains:
 /// health goes NOT_SERVING, both servers stop accepting and finish in-flight requests, for at
-/// most `grace`.
+/// most `grace`. While `store_health` (if given) says false, health reports NOT_SERVING.
 pub async fn run(
     grpc: TcpListener,
     http: TcpListener,
     limiter: Arc<RateLimiter>,
     grace: Duration,
+    store_health: Option<watch::Receiver<bool>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let grpc_addr = grpc.local_addr().map_err(ServerError::Http)?;
@@ -204,6 +241,13 @@ pub async fn run(
 
     let serving = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let mirror = store_health.map(|store_health| {
+        tokio::spawn(mirror_store_health(
+            store_health,
+            health.clone(),
+            serving.clone(),
+        ))
+    });
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         // An Err means the sender is gone, which only happens once we are stopping anyway.
         let _ = rx.wait_for(|stop| *stop).await;
@@ -240,6 +284,11 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: health NOT_SERVING, draining in-flight requests");
+    if let Some(mirror) = mirror {
+        // Stop mirroring first, or a late store update could report SERVING again.
+        mirror.abort();
+        let _ = mirror.await;
+    }
     serving.store(false, Ordering::SeqCst);
     health
         .set_service_status("", ServingStatus::NotServing)
@@ -262,6 +311,29 @@ pub async fn run(
             grpc_task.abort();
             http_task.abort();
             Ok(())
+        }
+    }
+}
+
+/// Reports the store's availability through gRPC health and `/healthcheck` (until aborted
+/// at shutdown).
+async fn mirror_store_health(
+    mut store: watch::Receiver<bool>,
+    health: tonic_health::server::HealthReporter,
+    serving: Arc<AtomicBool>,
+) {
+    loop {
+        let usable = *store.borrow_and_update();
+        let status = if usable {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        serving.store(usable, Ordering::SeqCst);
+        health.set_service_status("", status).await;
+        health.set_service_status(RLS_SERVICE_NAME, status).await;
+        if store.changed().await.is_err() {
+            return;
         }
     }
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::limiter::Algorithm;
+use crate::store::FailurePolicy;
 
 /// floodgate: a global rate-limit server for Envoy (RLS v3).
 #[derive(Debug, Parser)]
@@ -50,6 +51,38 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
 
+    /// Prefix of every Redis key floodgate writes.
+    #[arg(long, env = "FLOODGATE_REDIS_KEY_PREFIX", default_value = "fg:")]
+    pub redis_key_prefix: String,
+
+    /// Multiplexed Redis connections in the pool (each carries many requests at once).
+    #[arg(long, env = "FLOODGATE_REDIS_POOL_SIZE", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub redis_pool_size: u32,
+
+    /// Deadline to establish a Redis connection, in milliseconds.
+    #[arg(long, env = "FLOODGATE_REDIS_CONNECT_TIMEOUT_MS", default_value = "250", value_parser = parse_millis)]
+    pub redis_connect_timeout_ms: Duration,
+
+    /// Deadline for one request's Redis call, in milliseconds. Keep it well under Envoy's
+    /// rate-limit RPC timeout (20 ms by default).
+    #[arg(long, env = "FLOODGATE_REDIS_TIMEOUT_MS", default_value = "10", value_parser = parse_millis)]
+    pub redis_timeout_ms: Duration,
+
+    /// Consecutive Redis failures that open the circuit breaker.
+    #[arg(long, env = "FLOODGATE_REDIS_FAILURE_THRESHOLD", default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub redis_failure_threshold: u32,
+
+    /// What to answer while Redis is unusable: error (gRPC UNAVAILABLE, so Envoy's
+    /// failure_mode_deny decides), allow, deny, or local (in-memory buckets until Redis is back).
+    #[arg(long, env = "FLOODGATE_ON_STORE_ERROR", value_enum, default_value_t = FailurePolicy::Error)]
+    pub on_store_error: FailurePolicy,
+
+    /// Buckets remembered as over limit, to answer without a Redis call (0 disables).
+    #[arg(long, env = "FLOODGATE_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
+    pub local_cache_size: u64,
+
     /// Algorithm for limits that do not name one, and for descriptor limit overrides.
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
@@ -85,6 +118,7 @@ pub struct AlgorithmFlag {
     /// Algorithm for limits that do not name one (and, when serving, for limit overrides).
     #[arg(
         long = "default-algorithm",
+        value_name = "ALGORITHM",
         env = "FLOODGATE_DEFAULT_ALGORITHM",
         value_enum,
         default_value_t = AlgorithmArg::TokenBucket
@@ -123,6 +157,14 @@ pub enum LogFormat {
     Json,
 }
 
+fn parse_millis(text: &str) -> Result<Duration, String> {
+    text.parse::<u64>()
+        .ok()
+        .filter(|ms| *ms > 0)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("'{text}' is not a positive number of milliseconds"))
+}
+
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     text.parse::<f64>()
         .ok()
@@ -158,6 +200,13 @@ impl fmt::Debug for ServeSettings {
             .field("grpc_addr", &self.grpc_addr)
             .field("http_addr", &self.http_addr)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_key_prefix", &self.redis_key_prefix)
+            .field("redis_pool_size", &self.redis_pool_size)
+            .field("redis_connect_timeout_ms", &self.redis_connect_timeout_ms)
+            .field("redis_timeout_ms", &self.redis_timeout_ms)
+            .field("redis_failure_threshold", &self.redis_failure_threshold)
+            .field("on_store_error", &self.on_store_error)
+            .field("local_cache_size", &self.local_cache_size)
             .field("default_algorithm", &self.algorithm.value)
             .field("shadow_mode", &self.shadow_mode)
             .field("log_format", &self.log_format)
@@ -185,6 +234,8 @@ mod tests {
         assert_eq!(s.algorithm.value, AlgorithmArg::TokenBucket);
         assert!(!s.shadow_mode && s.redis_url.is_none());
         assert_eq!(s.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
+        assert_eq!(s.on_store_error, FailurePolicy::Error);
     }
 
     /// Every flag parses, including the snake_case algorithm names.

@@ -141,3 +141,24 @@ async fn rlconfig_lists_limits() {
     assert!(response.body.contains("web.quiet"), "{}", response.body);
     server.stop().await;
 }
+
+/// detailed_metric labels a rule's series with the request's values; other rules stay bounded.
+#[tokio::test]
+async fn detailed_metric_uses_request_values() {
+    let limits = r#"
+domain: web
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
+"#;
+    let server = TestServer::start(limits).await;
+    post_json(server.http_addr, &body("user", "alice")).await;
+    let text = call(server.http_addr, "GET", "/metrics", None).await.body;
+    let line = r#"floodgate_rule_hits_total{domain="web",rule="web.user_alice"} 1"#;
+    assert!(
+        text.lines().any(|l| l == line),
+        "missing `{line}` in:\n{text}"
+    );
+    server.stop().await;
+}

@@ -1,4 +1,6 @@
-//! ShouldRateLimit semantics over real gRPC, on the memory store with a manual clock.
+//! The store behaviour suite: ShouldRateLimit semantics over real gRPC, written once and run
+//! against every store (`memory::*` and `redis::*`, the latter on a real redis-server started
+//! per test), both driven by the same manual clock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -13,7 +15,7 @@ const LIMITS: &str = r#"
 domain: test
 descriptors:
   - key: tb
-    rate_limit: {unit: second, requests_per_unit: 3}
+    rate_limit: {unit: minute, requests_per_unit: 7, burst: 3}
   - key: fw
     rate_limit: {unit: minute, requests_per_unit: 2, algorithm: fixed_window}
   - key: sw
@@ -37,7 +39,7 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: multi
     rate_limits:
-      - {unit: second, requests_per_unit: 2}
+      - {unit: minute, requests_per_unit: 2}
       - {unit: day, requests_per_unit: 3, name: daily}
   - key: plan
     value: basic
@@ -76,9 +78,8 @@ async fn tb(server: &TestServer) -> RateLimitResponse {
 }
 
 /// One status per descriptor, in request order: limited, unmatched (bare OK), unlimited.
-#[tokio::test]
-async fn statuses_follow_request_order() {
-    let server = TestServer::start(LIMITS).await;
+async fn statuses_follow_request_order(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let response = server
         .ask(request(
             "test",
@@ -96,10 +97,11 @@ async fn statuses_follow_request_order() {
     let limit = limited.current_limit.as_ref().unwrap();
     assert_eq!(
         (limit.requests_per_unit, limit.unit),
-        (3, Unit::Second as i32)
+        (7, Unit::Minute as i32)
     );
     assert_eq!(limited.limit_remaining, 2);
-    assert_eq!(reset_seconds(limited), 1);
+    // One token of 7 per minute: 8.57 s, rounded up.
+    assert_eq!(reset_seconds(limited), 9);
     assert_eq!(
         response.statuses[1],
         DescriptorStatus {
@@ -115,9 +117,8 @@ async fn statuses_follow_request_order() {
 }
 
 /// An unknown domain answers a bare OK per descriptor and touches no bucket.
-#[tokio::test]
-async fn unknown_domain_is_bare_ok() {
-    let server = TestServer::start(LIMITS).await;
+async fn unknown_domain_is_bare_ok(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let response = server.ask(simple("nope", "tb", "x")).await;
     assert_eq!(response.overall_code, OK);
     assert_eq!(
@@ -127,14 +128,13 @@ async fn unknown_domain_is_bare_ok() {
             ..Default::default()
         }
     );
-    assert!(server.memory.is_empty());
+    assert_eq!(server.bucket_count().await, 0);
     server.stop().await;
 }
 
 /// A token bucket admits its burst at once, denies the next, and refills continuously.
-#[tokio::test]
-async fn token_bucket_burst_deny_refill() {
-    let server = TestServer::start(LIMITS).await;
+async fn token_bucket_burst_deny_refill(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     for expected in [2, 1, 0] {
         let response = tb(&server).await;
         assert_eq!(response.overall_code, OK);
@@ -144,8 +144,8 @@ async fn token_bucket_burst_deny_refill() {
     assert_eq!(denied.overall_code, OVER);
     assert_eq!(only(&denied).code, OVER);
     assert_eq!(remaining(&denied), 0);
-    // 3 per second: one token every 333.334 ms (rounded up to the µs).
-    server.clock.advance(333_333);
+    // 7 per minute: one token every 8.571429 s (rounded up to the µs).
+    server.clock.advance(8_571_428);
     assert_eq!(tb(&server).await.overall_code, OVER);
     server.clock.advance(1);
     let refilled = tb(&server).await;
@@ -155,9 +155,8 @@ async fn token_bucket_burst_deny_refill() {
 }
 
 /// `burst` sets the token bucket's capacity independently of its rate.
-#[tokio::test]
-async fn burst_sets_capacity() {
-    let server = TestServer::start(LIMITS).await;
+async fn burst_sets_capacity(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     for _ in 0..5 {
         assert_eq!(
             server.ask(simple("test", "burst", "x")).await.overall_code,
@@ -178,9 +177,8 @@ async fn burst_sets_capacity() {
 }
 
 /// Fixed windows count per aligned window and reset at the boundary, like the reference.
-#[tokio::test]
-async fn fixed_window_counts_per_window() {
-    let server = TestServer::start(LIMITS).await;
+async fn fixed_window_counts_per_window(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     server.advance_ms(500);
     let first = server.ask(simple("test", "fw", "x")).await;
     assert_eq!(remaining(&first), 1);
@@ -199,9 +197,8 @@ async fn fixed_window_counts_per_window() {
 }
 
 /// The sliding window carries the previous window's weight into the next one.
-#[tokio::test]
-async fn sliding_window_weighs_previous_window() {
-    let server = TestServer::start(LIMITS).await;
+async fn sliding_window_weighs_previous_window(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
     assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
     assert_eq!(
@@ -225,9 +222,8 @@ async fn sliding_window_weighs_previous_window() {
 }
 
 /// A denied request debits nothing: the bucket that would have admitted is left untouched.
-#[tokio::test]
-async fn denied_request_debits_nothing() {
-    let server = TestServer::start(LIMITS).await;
+async fn denied_request_debits_nothing(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     server.ask(simple("test", "fw", "x")).await;
     server.ask(simple("test", "fw", "x")).await;
     let both = server
@@ -248,9 +244,8 @@ async fn denied_request_debits_nothing() {
 }
 
 /// The same bucket reached by two descriptors is debited once with the summed cost.
-#[tokio::test]
-async fn same_bucket_twice_is_debited_once_with_summed_cost() {
-    let server = TestServer::start(LIMITS).await;
+async fn same_bucket_twice_is_debited_once_with_summed_cost(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let twice = || {
         request(
             "test",
@@ -268,9 +263,8 @@ async fn same_bucket_twice_is_debited_once_with_summed_cost() {
 }
 
 /// A cost above the capacity never passes and debits nothing.
-#[tokio::test]
-async fn cost_above_capacity_never_passes() {
-    let server = TestServer::start(LIMITS).await;
+async fn cost_above_capacity_never_passes(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let mut big = simple("test", "tb", "x");
     big.hits_addend = 4;
     let response = server.ask(big).await;
@@ -282,9 +276,8 @@ async fn cost_above_capacity_never_passes() {
 
 /// hits_addend: request-level 0 means 1, N debits N; a present descriptor-level value wins,
 /// present-and-zero only checks, and is_negative_hits refunds.
-#[tokio::test]
-async fn hits_addend_rules() {
-    let server = TestServer::start(LIMITS).await;
+async fn hits_addend_rules(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let mut two = simple("test", "tb", "x");
     two.hits_addend = 2;
     assert_eq!(remaining(&server.ask(two).await), 1);
@@ -311,9 +304,8 @@ async fn hits_addend_rules() {
 }
 
 /// A descriptor `limit` override replaces the configured limit (in a known domain only).
-#[tokio::test]
-async fn limit_override_replaces_configured_limit() {
-    let server = TestServer::start(LIMITS).await;
+async fn limit_override_replaces_configured_limit(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let overridden = || {
         request(
             "test",
@@ -373,21 +365,19 @@ async fn limit_override_replaces_configured_limit() {
 }
 
 /// `unlimited` answers OK with 4294967295 remaining and never touches the store.
-#[tokio::test]
-async fn unlimited_never_touches_the_store() {
-    let server = TestServer::start(LIMITS).await;
+async fn unlimited_never_touches_the_store(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     for _ in 0..10 {
         let response = server.ask(simple("test", "free", "x")).await;
         assert_eq!(remaining(&response), u32::MAX);
     }
-    assert!(server.memory.is_empty());
+    assert_eq!(server.bucket_count().await, 0);
     server.stop().await;
 }
 
 /// A shadow-mode rule is evaluated (remaining drops) but never denies.
-#[tokio::test]
-async fn shadow_rule_never_denies() {
-    let server = TestServer::start(LIMITS).await;
+async fn shadow_rule_never_denies(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     for _ in 0..3 {
         let response = server.ask(simple("test", "shadow", "x")).await;
         assert_eq!(response.overall_code, OK);
@@ -397,11 +387,10 @@ async fn shadow_rule_never_denies() {
 }
 
 /// Global shadow mode turns every would-be denial into OK.
-#[tokio::test]
-async fn global_shadow_mode_never_denies() {
+async fn global_shadow_mode_never_denies(backend: Backend) {
     let mut options = options();
     options.shadow_mode = true;
-    let server = TestServer::start_with(LIMITS, options).await;
+    let server = TestServer::start_on(backend, LIMITS, options).await;
     for _ in 0..5 {
         assert_eq!(tb(&server).await.overall_code, OK);
     }
@@ -409,9 +398,8 @@ async fn global_shadow_mode_never_denies() {
 }
 
 /// A matched limit named in another matched limit's `replaces` is dropped.
-#[tokio::test]
-async fn replaced_limit_is_dropped() {
-    let server = TestServer::start(LIMITS).await;
+async fn replaced_limit_is_dropped(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let both = || {
         request(
             "test",
@@ -455,27 +443,26 @@ async fn replaced_limit_is_dropped() {
 }
 
 /// Several limits on one descriptor all apply; the status reports the one that binds.
-#[tokio::test]
-async fn several_limits_on_one_descriptor() {
-    let server = TestServer::start(LIMITS).await;
+async fn several_limits_on_one_descriptor(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let multi = || simple("test", "multi", "x");
     let first = server.ask(multi()).await;
-    // Per second: 1 left; per day: 2 left → the per-second limit is the tighter one.
+    // Per minute: 1 left; per day: 2 left → the per-minute limit is the tighter one.
     assert_eq!(
         only(&first).current_limit.as_ref().unwrap().unit,
-        Unit::Second as i32
+        Unit::Minute as i32
     );
     assert_eq!(remaining(&first), 1);
     assert_eq!(server.ask(multi()).await.overall_code, OK);
-    let per_second = server.ask(multi()).await;
-    assert_eq!(per_second.overall_code, OVER);
+    let per_minute = server.ask(multi()).await;
+    assert_eq!(per_minute.overall_code, OVER);
     assert_eq!(
-        only(&per_second).current_limit.as_ref().unwrap().unit,
-        Unit::Second as i32
+        only(&per_minute).current_limit.as_ref().unwrap().unit,
+        Unit::Minute as i32
     );
-    server.advance_ms(1000);
+    server.advance_ms(30_000);
     assert_eq!(server.ask(multi()).await.overall_code, OK);
-    server.advance_ms(1000);
+    server.advance_ms(30_000);
     let daily = server.ask(multi()).await;
     assert_eq!(daily.overall_code, OVER);
     let limit = only(&daily).current_limit.clone().unwrap();
@@ -487,9 +474,8 @@ async fn several_limits_on_one_descriptor() {
 }
 
 /// Matching precedence per level: exact value, then wildcard, then bare key.
-#[tokio::test]
-async fn exact_then_wildcard_then_bare_key() {
-    let server = TestServer::start(LIMITS).await;
+async fn exact_then_wildcard_then_bare_key(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let rpu = |response: RateLimitResponse| {
         only(&response)
             .current_limit
@@ -513,9 +499,8 @@ async fn exact_then_wildcard_then_bare_key() {
 }
 
 /// With share_threshold, every value matching the wildcard shares one bucket.
-#[tokio::test]
-async fn share_threshold_shares_one_bucket() {
-    let server = TestServer::start(LIMITS).await;
+async fn share_threshold_shares_one_bucket(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     assert_eq!(
         server
             .ask(simple("test", "shared", "abc"))
@@ -538,9 +523,8 @@ async fn share_threshold_shares_one_bucket() {
 }
 
 /// Wildcard values without share_threshold get a bucket per distinct value.
-#[tokio::test]
-async fn wildcard_without_share_threshold_is_per_value() {
-    let server = TestServer::start(LIMITS).await;
+async fn wildcard_without_share_threshold_is_per_value(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let ask = |path: &'static str| {
         server.ask(request(
             "test",
@@ -556,9 +540,8 @@ async fn wildcard_without_share_threshold_is_per_value() {
 }
 
 /// Raw, non-UTF-8 descriptor bytes are answered, not rejected.
-#[tokio::test]
-async fn non_utf8_values_are_accepted() {
-    let server = TestServer::start(LIMITS).await;
+async fn non_utf8_values_are_accepted(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let mut d = descriptor(&[("user", ""), ("path", "")]);
     d.entries[0].value = vec![0xff, 0xfe, b'{'];
     d.entries[1].value = vec![0xc3, 0x28];
@@ -576,9 +559,8 @@ async fn non_utf8_values_are_accepted() {
 }
 
 /// Malformed requests get INVALID_ARGUMENT with a precise message, and debit nothing.
-#[tokio::test]
-async fn malformed_requests_are_invalid_argument() {
-    let server = TestServer::start(LIMITS).await;
+async fn malformed_requests_are_invalid_argument(backend: Backend) {
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let cases: Vec<(RateLimitRequest, &str)> = vec![
         (simple("", "tb", "x"), "rate limit domain must not be empty"),
         (
@@ -606,17 +588,16 @@ async fn malformed_requests_are_invalid_argument() {
         assert_eq!(status.code(), GrpcCode::InvalidArgument);
         assert_eq!(status.message(), message);
     }
-    assert!(server.memory.is_empty());
+    assert_eq!(server.bucket_count().await, 0);
     server.stop().await;
 }
 
 /// Health reports SERVING for the server and the rate-limit service.
-#[tokio::test]
-async fn health_reports_serving() {
+async fn health_reports_serving(backend: Backend) {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
-    let server = TestServer::start(LIMITS).await;
+    let server = TestServer::start_on(backend, LIMITS, options()).await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
         .unwrap()
         .connect()
@@ -636,3 +617,52 @@ async fn health_reports_serving() {
     }
     server.stop().await;
 }
+
+/// Instantiates every scenario above once per store.
+macro_rules! behaviour_suite {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on the memory store.")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on a real redis-server.")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Redis).await
+                }
+            )*
+        }
+    };
+}
+
+behaviour_suite!(
+    statuses_follow_request_order,
+    unknown_domain_is_bare_ok,
+    token_bucket_burst_deny_refill,
+    burst_sets_capacity,
+    fixed_window_counts_per_window,
+    sliding_window_weighs_previous_window,
+    denied_request_debits_nothing,
+    same_bucket_twice_is_debited_once_with_summed_cost,
+    cost_above_capacity_never_passes,
+    hits_addend_rules,
+    limit_override_replaces_configured_limit,
+    unlimited_never_touches_the_store,
+    shadow_rule_never_denies,
+    global_shadow_mode_never_denies,
+    replaced_limit_is_dropped,
+    several_limits_on_one_descriptor,
+    exact_then_wildcard_then_bare_key,
+    share_threshold_shares_one_bucket,
+    wildcard_without_share_threshold_is_per_value,
+    non_utf8_values_are_accepted,
+    malformed_requests_are_invalid_argument,
+    health_reports_serving,
+);

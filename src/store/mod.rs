@@ -8,10 +8,14 @@ use async_trait::async_trait;
 
 use crate::bucket::{Applied, BucketOp};
 
+pub mod breaker;
 pub mod memory;
+pub mod overlimit;
 pub mod redis;
+pub mod resilient;
 
 pub use memory::MemoryStore;
+pub use resilient::{FailurePolicy, Resilience, ResilientStore};
 
 /// A store failure. Carries whether retrying could help, so callers pick the right answer.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +32,14 @@ impl StoreError {
     /// True when the same call may succeed later (an outage rather than a bug).
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
+    }
+
+    /// A metric label: `unavailable` or `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable(_) => "unavailable",
+            StoreError::Failed(_) => "failed",
+        }
     }
 }
 

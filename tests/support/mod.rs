@@ -21,14 +21,32 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
-use floodgate::store::MemoryStore;
+use floodgate::store::redis::{RedisSettings, RedisStore};
+use floodgate::store::{MemoryStore, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 pub mod http;
+pub mod process;
 pub mod redis;
+
+/// Which store a test server uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// The in-process memory store.
+    Memory,
+    /// A real redis-server started for this test, driven at the manual clock's time.
+    Redis,
+}
+
+enum Buckets {
+    Memory(Arc<MemoryStore>),
+    Redis(redis::RedisServer),
+    /// A store built by the test itself.
+    External,
+}
 
 /// 2025-06-15T00:00:00Z in µs: aligned to the day, so windows start exactly here.
 pub const START_US: i64 = 1_749_945_600_000_000;
@@ -38,32 +56,86 @@ pub struct TestServer {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub clock: Arc<ManualClock>,
-    pub memory: Arc<MemoryStore>,
+    buckets: Buckets,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
 
 impl TestServer {
-    /// Starts a server with `yaml` as its only limits file and default options.
+    /// Starts a memory-store server with `yaml` as its only limits file and default options.
     pub async fn start(yaml: &str) -> TestServer {
         TestServer::start_with(yaml, options()).await
     }
 
-    /// Starts a server with `yaml` as its only limits file.
+    /// Starts a memory-store server with `yaml` as its only limits file.
     pub async fn start_with(yaml: &str, options: PlanOptions) -> TestServer {
-        let defaults = Defaults {
-            algorithm: Algorithm::TokenBucket,
-        };
-        let config =
-            Config::from_sources(&[("limits.yaml".to_string(), yaml.to_string())], &defaults)
-                .unwrap_or_else(|e| panic!("test config does not load:\n{e}"));
+        TestServer::start_on(Backend::Memory, yaml, options).await
+    }
+
+    /// Starts a server on `backend` with `yaml` as its only limits file.
+    pub async fn start_on(backend: Backend, yaml: &str, options: PlanOptions) -> TestServer {
+        let config = load(yaml);
         let clock = Arc::new(ManualClock::new(START_US));
-        let memory = Arc::new(MemoryStore::new(clock.clone()));
+        let (store, buckets): (Arc<dyn Store>, Buckets) = match backend {
+            Backend::Memory => {
+                let memory = Arc::new(MemoryStore::new(clock.clone()));
+                (memory.clone(), Buckets::Memory(memory))
+            }
+            Backend::Redis => {
+                let server = redis::RedisServer::start();
+                let store = RedisStore::new(&redis_settings(&server.url()))
+                    .unwrap()
+                    .with_test_clock(clock.clone());
+                (Arc::new(store), Buckets::Redis(server))
+            }
+        };
+        TestServer::launch(
+            config,
+            store,
+            buckets,
+            clock,
+            options,
+            None,
+            Metrics::shared(),
+        )
+        .await
+    }
+
+    /// Starts a server over a store built by the test (real time), reporting `store_health`
+    /// through the health service as `floodgate serve` does.
+    pub async fn start_with_store(
+        yaml: &str,
+        store: Arc<dyn Store>,
+        store_health: Option<tokio::sync::watch::Receiver<bool>>,
+        metrics: Arc<Metrics>,
+    ) -> TestServer {
+        let clock = Arc::new(ManualClock::new(START_US));
+        TestServer::launch(
+            load(yaml),
+            store,
+            Buckets::External,
+            clock,
+            options(),
+            store_health,
+            metrics,
+        )
+        .await
+    }
+
+    async fn launch(
+        config: Config,
+        store: Arc<dyn Store>,
+        buckets: Buckets,
+        clock: Arc<ManualClock>,
+        options: PlanOptions,
+        store_health: Option<tokio::sync::watch::Receiver<bool>>,
+        metrics: Arc<Metrics>,
+    ) -> TestServer {
         let limiter = Arc::new(RateLimiter::new(
             Arc::new(ArcSwap::from_pointee(config)),
-            memory.clone(),
+            store,
             options,
-            Metrics::shared(),
+            metrics,
         ));
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -75,6 +147,7 @@ impl TestServer {
             http,
             limiter,
             Duration::from_secs(5),
+            store_health,
             async move {
                 let _ = rx.await;
             },
@@ -83,7 +156,7 @@ impl TestServer {
             grpc_addr,
             http_addr,
             clock,
-            memory,
+            buckets,
             shutdown: Some(tx),
             task: Some(task),
         }
@@ -115,6 +188,19 @@ impl TestServer {
             .expect_err("expected an error status")
     }
 
+    /// How many buckets the store holds.
+    pub async fn bucket_count(&self) -> usize {
+        match &self.buckets {
+            Buckets::Memory(memory) => memory.len(),
+            Buckets::External => panic!("bucket_count: the test owns the store"),
+            Buckets::Redis(server) => {
+                let mut conn = server.connection().await;
+                let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+                size
+            }
+        }
+    }
+
     /// Moves the server's clock forward.
     pub fn advance_ms(&self, ms: i64) {
         self.clock.advance(ms * 1000);
@@ -128,6 +214,27 @@ impl TestServer {
             Ok(result) => result.unwrap(),
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
+    }
+}
+
+/// Loads `yaml` as the only limits file (token bucket default).
+pub fn load(yaml: &str) -> Config {
+    let defaults = Defaults {
+        algorithm: Algorithm::TokenBucket,
+    };
+    Config::from_sources(&[("limits.yaml".to_string(), yaml.to_string())], &defaults)
+        .unwrap_or_else(|e| panic!("test config does not load:\n{e}"))
+}
+
+/// Redis store settings for tests: generous timeouts, so a loaded test machine never turns
+/// into a spurious failure.
+pub fn redis_settings(url: &str) -> RedisSettings {
+    RedisSettings {
+        url: url.to_string(),
+        key_prefix: "fg:".to_string(),
+        pool_size: 2,
+        connect_timeout: Duration::from_secs(2),
+        command_timeout: Duration::from_secs(2),
     }
 }
 

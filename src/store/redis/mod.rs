@@ -1,3 +1,262 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
+//!
+//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding. [`RedisStore`]
+//! runs it with `EVALSHA` over a bb8 pool of multiplexed connections; redis-rs reloads the
+//! script transparently on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`). Each call has
+//! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
+//! absent Redis costs at most that much per request — and the circuit breaker in
+//! [`crate::store::resilient`] stops even that once Redis is known to be down.
+//!
+//! The pool's manager is ours rather than bb8-redis's: bb8-redis never reports a connection
+//! as broken, so after a Redis restart the pool would keep handing out dead connections, and
+//! validating with `PING` on checkout would add a second Redis command to every request.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisError};
+use tokio::sync::watch;
+
+use super::{Store, StoreError};
+use crate::bucket::{Applied, BucketOp};
+use crate::clock::Clock;
+use crate::settings::redact_url;
 
 pub mod script;
+
+/// How to reach Redis.
+#[derive(Clone)]
+pub struct RedisSettings {
+    /// `redis://[user:password@]host:port[/db]` or `rediss://…` for TLS.
+    pub url: String,
+    /// Prepended to every bucket key.
+    pub key_prefix: String,
+    /// Multiplexed connections in the pool (each carries many requests at once).
+    pub pool_size: u32,
+    /// Deadline to establish a connection.
+    pub connect_timeout: Duration,
+    /// Deadline for one request's whole store call (checkout + script).
+    pub command_timeout: Duration,
+}
+
+impl fmt::Debug for RedisSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettings")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+/// A pooled connection that remembers whether it failed at the transport level.
+pub struct Connection {
+    inner: MultiplexedConnection,
+    broken: bool,
+}
+
+/// bb8 manager for [`Connection`]s.
+pub struct Connector {
+    client: Client,
+    config: AsyncConnectionConfig,
+}
+
+impl bb8::ManageConnection for Connector {
+    type Connection = Connection;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Connection, RedisError> {
+        let inner = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await?;
+        Ok(Connection {
+            inner,
+            broken: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
+        redis::cmd("PING").query_async(&mut conn.inner).await
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.broken
+    }
+}
+
+/// Publishes the pool's connection failures. bb8 reports a failed connect only to its error
+/// sink — a waiting checkout would sit out the whole connect timeout — so checkouts watch this
+/// and fail as soon as a connect fails while they wait: a refused Redis is answered in µs.
+#[derive(Clone)]
+struct ConnectFailures(Arc<watch::Sender<String>>);
+
+impl bb8::ErrorSink<RedisError> for ConnectFailures {
+    fn sink(&self, error: RedisError) {
+        self.0.send_replace(error.to_string());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
+}
+
+impl fmt::Debug for ConnectFailures {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ConnectFailures")
+    }
+}
+
+/// Buckets in Redis.
+pub struct RedisStore {
+    /// Multiplexed connections; broken ones are replaced on return.
+    pool: bb8::Pool<Connector>,
+    /// The last connect failure, published as it happens.
+    connect_failures: watch::Receiver<String>,
+    /// Key prefix bytes.
+    prefix: Vec<u8>,
+    /// Deadline per store call.
+    command_timeout: Duration,
+    /// Tests only: a clock whose time is passed to the script instead of Redis `TIME`.
+    test_clock: Option<Arc<dyn Clock>>,
+}
+
+impl RedisStore {
+    /// A store for `settings`. Connects in the background: a Redis that is down at start-up
+    /// is an outage like any other, handled by the failure policy, not a start-up failure.
+    pub fn new(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
+        let client = Client::open(settings.url.as_str()).map_err(|e| {
+            StoreError::Failed(format!(
+                "invalid Redis URL {}: {e}",
+                redact_url(&settings.url)
+            ))
+        })?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(settings.connect_timeout))
+            .set_response_timeout(Some(settings.command_timeout));
+        let (failures, connect_failures) = watch::channel(String::new());
+        let pool = bb8::Pool::builder()
+            .error_sink(Box::new(ConnectFailures(Arc::new(failures))))
+            .max_size(settings.pool_size.max(1))
+            .min_idle(Some(settings.pool_size.max(1)))
+            .connection_timeout(settings.connect_timeout)
+            // A PING per checkout would double the commands per request; broken connections
+            // are detected by the errors they return instead (see `has_broken`).
+            .test_on_check_out(false)
+            // A refused connection fails the request now instead of being retried until the
+            // connect timeout: with Redis down, answers stay fast and the breaker opens soon.
+            .retry_connection(false)
+            .build_unchecked(Connector { client, config });
+        Ok(RedisStore {
+            pool,
+            connect_failures,
+            prefix: settings.key_prefix.clone().into_bytes(),
+            command_timeout: settings.command_timeout,
+            test_clock: None,
+        })
+    }
+
+    /// For tests only: evaluate at `clock`'s time instead of Redis `TIME`, so one behaviour
+    /// suite can drive this store and the memory store with the same manual clock. Never use
+    /// it in production: replicas would disagree on time.
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> RedisStore {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// `PING` within the command timeout: is Redis usable now?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.with_deadline(async {
+            let mut conn = self.checkout().await?;
+            let result: Result<String, RedisError> =
+                redis::cmd("PING").query_async(&mut conn.inner).await;
+            result.map(drop).map_err(|e| classify(&mut conn, e))
+        })
+        .await
+    }
+
+    async fn checkout(&self) -> Result<bb8::PooledConnection<'_, Connector>, StoreError> {
+        let mut failures = self.connect_failures.clone();
+        failures.mark_unchanged();
+        tokio::select! {
+            conn = self.pool.get() => conn.map_err(|e| match e {
+                bb8::RunError::User(e) => {
+                    StoreError::Unavailable(format!("cannot connect to Redis: {e}"))
+                }
+                bb8::RunError::TimedOut => {
+                    StoreError::Unavailable("no Redis connection available in time".into())
+                }
+            }),
+            Ok(()) = failures.changed() => Err(StoreError::Unavailable(format!(
+                "cannot connect to Redis: {}",
+                *failures.borrow()
+            ))),
+        }
+    }
+
+    async fn with_deadline<T>(
+        &self,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        tokio::time::timeout(self.command_timeout, work)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "Redis did not answer within {:?}",
+                    self.command_timeout
+                )))
+            })
+    }
+}
+
+/// Transport failures mark the connection broken (the pool replaces it) and are transient;
+/// anything else (a script error) is a defect to report, not an outage.
+fn classify(conn: &mut Connection, error: RedisError) -> StoreError {
+    if error.is_io_error()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+        || error.is_timeout()
+        || error.is_unrecoverable_error()
+    {
+        conn.broken = true;
+        StoreError::Unavailable(format!("Redis connection failed: {error}"))
+    } else if matches!(
+        error.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::BusyLoading
+                | redis::ServerErrorKind::TryAgain
+                | redis::ServerErrorKind::MasterDown
+                | redis::ServerErrorKind::ReadOnly
+        )
+    ) {
+        // Loading after a restart, or a replica after failover: it will pass.
+        StoreError::Unavailable(format!("Redis not ready: {error}"))
+    } else {
+        StoreError::Failed(format!("Redis script failed: {error}"))
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let now = self.test_clock.as_ref().map(|clock| clock.now_us());
+        let invocation = script::invocation(&self.prefix, ops, now);
+        self.with_deadline(async {
+            let mut conn = self.checkout().await?;
+            let reply: Result<Vec<i64>, RedisError> =
+                invocation.invoke_async(&mut conn.inner).await;
+            let reply = reply.map_err(|e| classify(&mut conn, e))?;
+            script::decode(&reply, ops.len())
+        })
+        .await
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}

@@ -1,0 +1,273 @@
+//! The local over-limit cache: answer OVER_LIMIT without a Redis call for a bucket that Redis
+//! recently said cannot pass.
+//!
+//! When Redis denies cost `c` on a bucket with "retry after d", then until `sent + d` (measured
+//! from when the request was *sent*, so never later than Redis's own answer) any cost `>= c`
+//! on that bucket must be denied too: a bucket only gains room with time, and every algorithm's
+//! retry time is exact for that cost. Remembering the pair (until, smallest denied cost) is
+//! therefore never stricter than Redis, except for one case documented in README: a refund
+//! (`is_negative_hits`) sent to *another* replica, or a limit raised by a reload elsewhere,
+//! is not seen until the entry expires. Refunds through this replica and reloads clear entries.
+//!
+//! Bounded by entry count (moka evicts the least useful entries past it); each entry expires at
+//! its own `until`.
+
+use std::time::{Duration, Instant};
+
+use moka::Expiry;
+use moka::sync::Cache;
+
+use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
+use crate::limiter::View;
+
+/// What is known about one bucket.
+#[derive(Clone, Copy, Debug)]
+struct KnownEmpty {
+    /// Until when the bucket cannot admit `min_cost`.
+    until: Instant,
+    /// The smallest cost Redis denied on it.
+    min_cost: i64,
+}
+
+struct UntilExpiry;
+
+impl Expiry<BucketKey, KnownEmpty> for UntilExpiry {
+    fn expire_after_create(
+        &self,
+        _key: &BucketKey,
+        value: &KnownEmpty,
+        created_at: Instant,
+    ) -> Option<Duration> {
+        Some(value.until.saturating_duration_since(created_at))
+    }
+
+    fn expire_after_update(
+        &self,
+        _key: &BucketKey,
+        value: &KnownEmpty,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.until.saturating_duration_since(updated_at))
+    }
+}
+
+/// Buckets known to deny, for a while.
+pub struct OverLimitCache {
+    entries: Cache<BucketKey, KnownEmpty>,
+}
+
+impl OverLimitCache {
+    /// A cache holding at most `capacity` buckets.
+    pub fn new(capacity: u64) -> OverLimitCache {
+        OverLimitCache {
+            entries: Cache::builder()
+                .max_capacity(capacity)
+                .expire_after(UntilExpiry)
+                .build(),
+        }
+    }
+
+    /// If some enforcing op of the request is known to deny at `now`, the whole request is
+    /// denied (nothing would be debited): the answer, with no store call. Buckets not in the
+    /// cache were not checked; they are reported admitted with nothing known (0 remaining).
+    pub fn answer(&self, ops: &[BucketOp], now: Instant) -> Option<Applied> {
+        let known: Vec<Option<Duration>> = ops
+            .iter()
+            .map(|op| self.denies(op, now).map(|until| until - now))
+            .collect();
+        if known.iter().all(Option::is_none) {
+            return None;
+        }
+        let buckets = known
+            .into_iter()
+            .map(|wait| match wait {
+                Some(wait) => {
+                    let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                    BucketResult {
+                        admitted: false,
+                        view: View {
+                            remaining: 0,
+                            reset_us: wait_us,
+                        },
+                        retry_after_us: Some(wait_us),
+                    }
+                }
+                None => BucketResult {
+                    admitted: true,
+                    view: View {
+                        remaining: 0,
+                        reset_us: 0,
+                    },
+                    retry_after_us: Some(0),
+                },
+            })
+            .collect();
+        Some(Applied {
+            committed: false,
+            buckets,
+        })
+    }
+
+    fn denies(&self, op: &BucketOp, now: Instant) -> Option<Instant> {
+        if !op.enforce || op.cost <= 0 {
+            return None;
+        }
+        self.entries
+            .get(&op.key)
+            .filter(|k| now < k.until && op.cost >= k.min_cost)
+            .map(|k| k.until)
+    }
+
+    /// Learns from the store's answer to `ops`, sent at `sent`.
+    pub fn learn(&self, ops: &[BucketOp], applied: &Applied, sent: Instant) {
+        for (op, result) in ops.iter().zip(&applied.buckets) {
+            if op.cost < 0 && applied.committed {
+                // A refund through us: whatever we knew is stale.
+                self.entries.invalidate(&op.key);
+                continue;
+            }
+            if !op.enforce || op.cost <= 0 || result.admitted {
+                continue;
+            }
+            let Some(wait_us) = result.retry_after_us.filter(|&w| w > 0) else {
+                // None: this cost can never pass, which says nothing about smaller costs.
+                continue;
+            };
+            let until = sent + Duration::from_micros(wait_us);
+            let min_cost = self
+                .entries
+                .get(&op.key)
+                .filter(|k| k.until >= until)
+                .map_or(op.cost, |k| k.min_cost.min(op.cost));
+            self.entries
+                .insert(op.key.clone(), KnownEmpty { until, min_cost });
+        }
+    }
+
+    /// Forgets everything (the limits changed).
+    pub fn clear(&self) {
+        self.entries.invalidate_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::KeyValue;
+    use crate::limiter::{Algorithm, LimitParams};
+
+    fn op(value: &[u8], cost: i64) -> BucketOp {
+        BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(value))],
+                Algorithm::TokenBucket,
+                1_000_000,
+            ),
+            params: LimitParams {
+                algorithm: Algorithm::TokenBucket,
+                requests_per_period: 1,
+                period_us: 1_000_000,
+                burst: 1,
+            },
+            cost,
+            enforce: true,
+        }
+    }
+
+    fn denied(retry_us: u64) -> Applied {
+        Applied {
+            committed: false,
+            buckets: vec![BucketResult {
+                admitted: false,
+                view: View {
+                    remaining: 0,
+                    reset_us: retry_us,
+                },
+                retry_after_us: Some(retry_us),
+            }],
+        }
+    }
+
+    /// A denial is remembered for its cost and above, until its retry time, and no longer.
+    #[test]
+    fn remembers_denial_until_retry_time() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 2)], &denied(1_000), sent);
+        assert!(cache.answer(&[op(b"a", 2)], sent).is_some());
+        assert!(cache.answer(&[op(b"a", 3)], sent).is_some());
+        assert!(
+            cache.answer(&[op(b"a", 1)], sent).is_none(),
+            "a smaller cost may pass"
+        );
+        assert!(
+            cache.answer(&[op(b"b", 2)], sent).is_none(),
+            "another bucket"
+        );
+        let later = sent + Duration::from_micros(1_000);
+        assert!(
+            cache.answer(&[op(b"a", 2)], later).is_none(),
+            "retry time reached"
+        );
+    }
+
+    /// Checks, refunds and shadow ops never get a cached denial.
+    #[test]
+    fn only_enforcing_debits_are_answered() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
+        assert!(cache.answer(&[op(b"a", 0)], sent).is_none());
+        assert!(cache.answer(&[op(b"a", -1)], sent).is_none());
+        let mut shadow = op(b"a", 1);
+        shadow.enforce = false;
+        assert!(cache.answer(&[shadow], sent).is_none());
+    }
+
+    /// A committed refund through this replica forgets the bucket.
+    #[test]
+    fn refund_invalidates() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
+        let refund = Applied {
+            committed: true,
+            buckets: vec![BucketResult {
+                admitted: true,
+                view: View {
+                    remaining: 1,
+                    reset_us: 0,
+                },
+                retry_after_us: Some(0),
+            }],
+        };
+        cache.learn(&[op(b"a", -1)], &refund, sent);
+        assert!(cache.answer(&[op(b"a", 1)], sent).is_none());
+    }
+
+    /// A request mixing a known-empty bucket with others is denied whole, nothing debited.
+    #[test]
+    fn mixed_request_is_denied_whole() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 1)], &denied(5_000), sent);
+        let applied = cache.answer(&[op(b"b", 1), op(b"a", 1)], sent).unwrap();
+        assert!(!applied.committed);
+        assert!(applied.buckets[0].admitted);
+        assert!(!applied.buckets[1].admitted);
+        assert_eq!(applied.buckets[1].retry_after_us, Some(5_000));
+    }
+
+    /// A cost that can never pass (no retry time) teaches nothing.
+    #[test]
+    fn impossible_cost_is_not_cached() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        let mut never = denied(0);
+        never.buckets[0].retry_after_us = None;
+        cache.learn(&[op(b"a", 5)], &never, sent);
+        assert!(cache.answer(&[op(b"a", 5)], sent).is_none());
+    }
+}

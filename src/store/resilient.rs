@@ -1,0 +1,234 @@
+//! Redis with a failure policy: what floodgate answers when Redis cannot.
+//!
+//! A request goes, in order, to:
+//! 1. the local over-limit cache — a bucket Redis recently said is empty answers OVER_LIMIT
+//!    with no Redis call;
+//! 2. the circuit breaker — while open, Redis is not called at all;
+//! 3. Redis, within the command timeout.
+//!
+//! When Redis cannot answer (breaker open, timeout, connection failure), the policy decides:
+//! - `error` (default): the store error, so the gRPC answer is `UNAVAILABLE` and Envoy's
+//!   `failure_mode_deny` decides; health reports NOT_SERVING meanwhile.
+//! - `allow`: every bucket admits (OK), remaining reported as the full limit.
+//! - `deny`: every enforcing bucket denies (OVER_LIMIT), nothing debited anywhere.
+//! - `local`: an in-process memory store stands in, per replica, until Redis is back.
+//!
+//! A background probe pings Redis while the breaker is open and closes it on the first
+//! success, so recovery needs no traffic (a pod marked not-ready gets none).
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use clap::ValueEnum;
+
+use super::breaker::CircuitBreaker;
+use super::overlimit::OverLimitCache;
+use super::redis::RedisStore;
+use super::{MemoryStore, Store, StoreError};
+use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::limiter::View;
+use crate::metrics::Metrics;
+
+/// What to answer when the store cannot (`--on-store-error`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FailurePolicy {
+    /// gRPC UNAVAILABLE: Envoy's `failure_mode_deny` decides.
+    Error,
+    /// Answer OK.
+    Allow,
+    /// Answer OVER_LIMIT.
+    Deny,
+    /// Count in process memory until Redis is back.
+    Local,
+}
+
+impl FailurePolicy {
+    /// The label used in logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Error => "error",
+            FailurePolicy::Allow => "allow",
+            FailurePolicy::Deny => "deny",
+            FailurePolicy::Local => "local",
+        }
+    }
+}
+
+/// Redis behind the local cache, the circuit breaker and the failure policy.
+pub struct ResilientStore {
+    /// The shared store.
+    redis: Arc<RedisStore>,
+    /// Opens after consecutive transient failures.
+    breaker: CircuitBreaker,
+    /// Buckets known to deny for a while; `None` when disabled.
+    cache: Option<OverLimitCache>,
+    /// The answer while Redis is unusable.
+    policy: FailurePolicy,
+    /// The stand-in store for policy `local`.
+    fallback: Option<Arc<MemoryStore>>,
+    /// Store errors, cache hits and availability are counted here.
+    metrics: Arc<Metrics>,
+}
+
+/// How [`ResilientStore`] behaves around Redis.
+#[derive(Clone, Copy, Debug)]
+pub struct Resilience {
+    /// The answer while Redis is unusable.
+    pub policy: FailurePolicy,
+    /// Local over-limit cache entries (0 disables it).
+    pub cache_capacity: u64,
+    /// Consecutive failures that open the circuit breaker...
+    pub failure_threshold: u32,
+    /// ...once no call has succeeded for this long (twice the command timeout in `serve`).
+    pub quiet_period: Duration,
+}
+
+impl ResilientStore {
+    /// Wraps `redis`. `fallback` is required for [`FailurePolicy::Local`].
+    pub fn new(
+        redis: Arc<RedisStore>,
+        resilience: Resilience,
+        fallback: Option<Arc<MemoryStore>>,
+        metrics: Arc<Metrics>,
+    ) -> ResilientStore {
+        metrics.set_store_available(true);
+        ResilientStore {
+            redis,
+            breaker: CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period),
+            cache: (resilience.cache_capacity > 0)
+                .then(|| OverLimitCache::new(resilience.cache_capacity)),
+            policy: resilience.policy,
+            fallback,
+            metrics,
+        }
+    }
+
+    /// Availability updates (true = Redis usable).
+    pub fn availability(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.breaker.subscribe()
+    }
+
+    /// Forgets cached denials (the limits changed).
+    pub fn clear_cache(&self) {
+        if let Some(cache) = &self.cache {
+            cache.clear();
+        }
+    }
+
+    /// Starts the recovery probe: every `interval`, while the breaker is open, ping Redis and
+    /// close the breaker on success. Ends when the store is dropped.
+    pub fn spawn_probe(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
+        let weak: Weak<ResilientStore> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticker.tick().await;
+                let Some(store) = weak.upgrade() else { return };
+                if store.breaker.is_closed() {
+                    continue;
+                }
+                if store.redis.ping().await.is_ok() {
+                    store.breaker.record_success();
+                    store.metrics.set_store_available(true);
+                }
+            }
+        })
+    }
+
+    fn degraded(&self, ops: &[BucketOp], error: StoreError) -> DegradedAnswer<'_> {
+        self.metrics.record_degraded(self.policy.as_str());
+        match self.policy {
+            FailurePolicy::Error => DegradedAnswer::Ready(Err(error)),
+            FailurePolicy::Allow => DegradedAnswer::Ready(Ok(answer_all(ops, true))),
+            FailurePolicy::Deny => DegradedAnswer::Ready(Ok(answer_all(ops, false))),
+            FailurePolicy::Local => match &self.fallback {
+                Some(memory) => DegradedAnswer::Local(memory),
+                None => DegradedAnswer::Ready(Err(error)),
+            },
+        }
+    }
+}
+
+enum DegradedAnswer<'a> {
+    Ready(Result<Applied, StoreError>),
+    Local(&'a Arc<MemoryStore>),
+}
+
+/// The synthetic answer of policies `allow` (every bucket admits, full limit remaining) and
+/// `deny` (every enforcing bucket denies; nothing is debited, retry unknown).
+fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
+    Applied {
+        committed: admit,
+        buckets: ops
+            .iter()
+            .map(|op| {
+                let admitted = admit || !op.enforce;
+                BucketResult {
+                    admitted,
+                    view: View {
+                        remaining: if admit {
+                            op.params.requests_per_period
+                        } else {
+                            0
+                        },
+                        reset_us: 0,
+                    },
+                    retry_after_us: if admitted { Some(0) } else { None },
+                }
+            })
+            .collect(),
+    }
+}
+
+#[async_trait]
+impl Store for ResilientStore {
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let sent = Instant::now();
+        if let Some(cache) = &self.cache
+            && let Some(applied) = cache.answer(ops, sent)
+        {
+            self.metrics.record_local_cache_hit();
+            return Ok(applied);
+        }
+        let answer = if self.breaker.is_closed() {
+            match self.redis.apply(ops).await {
+                Ok(applied) => {
+                    self.breaker.record_success();
+                    if let Some(cache) = &self.cache {
+                        cache.learn(ops, &applied, sent);
+                    }
+                    return Ok(applied);
+                }
+                Err(error) if error.is_transient() => {
+                    self.metrics.record_store_error(&error);
+                    self.breaker.record_failure(&error);
+                    if !self.breaker.is_closed() {
+                        self.metrics.set_store_available(false);
+                    }
+                    self.degraded(ops, error)
+                }
+                Err(error) => {
+                    // Not an outage: a defect (bad script reply, wrong key type). Report it;
+                    // masking it with a policy answer would hide it.
+                    self.metrics.record_store_error(&error);
+                    return Err(error);
+                }
+            }
+        } else {
+            self.degraded(
+                ops,
+                StoreError::Unavailable("Redis unavailable (circuit open)".into()),
+            )
+        };
+        match answer {
+            DegradedAnswer::Ready(result) => result,
+            DegradedAnswer::Local(memory) => memory.apply(ops).await,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+}

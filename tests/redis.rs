@@ -1,0 +1,460 @@
+//! The Redis store in production shape (real `TIME`, circuit breaker, failure policy, local
+//! over-limit cache) against a real redis-server per test.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use floodgate::clock::SystemClock;
+use floodgate::metrics::Metrics;
+use floodgate::proto::rls::rate_limit_response::Code;
+use floodgate::store::redis::{RedisSettings, RedisStore};
+use floodgate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use support::http::call;
+use support::process::Floodgate;
+use support::redis::RedisServer;
+use support::*;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+const LIMITS: &str = r#"
+domain: r
+descriptors:
+  - key: many
+    rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: one
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: fw
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: sw
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}
+"#;
+
+struct Setup {
+    redis: RedisServer,
+    server: TestServer,
+}
+
+/// A server over `ResilientStore(Redis)` with `policy`, a local cache of `cache` entries and
+/// `timeout` per Redis call.
+async fn setup_with(policy: FailurePolicy, cache: u64, timeout: Duration) -> Setup {
+    let redis = RedisServer::start();
+    let server = serve(&redis.url(), policy, cache, timeout).await;
+    Setup { redis, server }
+}
+
+async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) -> TestServer {
+    let store = RedisStore::new(&RedisSettings {
+        command_timeout: timeout,
+        ..redis_settings(url)
+    })
+    .unwrap();
+    let fallback =
+        (policy == FailurePolicy::Local).then(|| Arc::new(MemoryStore::new(Arc::new(SystemClock))));
+    let metrics = Metrics::shared();
+    let resilient = Arc::new(ResilientStore::new(
+        Arc::new(store),
+        Resilience {
+            policy,
+            cache_capacity: cache,
+            failure_threshold: 3,
+            // Unloaded tests: a short quiet period lets an outage open the breaker at once.
+            quiet_period: Duration::from_millis(50),
+        },
+        fallback,
+        metrics.clone(),
+    ));
+    resilient.spawn_probe(Duration::from_millis(50));
+    let health = (policy == FailurePolicy::Error).then(|| resilient.availability());
+    let store: Arc<dyn Store> = resilient;
+    TestServer::start_with_store(LIMITS, store, health, metrics).await
+}
+
+async fn setup() -> Setup {
+    setup_with(FailurePolicy::Error, 0, Duration::from_secs(2)).await
+}
+
+async fn keys(redis: &RedisServer) -> Vec<String> {
+    let mut conn = redis.connection().await;
+    let mut keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+async fn health(server: &TestServer) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+}
+
+/// Polls `check` every 20 ms until it holds, for at most 10 s (recovery is asynchronous).
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn many(n: usize) -> floodgate::proto::rls::RateLimitRequest {
+    request(
+        "r",
+        (0..n)
+            .map(|i| descriptor(&[("many", &format!("v{i}"))]))
+            .collect(),
+    )
+}
+
+/// What Redis receives from clients (not from inside scripts) while `work` runs, as seen by
+/// `MONITOR`: one line per command, script-internal ones marked `[.. lua]` and left out.
+async fn client_commands<F: Future<Output = ()>>(redis: &RedisServer, work: F) -> Vec<String> {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut monitor = Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "monitor"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("redis-cli not found: run scripts/install-test-tools.sh");
+    let mut lines = BufReader::new(monitor.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "OK");
+    work.await;
+    // A marker from another client tells us every earlier command has been printed.
+    let mut conn = redis.connection().await;
+    let _: String = ::redis::cmd("ECHO")
+        .arg("end-of-work")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for line in lines {
+        let line = line.unwrap();
+        if line.contains("\"end-of-work\"") {
+            break;
+        }
+        if !line.contains(" lua]") {
+            seen.push(line);
+        }
+    }
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    seen
+}
+
+/// Exactly one Redis command (EVALSHA) per request with 1, 3 and 10 descriptors.
+#[tokio::test]
+async fn one_redis_command_per_request() {
+    let Setup { redis, server } = setup().await;
+    for n in [1, 3, 10] {
+        // Warm up: the script is loaded on first use (NOSCRIPT → SCRIPT LOAD).
+        server.ask(many(n)).await;
+        let commands = client_commands(&redis, async {
+            for _ in 0..5 {
+                assert_eq!(server.ask(many(n)).await.overall_code, OK);
+            }
+        })
+        .await;
+        assert_eq!(commands.len(), 5, "{n} descriptors: {commands:#?}");
+        assert!(
+            commands
+                .iter()
+                .all(|c| c.contains("\"EVALSHA\"") || c.contains("\"evalsha\"")),
+            "{commands:#?}"
+        );
+    }
+    server.stop().await;
+}
+
+/// A denied request writes nothing: the other bucket is never created, the denying one unchanged.
+#[tokio::test]
+async fn denied_request_changes_no_key() {
+    let Setup { redis, server } = setup().await;
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OK);
+    let before = keys(&redis).await;
+    let mut conn = redis.connection().await;
+    let dump = |key: String| {
+        let mut conn = conn.clone();
+        async move {
+            let value: Vec<u8> = ::redis::cmd("DUMP")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            value
+        }
+    };
+    let one_before = dump(before[0].clone()).await;
+    let both = request(
+        "r",
+        vec![descriptor(&[("many", "m")]), descriptor(&[("one", "x")])],
+    );
+    assert_eq!(server.ask(both).await.overall_code, OVER);
+    assert_eq!(keys(&redis).await, before, "no key created");
+    assert_eq!(dump(before[0].clone()).await, one_before, "no key changed");
+    let _: () = ::redis::cmd("PING").query_async(&mut conn).await.unwrap();
+    server.stop().await;
+}
+
+/// Every key floodgate writes, for every algorithm, has a TTL.
+#[tokio::test]
+async fn every_key_has_a_ttl() {
+    let Setup { redis, server } = setup().await;
+    for key in ["many", "one", "fw", "sw"] {
+        for _ in 0..2 {
+            server.ask(simple("r", key, "x")).await;
+        }
+    }
+    let keys = keys(&redis).await;
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    let mut conn = redis.connection().await;
+    for key in keys {
+        let ttl: i64 = ::redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(ttl > 0, "{key} has PTTL {ttl}");
+    }
+    server.stop().await;
+}
+
+/// After SCRIPT FLUSH the script is reloaded transparently and requests keep being answered.
+#[tokio::test]
+async fn survives_script_flush() {
+    let Setup { redis, server } = setup().await;
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    let mut conn = redis.connection().await;
+    let _: () = ::redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let response = server.ask(simple("r", "many", "x")).await;
+    assert_eq!(response.overall_code, OK);
+    assert_eq!(
+        response.statuses[0].limit_remaining, 998,
+        "state kept across the flush"
+    );
+    server.stop().await;
+}
+
+/// With Redis down: UNAVAILABLE at once (no hang), health NOT_SERVING; after a restart,
+/// health SERVING and normal answers again, without restarting floodgate.
+#[tokio::test]
+async fn outage_then_recovery_under_policy_error() {
+    let Setup { mut redis, server } = setup().await;
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    redis.stop();
+    // Traffic keeps failing fast; once nothing has succeeded for the quiet period the breaker
+    // opens and health turns NOT_SERVING.
+    eventually("breaker open, health NOT_SERVING", || async {
+        let started = Instant::now();
+        let status = server.ask_err(simple("r", "many", "x")).await;
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        // Generous: proves no hang on a dead Redis, not a latency figure (see bench/).
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        health(&server).await == ServingStatus::NotServing as i32
+    })
+    .await;
+    assert_eq!(health(&server).await, ServingStatus::NotServing as i32);
+    let healthcheck = call(server.http_addr, "GET", "/healthcheck", None).await;
+    assert_eq!(healthcheck.status, 503);
+    let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
+    assert!(metrics.contains("floodgate_store_available 0"), "{metrics}");
+
+    redis.restart();
+    eventually("health SERVING after Redis restart", || async {
+        health(&server).await == ServingStatus::Serving as i32
+    })
+    .await;
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    server.stop().await;
+}
+
+/// A Redis that accepts connections but never answers costs at most the command timeout per
+/// request until the breaker opens; after that Redis is not called at all.
+#[tokio::test]
+async fn hung_redis_is_bounded_by_timeout_and_breaker() {
+    // A listener that accepts and never replies: a frozen Redis.
+    let blackhole = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/", blackhole.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = blackhole.accept().await {
+            open.push(socket);
+        }
+    });
+    let server = serve(&url, FailurePolicy::Error, 0, Duration::from_millis(50)).await;
+    let started = Instant::now();
+    for _ in 0..20 {
+        let status = server.ask_err(simple("r", "many", "x")).await;
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+    }
+    // 3 timeouts of 50 ms open the breaker; 20 hung calls would take 1 s.
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
+    assert!(
+        metrics.contains(r#"floodgate_store_errors_total{kind="unavailable"} 3"#),
+        "only the calls before the breaker opened reached Redis:\n{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"floodgate_store_degraded_total{policy="error"} 20"#),
+        "{metrics}"
+    );
+    server.stop().await;
+    held.abort();
+}
+
+/// Policy `allow` answers OK (full limit remaining) while Redis is down.
+#[tokio::test]
+async fn policy_allow_answers_ok() {
+    let Setup { mut redis, server } =
+        setup_with(FailurePolicy::Allow, 0, Duration::from_secs(2)).await;
+    redis.stop();
+    for _ in 0..3 {
+        let response = server.ask(simple("r", "one", "x")).await;
+        assert_eq!(response.overall_code, OK);
+        assert_eq!(response.statuses[0].limit_remaining, 1);
+    }
+    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    server.stop().await;
+}
+
+/// Policy `deny` answers OVER_LIMIT while Redis is down.
+#[tokio::test]
+async fn policy_deny_answers_over_limit() {
+    let Setup { mut redis, server } =
+        setup_with(FailurePolicy::Deny, 0, Duration::from_secs(2)).await;
+    redis.stop();
+    for _ in 0..3 {
+        assert_eq!(
+            server.ask(simple("r", "many", "x")).await.overall_code,
+            OVER
+        );
+    }
+    server.stop().await;
+}
+
+/// Policy `local` keeps enforcing limits in memory while Redis is down.
+#[tokio::test]
+async fn policy_local_enforces_in_memory() {
+    let Setup { mut redis, server } =
+        setup_with(FailurePolicy::Local, 0, Duration::from_secs(2)).await;
+    redis.stop();
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OK);
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OVER);
+    assert_eq!(server.ask(simple("r", "one", "y")).await.overall_code, OK);
+    server.stop().await;
+}
+
+/// A bucket Redis said is empty is answered OVER_LIMIT locally, with no Redis command.
+#[tokio::test]
+async fn local_cache_skips_redis_for_empty_bucket() {
+    let Setup { redis, server } =
+        setup_with(FailurePolicy::Error, 1000, Duration::from_secs(2)).await;
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OK);
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OVER);
+    let commands = client_commands(&redis, async {
+        for _ in 0..10 {
+            let response = server.ask(simple("r", "one", "x")).await;
+            assert_eq!(response.overall_code, OVER);
+            assert!(response.statuses[0].duration_until_reset.unwrap().seconds > 0);
+        }
+    })
+    .await;
+    assert_eq!(commands, Vec::<String>::new());
+    // Another bucket still goes to Redis.
+    let commands = client_commands(&redis, async {
+        assert_eq!(server.ask(simple("r", "one", "y")).await.overall_code, OK);
+    })
+    .await;
+    assert_eq!(commands.len(), 1, "{commands:#?}");
+    let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
+    assert!(
+        metrics.contains("floodgate_local_cache_over_limit_total 10"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+/// Two floodgate processes sharing one Redis enforce one limit together.
+#[tokio::test]
+async fn two_processes_share_one_limit() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limits.yaml"),
+        "domain: shared\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n",
+    )
+    .unwrap();
+    let config = dir.path().to_str().unwrap();
+    let url = redis.url();
+    let args = [
+        "--config",
+        config,
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "2000",
+    ];
+    let a = Floodgate::start(&args);
+    let b = Floodgate::start(&args);
+    let mut clients = Vec::new();
+    for addr in [a.grpc, b.grpc] {
+        clients.push(
+            floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::connect(
+                format!("http://{addr}"),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    let mut admitted = 0;
+    for i in 0..30 {
+        let response = clients[i % 2]
+            .should_rate_limit(simple("shared", "k", "v"))
+            .await
+            .unwrap()
+            .into_inner();
+        admitted += usize::from(response.overall_code == OK);
+    }
+    assert_eq!(admitted, 10);
+    for process in [a, b] {
+        let (exit, _) = tokio::task::spawn_blocking(move || process.terminate())
+            .await
+            .unwrap();
+        assert_eq!(exit.code(), Some(0));
+    }
+}

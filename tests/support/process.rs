@@ -1,0 +1,82 @@
+//! The real `floodgate` binary as a child process, on ephemeral ports read from its log.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::thread::JoinHandle;
+
+/// A running `floodgate serve`. Terminated (SIGKILL) on drop if still running.
+pub struct Floodgate {
+    pub child: Child,
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    log: Option<JoinHandle<Vec<String>>>,
+}
+
+impl Floodgate {
+    /// Starts `floodgate serve` with `args` (plus ephemeral loopback ports) and waits for its
+    /// "listening" log line.
+    pub fn start(args: &[&str]) -> Floodgate {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .args(args)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let field = |line: &str, name: &str| -> SocketAddr {
+            let start = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
+            line[start..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let mut seen = Vec::new();
+        let (grpc, http) = loop {
+            let Some(Ok(line)) = lines.next() else {
+                panic!("floodgate exited before listening:\n{}", seen.join("\n"));
+            };
+            if line.contains("listening") {
+                break (field(&line, "grpc_addr"), field(&line, "http_addr"));
+            }
+            seen.push(line);
+        };
+        let log = std::thread::spawn(move || {
+            seen.extend(lines.map_while(Result::ok));
+            seen
+        });
+        Floodgate {
+            child,
+            grpc,
+            http,
+            log: Some(log),
+        }
+    }
+
+    /// Sends SIGTERM and waits for exit; returns the status and the whole log.
+    pub fn terminate(mut self) -> (ExitStatus, String) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let exit = self.child.wait().unwrap();
+        let log = self.log.take().unwrap().join().unwrap().join("\n");
+        (exit, log)
+    }
+}
+
+impl Drop for Floodgate {
+    fn drop(&mut self) {
+        if self.log.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
