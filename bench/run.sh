@@ -5,9 +5,12 @@
 #   BENCH_SECONDS=30 bench/run.sh
 #
 # Scenarios: the no-store path (unknown domain: plan only), the memory store and the Redis
-# store with 1 and 4 descriptors per request. Load: 16 connections × 8 concurrent streams,
-# one h2load thread, all on loopback. Limits are large, so every request is fully evaluated
-# and admitted. "EVALSHA/req" counts the script calls Redis received per request.
+# store with 1 and 4 descriptors per request. Load: 16 connections × 8 concurrent streams
+# (closed loop: a new request as soon as one is answered), one h2load thread, all on
+# loopback; plus a light-load row (4 connections × 1 stream). Limits are large, so every request is fully evaluated
+# and admitted. "EVALSHA/req" counts the script calls Redis received per request; "errors"
+# counts requests floodgate did not answer OK (from its /metrics: gRPC errors travel in HTTP/2
+# trailers with HTTP status 200, which h2load cannot see).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,37 +55,49 @@ until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
 # start_floodgate NAME ARGS... : starts a server, sets GRPC_PORT and FG_PID.
 start_floodgate() {
     local name=$1; shift
-    GRPC_PORT=$(free_port); local http_port; http_port=$(free_port)
+    GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
     RUST_LOG=warn "$BIN" serve --config "$WORK/limits.yaml" \
-        --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http_port" "$@" \
+        --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" "$@" \
         >"$WORK/$name.log" 2>&1 &
     FG_PID=$!; PIDS+=("$FG_PID")
-    until curl -sf "127.0.0.1:$http_port/healthcheck" >/dev/null; do sleep 0.1; done
+    until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
 }
 
-# run NAME BODY : one h2load run against GRPC_PORT; prints a table row.
+# answered KIND : floodgate's count of requests with result KIND (ok, store_error, ...).
+answered() {
+    curl -s "127.0.0.1:$HTTP_PORT/metrics" |
+        awk -v k="$1" '$1 == "floodgate_requests_total{result=\""k"\"}" {print $2; found=1} END {if (!found) print 0}'
+}
+
+# run NAME BODY [CONNECTIONS STREAMS] : one h2load run against GRPC_PORT; prints a table row.
 run() {
-    local name=$1 body=$2
+    local name=$1 body=$2 c=${3:-$CONNECTIONS} m=${4:-$STREAMS}
     local before=0 after=0
     before=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/{print $3}')
     before=${before:-0}
-    h2load --warm-up-time="$WARMUP" -D "$SECONDS_PER_RUN" -c "$CONNECTIONS" -m "$STREAMS" -t 1 \
+    local ok_before; ok_before=$(answered ok)
+    local all_before; all_before=$(curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '/^floodgate_requests_total/{s+=$2} END{print s+0}')
+    h2load --warm-up-time="$WARMUP" -D "$SECONDS_PER_RUN" -c "$c" -m "$m" -t 1 \
         --data "$body" -H 'content-type: application/grpc' -H 'te: trailers' \
         --log-file "$WORK/$name.h2log" \
         "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
         >"$WORK/$name.h2load" 2>&1
     after=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/{print $3}')
     after=${after:-0}
+    local ok_after; ok_after=$(answered ok)
+    local all_after; all_after=$(curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '/^floodgate_requests_total/{s+=$2} END{print s+0}')
+    local errors=$(( (all_after - all_before) - (ok_after - ok_before) ))
     local rps; rps=$(awk '/^finished in/{gsub(",","",$4); print $4}' "$WORK/$name.h2load")
     read -r count p50 p99 p999 bad < <(python3 bench/latency.py "$WORK/$name.h2log")
     local rss; rss=$(awk '/VmRSS/{print int($2/1024)}' "/proc/$FG_PID/status")
     local per_req
-    per_req=$(python3 -c "b,a,c=$before,$after,$count; print(f'{(a-b)/c:.2f}' if c and a-b else '0')")
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$rps" "$p50" "$p99" "$p999" "$per_req" "$bad" "$rss"
+    # Per request floodgate answered (h2load's log leaves out the warm-up requests).
+    per_req=$(python3 -c "b,a,c=$before,$after,$((all_after - all_before)); print(f'{(a-b)/c:.2f}' if c and a-b else '0')")
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$rps" "$p50" "$p99" "$p999" "$per_req" "$((errors + bad))" "$rss"
 }
 
 echo
-echo "| scenario | req/s | p50 ms | p99 ms | p999 ms | EVALSHA/req | non-2xx | floodgate RSS MiB |"
+echo "| scenario | req/s | p50 ms | p99 ms | p999 ms | EVALSHA/req | errors | floodgate RSS MiB |"
 echo "|---|---|---|---|---|---|---|---|"
 start_floodgate memory
 run "no store (unknown domain)" "$WORK/noop.bin"
@@ -92,5 +107,11 @@ kill "$FG_PID"; wait "$FG_PID" 2>/dev/null || true
 start_floodgate redis --redis-url "redis://127.0.0.1:$REDIS_PORT/"
 run "redis, 1 descriptor" "$WORK/one.bin"
 run "redis, 4 descriptors" "$WORK/four.bin"
+run "redis, 1 descriptor, light load (4 × 1)" "$WORK/one.bin" 4 1
+kill "$FG_PID"; wait "$FG_PID" 2>/dev/null || true
+# The same with a 1 s Redis deadline: raw capacity, no request cut off at saturation.
+start_floodgate redis-slow --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-timeout-ms 1000
+run "redis, 1 descriptor, 1 s deadline" "$WORK/one.bin"
+run "redis, 4 descriptors, 1 s deadline" "$WORK/four.bin"
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(redis-server --version | awk '{print $3}'), $(h2load --version | head -1)"

@@ -80,7 +80,7 @@ pub struct Resilience {
     pub cache_capacity: u64,
     /// Consecutive failures that open the circuit breaker...
     pub failure_threshold: u32,
-    /// ...once no call has succeeded for this long (twice the command timeout in `serve`).
+    /// ...once no call has succeeded for this long (1 s in `serve`).
     pub quiet_period: Duration,
 }
 
