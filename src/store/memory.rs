@@ -173,3 +173,131 @@ impl Store for MemoryStore {
         "memory"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::KeyValue;
+    use crate::clock::ManualClock;
+    use crate::limiter::{Algorithm, LimitParams};
+
+    const NOW: i64 = 1_749_945_600_000_000;
+
+    fn op(value: &str, algorithm: Algorithm, rate: u64, cost: i64) -> BucketOp {
+        BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(value.as_bytes()))],
+                algorithm,
+                60_000_000,
+            ),
+            params: LimitParams {
+                algorithm,
+                requests_per_period: rate,
+                period_us: 60_000_000,
+                burst: rate,
+            },
+            cost,
+            enforce: true,
+        }
+    }
+
+    fn store() -> (Arc<ManualClock>, MemoryStore) {
+        let clock = Arc::new(ManualClock::new(NOW));
+        (clock.clone(), MemoryStore::new(clock))
+    }
+
+    /// Idle buckets expire: they read as absent after their TTL and the sweep frees them.
+    #[test]
+    fn idle_buckets_expire_and_are_swept() {
+        let (clock, store) = store();
+        for (i, algorithm) in [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            store.apply_now(&[op(&i.to_string(), algorithm, 10, 1)]);
+        }
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.sweep(), 0, "nothing has expired yet");
+        // The longest TTL is the sliding window's: the end of the next window.
+        clock.advance(120_000_000);
+        assert_eq!(store.sweep(), 3);
+        assert!(store.is_empty());
+    }
+
+    /// An expired-but-unswept bucket reads as absent (full), not as its stale state.
+    #[test]
+    fn expired_state_reads_as_absent() {
+        let (clock, store) = store();
+        let first = store.apply_now(&[op("a", Algorithm::FixedWindow, 1, 1)]);
+        assert!(first.committed);
+        assert!(
+            !store
+                .apply_now(&[op("a", Algorithm::FixedWindow, 1, 1)])
+                .committed
+        );
+        clock.advance(60_000_000);
+        assert!(
+            store
+                .apply_now(&[op("a", Algorithm::FixedWindow, 1, 1)])
+                .committed
+        );
+    }
+
+    /// A denied batch writes nothing, and a refund to full removes the bucket.
+    #[test]
+    fn denied_batch_writes_nothing_and_full_refund_deletes() {
+        let (_, store) = store();
+        store.apply_now(&[op("full", Algorithm::TokenBucket, 1, 1)]);
+        let denied = store.apply_now(&[
+            op("other", Algorithm::TokenBucket, 5, 1),
+            op("full", Algorithm::TokenBucket, 1, 1),
+        ]);
+        assert!(!denied.committed);
+        assert!(
+            store
+                .state_of(&op("other", Algorithm::TokenBucket, 5, 1).key)
+                .is_none(),
+            "the admitted bucket of a denied request is not debited"
+        );
+        store.apply_now(&[op("full", Algorithm::TokenBucket, 1, -1)]);
+        assert!(store.is_empty(), "a full bucket is not stored");
+    }
+
+    /// Concurrent requests over shared buckets never admit more than the limit in total.
+    #[test]
+    fn concurrent_requests_never_over_admit() {
+        let (_, store) = store();
+        let store = Arc::new(store);
+        let admitted: usize = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8)
+                .map(|t| {
+                    let store = store.clone();
+                    scope.spawn(move || {
+                        (0..200)
+                            .filter(|i| {
+                                // Every request touches the shared bucket and a private one,
+                                // in varying order, so shard locks are taken in many orders.
+                                let private = format!("p{t}-{i}");
+                                let mut ops = vec![
+                                    op("shared", Algorithm::TokenBucket, 100, 1),
+                                    op(&private, Algorithm::FixedWindow, 1_000, 1),
+                                ];
+                                if i % 2 == 0 {
+                                    ops.reverse();
+                                }
+                                store.apply_now(&ops).committed
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, 100);
+    }
+}
