@@ -19,7 +19,9 @@
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
-//! - [`store`]: the `Store` trait and the in-process memory store.
+//! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
+//!   script per request) behind the local over-limit cache, the circuit breaker and the
+//!   failure policy (`store::resilient`).
 //! - [`config`]: the limits YAML: model, loading, validation, the matching tree.
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).

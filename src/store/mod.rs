@@ -3,6 +3,11 @@
 //! Every store evaluates with [`crate::limiter::evaluate`] (or, for Redis, a Lua script that
 //! must agree with it) and settles with [`crate::bucket::settle`], so a request's debits are
 //! stored all or none, whatever the store.
+//!
+//! - [`memory`]: buckets in process memory (the embedded default).
+//! - [`redis`]: buckets in Redis, one `EVALSHA` per request.
+//! - [`resilient`]: Redis behind [`overlimit`] (local over-limit cache) and [`breaker`]
+//!   (circuit breaker), answering by the failure policy while Redis is unusable.
 
 use async_trait::async_trait;
 
