@@ -11,6 +11,7 @@
 //! <domain>:<key>=<value>:<key>=<value>|<algorithm><period seconds>
 //! edge:remote_address=10.0.0.1|tb1          token bucket, 1 s period
 //! edge:path=*%2Fapi%2F%2A|fw60              share_threshold wildcard `/api/*`, fixed 60 s window
+//! edge:remote_address=10.0.0.1|tb60o5      a descriptor `limit` override of 5 per minute
 //! ```
 //! Every byte outside `[A-Za-z0-9._-]` in a component is `%XX`-escaped, so `:`, `=`, `|`, `*`
 //! and `#` only ever appear as separators or markers, and `{`/`}` never appear at all: user
@@ -71,6 +72,16 @@ impl BucketKey {
         });
         out.extend_from_slice((period_us / 1_000_000).to_string().as_bytes());
         BucketKey(out.into_boxed_slice())
+    }
+
+    /// The key of a descriptor `limit` override of `rate` requests per period: marked, and
+    /// with its rate, so it never shares state with a configured limit (or an override of
+    /// another rate) of the same algorithm and period — their token sizes differ.
+    pub fn with_override_rate(self, rate: u32) -> BucketKey {
+        let mut bytes = self.0.into_vec();
+        bytes.push(b'o');
+        bytes.extend_from_slice(rate.to_string().as_bytes());
+        BucketKey(bytes.into_boxed_slice())
     }
 
     /// The encoded key.
@@ -252,6 +263,18 @@ mod tests {
         let b = key("d", &[(b"k", KeyValue::Value(&long_b))]);
         assert_ne!(a, b);
         assert_eq!(a.len(), "d:k=#|tb60".len() + 32);
+    }
+
+    /// An override never shares a bucket with the configured limit or another rate.
+    #[test]
+    fn override_keys_are_distinct() {
+        let e = [(&b"k"[..], KeyValue::Value(b"v"))];
+        let configured = BucketKey::new("d", e, Algorithm::TokenBucket, 60_000_000);
+        let one = configured.clone().with_override_rate(1);
+        let two = configured.clone().with_override_rate(2);
+        assert_eq!(one.as_bytes(), b"d:k=v|tb60o1");
+        assert_ne!(configured, one);
+        assert_ne!(one, two);
     }
 
     /// Algorithm and period are part of the identity.

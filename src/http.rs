@@ -1,6 +1,7 @@
 //! Admin HTTP endpoints, as the reference server serves them on port 8080.
 //!
-//! - `GET /healthcheck`: `200 OK` while serving, `503` once shutdown has begun.
+//! - `GET /healthcheck`: `200 OK` while serving; `503 NOT_SERVING` once shutdown has begun, or
+//!   while Redis is unusable under failure policy `error`.
 //! - `POST /json`: ShouldRateLimit with a JSON body in protobuf's JSON mapping (field names in
 //!   `snake_case` or `lowerCamelCase`); answers the JSON response with `200` for OK, `429`
 //!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed.
@@ -49,7 +50,8 @@ async fn healthcheck(State(state): State<AdminState>) -> Response {
     if state.serving.load(Ordering::SeqCst) {
         (StatusCode::OK, "OK\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+        // Shutting down, or the store is down under policy `error`.
+        (StatusCode::SERVICE_UNAVAILABLE, "NOT_SERVING\n").into_response()
     }
 }
 
@@ -137,11 +139,31 @@ struct JsonOverride {
     unit: JsonUnit,
 }
 
+/// A uint64 as protobuf JSON allows it: a number or a decimal string. Anything else is a
+/// body error (400), never a guessed value.
+#[derive(Deserialize)]
+#[serde(try_from = "JsonU64Repr")]
+struct JsonU64(u64);
+
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum JsonU64 {
+enum JsonU64Repr {
     Number(u64),
     Text(String),
+}
+
+impl TryFrom<JsonU64Repr> for JsonU64 {
+    type Error = String;
+
+    fn try_from(repr: JsonU64Repr) -> Result<JsonU64, String> {
+        match repr {
+            JsonU64Repr::Number(n) => Ok(JsonU64(n)),
+            JsonU64Repr::Text(text) => text
+                .parse()
+                .map(JsonU64)
+                .map_err(|_| format!("hits_addend: '{text}' is not an unsigned 64-bit integer")),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -179,11 +201,7 @@ impl JsonRequest {
                             }
                         },
                     }),
-                    hits_addend: d.hits_addend.map(|h| match h {
-                        JsonU64::Number(n) => n,
-                        // Unparseable text becomes u64::MAX: above any capacity, denied.
-                        JsonU64::Text(s) => s.parse().unwrap_or(u64::MAX),
-                    }),
+                    hits_addend: d.hits_addend.map(|h| h.0),
                     is_negative_hits: d.is_negative_hits,
                 })
                 .collect(),

@@ -2,7 +2,8 @@
 //!
 //! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
 //! configuration: per-rule series are labelled with the domain and the rule's path from the
-//! limits file (`domain.key_value.key`), never with request values. Like the reference
+//! limits file (`domain.key_value.key`); request values appear only for rules that opt in with
+//! `detailed_metric` or `value_to_metric` (then one series per distinct value: use with care). Like the reference
 //! server, rule counters add hits, not requests (a request with `hits_addend: 5` adds 5).
 //!
 //! | metric | labels | meaning |
@@ -15,7 +16,7 @@
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads by result (`success`, `error`) |
 //! | `floodgate_memory_buckets` | — | buckets held by the memory store |
-//! | `floodgate_store_errors_total` | kind | store failures (`unavailable`: outage; `failed`: defect) |
+//! | `floodgate_store_errors_total` | kind | failed store calls of requests (`unavailable`: outage; `failed`: defect) |
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |

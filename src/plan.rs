@@ -69,7 +69,8 @@ enum LimitSource<'c> {
 #[derive(Debug)]
 struct PlannedLimit<'c> {
     source: LimitSource<'c>,
-    /// Metric path of the rule (bounded by configuration, never request values).
+    /// Metric path of the rule (from configuration; request values only where the rule opts
+    /// in with `detailed_metric` / `value_to_metric`).
     rule: String,
     /// Index into [`Plan::ops`].
     op: usize,
@@ -167,7 +168,7 @@ impl<'c> Plan<'c> {
                 .collect();
             if let Some(limit) = &descriptor.limit {
                 // The reference applies an override whenever the domain is known, matched
-                // rule or not, and never in shadow mode.
+                // rule or not.
                 let unit = Unit::from_proto(limit.unit).ok_or_else(|| {
                     InvalidRequest(format!(
                         "descriptors[{i}].limit.unit: unit {} is not a valid rate limit unit",
@@ -184,8 +185,12 @@ impl<'c> Plan<'c> {
                     entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
                     params.algorithm,
                     params.period_us,
-                );
-                limits.push((source, format!("{}.override", request.domain), true, key));
+                )
+                .with_override_rate(limit.requests_per_unit);
+                // Never shadow per rule (the reference's choice), but the global switch covers
+                // overrides too: in shadow mode nothing denies.
+                let enforce = !options.shadow_mode;
+                limits.push((source, format!("{}.override", request.domain), enforce, key));
             } else if let Some(found) = domain.find(&entries) {
                 let rule = found.rule;
                 // The rule's path, or with request values where the rule opted in

@@ -168,9 +168,8 @@ fn parse_millis(text: &str) -> Result<Duration, String> {
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     text.parse::<f64>()
         .ok()
-        .filter(|s| s.is_finite() && *s >= 0.0)
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("'{text}' is not a number of seconds"))
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("'{text}' is not a number of seconds (0 or more)"))
 }
 
 /// Replaces the password of a URL like `redis://user:secret@host` with `***`.
@@ -266,6 +265,18 @@ mod tests {
         assert!(s.shadow_mode);
         assert_eq!(s.log_format, LogFormat::Json);
         assert_eq!(s.shutdown_grace, Duration::from_millis(500));
+    }
+
+    /// Out-of-range durations are parse errors (exit 64), not panics.
+    #[test]
+    fn bad_durations_are_rejected() {
+        for bad in ["1e30", "-1", "NaN", "soon"] {
+            assert!(
+                parse(&["serve", "--config", "x", "--shutdown-grace", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(parse(&["serve", "--config", "x", "--redis-timeout-ms", "0"]).is_err());
     }
 
     /// A malformed address is a parse error, not a panic later.

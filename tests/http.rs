@@ -162,3 +162,15 @@ descriptors:
     );
     server.stop().await;
 }
+
+/// A hitsAddend that is not an unsigned 64-bit integer is a 400, never a guessed value.
+#[tokio::test]
+async fn json_bad_hits_addend_is_400() {
+    let server = TestServer::start(LIMITS).await;
+    let request = json!({"domain": "web", "descriptors": [
+        {"entries": [{"key": "client", "value": "c"}], "hitsAddend": "lots", "isNegativeHits": true}
+    ]});
+    let response = post_json(server.http_addr, &request.to_string()).await;
+    assert_eq!(response.status, 400, "{}", response.body);
+    server.stop().await;
+}

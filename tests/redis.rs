@@ -324,9 +324,16 @@ async fn hung_redis_is_bounded_by_timeout_and_breaker() {
         started.elapsed()
     );
     let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
+    // At most the threshold (3) of request calls reached the frozen Redis before the breaker
+    // opened (the idle probe's failures count toward it too); every request was answered.
+    let errors: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(r#"floodgate_store_errors_total{kind="unavailable"} "#))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     assert!(
-        metrics.contains(r#"floodgate_store_errors_total{kind="unavailable"} 3"#),
-        "only the calls before the breaker opened reached Redis:\n{metrics}"
+        (1..=3).contains(&errors),
+        "{errors} calls reached Redis:\n{metrics}"
     );
     assert!(
         metrics.contains(r#"floodgate_store_degraded_total{policy="error"} 20"#),
@@ -440,15 +447,26 @@ async fn two_processes_share_one_limit() {
             .unwrap(),
         );
     }
-    let mut admitted = 0;
+    // All 30 at once, spread over both processes: atomicity across replicas, not turn-taking.
+    let mut requests = tokio::task::JoinSet::new();
     for i in 0..30 {
-        let response = clients[i % 2]
-            .should_rate_limit(simple("shared", "k", "v"))
-            .await
-            .unwrap()
-            .into_inner();
-        admitted += usize::from(response.overall_code == OK);
+        let mut client = clients[i % 2].clone();
+        requests.spawn(async move {
+            client
+                .should_rate_limit(simple("shared", "k", "v"))
+                .await
+                .unwrap()
+                .into_inner()
+                .overall_code
+                == OK
+        });
     }
+    let admitted = requests
+        .join_all()
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
     assert_eq!(admitted, 10);
     for process in [a, b] {
         let (exit, _) = tokio::task::spawn_blocking(move || process.terminate())

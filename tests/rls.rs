@@ -325,6 +325,8 @@ async fn limit_override_replaces_configured_limit(backend: Backend) {
     assert_eq!(first.overall_code, OK);
     assert_eq!(server.ask(overridden()).await.overall_code, OVER);
 
+    // The override's bucket is its own: the configured limit is untouched.
+    assert_eq!(remaining(&tb(&server).await), 2);
     // Overrides apply even where no rule matches, as in the reference.
     let unmatched = request(
         "test",
@@ -386,13 +388,26 @@ async fn shadow_rule_never_denies(backend: Backend) {
     server.stop().await;
 }
 
-/// Global shadow mode turns every would-be denial into OK.
+/// Global shadow mode turns every would-be denial into OK, limit overrides included.
 async fn global_shadow_mode_never_denies(backend: Backend) {
     let mut options = options();
     options.shadow_mode = true;
     let server = TestServer::start_on(backend, LIMITS, options).await;
     for _ in 0..5 {
         assert_eq!(tb(&server).await.overall_code, OK);
+    }
+    let overridden = || {
+        request(
+            "test",
+            vec![with_override(
+                descriptor(&[("tb", "x")]),
+                1,
+                RateLimitUnit::Minute as i32,
+            )],
+        )
+    };
+    for _ in 0..3 {
+        assert_eq!(server.ask(overridden()).await.overall_code, OK);
     }
     server.stop().await;
 }

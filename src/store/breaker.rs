@@ -56,6 +56,14 @@ impl CircuitBreaker {
         self.lock().failures.is_some()
     }
 
+    /// True when no call has succeeded for the quiet period (or ever): worth probing even
+    /// while closed, so an idle replica learns of an outage without traffic.
+    pub fn is_idle(&self) -> bool {
+        self.lock()
+            .last_success
+            .is_none_or(|at| at.elapsed() >= self.quiet)
+    }
+
     /// Availability updates: true while closed.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.available.subscribe()

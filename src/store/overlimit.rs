@@ -27,6 +27,8 @@ struct KnownEmpty {
     until: Instant,
     /// The smallest cost Redis denied on it.
     min_cost: i64,
+    /// When Redis said the bucket would be full again (its `duration_until_reset`).
+    full_at: Instant,
 }
 
 struct UntilExpiry;
@@ -68,55 +70,39 @@ impl OverLimitCache {
         }
     }
 
-    /// If some enforcing op of the request is known to deny at `now`, the whole request is
-    /// denied (nothing would be debited): the answer, with no store call. Buckets not in the
-    /// cache were not checked; they are reported admitted with nothing known (0 remaining).
+    /// When every op of the request is known to deny at `now`, the answer Redis would give
+    /// (nothing debited; each bucket's retry and reset as Redis last reported them), with no
+    /// store call. A request with any other bucket goes to Redis: its status would otherwise
+    /// carry numbers nobody measured.
     pub fn answer(&self, ops: &[BucketOp], now: Instant) -> Option<Applied> {
-        let known: Vec<Option<Duration>> = ops
+        let buckets = ops
             .iter()
-            .map(|op| self.denies(op, now).map(|until| until - now))
-            .collect();
-        if known.iter().all(Option::is_none) {
-            return None;
-        }
-        let buckets = known
-            .into_iter()
-            .map(|wait| match wait {
-                Some(wait) => {
-                    let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
-                    BucketResult {
-                        admitted: false,
-                        view: View {
-                            remaining: 0,
-                            reset_us: wait_us,
-                        },
-                        retry_after_us: Some(wait_us),
-                    }
-                }
-                None => BucketResult {
-                    admitted: true,
+            .map(|op| {
+                let known = self.denies(op, now)?;
+                let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+                Some(BucketResult {
+                    admitted: false,
                     view: View {
                         remaining: 0,
-                        reset_us: 0,
+                        reset_us: us(known.full_at.saturating_duration_since(now)),
                     },
-                    retry_after_us: Some(0),
-                },
+                    retry_after_us: Some(us(known.until - now)),
+                })
             })
-            .collect();
-        Some(Applied {
+            .collect::<Option<Vec<_>>>()?;
+        (!buckets.is_empty()).then_some(Applied {
             committed: false,
             buckets,
         })
     }
 
-    fn denies(&self, op: &BucketOp, now: Instant) -> Option<Instant> {
+    fn denies(&self, op: &BucketOp, now: Instant) -> Option<KnownEmpty> {
         if !op.enforce || op.cost <= 0 {
             return None;
         }
         self.entries
             .get(&op.key)
             .filter(|k| now < k.until && op.cost >= k.min_cost)
-            .map(|k| k.until)
     }
 
     /// Learns from the store's answer to `ops`, sent at `sent`.
@@ -135,13 +121,20 @@ impl OverLimitCache {
                 continue;
             };
             let until = sent + Duration::from_micros(wait_us);
+            let full_at = sent + Duration::from_micros(result.view.reset_us);
             let min_cost = self
                 .entries
                 .get(&op.key)
                 .filter(|k| k.until >= until)
                 .map_or(op.cost, |k| k.min_cost.min(op.cost));
-            self.entries
-                .insert(op.key.clone(), KnownEmpty { until, min_cost });
+            self.entries.insert(
+                op.key.clone(),
+                KnownEmpty {
+                    until,
+                    min_cost,
+                    full_at,
+                },
+            );
         }
     }
 
@@ -247,17 +240,20 @@ mod tests {
         assert!(cache.answer(&[op(b"a", 1)], sent).is_none());
     }
 
-    /// A request mixing a known-empty bucket with others is denied whole, nothing debited.
+    /// A request with a bucket not known to deny goes to the store; one whose buckets all
+    /// deny is answered with Redis's own retry and reset times.
     #[test]
-    fn mixed_request_is_denied_whole() {
+    fn answers_only_when_every_bucket_is_known() {
         let cache = OverLimitCache::new(100);
         let sent = Instant::now();
-        cache.learn(&[op(b"a", 1)], &denied(5_000), sent);
-        let applied = cache.answer(&[op(b"b", 1), op(b"a", 1)], sent).unwrap();
+        let mut redis = denied(5_000);
+        redis.buckets[0].view.reset_us = 60_000_000;
+        cache.learn(&[op(b"a", 1)], &redis, sent);
+        assert!(cache.answer(&[op(b"b", 1), op(b"a", 1)], sent).is_none());
+        let applied = cache.answer(&[op(b"a", 1)], sent).unwrap();
         assert!(!applied.committed);
-        assert!(applied.buckets[0].admitted);
-        assert!(!applied.buckets[1].admitted);
-        assert_eq!(applied.buckets[1].retry_after_us, Some(5_000));
+        assert_eq!(applied.buckets[0].retry_after_us, Some(5_000));
+        assert_eq!(applied.buckets[0].view.reset_us, 60_000_000);
     }
 
     /// A cost that can never pass (no retry time) teaches nothing.

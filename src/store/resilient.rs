@@ -13,8 +13,10 @@
 //! - `deny`: every enforcing bucket denies (OVER_LIMIT), nothing debited anywhere.
 //! - `local`: an in-process memory store stands in, per replica, until Redis is back.
 //!
-//! A background probe pings Redis while the breaker is open and closes it on the first
-//! success, so recovery needs no traffic (a pod marked not-ready gets none).
+//! A background probe pings Redis while the breaker is open, or while nothing has succeeded
+//! for the quiet period: it closes the breaker on the first success and counts failures like
+//! requests do, so neither recovery nor noticing an outage (Redis down at start-up, an idle
+//! replica) needs traffic — a pod marked not-ready gets none.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -69,6 +71,8 @@ pub struct ResilientStore {
     fallback: Option<Arc<MemoryStore>>,
     /// Store errors, cache hits and availability are counted here.
     metrics: Arc<Metrics>,
+    /// The last non-transient failure logged, so a persistent one is logged once.
+    last_defect: std::sync::Mutex<Option<String>>,
 }
 
 /// How [`ResilientStore`] behaves around Redis.
@@ -101,6 +105,7 @@ impl ResilientStore {
             policy: resilience.policy,
             fallback,
             metrics,
+            last_defect: std::sync::Mutex::new(None),
         }
     }
 
@@ -126,15 +131,33 @@ impl ResilientStore {
             loop {
                 ticker.tick().await;
                 let Some(store) = weak.upgrade() else { return };
-                if store.breaker.is_closed() {
+                if store.breaker.is_closed() && !store.breaker.is_idle() {
                     continue;
                 }
-                if store.redis.ping().await.is_ok() {
-                    store.breaker.record_success();
-                    store.metrics.set_store_available(true);
+                match store.redis.ping().await {
+                    Ok(()) => {
+                        store.breaker.record_success();
+                        store.metrics.set_store_available(true);
+                    }
+                    Err(error) => {
+                        store.breaker.record_failure(&error);
+                        store.metrics.set_store_available(store.breaker.is_closed());
+                    }
                 }
             }
         })
+    }
+
+    fn log_defect(&self, error: &StoreError) {
+        let message = error.to_string();
+        let mut last = self
+            .last_defect
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if last.as_deref() != Some(message.as_str()) {
+            tracing::warn!(error = %message, "Redis call failed (not an outage: answering UNAVAILABLE)");
+            *last = Some(message);
+        }
     }
 
     fn degraded(&self, ops: &[BucketOp], error: StoreError) -> DegradedAnswer<'_> {
@@ -210,9 +233,11 @@ impl Store for ResilientStore {
                     self.degraded(ops, error)
                 }
                 Err(error) => {
-                    // Not an outage: a defect (bad script reply, wrong key type). Report it;
-                    // masking it with a policy answer would hide it.
+                    // Not an outage: a defect (bad script reply, missing ACL permission).
+                    // Report it, once per distinct error at warn level; masking it with a
+                    // policy answer would hide it.
                     self.metrics.record_store_error(&error);
+                    self.log_defect(&error);
                     return Err(error);
                 }
             }

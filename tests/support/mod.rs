@@ -206,9 +206,19 @@ impl TestServer {
         self.clock.advance(ms * 1000);
     }
 
+    /// Signals shutdown without waiting for it (see [`TestServer::join`]).
+    pub fn begin_stop(&mut self) {
+        self.shutdown.take().unwrap().send(()).unwrap();
+    }
+
     /// Shuts the server down and re-raises any panic or error from it.
     pub async fn stop(mut self) {
-        self.shutdown.take().unwrap().send(()).unwrap();
+        self.begin_stop();
+        self.join().await;
+    }
+
+    /// Waits for a server whose shutdown has begun; re-raises any panic or error from it.
+    pub async fn join(mut self) {
         let result = self.task.take().unwrap().await;
         match result {
             Ok(result) => result.unwrap(),

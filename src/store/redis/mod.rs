@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -54,10 +55,19 @@ impl fmt::Debug for RedisSettings {
     }
 }
 
-/// A pooled connection that remembers whether it failed at the transport level.
+/// A pooled connection that remembers whether it failed at the transport level. The flag is
+/// shared with the handles lent out for calls (see `RedisStore::lend`), so a failure seen on
+/// a handle retires the pooled connection.
 pub struct Connection {
     inner: MultiplexedConnection,
-    broken: bool,
+    broken: Arc<AtomicBool>,
+}
+
+/// A connection handle for one call: the multiplexed connection (cheap to clone; many calls
+/// share it concurrently) and its pooled connection's broken flag.
+struct Lent {
+    conn: MultiplexedConnection,
+    broken: Arc<AtomicBool>,
 }
 
 /// bb8 manager for [`Connection`]s.
@@ -77,7 +87,7 @@ impl bb8::ManageConnection for Connector {
             .await?;
         Ok(Connection {
             inner,
-            broken: false,
+            broken: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -86,7 +96,7 @@ impl bb8::ManageConnection for Connector {
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken
+        conn.broken.load(Ordering::Relaxed)
     }
 }
 
@@ -172,12 +182,32 @@ impl RedisStore {
     /// `PING` within the command timeout: is Redis usable now?
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.with_deadline(async {
-            let mut conn = self.checkout().await?;
+            let mut lent = self.lend().await?;
             let result: Result<String, RedisError> =
-                redis::cmd("PING").query_async(&mut conn.inner).await;
-            result.map(drop).map_err(|e| classify(&mut conn, e))
+                redis::cmd("PING").query_async(&mut lent.conn).await;
+            result.map(drop).map_err(|e| classify(&lent, e))
         })
         .await
+    }
+
+    /// A handle on a live pooled connection, with the pool's guard already returned: bb8
+    /// lends connections exclusively, but a multiplexed connection carries many concurrent
+    /// calls, so holding the guard across a call would cap in-flight calls at the pool size.
+    /// A connection found broken is handed back (bb8 then discards it) and another is taken.
+    async fn lend(&self) -> Result<Lent, StoreError> {
+        for _ in 0..=self.pool.state().connections {
+            let pooled = self.checkout().await?;
+            if pooled.broken.load(Ordering::Relaxed) {
+                continue;
+            }
+            return Ok(Lent {
+                conn: pooled.inner.clone(),
+                broken: pooled.broken.clone(),
+            });
+        }
+        Err(StoreError::Unavailable(
+            "every pooled Redis connection is broken".into(),
+        ))
     }
 
     async fn checkout(&self) -> Result<bb8::PooledConnection<'_, Connector>, StoreError> {
@@ -216,25 +246,22 @@ impl RedisStore {
 
 /// Transport failures mark the connection broken (the pool replaces it) and are transient;
 /// anything else (a script error) is a defect to report, not an outage.
-fn classify(conn: &mut Connection, error: RedisError) -> StoreError {
+fn classify(conn: &Lent, error: RedisError) -> StoreError {
     if error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_unrecoverable_error()
     {
-        conn.broken = true;
+        conn.broken.store(true, Ordering::Relaxed);
         StoreError::Unavailable(format!("Redis connection failed: {error}"))
     } else if matches!(
-        error.kind(),
-        redis::ErrorKind::Server(
-            redis::ServerErrorKind::BusyLoading
-                | redis::ServerErrorKind::TryAgain
-                | redis::ServerErrorKind::MasterDown
-                | redis::ServerErrorKind::ReadOnly
-        )
+        error.code(),
+        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "BUSY" | "OOM")
     ) {
-        // Loading after a restart, or a replica after failover: it will pass.
+        // Loading after a restart, a replica after failover, a long script, or maxmemory
+        // reached under noeviction: Redis cannot take writes now, which is an outage for
+        // the failure policy to answer, not a defect in floodgate.
         StoreError::Unavailable(format!("Redis not ready: {error}"))
     } else {
         StoreError::Failed(format!("Redis script failed: {error}"))
@@ -247,10 +274,9 @@ impl Store for RedisStore {
         let now = self.test_clock.as_ref().map(|clock| clock.now_us());
         let invocation = script::invocation(&self.prefix, ops, now);
         self.with_deadline(async {
-            let mut conn = self.checkout().await?;
-            let reply: Result<Vec<i64>, RedisError> =
-                invocation.invoke_async(&mut conn.inner).await;
-            let reply = reply.map_err(|e| classify(&mut conn, e))?;
+            let mut lent = self.lend().await?;
+            let reply: Result<Vec<i64>, RedisError> = invocation.invoke_async(&mut lent.conn).await;
+            let reply = reply.map_err(|e| classify(&lent, e))?;
             script::decode(&reply, ops.len())
         })
         .await
