@@ -20,7 +20,9 @@
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
 //! - [`store`]: the `Store` trait and the in-process memory store.
-//! - [`config`]: the limits YAML: model, loading, validation, the matching tree.
+//! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
+//!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
+//!   service reads).
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
