@@ -22,7 +22,9 @@
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
 //!   script per request) behind the local over-limit cache, the circuit breaker and the
 //!   failure policy (`store::resilient`).
-//! - [`config`]: the limits YAML: model, loading, validation, the matching tree.
+//! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
+//!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
+//!   service reads).
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the

@@ -80,8 +80,10 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
 }
 
 fn init_tracing(format: LogFormat) {
+    // notify logs its own bookkeeping when a watched directory is deleted; the reloader
+    // reports that case itself, once.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,notify=error"));
     // Colour only on a terminal: log collectors read files and pipes.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt()

@@ -14,7 +14,8 @@
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
-//! | `floodgate_config_loads_total` | result | limits loads by result (`success`, `error`) |
+//! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
+//! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
 //! | `floodgate_memory_buckets` | — | buckets held by the memory store |
 //! | `floodgate_store_errors_total` | kind | failed store calls of requests (`unavailable`: outage; `failed`: defect) |
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
@@ -95,6 +96,7 @@ pub struct Metrics {
     requests: Family<ResultLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
+    config_last_load_ok: Gauge,
     memory_buckets: Gauge,
     store_errors: Family<KindLabels, Counter>,
     store_degraded: Family<PolicyLabels, Counter>,
@@ -122,6 +124,7 @@ impl Metrics {
             (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
         );
         let config_loads = Family::<ResultLabels, Counter>::default();
+        let config_last_load_ok = Gauge::default();
         let memory_buckets = Gauge::default();
         let store_errors = Family::<KindLabels, Counter>::default();
         let store_degraded = Family::<PolicyLabels, Counter>::default();
@@ -163,6 +166,11 @@ impl Metrics {
             config_loads.clone(),
         );
         registry.register(
+            "floodgate_config_last_reload_success",
+            "1 if the last limits load (start-up or reload) succeeded, 0 if it failed",
+            config_last_load_ok.clone(),
+        );
+        registry.register(
             "floodgate_memory_buckets",
             "Buckets held by the memory store",
             memory_buckets.clone(),
@@ -196,6 +204,7 @@ impl Metrics {
             requests,
             store_duration,
             config_loads,
+            config_last_load_ok,
             memory_buckets,
             store_errors,
             store_degraded,
@@ -243,13 +252,15 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// Counts a limits configuration load.
+    /// Counts a limits configuration load (start-up or reload) and remembers whether the
+    /// last one succeeded.
     pub fn record_config_load(&self, ok: bool) {
         self.config_loads
             .get_or_create(&ResultLabels {
                 result: if ok { "success" } else { "error" },
             })
             .inc();
+        self.config_last_load_ok.set(i64::from(ok));
     }
 
     /// Sets the number of buckets held by the memory store.

@@ -3,7 +3,8 @@
 //!
 //! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
 //! and never sleep. [`serve`] is what `floodgate serve` does: build everything from settings,
-//! bind, log the addresses, and run until SIGTERM or SIGINT.
+//! bind, log the addresses, watch the limits for changes (unless `--watch-config=false`), and
+//! run until SIGTERM or SIGINT.
 //!
 //! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
 //! stop accepting connections and drain in-flight requests, and after the grace period any
@@ -23,6 +24,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::clock::SystemClock;
+use crate::config::reload::{self, ConfigWatch};
 use crate::config::{Config, ConfigErrors, Defaults};
 use crate::http::{self, AdminState};
 use crate::metrics::Metrics;
@@ -85,6 +87,8 @@ pub enum ServerError {
 pub struct Prepared {
     /// The request path.
     pub limiter: Arc<RateLimiter>,
+    /// The limits in force, shared with the limiter; hot reload swaps them.
+    pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
     /// The Redis store with its failure policy, when Redis is configured.
@@ -96,9 +100,7 @@ pub struct Prepared {
 /// Loads the limits and builds the request path; fails on anything an operator must fix.
 pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     let metrics = Metrics::shared();
-    let defaults = Defaults {
-        algorithm: settings.algorithm.value.into(),
-    };
+    let defaults = defaults(&settings);
     let config = Config::load(&settings.config, &defaults).map_err(|errors| {
         metrics.record_config_load(false);
         ServerError::Config {
@@ -142,8 +144,9 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             (resilient.clone(), fallback, Some(resilient))
         }
     };
+    let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(RateLimiter::new(
-        Arc::new(ArcSwap::from_pointee(config)),
+        config.clone(),
         store,
         PlanOptions {
             shadow_mode: settings.shadow_mode,
@@ -154,6 +157,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     ));
     Ok(Prepared {
         limiter,
+        config,
         memory,
         redis,
         settings,
@@ -189,6 +193,8 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         shadow_mode = settings.shadow_mode,
         "floodgate starting"
     );
+    // Lives until the server has stopped; dropping it stops the watcher.
+    let _watch = watch_limits(&prepared);
     let shutdown = shutdown_signal();
     run(
         grpc,
@@ -201,6 +207,44 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     .await?;
     tracing::info!("floodgate stopped");
     Ok(())
+}
+
+/// The loader settings, identical at start-up and on every reload.
+fn defaults(settings: &ServeSettings) -> Defaults {
+    Defaults {
+        algorithm: settings.algorithm.value.into(),
+    }
+}
+
+/// Starts hot reload of the limits, unless turned off. A watcher that cannot start (e.g. the
+/// inotify instance limit is reached) is logged and the server runs on the limits it loaded:
+/// refusing to serve would take every request's rate limiting down over a convenience.
+fn watch_limits(prepared: &Prepared) -> Option<ConfigWatch> {
+    let settings = &prepared.settings;
+    if !settings.watch_config {
+        tracing::info!("limits hot reload off (--watch-config=false)");
+        return None;
+    }
+    let redis = prepared.redis.clone();
+    let on_reload = move |_: &Config| {
+        // Denials cached under the old limits may be wrong under the new ones.
+        if let Some(redis) = &redis {
+            redis.clear_cache();
+        }
+    };
+    match reload::spawn(
+        &settings.config,
+        defaults(settings),
+        prepared.config.clone(),
+        prepared.limiter.metrics().clone(),
+        on_reload,
+    ) {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            tracing::error!("{e}; limits hot reload is off");
+            None
+        }
+    }
 }
 
 fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {

@@ -39,6 +39,12 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_CONFIG", value_name = "FILE|DIR")]
     pub config: PathBuf,
 
+    /// Reload the limits when the file or directory changes (a ConfigMap update included);
+    /// a bad edit is logged and the previous limits stay in force.
+    #[arg(long, env = "FLOODGATE_WATCH_CONFIG", value_name = "BOOL", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub watch_config: bool,
+
     /// Address for gRPC: the rate-limit service, health and reflection.
     #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
@@ -196,6 +202,7 @@ impl fmt::Debug for ServeSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServeSettings")
             .field("config", &self.config)
+            .field("watch_config", &self.watch_config)
             .field("grpc_addr", &self.grpc_addr)
             .field("http_addr", &self.http_addr)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
@@ -235,6 +242,24 @@ mod tests {
         assert_eq!(s.shutdown_grace, Duration::from_secs(10));
         assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
         assert_eq!(s.on_store_error, FailurePolicy::Error);
+        assert!(s.watch_config);
+    }
+
+    /// `--watch-config` takes an explicit boolean, so hot reload can be turned off.
+    #[test]
+    fn watch_config_takes_a_boolean() {
+        let watch = |args: &[&str]| match parse(args).map(|cli| cli.command) {
+            Ok(Command::Serve(s)) => Ok(s.watch_config),
+            Ok(_) => panic!("not serve"),
+            Err(e) => Err(e),
+        };
+        let base = ["serve", "--config", "x"];
+        assert!(!watch(&[&base[..], &["--watch-config=false"]].concat()).unwrap());
+        assert!(!watch(&[&base[..], &["--watch-config", "false"]].concat()).unwrap());
+        assert!(watch(&[&base[..], &["--watch-config=true"]].concat()).unwrap());
+        assert!(watch(&[&base[..], &["--watch-config=maybe"]].concat()).is_err());
+        // A bare flag is not a boolean: the value must be explicit.
+        assert!(watch(&[&base[..], &["--watch-config"]].concat()).is_err());
     }
 
     /// Every flag parses, including the snake_case algorithm names.

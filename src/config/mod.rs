@@ -11,13 +11,15 @@
 //! - `load` — reading files and directories, parsing, error collection;
 //! - `validate` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
-//! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`].
+//! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`];
+//! - [`reload`] — hot reload: watch the path, load again, swap in the new [`Config`].
 //!
 //! The format, floodgate's extensions and every error are documented in `docs/config.md`.
 
 mod limit;
 mod load;
 mod model;
+pub mod reload;
 mod tree;
 mod validate;
 

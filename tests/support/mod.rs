@@ -3,11 +3,14 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use floodgate::clock::ManualClock;
+use floodgate::config::reload::{self, ConfigWatch};
 use floodgate::config::{Config, Defaults};
 use floodgate::limiter::Algorithm;
 use floodgate::metrics::Metrics;
@@ -56,7 +59,13 @@ pub struct TestServer {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub clock: Arc<ManualClock>,
+    /// The metrics the server records into.
+    pub metrics: Arc<Metrics>,
+    /// How many times hot reload swapped in new limits (its `on_reload` hook ran).
+    pub reloads: Arc<AtomicUsize>,
     buckets: Buckets,
+    /// Hot reload, when the server watches a limits path.
+    watch: Option<ConfigWatch>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -90,7 +99,7 @@ impl TestServer {
             }
         };
         TestServer::launch(
-            config,
+            shared(config),
             store,
             buckets,
             clock,
@@ -99,6 +108,43 @@ impl TestServer {
             Metrics::shared(),
         )
         .await
+    }
+
+    /// Starts a memory-store server on the limits at `path` (a file or directory, loaded as
+    /// `floodgate serve` does) and hot-reloads them as `floodgate serve` does.
+    pub async fn start_watching(path: &Path) -> TestServer {
+        let config = shared(
+            Config::load(path, &defaults())
+                .unwrap_or_else(|e| panic!("test limits do not load:\n{e}")),
+        );
+        let metrics = Metrics::shared();
+        let reloads = Arc::new(AtomicUsize::new(0));
+        let counter = reloads.clone();
+        let watch = reload::spawn(
+            path,
+            defaults(),
+            config.clone(),
+            metrics.clone(),
+            move |_: &Config| {
+                counter.fetch_add(1, Ordering::SeqCst);
+            },
+        )
+        .unwrap();
+        let clock = Arc::new(ManualClock::new(START_US));
+        let memory = Arc::new(MemoryStore::new(clock.clone()));
+        let mut server = TestServer::launch(
+            config,
+            memory.clone(),
+            Buckets::Memory(memory),
+            clock,
+            options(),
+            None,
+            metrics,
+        )
+        .await;
+        server.reloads = reloads;
+        server.watch = Some(watch);
+        server
     }
 
     /// Starts a server over a store built by the test (real time), reporting `store_health`
@@ -111,7 +157,7 @@ impl TestServer {
     ) -> TestServer {
         let clock = Arc::new(ManualClock::new(START_US));
         TestServer::launch(
-            load(yaml),
+            shared(load(yaml)),
             store,
             Buckets::External,
             clock,
@@ -123,7 +169,7 @@ impl TestServer {
     }
 
     async fn launch(
-        config: Config,
+        config: Arc<ArcSwap<Config>>,
         store: Arc<dyn Store>,
         buckets: Buckets,
         clock: Arc<ManualClock>,
@@ -131,12 +177,7 @@ impl TestServer {
         store_health: Option<tokio::sync::watch::Receiver<bool>>,
         metrics: Arc<Metrics>,
     ) -> TestServer {
-        let limiter = Arc::new(RateLimiter::new(
-            Arc::new(ArcSwap::from_pointee(config)),
-            store,
-            options,
-            metrics,
-        ));
+        let limiter = Arc::new(RateLimiter::new(config, store, options, metrics.clone()));
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
@@ -156,7 +197,10 @@ impl TestServer {
             grpc_addr,
             http_addr,
             clock,
+            metrics,
+            reloads: Arc::new(AtomicUsize::new(0)),
             buckets,
+            watch: None,
             shutdown: Some(tx),
             task: Some(task),
         }
@@ -219,6 +263,7 @@ impl TestServer {
 
     /// Waits for a server whose shutdown has begun; re-raises any panic or error from it.
     pub async fn join(mut self) {
+        self.watch.take();
         let result = self.task.take().unwrap().await;
         match result {
             Ok(result) => result.unwrap(),
@@ -227,13 +272,24 @@ impl TestServer {
     }
 }
 
+/// Loader settings of every test server: token bucket by default.
+pub fn defaults() -> Defaults {
+    Defaults {
+        algorithm: Algorithm::TokenBucket,
+    }
+}
+
 /// Loads `yaml` as the only limits file (token bucket default).
 pub fn load(yaml: &str) -> Config {
-    let defaults = Defaults {
-        algorithm: Algorithm::TokenBucket,
-    };
-    Config::from_sources(&[("limits.yaml".to_string(), yaml.to_string())], &defaults)
-        .unwrap_or_else(|e| panic!("test config does not load:\n{e}"))
+    Config::from_sources(
+        &[("limits.yaml".to_string(), yaml.to_string())],
+        &defaults(),
+    )
+    .unwrap_or_else(|e| panic!("test config does not load:\n{e}"))
+}
+
+fn shared(config: Config) -> Arc<ArcSwap<Config>> {
+    Arc::new(ArcSwap::from_pointee(config))
 }
 
 /// Redis store settings for tests: generous timeouts, so a loaded test machine never turns

@@ -1,0 +1,464 @@
+//! Hot reload of the limits: edits, new and deleted files, Kubernetes ConfigMap swaps, bad
+//! edits, a single watched file, and no failed request while reloads happen.
+//!
+//! Every wait polls (every 20 ms, up to 10 s) for what a client can observe — the limit in a
+//! ShouldRateLimit answer, or a load counted in the metrics — never sleeps a fixed time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use floodgate::proto::rls::RateLimitRequest;
+use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use support::process::Floodgate;
+use support::*;
+use tonic::transport::Channel;
+
+/// How long a reload may take to show before a test fails.
+const DEADLINE: Duration = Duration::from_secs(10);
+/// How often a condition is polled.
+const POLL: Duration = Duration::from_millis(20);
+
+/// A limits file: domain `domain`, key `k` limited to `rpu` per minute.
+fn limits(domain: &str, rpu: u32) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"
+    )
+}
+
+/// Valid YAML that fails validation (an unknown key), carrying a limit that must never show.
+fn invalid(domain: &str) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: k\n    bogus: 1\n    rate_limit: {{unit: minute, requests_per_unit: 7777}}\n"
+    )
+}
+
+/// A check-only request (debits nothing) for `k=v` in `domain`.
+fn probe(domain: &str) -> RateLimitRequest {
+    request(domain, vec![with_hits(descriptor(&[("k", "v")]), 0)])
+}
+
+/// The limit a server answers with for `k=v` in `domain`; `None` for a bare OK (no rule).
+async fn limit_of(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+) -> Result<Option<u32>, tonic::Status> {
+    let response = client.should_rate_limit(probe(domain)).await?.into_inner();
+    assert_eq!(response.overall_code, 1, "{response:?}");
+    Ok(response.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit))
+}
+
+/// Polls until `domain`'s limit is `expected`.
+async fn until_limit(server: &TestServer, domain: &str, expected: Option<u32>) {
+    let mut client = server.client().await;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let got = limit_of(&mut client, domain).await.unwrap();
+        if got == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{domain}: limit {got:?}, expected {expected:?}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// `floodgate_config_loads_total{result=…}` (`success` or `error`).
+fn loads(server: &TestServer, result: &str) -> u64 {
+    let metric = format!("floodgate_config_loads_total{{result=\"{result}\"}} ");
+    server
+        .metrics
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(&metric).map(|n| n.parse().unwrap()))
+        .unwrap_or(0)
+}
+
+/// Polls until `floodgate_config_loads_total{result}` exceeds `before`.
+async fn until_loads_above(server: &TestServer, result: &str, before: u64) {
+    let deadline = Instant::now() + DEADLINE;
+    while loads(server, result) <= before {
+        assert!(Instant::now() < deadline, "no {result} load after {before}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Replaces `path` atomically, as editors and `kubectl cp`-style tools do: write a temporary
+/// dotfile beside it (skipped by the loader), then rename it over.
+fn replace(path: &Path, content: &str) {
+    let name = path.file_name().unwrap().to_str().unwrap();
+    let temp = path.with_file_name(format!(".{name}.tmp"));
+    fs::write(&temp, content).unwrap();
+    fs::rename(&temp, path).unwrap();
+}
+
+/// A directory laid out as the kubelet mounts a ConfigMap: `..<generation>/` directories, a
+/// `..data` symlink to the current one, and `name -> ..data/name` symlinks.
+struct ConfigMap {
+    dir: PathBuf,
+    generation: u32,
+}
+
+impl ConfigMap {
+    fn new(dir: &Path, files: &[(&str, &str)]) -> ConfigMap {
+        let map = ConfigMap {
+            dir: dir.to_path_buf(),
+            generation: 1,
+        };
+        map.write_generation(files);
+        symlink(map.generation_name(), dir.join("..data")).unwrap();
+        for (name, _) in files {
+            symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+        }
+        map
+    }
+
+    fn generation_name(&self) -> String {
+        format!("..2026_{:02}", self.generation)
+    }
+
+    fn write_generation(&self, files: &[(&str, &str)]) {
+        let generation = self.dir.join(self.generation_name());
+        fs::create_dir(&generation).unwrap();
+        for (name, content) in files {
+            fs::write(generation.join(name), content).unwrap();
+        }
+    }
+
+    /// The kubelet's atomic update: new generation, swap `..data` by rename, delete the old.
+    fn update(&mut self, files: &[(&str, &str)]) {
+        let old = self.dir.join(self.generation_name());
+        self.generation += 1;
+        self.write_generation(files);
+        let temp = self.dir.join("..data_tmp");
+        symlink(self.generation_name(), &temp).unwrap();
+        fs::rename(&temp, self.dir.join("..data")).unwrap();
+        fs::remove_dir_all(old).unwrap();
+    }
+}
+
+/// Editing a file in a watched directory puts its new limit in force, and runs the hook.
+#[tokio::test]
+async fn edited_file_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.yaml");
+    fs::write(&file, limits("d", 10)).unwrap();
+    let server = TestServer::start_watching(dir.path()).await;
+    until_limit(&server, "d", Some(10)).await;
+
+    // In place, as `echo > file` or a simple editor does.
+    fs::write(&file, limits("d", 20)).unwrap();
+    until_limit(&server, "d", Some(20)).await;
+    assert!(server.reloads.load(Ordering::SeqCst) >= 1);
+    // /rlconfig lists the limits in force.
+    let listing = support::http::call(server.http_addr, "GET", "/rlconfig", None).await;
+    assert!(listing.body.contains("d.k: 20/minute"), "{}", listing.body);
+    server.stop().await;
+}
+
+/// A new file's domain is served after a reload; a deleted file's domain becomes unknown.
+#[tokio::test]
+async fn added_and_deleted_files_are_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("a.yaml"), limits("a", 1)).unwrap();
+    let server = TestServer::start_watching(dir.path()).await;
+    until_limit(&server, "b", None).await;
+
+    fs::write(dir.path().join("b.yaml"), limits("b", 2)).unwrap();
+    until_limit(&server, "b", Some(2)).await;
+
+    fs::remove_file(dir.path().join("a.yaml")).unwrap();
+    until_limit(&server, "a", None).await;
+    until_limit(&server, "b", Some(2)).await;
+    server.stop().await;
+}
+
+/// A Kubernetes ConfigMap update (new `..2026_02`, `..data` swapped by rename) is reloaded.
+#[tokio::test]
+async fn configmap_swap_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = ConfigMap::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
+    let server = TestServer::start_watching(dir.path()).await;
+    until_limit(&server, "d", Some(10)).await;
+
+    map.update(&[("limits.yaml", &limits("d", 30))]);
+    until_limit(&server, "d", Some(30)).await;
+    server.stop().await;
+}
+
+/// A bad edit is counted as an error and the previous limits stay in force; a good edit
+/// after it is loaded.
+#[tokio::test]
+async fn bad_edit_keeps_previous_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.yaml");
+    fs::write(&file, limits("d", 10)).unwrap();
+    let server = TestServer::start_watching(dir.path()).await;
+
+    for bad in [invalid("d"), "domain: d\ndescriptors: [\n".to_string()] {
+        let errors = loads(&server, "error");
+        fs::write(&file, bad).unwrap();
+        until_loads_above(&server, "error", errors).await;
+        let mut client = server.client().await;
+        assert_eq!(limit_of(&mut client, "d").await.unwrap(), Some(10));
+        assert!(
+            server
+                .metrics
+                .encode()
+                .contains("floodgate_config_last_reload_success 0")
+        );
+    }
+
+    fs::write(&file, limits("d", 40)).unwrap();
+    until_limit(&server, "d", Some(40)).await;
+    assert!(
+        server
+            .metrics
+            .encode()
+            .contains("floodgate_config_last_reload_success 1")
+    );
+    server.stop().await;
+}
+
+/// One churn step: what is written, and whether the result is a valid configuration.
+enum Step {
+    /// Atomically replace the plain file `d.yaml` with limit `rpu`.
+    Edit(u32),
+    /// Write an invalid `d.yaml`.
+    Break,
+    /// Swap the ConfigMap holding `e.yaml` to limit `rpu`.
+    Swap(u32),
+}
+
+/// No request fails while the limits are reloaded over and over, and every answer carries a
+/// limit from a configuration that was valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_fails_during_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.yaml");
+    fs::write(&file, limits("d", 100)).unwrap();
+    let mut map = ConfigMap::new(dir.path(), &[("e.yaml", &limits("e", 200))]);
+    let server = TestServer::start_watching(dir.path()).await;
+
+    let steps: Vec<Step> = (1..=20)
+        .map(|i| match i % 5 {
+            0 => Step::Swap(200 + i),
+            2 if i < 15 => Step::Break,
+            _ => Step::Edit(100 + i),
+        })
+        .collect();
+    let mut valid_d: BTreeSet<u32> = BTreeSet::from([100]);
+    let mut valid_e: BTreeSet<u32> = BTreeSet::from([200]);
+    for step in &steps {
+        match step {
+            Step::Edit(rpu) => valid_d.insert(*rpu),
+            Step::Swap(rpu) => valid_e.insert(*rpu),
+            Step::Break => false,
+        };
+    }
+
+    let done = Arc::new(AtomicBool::new(false));
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let mut client = server.client().await;
+        let (done, valid_d, valid_e) = (done.clone(), valid_d.clone(), valid_e.clone());
+        clients.push(tokio::spawn(async move {
+            let (mut answered, mut seen) = (0u32, BTreeSet::new());
+            while !done.load(Ordering::SeqCst) && answered < 20_000 {
+                for (domain, valid) in [("d", &valid_d), ("e", &valid_e)] {
+                    let limit = limit_of(&mut client, domain)
+                        .await
+                        .unwrap_or_else(|e| panic!("request failed during reloads: {e}"))
+                        .unwrap_or_else(|| panic!("{domain} answered without a limit"));
+                    assert!(
+                        valid.contains(&limit),
+                        "{domain}: limit {limit} never valid"
+                    );
+                    seen.insert(limit);
+                    answered += 1;
+                }
+            }
+            (answered, seen)
+        }));
+    }
+
+    for step in &steps {
+        let before = loads(&server, "success") + loads(&server, "error");
+        match step {
+            Step::Edit(rpu) => replace(&file, &limits("d", *rpu)),
+            Step::Break => replace(&file, &invalid("d")),
+            Step::Swap(rpu) => map.update(&[("e.yaml", &limits("e", *rpu))]),
+        }
+        let deadline = Instant::now() + DEADLINE;
+        while loads(&server, "success") + loads(&server, "error") <= before {
+            assert!(Instant::now() < deadline, "no reload after a change");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    // The last valid values are eventually in force (the last step is valid).
+    until_limit(&server, "d", valid_d.last().copied()).await;
+    until_limit(&server, "e", valid_e.last().copied()).await;
+    done.store(true, Ordering::SeqCst);
+
+    let mut seen = BTreeSet::new();
+    for client in clients {
+        let (answered, limits) = client.await.unwrap();
+        assert!(answered > 0);
+        seen.extend(limits);
+    }
+    // The clients did see the limits change under them.
+    assert!(seen.len() > 2, "{seen:?}");
+    assert!(loads(&server, "error") >= 2);
+    server.stop().await;
+}
+
+/// A single watched file replaced by rename (as editors and tools do) is reloaded; siblings
+/// are not its concern.
+#[tokio::test]
+async fn single_file_replaced_by_rename_is_reloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("limits.yaml");
+    fs::write(&file, limits("d", 10)).unwrap();
+    // A sibling that is not part of the configuration, even when broken.
+    fs::write(dir.path().join("other.yaml"), "not: [valid").unwrap();
+    let server = TestServer::start_watching(&file).await;
+
+    replace(&file, &limits("d", 50));
+    until_limit(&server, "d", Some(50)).await;
+    // Then edited in place.
+    fs::write(&file, limits("d", 60)).unwrap();
+    until_limit(&server, "d", Some(60)).await;
+    assert_eq!(loads(&server, "error"), 0);
+    server.stop().await;
+}
+
+/// A single file inside a ConfigMap volume (`limits.yaml -> ..data/limits.yaml`) follows the
+/// `..data` swap.
+#[tokio::test]
+async fn single_file_in_configmap_follows_the_swap() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = ConfigMap::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
+    let server = TestServer::start_watching(&dir.path().join("limits.yaml")).await;
+
+    map.update(&[("limits.yaml", &limits("d", 70))]);
+    until_limit(&server, "d", Some(70)).await;
+    server.stop().await;
+}
+
+/// A deleted limits directory leaves the previous limits in force; when it is created again
+/// it is loaded.
+#[tokio::test]
+async fn deleted_directory_keeps_limits_until_it_returns() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("limits");
+    fs::create_dir(&dir).unwrap();
+    fs::write(dir.join("d.yaml"), limits("d", 10)).unwrap();
+    let server = TestServer::start_watching(&dir).await;
+
+    let errors = loads(&server, "error");
+    fs::remove_dir_all(&dir).unwrap();
+    until_loads_above(&server, "error", errors).await;
+    until_limit(&server, "d", Some(10)).await;
+
+    fs::create_dir(&dir).unwrap();
+    fs::write(dir.join("d.yaml"), limits("d", 80)).unwrap();
+    until_limit(&server, "d", Some(80)).await;
+    // Watched again: a later edit is seen too.
+    fs::write(dir.join("d.yaml"), limits("d", 90)).unwrap();
+    until_limit(&server, "d", Some(90)).await;
+    server.stop().await;
+}
+
+/// `floodgate serve` reloads by default, and a reload clears the Redis over-limit cache: a
+/// bucket denied under the old limit is admitted at once under a raised one.
+#[tokio::test]
+async fn serve_reloads_and_clears_the_over_limit_cache() {
+    let redis = support::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.yaml");
+    let fixed = |rpu: u32| {
+        format!(
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: day, requests_per_unit: {rpu}, algorithm: fixed_window}}\n"
+        )
+    };
+    fs::write(&file, fixed(1)).unwrap();
+    let url = redis.url();
+    let process = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "2000",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+        .await
+        .unwrap();
+    let mut ask = async move || {
+        client
+            .should_rate_limit(simple("d", "k", "v"))
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code
+    };
+    assert_eq!(ask().await, 1);
+    assert_eq!(ask().await, 2);
+    // Denied again, now by the local cache without asking Redis.
+    assert_eq!(ask().await, 2);
+    let metrics = support::http::call(process.http, "GET", "/metrics", None).await;
+    assert!(
+        metrics
+            .body
+            .contains("floodgate_local_cache_over_limit_total 1"),
+        "{}",
+        metrics.body
+    );
+
+    fs::write(&file, fixed(1000)).unwrap();
+    // Left in the cache, the denial would last until the end of the day.
+    let deadline = Instant::now() + DEADLINE;
+    while ask().await != 1 {
+        assert!(Instant::now() < deadline, "still denied after the reload");
+        tokio::time::sleep(POLL).await;
+    }
+    let listing = support::http::call(process.http, "GET", "/rlconfig", None).await;
+    assert!(listing.body.contains("d.k: 1000/day"), "{}", listing.body);
+
+    let (exit, log) = tokio::task::spawn_blocking(move || process.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    assert!(log.contains("watching limits for changes"), "{log}");
+    assert!(log.contains("limits reloaded"), "{log}");
+}
+
+/// `--watch-config=false` starts no watcher (and says so).
+#[tokio::test]
+async fn watch_config_false_turns_reload_off() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("d.yaml"), limits("d", 10)).unwrap();
+    let process = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--watch-config=false",
+    ]);
+    let (exit, log) = tokio::task::spawn_blocking(move || process.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    assert!(log.contains("limits hot reload off"), "{log}");
+    assert!(!log.contains("watching limits"), "{log}");
+}
