@@ -5,7 +5,7 @@
 //! URL's password) are redacted in `Debug` output, so settings can be logged safely.
 //!
 //! The reference server's own environment variables (`RUNTIME_ROOT`, `REDIS_URL`, `GRPC_PORT`,
-//! …) are read too, by [`apply_reference_env`] in [`reference`], after parsing: they fill in
+//! …) are read too, by [`apply_reference_env`] in [`reference`](mod@reference), after parsing: they fill in
 //! what floodgate's own flags and `FLOODGATE_*` variables left at their defaults.
 
 use std::fmt;

@@ -158,7 +158,7 @@ impl<'a> Mapping<'a> {
             .collect()
     }
 
-    /// Records `names` (those set) as overridden by floodgate's `flag`; returns whether any was.
+    /// Records `names` (those set) as overridden by floodgate's `flag`.
     fn override_by(&mut self, names: &[&'static str], flag: &str) {
         for name in self.present(names) {
             self.report.overridden.push(format!("{name} (by {flag})"));
