@@ -1,18 +1,22 @@
 //! The `floodgate` binary: parse settings, set up logging, run. Everything else is the library.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use floodgate::config::{Config, Defaults};
 use floodgate::server;
-use floodgate::settings::{CheckConfigSettings, Cli, Command, LogFormat};
+use floodgate::settings::{CheckConfigSettings, Cli, Command, LogFormat, apply_reference_env};
 
 /// Exit code for bad flags or an unloadable configuration (EX_USAGE): nothing was started.
 const EXIT_USAGE: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
+    let (cli, matches) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) if e.use_stderr() => {
             let _ = e.print();
             return ExitCode::from(EXIT_USAGE);
@@ -25,8 +29,23 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig(settings) => check_config(&settings),
-        Command::Serve(settings) => {
-            init_tracing(settings.log_format);
+        Command::Serve(mut settings) => {
+            // The reference server's environment variables fill in what our own flags left
+            // at their defaults.
+            let serve_matches = matches.subcommand_matches("serve").unwrap_or(&matches);
+            // Non-UTF-8 variables are none of the reference's: skipped rather than a panic.
+            let env: HashMap<String, String> = std::env::vars_os()
+                .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+                .collect();
+            let report = match apply_reference_env(&mut settings, serve_matches, &env) {
+                Ok(report) => report,
+                Err(e) => {
+                    eprintln!("floodgate: {e}");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            init_tracing(settings.log_format, report.overrides.log_filter.as_deref());
+            report.log();
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
                 Err(e) => {
@@ -79,11 +98,14 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs in `format`, filtered by `RUST_LOG`, else by `fallback` (from the reference's
+/// `LOG_LEVEL`), else at info.
+fn init_tracing(format: LogFormat, fallback: Option<&str>) {
     // notify logs its own bookkeeping when a watched directory is deleted; the reloader
     // reports that case itself, once.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,notify=error"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(fallback.unwrap_or("info,notify=error"))
+    });
     // Colour only on a terminal: log collectors read files and pipes.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt()

@@ -101,16 +101,19 @@ pub struct Prepared {
 pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     let metrics = Metrics::shared();
     let defaults = defaults(&settings);
-    let config = Config::load(&settings.config, &defaults).map_err(|errors| {
+    let path = settings
+        .limits_path()
+        .map_err(|e| ServerError::Settings(e.to_string()))?;
+    let config = Config::load(path, &defaults).map_err(|errors| {
         metrics.record_config_load(false);
         ServerError::Config {
-            path: settings.config.display().to_string(),
+            path: path.display().to_string(),
             errors,
         }
     })?;
     metrics.record_config_load(true);
     tracing::info!(
-        path = %settings.config.display(),
+        path = %path.display(),
         domains = config.domains().count(),
         "limits loaded"
     );
@@ -225,6 +228,8 @@ fn watch_limits(prepared: &Prepared) -> Option<ConfigWatch> {
         tracing::info!("limits hot reload off (--watch-config=false)");
         return None;
     }
+    // prepare() loaded the limits from this path, so it is known.
+    let path = settings.limits_path().ok()?;
     let redis = prepared.redis.clone();
     let on_reload = move |_: &Config| {
         // Denials cached under the old limits may be wrong under the new ones.
@@ -233,7 +238,7 @@ fn watch_limits(prepared: &Prepared) -> Option<ConfigWatch> {
         }
     };
     match reload::spawn(
-        &settings.config,
+        path,
         defaults(settings),
         prepared.config.clone(),
         prepared.limiter.metrics().clone(),

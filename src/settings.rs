@@ -3,16 +3,24 @@
 //! Every flag can also be set with an environment variable `FLOODGATE_<FLAG>` (for example
 //! `--grpc-addr` ↔ `FLOODGATE_GRPC_ADDR`); a flag on the command line wins. Secrets (the Redis
 //! URL's password) are redacted in `Debug` output, so settings can be logged safely.
+//!
+//! The reference server's own environment variables (`RUNTIME_ROOT`, `REDIS_URL`, `GRPC_PORT`,
+//! …) are read too, by [`apply_reference_env`] in [`reference`](mod@reference), after parsing: they fill in
+//! what floodgate's own flags and `FLOODGATE_*` variables left at their defaults.
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::limiter::Algorithm;
 use crate::store::FailurePolicy;
+
+pub mod reference;
+
+pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
 /// floodgate: a global rate-limit server for Envoy (RLS v3).
 #[derive(Debug, Parser)]
@@ -36,8 +44,9 @@ pub enum Command {
 #[derive(Args)]
 pub struct ServeSettings {
     /// Limits: a YAML file, or a directory whose *.yaml / *.yml files are all loaded.
+    /// Required unless the reference's RUNTIME_ROOT / RUNTIME_SUBDIRECTORY give the path.
     #[arg(long, env = "FLOODGATE_CONFIG", value_name = "FILE|DIR")]
-    pub config: PathBuf,
+    pub config: Option<PathBuf>,
 
     /// Reload the limits when the file or directory changes (a ConfigMap update included);
     /// a bad edit is logged and the previous limits stay in force.
@@ -104,6 +113,14 @@ pub struct ServeSettings {
     /// On SIGTERM, how long in-flight requests may take to finish before exit.
     #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", value_parser = parse_seconds, default_value = "10")]
     pub shutdown_grace: Duration,
+}
+
+impl ServeSettings {
+    /// The limits path: `--config`, or the directory the reference's `RUNTIME_*` variables
+    /// name (filled in by [`apply_reference_env`]).
+    pub fn limits_path(&self) -> Result<&Path, SettingsError> {
+        self.config.as_deref().ok_or(SettingsError::NoLimits)
+    }
 }
 
 /// `floodgate check-config`.
@@ -178,8 +195,19 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("'{text}' is not a number of seconds (0 or more)"))
 }
 
-/// Replaces the password of a URL like `redis://user:secret@host` with `***`.
+/// Replaces the password of a URL like `redis://user:secret@host` with `***`, and that of a
+/// unix-socket URL's `pass=` query parameter (`redis+unix:///run/redis.sock?pass=secret`).
 pub fn redact_url(url: &str) -> String {
+    if let Some((path, query)) = url.split_once('?') {
+        let query: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some(("pass", _)) => "pass=***".to_string(),
+                _ => pair.to_string(),
+            })
+            .collect();
+        return format!("{}?{}", redact_url(path), query.join("&"));
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -319,6 +347,10 @@ mod tests {
         );
         assert_eq!(redact_url("rediss://:s3cret@host"), "rediss://:***@host");
         assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact_url("redis+unix:///run/r.sock?pass=s3cret&user=u"),
+            "redis+unix:///run/r.sock?pass=***&user=u"
+        );
         let Command::Serve(s) = parse(&["serve", "--config", "x", "--redis-url", "redis://:pw@h"])
             .unwrap()
             .command

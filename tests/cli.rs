@@ -122,3 +122,25 @@ fn missing_config_exits_64() {
     assert_eq!(out.status.code(), Some(64));
     assert!(text(&out.stderr).contains("/nonexistent/limits"));
 }
+
+/// Without --config and without the reference's RUNTIME_* variables, serve exits 64 and says
+/// how to name the limits.
+#[test]
+fn serve_without_limits_exits_64() {
+    let out = run(&["serve"], &[]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--config") && stderr.contains("RUNTIME_ROOT"),
+        "{stderr}"
+    );
+}
+
+/// A reference environment variable floodgate cannot parse exits 64, naming the variable.
+#[test]
+fn bad_reference_variable_exits_64() {
+    let out = run(&["serve", "--config", "x"], &[("GRPC_PORT", "grpc")]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("GRPC_PORT=\"grpc\""), "{stderr}");
+}

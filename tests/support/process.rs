@@ -17,11 +17,29 @@ impl Floodgate {
     /// Starts `floodgate serve` with `args` (plus ephemeral loopback ports) and waits for its
     /// "listening" log line.
     pub fn start(args: &[&str]) -> Floodgate {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command
             .arg("serve")
             .args(args)
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info");
+        Floodgate::spawn(command)
+    }
+
+    /// Starts `floodgate serve` with `args` and exactly the environment variables `env`
+    /// (nothing inherited, no port flags: `env` must choose ephemeral ports itself).
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Floodgate {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command
+            .arg("serve")
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied());
+        Floodgate::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Floodgate {
+        let mut child = command
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -1,0 +1,589 @@
+//! The reference server's environment variables → floodgate settings.
+//!
+//! envoyproxy/ratelimit is configured only through environment variables (`RUNTIME_ROOT`,
+//! `REDIS_URL`, `GRPC_PORT`, …). So that an operator can swap the image and keep the
+//! Deployment's `env:`, [`apply_reference_env`] reads those variables from a key→value map
+//! (the process environment in `main`, a literal map in tests) and fills in every setting that
+//! floodgate's own flag or `FLOODGATE_*` variable did not set: floodgate's own always win.
+//!
+//! Variables that floodgate accepts but cannot honour, or that change nothing, are listed in
+//! the [`ReferenceReport`] (logged once at start-up); a value that cannot be parsed is a
+//! [`SettingsError`], which `main` turns into exit code 64 before any port is bound.
+//! Variables set to the empty string count as unset (a Kubernetes `value: ""`).
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+
+use super::{LogFormat, ServeSettings};
+
+/// The reference's `RUNTIME_ROOT` default, used when only the subdirectory or app directory
+/// is given (as the reference does).
+const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+
+/// The reference's `RUNTIME_APPDIRECTORY` default: limits live in `<root>/<sub>/config/`.
+const DEFAULT_APP_DIRECTORY: &str = "config";
+
+/// Approximate bytes one entry of the reference's local cache (freecache) takes: a Redis key
+/// of ~100 bytes plus freecache's entry header and slack. `LOCAL_CACHE_SIZE_IN_BYTES` is
+/// divided by it to size floodgate's cache, which counts entries.
+const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
+
+/// A setting that cannot be used; `main` exits with code 64.
+#[derive(Debug, thiserror::Error)]
+pub enum SettingsError {
+    /// A reference environment variable holds a value floodgate cannot parse.
+    #[error("environment variable {name}={value:?}: {reason}")]
+    BadReferenceValue {
+        /// The variable.
+        name: &'static str,
+        /// Its value (`***` for secrets).
+        value: String,
+        /// What was expected.
+        reason: String,
+    },
+    /// Neither `--config` nor the reference's `RUNTIME_*` variables say where the limits are.
+    #[error(
+        "no limits to load: give --config FILE|DIR (or FLOODGATE_CONFIG), or the reference \
+         server's RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / RUNTIME_APPDIRECTORY"
+    )]
+    NoLimits,
+}
+
+/// Reference settings that belong to the response-header and metrics options (their flags
+/// live elsewhere): recorded here, for those options to take when their own flags are unset.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReferenceOverrides {
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub response_headers: Option<bool>,
+    /// `LIMIT_LIMIT_HEADER` (reference default `RateLimit-Limit`).
+    pub header_limit: Option<String>,
+    /// `LIMIT_REMAINING_HEADER` (reference default `RateLimit-Remaining`).
+    pub header_remaining: Option<String>,
+    /// `LIMIT_RESET_HEADER` (reference default `RateLimit-Reset`).
+    pub header_reset: Option<String>,
+    /// `NEAR_LIMIT_RATIO` (reference default 0.8), in `[0, 1]`.
+    pub near_limit_ratio: Option<f64>,
+    /// The tracing filter from `LOG_LEVEL`, when `RUST_LOG` is unset.
+    pub log_filter: Option<String>,
+}
+
+/// What [`apply_reference_env`] did, for the start-up log.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReferenceReport {
+    /// Reference variables that set something (names, with a note where the mapping is
+    /// approximate).
+    pub applied: Vec<String>,
+    /// Reference variables ignored because floodgate's own flag or variable is set.
+    pub overridden: Vec<String>,
+    /// Reference variables accepted that change nothing, each with the reason.
+    pub no_effect: Vec<String>,
+    /// Values for settings configured elsewhere (response headers, near-limit ratio, logs).
+    pub overrides: ReferenceOverrides,
+}
+
+impl ReferenceReport {
+    /// Logs the report: one info line for what was applied, one warning for what was not.
+    pub fn log(&self) {
+        if !self.applied.is_empty() {
+            tracing::info!(applied = %self.applied.join(", "), "reference environment variables");
+        }
+        if !self.no_effect.is_empty() || !self.overridden.is_empty() {
+            tracing::warn!(
+                no_effect = %self.no_effect.join("; "),
+                overridden = %self.overridden.join("; "),
+                "reference environment variables accepted without effect"
+            );
+        }
+    }
+}
+
+/// Fills `settings` from the reference server's environment variables in `env`, wherever
+/// floodgate's own flag or `FLOODGATE_*` variable did not set a value (`matches` are the
+/// `serve` subcommand's, telling where each value came from). Then checks that the limits
+/// path is known. Pure: reads only its arguments.
+pub fn apply_reference_env(
+    settings: &mut ServeSettings,
+    matches: &ArgMatches,
+    env: &HashMap<String, String>,
+) -> Result<ReferenceReport, SettingsError> {
+    let mut mapping = Mapping {
+        env,
+        matches,
+        report: ReferenceReport::default(),
+    };
+    mapping.limits(settings)?;
+    mapping.addresses(settings)?;
+    mapping.redis(settings)?;
+    mapping.store(settings)?;
+    mapping.service(settings)?;
+    mapping.logs(settings)?;
+    if settings.config.is_none() {
+        return Err(SettingsError::NoLimits);
+    }
+    Ok(mapping.report)
+}
+
+/// The state of one [`apply_reference_env`] call.
+struct Mapping<'a> {
+    env: &'a HashMap<String, String>,
+    matches: &'a ArgMatches,
+    report: ReferenceReport,
+}
+
+impl<'a> Mapping<'a> {
+    /// The variable's value; empty counts as unset.
+    fn get(&self, name: &str) -> Option<&'a str> {
+        let env: &'a HashMap<String, String> = self.env;
+        env.get(name).map(String::as_str).filter(|v| !v.is_empty())
+    }
+
+    /// Whether floodgate's own flag or `FLOODGATE_*` variable set the argument `id`.
+    fn own(&self, id: &str) -> bool {
+        matches!(
+            self.matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    }
+
+    /// Which of `names` are set.
+    fn present(&self, names: &[&'static str]) -> Vec<&'static str> {
+        names
+            .iter()
+            .copied()
+            .filter(|n| self.get(n).is_some())
+            .collect()
+    }
+
+    /// Records `names` (those set) as overridden by floodgate's `flag`.
+    fn override_by(&mut self, names: &[&'static str], flag: &str) {
+        for name in self.present(names) {
+            self.report.overridden.push(format!("{name} (by {flag})"));
+        }
+    }
+
+    fn no_effect(&mut self, name: &str, why: &str) {
+        self.report.no_effect.push(format!("{name} ({why})"));
+    }
+
+    fn applied(&mut self, name: &str) {
+        self.report.applied.push(name.to_string());
+    }
+
+    fn parse_bool(&self, name: &'static str) -> Result<Option<bool>, SettingsError> {
+        self.get(name).map(|v| go_bool(name, v)).transpose()
+    }
+
+    /// `RUNTIME_ROOT` / `RUNTIME_SUBDIRECTORY` / `RUNTIME_APPDIRECTORY` → `--config`, and the
+    /// two runtime flags floodgate has no use for.
+    fn limits(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const PATH_VARS: [&str; 3] = [
+            "RUNTIME_ROOT",
+            "RUNTIME_SUBDIRECTORY",
+            "RUNTIME_APPDIRECTORY",
+        ];
+        if self.own("config") {
+            self.override_by(&PATH_VARS, "--config");
+        } else if !self.present(&PATH_VARS).is_empty() {
+            settings.config = Some(limits_dir(
+                self.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT),
+                self.get("RUNTIME_SUBDIRECTORY").unwrap_or(""),
+                self.get("RUNTIME_APPDIRECTORY")
+                    .unwrap_or(DEFAULT_APP_DIRECTORY),
+            ));
+            for name in self.present(&PATH_VARS) {
+                self.applied(name);
+            }
+        }
+        if let Some(watch_root) = self.parse_bool("RUNTIME_WATCH_ROOT")? {
+            let why = if watch_root {
+                "floodgate watches the limits directory and its parent, not RUNTIME_ROOT: \
+                 a swap of a RUNTIME_ROOT symlink is not seen"
+            } else {
+                "floodgate watches the limits directory, as the reference does with false"
+            };
+            self.no_effect("RUNTIME_WATCH_ROOT", why);
+        }
+        if let Some(ignore) = self.parse_bool("RUNTIME_IGNOREDOTFILES")? {
+            let why = if ignore {
+                "floodgate always skips dotfiles"
+            } else {
+                "floodgate always skips dotfiles; they are not loaded"
+            };
+            self.no_effect("RUNTIME_IGNOREDOTFILES", why);
+        }
+        Ok(())
+    }
+
+    /// `HOST`/`PORT` → `--http-addr`, `GRPC_HOST`/`GRPC_PORT` → `--grpc-addr`.
+    fn addresses(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        for (id, flag, host, port) in [
+            ("http_addr", "--http-addr", "HOST", "PORT"),
+            ("grpc_addr", "--grpc-addr", "GRPC_HOST", "GRPC_PORT"),
+        ] {
+            if self.own(id) {
+                self.override_by(&[host, port], flag);
+                continue;
+            }
+            let addr = match id {
+                "http_addr" => &mut settings.http_addr,
+                _ => &mut settings.grpc_addr,
+            };
+            if let Some(value) = self.get(host) {
+                addr.set_ip(parse_host(host, value)?);
+                self.report.applied.push(host.to_string());
+            }
+            if let Some(value) = self.get(port) {
+                addr.set_port(
+                    value
+                        .parse()
+                        .map_err(|_| bad(port, value, "a port, 0 to 65535"))?,
+                );
+                self.report.applied.push(port.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// `REDIS_URL` and its companions → `--redis-url`; `REDIS_POOL_SIZE` → `--redis-pool-size`.
+    fn redis(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const URL_VARS: [&str; 5] = [
+            "REDIS_URL",
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+            "REDIS_TLS",
+        ];
+        // Parse everything first: a bad value is an error even when it would be ignored.
+        let socket = self
+            .get("REDIS_SOCKET_TYPE")
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "tcp" => Ok(Socket::Tcp),
+                "unix" => Ok(Socket::Unix),
+                _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
+            })
+            .transpose()?;
+        let kind = self
+            .get("REDIS_TYPE")
+            .map(|v| match v.to_ascii_lowercase().as_str() {
+                "single" => Ok(RedisKind::Single),
+                "cluster" => Ok(RedisKind::Cluster),
+                "sentinel" => Ok(RedisKind::Sentinel),
+                _ => Err(bad("REDIS_TYPE", v, "single, cluster or sentinel")),
+            })
+            .transpose()?;
+        let tls = self.parse_bool("REDIS_TLS")?;
+        let pool_size = self
+            .get("REDIS_POOL_SIZE")
+            .map(|v| {
+                v.parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or_else(|| bad("REDIS_POOL_SIZE", v, "a number from 1 to 1024"))
+            })
+            .transpose()?;
+
+        if self.own("redis_pool_size") {
+            self.override_by(&["REDIS_POOL_SIZE"], "--redis-pool-size");
+        } else if let Some(size) = pool_size {
+            settings.redis_pool_size = size;
+            self.applied("REDIS_POOL_SIZE");
+        }
+
+        if self.own("redis_url") {
+            self.override_by(&URL_VARS, "--redis-url");
+            return Ok(());
+        }
+        let Some(raw) = self.get("REDIS_URL") else {
+            for name in self.present(&URL_VARS[1..]) {
+                self.no_effect(name, "no REDIS_URL: the in-memory store is used");
+            }
+            return Ok(());
+        };
+        let raw = raw.trim().to_string();
+        if raw.contains("://") {
+            // Already a URL: it says everything itself.
+            for name in self.present(&["REDIS_SOCKET_TYPE", "REDIS_AUTH", "REDIS_TLS"]) {
+                self.no_effect(name, "REDIS_URL is a full URL");
+            }
+            settings.redis_url = Some(raw);
+            self.applied("REDIS_URL");
+            return self.redis_kind(kind);
+        }
+        let address = match kind {
+            Some(RedisKind::Sentinel) => {
+                self.no_effect(
+                    "REDIS_TYPE=sentinel",
+                    "Sentinel is not supported yet: the in-memory store is used",
+                );
+                for name in self.present(&URL_VARS) {
+                    if name != "REDIS_TYPE" {
+                        self.no_effect(name, "REDIS_TYPE=sentinel");
+                    }
+                }
+                return Ok(());
+            }
+            // The reference's cluster URL is a comma-separated list of nodes.
+            _ => raw.split(',').next().unwrap_or_default().trim().to_string(),
+        };
+        let socket = socket.unwrap_or(if address.starts_with('/') {
+            Socket::Unix
+        } else {
+            Socket::Tcp
+        });
+        let auth = self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
+            Some((user, password)) => (Some(user), password),
+            None => (None, a),
+        });
+        let url = match socket {
+            Socket::Tcp => {
+                if address.is_empty() || address.contains('/') {
+                    return Err(bad(
+                        "REDIS_URL",
+                        &address,
+                        "host:port (REDIS_SOCKET_TYPE=tcp)",
+                    ));
+                }
+                let scheme = if tls == Some(true) { "rediss" } else { "redis" };
+                let userinfo = match auth {
+                    Some((user, password)) => format!(
+                        "{}:{}@",
+                        user.map(encode).unwrap_or_default(),
+                        encode(password)
+                    ),
+                    None => String::new(),
+                };
+                let address = if address.contains(':') {
+                    address
+                } else {
+                    format!("{address}:6379")
+                };
+                format!("{scheme}://{userinfo}{address}")
+            }
+            Socket::Unix => {
+                if tls == Some(true) {
+                    self.no_effect("REDIS_TLS", "no TLS over a unix socket");
+                }
+                let mut url = format!("redis+unix://{address}");
+                if let Some((user, password)) = auth {
+                    url.push_str(&format!("?pass={}", encode(password)));
+                    if let Some(user) = user {
+                        url.push_str(&format!("&user={}", encode(user)));
+                    }
+                }
+                url
+            }
+        };
+        settings.redis_url = Some(url);
+        for name in self.present(&URL_VARS) {
+            if name != "REDIS_TYPE" {
+                self.applied(name);
+            }
+        }
+        self.redis_kind(kind)
+    }
+
+    fn redis_kind(&mut self, kind: Option<RedisKind>) -> Result<(), SettingsError> {
+        match kind {
+            Some(RedisKind::Single) => self.applied("REDIS_TYPE"),
+            Some(RedisKind::Cluster) => self.no_effect(
+                "REDIS_TYPE=cluster",
+                "Redis Cluster is not supported yet: floodgate connects to the first node of \
+                 REDIS_URL as a single Redis",
+            ),
+            Some(RedisKind::Sentinel) | None => {}
+        }
+        Ok(())
+    }
+
+    /// `CACHE_KEY_PREFIX` and `LOCAL_CACHE_SIZE_IN_BYTES`.
+    fn store(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        if self.own("redis_key_prefix") {
+            self.override_by(&["CACHE_KEY_PREFIX"], "--redis-key-prefix");
+        } else if let Some(prefix) = self.get("CACHE_KEY_PREFIX") {
+            settings.redis_key_prefix = prefix.to_string();
+            self.applied("CACHE_KEY_PREFIX");
+        }
+        let bytes = self
+            .get("LOCAL_CACHE_SIZE_IN_BYTES")
+            .map(|v| {
+                v.parse::<u64>()
+                    .map_err(|_| bad("LOCAL_CACHE_SIZE_IN_BYTES", v, "a number of bytes"))
+            })
+            .transpose()?;
+        if self.own("local_cache_size") {
+            self.override_by(&["LOCAL_CACHE_SIZE_IN_BYTES"], "--local-cache-size");
+        } else if let Some(bytes) = bytes {
+            settings.local_cache_size = bytes.div_ceil(LOCAL_CACHE_BYTES_PER_ENTRY);
+            let entries = settings.local_cache_size;
+            self.applied(&format!("LOCAL_CACHE_SIZE_IN_BYTES (~{entries} entries)"));
+        }
+        Ok(())
+    }
+
+    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers, `USE_PROMETHEUS`.
+    fn service(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        let shadow = self.parse_bool("SHADOW_MODE")?;
+        if self.own("shadow_mode") {
+            self.override_by(&["SHADOW_MODE"], "--shadow-mode");
+        } else if let Some(shadow) = shadow {
+            settings.shadow_mode = shadow;
+            self.applied("SHADOW_MODE");
+        }
+        if let Some(v) = self.get("NEAR_LIMIT_RATIO") {
+            let ratio = v
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| bad("NEAR_LIMIT_RATIO", v, "a number from 0 to 1"))?;
+            self.report.overrides.near_limit_ratio = Some(ratio);
+        }
+        self.report.overrides.response_headers =
+            self.parse_bool("LIMIT_RESPONSE_HEADERS_ENABLED")?;
+        for name in [
+            "LIMIT_LIMIT_HEADER",
+            "LIMIT_REMAINING_HEADER",
+            "LIMIT_RESET_HEADER",
+        ] {
+            let Some(v) = self.get(name) else { continue };
+            if !is_header_name(v) {
+                return Err(bad(name, v, "an HTTP header name"));
+            }
+            let slot = match name {
+                "LIMIT_LIMIT_HEADER" => &mut self.report.overrides.header_limit,
+                "LIMIT_REMAINING_HEADER" => &mut self.report.overrides.header_remaining,
+                _ => &mut self.report.overrides.header_reset,
+            };
+            *slot = Some(v.to_string());
+        }
+        if self.parse_bool("USE_PROMETHEUS")?.is_some() {
+            self.no_effect(
+                "USE_PROMETHEUS",
+                "Prometheus metrics are always served at /metrics on the HTTP port",
+            );
+        }
+        Ok(())
+    }
+
+    /// `LOG_LEVEL` (unless `RUST_LOG` is set) and `LOG_FORMAT`.
+    fn logs(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        if let Some(v) = self.get("LOG_LEVEL") {
+            // logrus's levels; panic and fatal are errors here.
+            let level = match v.to_ascii_lowercase().as_str() {
+                "panic" | "fatal" | "error" => "error",
+                "warn" | "warning" => "warn",
+                "info" => "info",
+                "debug" => "debug",
+                "trace" => "trace",
+                _ => {
+                    return Err(bad(
+                        "LOG_LEVEL",
+                        v,
+                        "trace, debug, info, warn, error, fatal or panic",
+                    ));
+                }
+            };
+            if self.get("RUST_LOG").is_some() {
+                self.report
+                    .overridden
+                    .push("LOG_LEVEL (by RUST_LOG)".into());
+            } else {
+                self.report.overrides.log_filter = Some(format!("{level},notify=error"));
+                self.applied("LOG_LEVEL");
+            }
+        }
+        if let Some(v) = self.get("LOG_FORMAT") {
+            let format = match v.to_ascii_lowercase().as_str() {
+                "json" => LogFormat::Json,
+                "text" => LogFormat::Text,
+                _ => return Err(bad("LOG_FORMAT", v, "json or text")),
+            };
+            if self.own("log_format") {
+                self.override_by(&["LOG_FORMAT"], "--log-format");
+            } else {
+                settings.log_format = format;
+                self.applied("LOG_FORMAT");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Socket {
+    Tcp,
+    Unix,
+}
+
+#[derive(Clone, Copy)]
+enum RedisKind {
+    Single,
+    Cluster,
+    Sentinel,
+}
+
+/// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.
+fn limits_dir(root: &str, subdirectory: &str, app: &str) -> PathBuf {
+    Path::new(root).join(subdirectory).join(app)
+}
+
+fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
+    let value = if name == "REDIS_AUTH" {
+        "***".to_string()
+    } else {
+        value.to_string()
+    };
+    SettingsError::BadReferenceValue {
+        name,
+        value,
+        reason: format!("expected {expected}"),
+    }
+}
+
+/// Go's `strconv.ParseBool`, which the reference's settings use.
+fn go_bool(name: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(bad(name, value, "true or false")),
+    }
+}
+
+/// A listening host: an IP address or `localhost` (floodgate binds addresses, not names).
+fn parse_host(name: &'static str, value: &str) -> Result<IpAddr, SettingsError> {
+    if value.eq_ignore_ascii_case("localhost") {
+        return Ok(IpAddr::V4(Ipv4Addr::LOCALHOST));
+    }
+    value
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| bad(name, value, "an IP address or localhost"))
+}
+
+/// An HTTP header name (RFC 9110 token).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Percent-encodes everything but unreserved characters, for a URL's userinfo or query.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

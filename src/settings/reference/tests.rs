@@ -1,0 +1,343 @@
+//! The reference environment mapping, with literal maps (the process environment is never
+//! touched).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, FromArgMatches};
+
+use super::*;
+use crate::settings::{Cli, Command};
+
+/// Parses `floodgate serve <args>`: the settings and the matches that say where each came from.
+fn serve(args: &[&str]) -> (ServeSettings, ArgMatches) {
+    let matches = Cli::command()
+        .try_get_matches_from(["floodgate", "serve"].iter().chain(args))
+        .unwrap();
+    let Command::Serve(settings) = Cli::from_arg_matches(&matches).unwrap().command else {
+        panic!("not serve");
+    };
+    let serve = matches.subcommand_matches("serve").unwrap().clone();
+    (settings, serve)
+}
+
+fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Applies `pairs` over `floodgate serve <args>`.
+fn apply(
+    args: &[&str],
+    pairs: &[(&str, &str)],
+) -> Result<(ServeSettings, ReferenceReport), SettingsError> {
+    let (mut settings, matches) = serve(args);
+    let report = apply_reference_env(&mut settings, &matches, &env(pairs))?;
+    Ok((settings, report))
+}
+
+fn addr(text: &str) -> SocketAddr {
+    text.parse().unwrap()
+}
+
+/// A reference deployment's variables alone configure the limits path, ports and Redis.
+#[test]
+fn reference_deployment() {
+    let (s, report) = apply(
+        &[],
+        &[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("PORT", "9080"),
+            ("GRPC_PORT", "9081"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis:6379"),
+            ("REDIS_POOL_SIZE", "7"),
+            ("SHADOW_MODE", "true"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.config, Some(PathBuf::from("/data/ratelimit/config")));
+    assert_eq!(s.http_addr, addr("0.0.0.0:9080"));
+    assert_eq!(s.grpc_addr, addr("0.0.0.0:9081"));
+    assert_eq!(s.redis_url.as_deref(), Some("redis://redis:6379"));
+    assert_eq!(s.redis_pool_size, 7);
+    assert!(s.shadow_mode);
+    assert_eq!(s.redis_key_prefix, "rl_");
+    assert!(report.no_effect.is_empty() && report.overridden.is_empty());
+    assert_eq!(report.applied.len(), 9, "{:?}", report.applied);
+}
+
+/// Without any reference variable nothing changes, and `--config` is then required.
+#[test]
+fn defaults_untouched_and_limits_required() {
+    let (s, report) = apply(&["--config", "x"], &[]).unwrap();
+    let (plain, _) = serve(&["--config", "x"]);
+    assert_eq!(format!("{s:?}"), format!("{plain:?}"));
+    assert_eq!(report, ReferenceReport::default());
+    assert!(matches!(apply(&[], &[]), Err(SettingsError::NoLimits)));
+    // Empty values count as unset.
+    assert!(matches!(
+        apply(&[], &[("RUNTIME_ROOT", "")]),
+        Err(SettingsError::NoLimits)
+    ));
+}
+
+/// The runtime layout: root/subdirectory/appdirectory, with the reference's defaults.
+#[test]
+fn limits_directory_layout() {
+    let dir = |pairs: &[(&str, &str)]| apply(&[], pairs).unwrap().0.config.unwrap();
+    assert_eq!(dir(&[("RUNTIME_ROOT", "/r")]), PathBuf::from("/r/config"));
+    assert_eq!(
+        dir(&[("RUNTIME_SUBDIRECTORY", "rl")]),
+        PathBuf::from("/srv/runtime_data/current/rl/config")
+    );
+    assert_eq!(
+        dir(&[
+            ("RUNTIME_ROOT", "/r"),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("RUNTIME_APPDIRECTORY", "limits")
+        ]),
+        PathBuf::from("/r/rl/limits")
+    );
+}
+
+/// floodgate's own flags win over the reference variables, which are reported as overridden.
+#[test]
+fn own_flags_win() {
+    let (s, report) = apply(
+        &[
+            "--config",
+            "mine",
+            "--grpc-addr",
+            "127.0.0.1:1",
+            "--http-addr",
+            "127.0.0.1:2",
+            "--redis-url",
+            "redis://mine",
+            "--redis-pool-size",
+            "3",
+            "--redis-key-prefix",
+            "p:",
+            "--local-cache-size",
+            "5",
+            "--shadow-mode",
+            "--log-format",
+            "text",
+        ],
+        &[
+            ("RUNTIME_ROOT", "/r"),
+            ("GRPC_PORT", "9"),
+            ("HOST", "10.0.0.1"),
+            ("REDIS_URL", "other:6379"),
+            ("REDIS_POOL_SIZE", "9"),
+            ("CACHE_KEY_PREFIX", "x"),
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1000"),
+            ("SHADOW_MODE", "false"),
+            ("LOG_FORMAT", "json"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.config, Some(PathBuf::from("mine")));
+    assert_eq!(s.grpc_addr, addr("127.0.0.1:1"));
+    assert_eq!(s.http_addr, addr("127.0.0.1:2"));
+    assert_eq!(s.redis_url.as_deref(), Some("redis://mine"));
+    assert_eq!((s.redis_pool_size, s.local_cache_size), (3, 5));
+    assert_eq!(s.redis_key_prefix, "p:");
+    assert!(s.shadow_mode);
+    assert_eq!(s.log_format, LogFormat::Text);
+    assert!(report.applied.is_empty(), "{:?}", report.applied);
+    assert_eq!(report.overridden.len(), 9, "{:?}", report.overridden);
+    assert!(
+        report
+            .overridden
+            .contains(&"GRPC_PORT (by --grpc-addr)".to_string())
+    );
+}
+
+/// Hosts and ports combine with floodgate's defaults, port 0 included.
+#[test]
+fn hosts_and_ports() {
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[
+            ("HOST", "127.0.0.1"),
+            ("GRPC_HOST", "::1"),
+            ("GRPC_PORT", "0"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.http_addr, addr("127.0.0.1:8080"));
+    assert_eq!(s.grpc_addr, addr("[::1]:0"));
+    let (s, _) = apply(&["--config", "x"], &[("GRPC_HOST", "localhost")]).unwrap();
+    assert_eq!(s.grpc_addr, addr("127.0.0.1:8081"));
+}
+
+/// REDIS_URL host:port plus socket type, TLS and auth become one redis URL.
+#[test]
+fn redis_url_translation() {
+    let url = |pairs: &[(&str, &str)]| {
+        apply(&["--config", "x"], pairs)
+            .unwrap()
+            .0
+            .redis_url
+            .unwrap()
+    };
+    assert_eq!(url(&[("REDIS_URL", "r:6380")]), "redis://r:6380");
+    assert_eq!(url(&[("REDIS_URL", "r")]), "redis://r:6379");
+    assert_eq!(
+        url(&[("REDIS_URL", "r:1"), ("REDIS_TLS", "true")]),
+        "rediss://r:1"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "r:1"), ("REDIS_AUTH", "p@ss")]),
+        "redis://:p%40ss@r:1"
+    );
+    assert_eq!(
+        url(&[("REDIS_URL", "r:1"), ("REDIS_AUTH", "user:pw:d")]),
+        "redis://user:pw%3Ad@r:1"
+    );
+    assert_eq!(
+        url(&[
+            ("REDIS_URL", "/run/redis.sock"),
+            ("REDIS_SOCKET_TYPE", "unix"),
+            ("REDIS_AUTH", "u:p")
+        ]),
+        "redis+unix:///run/redis.sock?pass=p&user=u"
+    );
+    // The socket type is inferred when unset.
+    assert_eq!(
+        url(&[("REDIS_URL", "/run/redis.sock")]),
+        "redis+unix:///run/redis.sock"
+    );
+    // A full URL is kept as it is.
+    assert_eq!(
+        url(&[("REDIS_URL", "rediss://h:1/2"), ("REDIS_TYPE", "SINGLE")]),
+        "rediss://h:1/2"
+    );
+}
+
+/// Cluster and Sentinel are accepted and reported: the first node, or no Redis at all.
+#[test]
+fn redis_types_not_supported_are_reported() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "cluster")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_url.as_deref(), Some("redis://a:1"));
+    assert!(report.no_effect[0].starts_with("REDIS_TYPE=cluster"));
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "m,s1:26379"), ("REDIS_TYPE", "Sentinel")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_url, None);
+    assert!(report.no_effect[0].starts_with("REDIS_TYPE=sentinel"));
+    // Companions without a REDIS_URL change nothing, and say so.
+    let (s, report) = apply(&["--config", "x"], &[("REDIS_TLS", "true")]).unwrap();
+    assert_eq!(s.redis_url, None);
+    assert_eq!(report.no_effect.len(), 1);
+}
+
+/// Cache, shadow mode, logs and the values left for the response-header options.
+#[test]
+fn remaining_variables() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("LOCAL_CACHE_SIZE_IN_BYTES", "1280000"),
+            ("SHADOW_MODE", "T"),
+            ("NEAR_LIMIT_RATIO", "0.9"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "1"),
+            ("LIMIT_LIMIT_HEADER", "X-Limit"),
+            ("LIMIT_REMAINING_HEADER", "X-Remaining"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+            ("LOG_LEVEL", "WARN"),
+            ("LOG_FORMAT", "JSON"),
+            ("USE_PROMETHEUS", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.local_cache_size, 10_000);
+    assert!(s.shadow_mode);
+    assert_eq!(s.log_format, LogFormat::Json);
+    assert_eq!(
+        report.overrides,
+        ReferenceOverrides {
+            response_headers: Some(true),
+            header_limit: Some("X-Limit".into()),
+            header_remaining: Some("X-Remaining".into()),
+            header_reset: Some("X-Reset".into()),
+            near_limit_ratio: Some(0.9),
+            log_filter: Some("warn,notify=error".into()),
+        }
+    );
+    let no_effect = report.no_effect.join("\n");
+    for name in [
+        "USE_PROMETHEUS",
+        "RUNTIME_WATCH_ROOT",
+        "RUNTIME_IGNOREDOTFILES",
+    ] {
+        assert!(no_effect.contains(name), "{name}: {no_effect}");
+    }
+    // LOCAL_CACHE_SIZE_IN_BYTES=0 turns the cache off, as in the reference.
+    let (s, _) = apply(&["--config", "x"], &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]).unwrap();
+    assert_eq!(s.local_cache_size, 0);
+    // RUST_LOG wins over LOG_LEVEL.
+    let (_, report) = apply(
+        &["--config", "x"],
+        &[("LOG_LEVEL", "debug"), ("RUST_LOG", "trace")],
+    )
+    .unwrap();
+    assert_eq!(report.overrides.log_filter, None);
+    assert_eq!(report.overridden, ["LOG_LEVEL (by RUST_LOG)"]);
+}
+
+/// Every unparsable value is an error naming the variable; secrets are not echoed.
+#[test]
+fn bad_values_are_errors() {
+    for (name, value) in [
+        ("PORT", "http"),
+        ("GRPC_PORT", "70000"),
+        ("HOST", "example.com"),
+        ("REDIS_SOCKET_TYPE", "udp"),
+        ("REDIS_TYPE", "ring"),
+        ("REDIS_TLS", "yes"),
+        ("REDIS_POOL_SIZE", "0"),
+        ("LOCAL_CACHE_SIZE_IN_BYTES", "-1"),
+        ("NEAR_LIMIT_RATIO", "1.5"),
+        ("SHADOW_MODE", "on"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "enabled"),
+        ("LIMIT_RESET_HEADER", "Bad Header"),
+        ("LOG_LEVEL", "verbose"),
+        ("LOG_FORMAT", "logfmt"),
+        ("USE_PROMETHEUS", "sure"),
+        ("RUNTIME_WATCH_ROOT", "maybe"),
+        ("RUNTIME_IGNOREDOTFILES", "2"),
+    ] {
+        let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.contains(name) && message.contains(value),
+            "{message}"
+        );
+    }
+    let error = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_URL", "a/b:1"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_AUTH", "hunter2"),
+        ],
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("REDIS_URL"), "{error}");
+    assert!(!error.to_string().contains("hunter2"));
+}
