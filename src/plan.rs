@@ -907,4 +907,129 @@ descriptors:
         };
         assert_eq!(reported_reset_us(&exact, 750_000), 750_000);
     }
+
+    fn with_headers() -> PlanOptions {
+        PlanOptions {
+            headers: Some(HeaderOptions::default()),
+            ..PlanOptions::default()
+        }
+    }
+
+    fn header_pairs(response: &RateLimitResponse) -> Vec<(String, String)> {
+        response
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    }
+
+    fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+        expected
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// When OK, headers come from the status with the fewest remaining; none when off.
+    #[test]
+    fn headers_follow_lowest_remaining() {
+        let config = config();
+        let req = request(vec![descriptor("a", "x"), descriptor("c", "x")]);
+        let plan = Plan::build(&req, &config, &with_headers()).unwrap();
+        let mut applied = answer(&plan, true, 2, 1_000_000);
+        applied.buckets[1].view = View {
+            remaining: 1,
+            reset_us: 24_000_000,
+        };
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(
+            header_pairs(&response),
+            pairs(&[
+                ("RateLimit-Limit", "5"),
+                ("RateLimit-Remaining", "1"),
+                ("RateLimit-Reset", "24"),
+            ])
+        );
+        assert!(
+            plan.respond(&applied, &options())
+                .response
+                .response_headers_to_add
+                .is_empty()
+        );
+    }
+
+    /// On OVER_LIMIT the denying status binds and Retry-After is its retry time, rounded up.
+    #[test]
+    fn over_limit_headers_carry_retry_after() {
+        let config = config();
+        let req = request(vec![descriptor("a", "x"), descriptor("c", "x")]);
+        let plan = Plan::build(&req, &config, &with_headers()).unwrap();
+        let mut applied = answer(&plan, true, 0, 1_000_000);
+        applied.committed = false;
+        applied.buckets[1] = BucketResult {
+            admitted: false,
+            view: View {
+                remaining: 0,
+                reset_us: 60_000_000,
+            },
+            retry_after_us: Some(11_000_001),
+        };
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(
+            header_pairs(&response),
+            pairs(&[
+                ("RateLimit-Limit", "5"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "60"),
+                ("Retry-After", "12"),
+            ])
+        );
+        // A cost that can never pass: Retry-After falls back to the reset.
+        applied.buckets[1].retry_after_us = None;
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(response.response_headers_to_add[3].value, "60");
+    }
+
+    /// The IETF structured fields name the policy and carry quota, window, remaining, reset.
+    #[test]
+    fn ietf_headers_are_structured_fields() {
+        let config = config();
+        let mut options = with_headers();
+        if let Some(h) = options.headers.as_mut() {
+            h.ietf = true;
+        }
+        let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options).unwrap();
+        let response = plan
+            .respond(&answer(&plan, true, 2, 333_334), &options)
+            .response;
+        let headers = header_pairs(&response);
+        assert_eq!(
+            headers[3..],
+            pairs(&[
+                ("RateLimit-Policy", "\"default\";q=3;w=1"),
+                ("RateLimit", "\"default\";r=2;t=1"),
+            ])
+        );
+    }
+
+    /// Near-limit hits follow the reference: only the part above ⌊capacity × ratio⌋ counts.
+    #[test]
+    fn near_limit_counts_hits_above_threshold() {
+        let op = |cost| BucketOp {
+            key: BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000),
+            params: LimitParams {
+                algorithm: Algorithm::FixedWindow,
+                requests_per_period: 10,
+                period_us: 60_000_000,
+                burst: 10,
+            },
+            cost,
+            enforce: true,
+        };
+        // Threshold 8: 7 → 10 has two hits above it; 8 → 9 has one; 5 → 8 none.
+        assert_eq!(near_limit_hits(&op(3), 0, 3, 0.8), 2);
+        assert_eq!(near_limit_hits(&op(1), 1, 1, 0.8), 1);
+        assert_eq!(near_limit_hits(&op(3), 2, 3, 0.8), 0);
+        assert_eq!(near_limit_hits(&op(0), 0, 0, 0.8), 0);
+    }
 }
