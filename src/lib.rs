@@ -7,7 +7,8 @@
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
 //!                                                     │ 1. plan::Plan::build   (config matching, costs)
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
-//!                                                     │ 3. plan::Plan::respond (statuses, codes)
+//!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
+//!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
 //!                                                     └─▶ metrics
 //! ```
 //!
@@ -19,6 +20,7 @@
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
+//! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
 //!   script per request) behind the local over-limit cache, the circuit breaker and the
 //!   failure policy (`store::resilient`).
@@ -31,6 +33,7 @@
 //!   generated RLS v3 types.
 #![forbid(unsafe_code)]
 
+pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;

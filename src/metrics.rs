@@ -12,6 +12,7 @@
 //! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
 //! | `floodgate_rule_over_limit_total` | domain, rule | hits the rule denied |
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
+//! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
@@ -21,6 +22,10 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//!
+//! Over limit from the local cache stays one store-level counter rather than a per-rule one:
+//! the cache answers per bucket, below the planner, and those answers are also counted per
+//! rule in `floodgate_rule_over_limit_total` like any other denial.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +98,7 @@ pub struct Metrics {
     rule_within_limit: Family<RuleLabels, Counter>,
     rule_over_limit: Family<RuleLabels, Counter>,
     rule_shadow_mode: Family<RuleLabels, Counter>,
+    rule_near_limit: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
@@ -118,6 +124,7 @@ impl Metrics {
         let rule_within_limit = Family::<RuleLabels, Counter>::default();
         let rule_over_limit = Family::<RuleLabels, Counter>::default();
         let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
+        let rule_near_limit = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
         let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
@@ -149,6 +156,11 @@ impl Metrics {
             "floodgate_rule_shadow_mode",
             "Hits a shadow-mode rule would have denied",
             rule_shadow_mode.clone(),
+        );
+        registry.register(
+            "floodgate_rule_near_limit",
+            "Admitted hits above the near-limit ratio of a rule's capacity",
+            rule_near_limit.clone(),
         );
         registry.register(
             "floodgate_requests",
@@ -201,6 +213,7 @@ impl Metrics {
             rule_within_limit,
             rule_over_limit,
             rule_shadow_mode,
+            rule_near_limit,
             requests,
             store_duration,
             config_loads,
@@ -232,6 +245,11 @@ impl Metrics {
                 Verdict::ShadowOverLimit => &self.rule_shadow_mode,
             };
             family.get_or_create(&labels).inc_by(tally.hits);
+            if tally.near_limit > 0 {
+                self.rule_near_limit
+                    .get_or_create(&labels)
+                    .inc_by(tally.near_limit);
+            }
         }
         self.record_request(result);
     }

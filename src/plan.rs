@@ -12,6 +12,8 @@ use std::collections::HashMap;
 
 use prost_types::Duration;
 
+pub use crate::annotate::HeaderOptions;
+use crate::annotate::{self, Reported};
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue};
 use crate::config::{Config, Limit, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
@@ -42,8 +44,8 @@ impl Default for RequestLimits {
     }
 }
 
-/// Settings that shape planning.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Settings that shape planning and the response.
+#[derive(Clone, Debug, PartialEq)]
 pub struct PlanOptions {
     /// Global shadow mode: every limit is evaluated and counted, none denies.
     pub shadow_mode: bool,
@@ -51,6 +53,28 @@ pub struct PlanOptions {
     pub default_algorithm: Algorithm,
     /// Request-size bounds.
     pub limits: RequestLimits,
+    /// Rate-limit response headers to add; `None` adds none (the reference's default).
+    pub headers: Option<HeaderOptions>,
+    /// Fraction of a limit's capacity above which admitted hits count as near the limit
+    /// (`floodgate_rule_near_limit_total`), as the reference's `NEAR_LIMIT_RATIO`.
+    pub near_limit_ratio: f32,
+    /// Report the request and its quota-mode violations in `dynamic_metadata`, as the
+    /// reference does with `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
+}
+
+impl Default for PlanOptions {
+    /// The reference's defaults: no shadow mode, no headers, no metadata, near limit at 0.8.
+    fn default() -> Self {
+        PlanOptions {
+            shadow_mode: false,
+            default_algorithm: Algorithm::TokenBucket,
+            limits: RequestLimits::default(),
+            headers: None,
+            near_limit_ratio: 0.8,
+            dynamic_metadata: false,
+        }
+    }
 }
 
 /// Why a request was rejected before touching any bucket. The message is for the caller.
@@ -66,6 +90,9 @@ enum LimitSource<'c> {
     Override(u32, Unit),
 }
 
+/// A matched limit before `replaces` is applied: (source, metric path, enforce, quota, key).
+type MatchedLimit<'c> = (LimitSource<'c>, String, bool, bool, BucketKey);
+
 #[derive(Debug)]
 struct PlannedLimit<'c> {
     source: LimitSource<'c>,
@@ -74,7 +101,10 @@ struct PlannedLimit<'c> {
     rule: String,
     /// Index into [`Plan::ops`].
     op: usize,
+    /// Not in shadow mode (per rule or global).
     enforce: bool,
+    /// The rule is in `quota_mode`: going over does not deny by itself.
+    quota: bool,
 }
 
 #[derive(Debug)]
@@ -96,6 +126,8 @@ pub struct Plan<'c> {
     descriptors: Vec<DescriptorPlan<'c>>,
     /// One op per distinct bucket, in first-seen order.
     pub ops: Vec<BucketOp>,
+    /// The request as `dynamic_metadata` reports it, when that is enabled.
+    metadata: Option<annotate::RequestSummary>,
 }
 
 /// How one limit of one descriptor fared, for metrics.
@@ -107,6 +139,8 @@ pub struct Tally {
     pub hits: u64,
     /// The verdict for this limit.
     pub verdict: Verdict,
+    /// Of `hits`, how many were admitted above the near-limit threshold.
+    pub near_limit: u64,
 }
 
 /// A limit's verdict, as metrics count it.
@@ -143,7 +177,7 @@ impl<'c> Plan<'c> {
         // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
         let request_hits = u64::from(request.hits_addend.max(1));
 
-        let mut matched: Vec<Vec<(LimitSource<'c>, String, bool, BucketKey)>> = Vec::new();
+        let mut matched: Vec<Vec<MatchedLimit<'c>>> = Vec::new();
         let mut costs = Vec::with_capacity(request.descriptors.len());
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             // A present descriptor hits_addend overrides the request's; present and 0 = check.
@@ -190,7 +224,13 @@ impl<'c> Plan<'c> {
                 // Never shadow per rule (the reference's choice), but the global switch covers
                 // overrides too: in shadow mode nothing denies.
                 let enforce = !options.shadow_mode;
-                limits.push((source, format!("{}.override", request.domain), enforce, key));
+                limits.push((
+                    source,
+                    format!("{}.override", request.domain),
+                    enforce,
+                    false,
+                    key,
+                ));
             } else if let Some(found) = domain.find(&entries) {
                 let rule = found.rule;
                 // The rule's path, or with request values where the rule opted in
@@ -214,7 +254,13 @@ impl<'c> Plan<'c> {
                         params.algorithm,
                         params.period_us,
                     );
-                    limits.push((LimitSource::Configured(limit), metric.clone(), enforce, key));
+                    limits.push((
+                        LimitSource::Configured(limit),
+                        metric.clone(),
+                        enforce,
+                        rule.quota_mode,
+                        key,
+                    ));
                 }
             }
             matched.push(limits);
@@ -237,7 +283,7 @@ impl<'c> Plan<'c> {
         for (limits, &cost) in matched.into_iter().zip(&costs) {
             let mut planned = Vec::new();
             let mut unlimited_rule = None;
-            for (source, rule, enforce, key) in limits {
+            for (source, rule, enforce, quota, key) in limits {
                 let params = match source {
                     LimitSource::Configured(limit) => {
                         if limit
@@ -265,12 +311,16 @@ impl<'c> Plan<'c> {
                     ops.len() - 1
                 });
                 ops[op].cost = ops[op].cost.saturating_add(cost);
-                ops[op].enforce |= enforce;
+                // A quota-mode bucket never blocks the store's commit by itself (like a
+                // shadow one): whether quota denies is decided per request in `respond`,
+                // and a denied request is undone with `refunds`.
+                ops[op].enforce |= enforce && !quota;
                 planned.push(PlannedLimit {
                     source,
                     rule,
                     op,
                     enforce,
+                    quota,
                 });
             }
             descriptors.push(match (planned.is_empty(), unlimited_rule) {
@@ -285,48 +335,142 @@ impl<'c> Plan<'c> {
             costs,
             descriptors,
             ops,
+            metadata: options
+                .dynamic_metadata
+                .then(|| annotate::RequestSummary::of(request)),
         })
     }
 
-    /// Builds the response from the store's answer (one result per op of this plan).
-    pub fn respond(&self, applied: &Applied) -> Outcome {
+    /// Whether a descriptor's limits put it over, and whether it is a quota-mode descriptor:
+    /// `(enforcing limit over, quota-mode limit over, has enforcing quota-mode limits)`.
+    fn descriptor_over(
+        &self,
+        limits: &[PlannedLimit<'c>],
+        applied: &Applied,
+    ) -> (bool, bool, bool) {
+        let mut over = (false, false, false);
+        for limit in limits.iter().filter(|l| l.enforce) {
+            let denied = applied
+                .buckets
+                .get(limit.op)
+                .is_some_and(|result| !result.admitted);
+            if limit.quota {
+                over.2 = true;
+                over.1 |= denied;
+            } else {
+                over.0 |= denied;
+            }
+        }
+        over
+    }
+
+    /// The reference's `quota_mode` rule: quota-mode descriptors deny the request only when
+    /// there is at least one and **every** one of them is over.
+    fn quota_denies(&self, applied: &Applied) -> bool {
+        let mut any = false;
+        for descriptor in &self.descriptors {
+            if let DescriptorPlan::Limited(limits) = descriptor {
+                let (_, quota_over, quota) = self.descriptor_over(limits, applied);
+                if quota {
+                    if !quota_over {
+                        return false;
+                    }
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Debits to undo after the store committed a request that quota mode denies (quota-mode
+    /// buckets do not block the store's commit, so it cannot know): `(op index, refund)`
+    /// for every debited bucket. Empty when nothing needs undoing. Like Redis Cluster's
+    /// cross-slot refunds, this is a second, compensating call, not one atomic step.
+    pub fn refunds(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
+        if !applied.committed || !self.quota_denies(applied) {
+            return Vec::new();
+        }
+        self.ops
+            .iter()
+            .zip(&applied.buckets)
+            .enumerate()
+            .filter(|(_, (op, result))| op.cost > 0 && result.admitted)
+            .map(|(i, (op, _))| {
+                (
+                    i,
+                    BucketOp {
+                        cost: -op.cost,
+                        ..op.clone()
+                    },
+                )
+            })
+            .collect()
+    }
+
+    /// Builds the response from the store's answer (one result per op of this plan), with
+    /// the headers and metadata `options` ask for.
+    pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome {
+        let quota_binds = self.quota_denies(applied);
         let mut tallies = Vec::new();
         let mut over = false;
-        let statuses = self
-            .descriptors
-            .iter()
-            .zip(&self.costs)
-            .map(|(descriptor, &cost)| {
-                let hits = u64::try_from(cost).unwrap_or(0);
-                match descriptor {
-                    DescriptorPlan::Unmatched => DescriptorStatus {
+        let mut reported = Vec::with_capacity(self.descriptors.len());
+        let mut quota_mode = false;
+        let mut violations = Vec::new();
+        let mut statuses = Vec::with_capacity(self.descriptors.len());
+        for (i, (descriptor, &cost)) in self.descriptors.iter().zip(&self.costs).enumerate() {
+            let hits = u64::try_from(cost).unwrap_or(0);
+            statuses.push(match descriptor {
+                DescriptorPlan::Unmatched => DescriptorStatus {
+                    code: Code::Ok as i32,
+                    ..Default::default()
+                },
+                DescriptorPlan::Unlimited { rule } => {
+                    tallies.push(Tally {
+                        rule: rule.clone(),
+                        hits,
+                        verdict: Verdict::WithinLimit,
+                        near_limit: 0,
+                    });
+                    DescriptorStatus {
                         code: Code::Ok as i32,
+                        limit_remaining: u32::MAX,
                         ..Default::default()
-                    },
-                    DescriptorPlan::Unlimited { rule } => {
-                        tallies.push(Tally {
-                            rule: rule.clone(),
-                            hits,
-                            verdict: Verdict::WithinLimit,
-                        });
-                        DescriptorStatus {
-                            code: Code::Ok as i32,
-                            limit_remaining: u32::MAX,
-                            ..Default::default()
-                        }
-                    }
-                    DescriptorPlan::Limited(limits) => {
-                        let status = self.limited_status(limits, applied, hits, &mut tallies);
-                        over |= status.code == Code::OverLimit as i32;
-                        status
                     }
                 }
-            })
-            .collect();
+                DescriptorPlan::Limited(limits) => {
+                    let (_, quota_over, quota) = self.descriptor_over(limits, applied);
+                    quota_mode |= quota;
+                    if quota_over {
+                        violations.push(i);
+                    }
+                    let context = StatusContext {
+                        applied,
+                        hits,
+                        quota_binds,
+                        near_limit_ratio: options.near_limit_ratio,
+                    };
+                    let (status, binding) = self.limited_status(limits, &context, &mut tallies);
+                    over |= status.code == Code::OverLimit as i32;
+                    reported.extend(binding);
+                    status
+                }
+            });
+        }
+        let response_headers_to_add = options
+            .headers
+            .as_ref()
+            .map(|headers| annotate::headers(headers, &reported, over))
+            .unwrap_or_default();
+        let dynamic_metadata = self
+            .metadata
+            .as_ref()
+            .map(|summary| summary.to_struct(quota_mode, &violations));
         Outcome {
             response: RateLimitResponse {
                 overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
                 statuses,
+                response_headers_to_add,
+                dynamic_metadata,
                 ..Default::default()
             },
             domain: self.domain.clone(),
@@ -334,30 +478,42 @@ impl<'c> Plan<'c> {
         }
     }
 
-    /// The status of a descriptor with limits: OVER_LIMIT if an enforcing limit denied it;
-    /// it reports the binding limit (the denying one that frees last, else the one with the
-    /// fewest tokens left), as Envoy builds its headers from a single limit.
+    /// The status of a descriptor with limits: OVER_LIMIT if an enforcing limit denied it
+    /// (a quota-mode limit only when quota mode denies the whole request); it reports the
+    /// binding limit (the denying one that frees last, else the one with the fewest tokens
+    /// left), as Envoy builds its headers from a single limit. Also returns what the
+    /// response headers need to know about that limit.
     fn limited_status(
         &self,
         limits: &[PlannedLimit<'c>],
-        applied: &Applied,
-        hits: u64,
+        context: &StatusContext<'_>,
         tallies: &mut Vec<Tally>,
-    ) -> DescriptorStatus {
+    ) -> (DescriptorStatus, Option<Reported>) {
+        let applied = context.applied;
         let mut chosen: Option<(&PlannedLimit<'c>, bool)> = None;
         for limit in limits {
             let Some(result) = applied.buckets.get(limit.op) else {
                 continue;
             };
             let denied = !result.admitted;
-            let over = denied && limit.enforce;
+            let over = denied && limit.enforce && (!limit.quota || context.quota_binds);
             tallies.push(Tally {
                 rule: limit.rule.clone(),
-                hits,
+                hits: context.hits,
                 verdict: match (denied, limit.enforce) {
                     (false, _) => Verdict::WithinLimit,
                     (true, true) => Verdict::OverLimit,
                     (true, false) => Verdict::ShadowOverLimit,
+                },
+                near_limit: if denied || !applied.committed {
+                    0
+                } else {
+                    near_limit_hits(
+                        &self.ops[limit.op],
+                        result.view.remaining,
+                        context.hits,
+                        context.near_limit_ratio,
+                    )
                 },
             });
             let better = match chosen {
@@ -381,10 +537,11 @@ impl<'c> Plan<'c> {
             }
         }
         let Some((limit, over)) = chosen else {
-            return DescriptorStatus {
+            let status = DescriptorStatus {
                 code: Code::Ok as i32,
                 ..Default::default()
             };
+            return (status, None);
         };
         let result = &applied.buckets[limit.op];
         let params = self.ops[limit.op].params;
@@ -396,25 +553,71 @@ impl<'c> Plan<'c> {
             ),
             LimitSource::Override(rpu, unit) => (String::new(), rpu, unit),
         };
-        DescriptorStatus {
+        // Envoy reads only the seconds: round up so a client never retries early.
+        let reset_s = reported_reset_us(&params, result.view.reset_us).div_ceil(1_000_000);
+        let limit_remaining = u32::try_from(result.view.remaining).unwrap_or(u32::MAX);
+        let reported = Reported {
+            over,
+            requests_per_unit,
+            remaining: limit_remaining,
+            reset_s,
+            retry_after_us: result.retry_after_us,
+            window_s: params.period_us / 1_000_000,
+            name: name.clone(),
+        };
+        let status = DescriptorStatus {
             code: if over { Code::OverLimit } else { Code::Ok } as i32,
             current_limit: Some(RateLimit {
                 name,
                 requests_per_unit,
                 unit: unit.to_response_proto(),
             }),
-            limit_remaining: u32::try_from(result.view.remaining).unwrap_or(u32::MAX),
+            limit_remaining,
             duration_until_reset: Some(Duration {
-                // Envoy reads only the seconds: round up so a client never retries early.
-                seconds: i64::try_from(
-                    reported_reset_us(&params, result.view.reset_us).div_ceil(1_000_000),
-                )
-                .unwrap_or(i64::MAX),
+                seconds: i64::try_from(reset_s).unwrap_or(i64::MAX),
                 nanos: 0,
             }),
             quota: None,
-        }
+        };
+        (status, Some(reported))
     }
+}
+
+/// What [`Plan::limited_status`] needs besides the descriptor's limits.
+struct StatusContext<'a> {
+    applied: &'a Applied,
+    /// Hits the descriptor asked for.
+    hits: u64,
+    /// Quota mode denies this request (every quota-mode descriptor is over).
+    quota_binds: bool,
+    near_limit_ratio: f32,
+}
+
+/// Hits admitted above the near-limit threshold, counted as the reference does
+/// (`checkNearLimitThreshold` in its base_limiter.go): threshold = ⌊capacity × ratio⌋ computed
+/// in `f32`; when the used count after the request is above it, every hit counts if the count
+/// before was already at or above it, else only `after − threshold`. The used count is
+/// `capacity − limit_remaining` (exact for the windows; whole tokens for the token bucket);
+/// "before" takes off the bucket's summed cost, so a bucket reached twice splits fairly.
+fn near_limit_hits(op: &BucketOp, remaining: u64, hits: u64, ratio: f32) -> u64 {
+    let Ok(cost) = u64::try_from(op.cost) else {
+        return 0;
+    };
+    if hits == 0 || cost == 0 {
+        return 0;
+    }
+    let capacity = match op.params.algorithm {
+        Algorithm::TokenBucket => op.params.burst,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => op.params.requests_per_period,
+    };
+    // The reference multiplies in float32, then floors.
+    let threshold = (capacity as f32 * ratio).floor() as u64;
+    let after = capacity.saturating_sub(remaining);
+    let before = after.saturating_sub(cost);
+    if after <= threshold {
+        return 0;
+    }
+    (after - threshold.max(before)).min(hits)
 }
 
 fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) -> LimitParams {
@@ -529,11 +732,7 @@ descriptors:
     }
 
     fn options() -> PlanOptions {
-        PlanOptions {
-            shadow_mode: false,
-            default_algorithm: Algorithm::TokenBucket,
-            limits: RequestLimits::default(),
-        }
+        PlanOptions::default()
     }
 
     fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
@@ -632,7 +831,7 @@ descriptors:
         )
         .unwrap();
         assert_eq!(both.ops.len(), 1);
-        let outcome = both.respond(&answer(&both, true, 4, 12_000_000));
+        let outcome = both.respond(&answer(&both, true, 4, 12_000_000), &options());
         assert!(outcome.response.statuses[0].current_limit.is_none());
         assert!(outcome.response.statuses[1].current_limit.is_some());
     }
@@ -648,7 +847,9 @@ descriptors:
         )
         .unwrap();
         assert!(plan.ops.is_empty());
-        let response = plan.respond(&answer(&plan, true, 0, 0)).response;
+        let response = plan
+            .respond(&answer(&plan, true, 0, 0), &options())
+            .response;
         assert_eq!(response.overall_code, Code::Ok as i32);
         assert_eq!(response.statuses[0].limit_remaining, u32::MAX);
         assert_eq!(response.statuses[1].limit_remaining, 0);
@@ -659,13 +860,17 @@ descriptors:
     fn response_rounds_reset_up() {
         let config = config();
         let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options()).unwrap();
-        let response = plan.respond(&answer(&plan, true, 2, 1)).response;
+        let response = plan
+            .respond(&answer(&plan, true, 2, 1), &options())
+            .response;
         let status = &response.statuses[0];
         assert_eq!(status.limit_remaining, 2);
         assert_eq!(status.duration_until_reset.unwrap().seconds, 1);
         // 5 per minute: 12 s per token exactly, so the raw reset is reported, rounded up.
         let plan = Plan::build(&request(vec![descriptor("c", "x")]), &config, &options()).unwrap();
-        let response = plan.respond(&answer(&plan, false, 0, 2_000_001)).response;
+        let response = plan
+            .respond(&answer(&plan, false, 0, 2_000_001), &options())
+            .response;
         assert_eq!(response.overall_code, Code::OverLimit as i32);
         assert_eq!(
             response.statuses[0].duration_until_reset.unwrap().seconds,
@@ -678,7 +883,7 @@ descriptors:
     fn shadow_denial_is_ok_and_tallied() {
         let config = config();
         let plan = Plan::build(&request(vec![descriptor("b", "x")]), &config, &options()).unwrap();
-        let outcome = plan.respond(&answer(&plan, false, 0, 1));
+        let outcome = plan.respond(&answer(&plan, false, 0, 1), &options());
         assert_eq!(outcome.response.overall_code, Code::Ok as i32);
         assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
         assert_eq!(outcome.tallies[0].rule, "d.b");
@@ -701,5 +906,130 @@ descriptors:
             ..params
         };
         assert_eq!(reported_reset_us(&exact, 750_000), 750_000);
+    }
+
+    fn with_headers() -> PlanOptions {
+        PlanOptions {
+            headers: Some(HeaderOptions::default()),
+            ..PlanOptions::default()
+        }
+    }
+
+    fn header_pairs(response: &RateLimitResponse) -> Vec<(String, String)> {
+        response
+            .response_headers_to_add
+            .iter()
+            .map(|h| (h.key.clone(), h.value.clone()))
+            .collect()
+    }
+
+    fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+        expected
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// When OK, headers come from the status with the fewest remaining; none when off.
+    #[test]
+    fn headers_follow_lowest_remaining() {
+        let config = config();
+        let req = request(vec![descriptor("a", "x"), descriptor("c", "x")]);
+        let plan = Plan::build(&req, &config, &with_headers()).unwrap();
+        let mut applied = answer(&plan, true, 2, 1_000_000);
+        applied.buckets[1].view = View {
+            remaining: 1,
+            reset_us: 24_000_000,
+        };
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(
+            header_pairs(&response),
+            pairs(&[
+                ("RateLimit-Limit", "5"),
+                ("RateLimit-Remaining", "1"),
+                ("RateLimit-Reset", "24"),
+            ])
+        );
+        assert!(
+            plan.respond(&applied, &options())
+                .response
+                .response_headers_to_add
+                .is_empty()
+        );
+    }
+
+    /// On OVER_LIMIT the denying status binds and Retry-After is its retry time, rounded up.
+    #[test]
+    fn over_limit_headers_carry_retry_after() {
+        let config = config();
+        let req = request(vec![descriptor("a", "x"), descriptor("c", "x")]);
+        let plan = Plan::build(&req, &config, &with_headers()).unwrap();
+        let mut applied = answer(&plan, true, 0, 1_000_000);
+        applied.committed = false;
+        applied.buckets[1] = BucketResult {
+            admitted: false,
+            view: View {
+                remaining: 0,
+                reset_us: 60_000_000,
+            },
+            retry_after_us: Some(11_000_001),
+        };
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(
+            header_pairs(&response),
+            pairs(&[
+                ("RateLimit-Limit", "5"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "60"),
+                ("Retry-After", "12"),
+            ])
+        );
+        // A cost that can never pass: Retry-After falls back to the reset.
+        applied.buckets[1].retry_after_us = None;
+        let response = plan.respond(&applied, &with_headers()).response;
+        assert_eq!(response.response_headers_to_add[3].value, "60");
+    }
+
+    /// The IETF structured fields name the policy and carry quota, window, remaining, reset.
+    #[test]
+    fn ietf_headers_are_structured_fields() {
+        let config = config();
+        let mut options = with_headers();
+        if let Some(h) = options.headers.as_mut() {
+            h.ietf = true;
+        }
+        let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options).unwrap();
+        let response = plan
+            .respond(&answer(&plan, true, 2, 333_334), &options)
+            .response;
+        let headers = header_pairs(&response);
+        assert_eq!(
+            headers[3..],
+            pairs(&[
+                ("RateLimit-Policy", "\"default\";q=3;w=1"),
+                ("RateLimit", "\"default\";r=2;t=1"),
+            ])
+        );
+    }
+
+    /// Near-limit hits follow the reference: only the part above ⌊capacity × ratio⌋ counts.
+    #[test]
+    fn near_limit_counts_hits_above_threshold() {
+        let op = |cost| BucketOp {
+            key: BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000),
+            params: LimitParams {
+                algorithm: Algorithm::FixedWindow,
+                requests_per_period: 10,
+                period_us: 60_000_000,
+                burst: 10,
+            },
+            cost,
+            enforce: true,
+        };
+        // Threshold 8: 7 → 10 has two hits above it; 8 → 9 has one; 5 → 8 none.
+        assert_eq!(near_limit_hits(&op(3), 0, 3, 0.8), 2);
+        assert_eq!(near_limit_hits(&op(1), 1, 1, 0.8), 1);
+        assert_eq!(near_limit_hits(&op(3), 2, 3, 0.8), 0);
+        assert_eq!(near_limit_hits(&op(0), 0, 0, 0.8), 0);
     }
 }

@@ -155,6 +155,9 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             shadow_mode: settings.shadow_mode,
             default_algorithm: settings.algorithm.value.into(),
             limits: RequestLimits::default(),
+            headers: settings.response.header_options(),
+            near_limit_ratio: settings.response.near_limit_ratio,
+            dynamic_metadata: settings.response.response_dynamic_metadata,
         },
         metrics,
     ));

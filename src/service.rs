@@ -12,6 +12,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 
+use crate::bucket::{Applied, BucketOp};
 use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
@@ -106,7 +107,8 @@ impl RateLimiter {
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
-        let outcome = plan.respond(&applied);
+        let applied = self.undo_if_quota_denies(&plan, applied).await?;
+        let outcome = plan.respond(&applied, &self.options);
         let over = outcome.response.overall_code
             == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
         self.metrics.record_outcome(
@@ -124,6 +126,34 @@ impl RateLimiter {
             "answered"
         );
         Ok(outcome.response)
+    }
+}
+
+impl RateLimiter {
+    /// Quota-mode buckets do not block the store's commit (only the request as a whole
+    /// knows whether every quota-mode descriptor is over), so when quota mode denies a
+    /// committed request its debits are refunded here: a denied request debits nothing.
+    async fn undo_if_quota_denies(
+        &self,
+        plan: &Plan<'_>,
+        mut applied: Applied,
+    ) -> Result<Applied, RequestError> {
+        let refunds = plan.refunds(&applied);
+        if refunds.is_empty() {
+            return Ok(applied);
+        }
+        let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
+        let undone = self.store.apply(&ops).await.inspect_err(|e| {
+            self.metrics.record_request(RequestResult::StoreError);
+            tracing::warn!(error = %e, "refund after a quota-mode denial failed");
+        })?;
+        applied.committed = false;
+        for ((index, _), result) in refunds.iter().zip(&undone.buckets) {
+            if let Some(bucket) = applied.buckets.get_mut(*index) {
+                bucket.view = result.view;
+            }
+        }
+        Ok(applied)
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// Parsed once at start-up and then taken apart: boxing `Serve` would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the rate-limit API (gRPC) and the admin endpoints (HTTP).
@@ -113,6 +115,10 @@ pub struct ServeSettings {
     /// On SIGTERM, how long in-flight requests may take to finish before exit.
     #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", value_parser = parse_seconds, default_value = "10")]
     pub shutdown_grace: Duration,
+
+    /// Response headers, near-limit accounting and dynamic metadata.
+    #[command(flatten)]
+    pub response: ResponseSettings,
 }
 
 impl ServeSettings {
@@ -122,6 +128,77 @@ impl ServeSettings {
         self.config.as_deref().ok_or(SettingsError::NoLimits)
     }
 }
+
+// ---- Response headers, near-limit ratio, dynamic metadata (issue 4: `headers` branch) ----
+
+/// What a response carries besides its statuses, and the near-limit metric's threshold.
+#[derive(Clone, Debug, Args)]
+pub struct ResponseSettings {
+    /// Add RateLimit-Limit / -Remaining / -Reset (and Retry-After on OVER_LIMIT) from the
+    /// most constrained descriptor, as the reference's LIMIT_RESPONSE_HEADERS_ENABLED does.
+    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS")]
+    pub response_headers: bool,
+
+    /// Name of the limit header.
+    #[arg(
+        long,
+        env = "FLOODGATE_HEADER_LIMIT",
+        default_value = "RateLimit-Limit"
+    )]
+    pub header_limit: String,
+
+    /// Name of the remaining header.
+    #[arg(
+        long,
+        env = "FLOODGATE_HEADER_REMAINING",
+        default_value = "RateLimit-Remaining"
+    )]
+    pub header_remaining: String,
+
+    /// Name of the reset header.
+    #[arg(
+        long,
+        env = "FLOODGATE_HEADER_RESET",
+        default_value = "RateLimit-Reset"
+    )]
+    pub header_reset: String,
+
+    /// With --response-headers, also add the IETF `RateLimit-Policy` and `RateLimit`
+    /// structured fields.
+    #[arg(long, env = "FLOODGATE_IETF_HEADERS")]
+    pub ietf_headers: bool,
+
+    /// Admitted hits above this fraction of a limit's capacity count as near the limit.
+    #[arg(long, env = "FLOODGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
+    pub near_limit_ratio: f32,
+
+    /// Report the request and its quota-mode violations in the response's dynamic metadata,
+    /// as the reference's RESPONSE_DYNAMIC_METADATA does.
+    #[arg(long, env = "FLOODGATE_RESPONSE_DYNAMIC_METADATA")]
+    pub response_dynamic_metadata: bool,
+}
+
+impl ResponseSettings {
+    /// The header options for the planner; `None` when headers are off.
+    pub fn header_options(&self) -> Option<crate::annotate::HeaderOptions> {
+        self.response_headers
+            .then(|| crate::annotate::HeaderOptions {
+                limit: self.header_limit.clone(),
+                remaining: self.header_remaining.clone(),
+                reset: self.header_reset.clone(),
+                ietf: self.ietf_headers,
+            })
+    }
+}
+
+fn parse_ratio(text: &str) -> Result<f32, String> {
+    text.parse::<f32>()
+        .ok()
+        .filter(|r| (0.0..=1.0).contains(r))
+        .ok_or_else(|| format!("'{text}' is not a ratio between 0 and 1"))
+}
+
+// ---- end of the response block ----
 
 /// `floodgate check-config`.
 #[derive(Debug, Args)]
@@ -245,6 +322,7 @@ impl fmt::Debug for ServeSettings {
             .field("shadow_mode", &self.shadow_mode)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("response", &self.response)
             .finish()
     }
 }
@@ -318,6 +396,35 @@ mod tests {
         assert!(s.shadow_mode);
         assert_eq!(s.log_format, LogFormat::Json);
         assert_eq!(s.shutdown_grace, Duration::from_millis(500));
+    }
+
+    /// Response flags default off (as the reference), with its header names and 0.8 ratio.
+    #[test]
+    fn response_flags() {
+        let serve = |args: &[&str]| match parse(args).map(|cli| cli.command) {
+            Ok(Command::Serve(s)) => Ok(s.response),
+            Ok(_) => panic!("not serve"),
+            Err(e) => Err(e),
+        };
+        let base = ["serve", "--config", "x"];
+        let defaults = serve(&base).unwrap();
+        assert!(defaults.header_options().is_none() && !defaults.response_dynamic_metadata);
+        assert_eq!(defaults.near_limit_ratio, 0.8);
+        let on = serve(
+            &[
+                &base[..],
+                &["--response-headers", "--header-reset", "X-Reset"],
+            ]
+            .concat(),
+        )
+        .unwrap()
+        .header_options()
+        .unwrap();
+        assert_eq!(
+            (on.limit.as_str(), on.remaining.as_str(), on.reset.as_str()),
+            ("RateLimit-Limit", "RateLimit-Remaining", "X-Reset")
+        );
+        assert!(serve(&[&base[..], &["--near-limit-ratio", "1.5"]].concat()).is_err());
     }
 
     /// Out-of-range durations are parse errors (exit 64), not panics.

@@ -633,6 +633,133 @@ async fn health_reports_serving(backend: Backend) {
     server.stop().await;
 }
 
+const QUOTA_LIMITS: &str = r#"
+domain: q
+descriptors:
+  - key: soft
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: hard
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+
+fn quota_options() -> floodgate::plan::PlanOptions {
+    floodgate::plan::PlanOptions {
+        dynamic_metadata: true,
+        ..options()
+    }
+}
+
+fn violations(response: &RateLimitResponse) -> Vec<f64> {
+    use prost_types::value::Kind;
+    let fields = &response.dynamic_metadata.as_ref().unwrap().fields;
+    match fields
+        .get("quotaModeViolations")
+        .and_then(|v| v.kind.as_ref())
+    {
+        Some(Kind::ListValue(list)) => list
+            .values
+            .iter()
+            .filter_map(|v| match v.kind {
+                Some(Kind::NumberValue(n)) => Some(n),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// An over quota-mode descriptor reports OK with its limit and is listed in the metadata,
+/// while another quota-mode descriptor still has room; it is not debited.
+async fn quota_mode_over_alone_does_not_deny(backend: Backend) {
+    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    let both = || {
+        request(
+            "q",
+            vec![descriptor(&[("soft", "a")]), descriptor(&[("soft", "b")])],
+        )
+    };
+    server.ask(simple("q", "soft", "a")).await;
+    let response = server.ask(both()).await;
+    assert_eq!(response.overall_code, OK);
+    let over = &response.statuses[0];
+    assert_eq!((over.code, over.limit_remaining), (OK, 0));
+    assert!(over.current_limit.is_some());
+    assert_eq!(violations(&response), [0.0]);
+    // Now both are over: every quota-mode descriptor is over, so the request is denied,
+    // both report OVER_LIMIT, and nothing was debited (b had exactly one left).
+    let response = server.ask(both()).await;
+    assert_eq!(response.overall_code, OVER);
+    assert_eq!(
+        (response.statuses[0].code, response.statuses[1].code),
+        (OVER, OVER)
+    );
+    assert_eq!(violations(&response), [0.0, 1.0]);
+    server.stop().await;
+}
+
+/// Every quota-mode descriptor over denies the request, and the non-quota bucket that the
+/// store had already debited is refunded: a denied request debits nothing.
+async fn quota_mode_all_over_denies_and_debits_nothing(backend: Backend) {
+    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    server.ask(simple("q", "soft", "a")).await;
+    let mixed = || {
+        request(
+            "q",
+            vec![descriptor(&[("soft", "a")]), descriptor(&[("hard", "h")])],
+        )
+    };
+    let denied = server.ask(mixed()).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert_eq!(
+        (denied.statuses[0].code, denied.statuses[1].code),
+        (OVER, OK)
+    );
+    // `hard` still has both of its hits: the denied request's debit was undone.
+    assert_eq!(remaining(&server.ask(simple("q", "hard", "h")).await), 1);
+    server.stop().await;
+}
+
+/// A non-quota limit that denies still denies, and the quota-mode bucket is not debited.
+async fn quota_mode_non_quota_limit_still_denies(backend: Backend) {
+    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    let hard = with_hits(descriptor(&[("hard", "h")]), 3);
+    let response = server
+        .ask(request("q", vec![descriptor(&[("soft", "c")]), hard]))
+        .await;
+    assert_eq!(response.overall_code, OVER);
+    assert_eq!(response.statuses[0].code, OK);
+    assert!(violations(&response).is_empty());
+    // `soft` c was not debited: its one request is still there.
+    assert_eq!(remaining(&server.ask(simple("q", "soft", "c")).await), 0);
+    assert_eq!(
+        server.ask(simple("q", "soft", "c")).await.statuses[0].code,
+        OVER
+    );
+    server.stop().await;
+}
+
+/// The token-quota pattern on a token bucket: a check (descriptor hits_addend 0) never
+/// debits, the real cost is charged later; a charge above what is left is denied and
+/// debits nothing; a one-hit check is what denies once the budget is spent.
+async fn token_quota_pattern(backend: Backend) {
+    let server = TestServer::start_on(backend, QUOTA_LIMITS, options()).await;
+    let tokens = |hits| request("q", vec![with_hits(descriptor(&[("tokens", "t")]), hits)]);
+    let check = server.ask(tokens(0)).await;
+    assert_eq!((check.overall_code, remaining(&check)), (OK, 100));
+    assert_eq!(remaining(&server.ask(tokens(60)).await), 40);
+    let too_big = server.ask(tokens(60)).await;
+    assert_eq!(too_big.overall_code, OVER);
+    assert_eq!(remaining(&server.ask(tokens(0)).await), 40);
+    assert_eq!(remaining(&server.ask(tokens(40)).await), 0);
+    // An empty bucket is not overdrawn, so a 0-hit check still passes: check with 1 hit.
+    assert_eq!(server.ask(tokens(0)).await.overall_code, OK);
+    assert_eq!(server.ask(tokens(1)).await.overall_code, OVER);
+    server.stop().await;
+}
+
 /// Instantiates every scenario above once per store.
 macro_rules! behaviour_suite {
     ($($scenario:ident),* $(,)?) => {
@@ -680,4 +807,8 @@ behaviour_suite!(
     non_utf8_values_are_accepted,
     malformed_requests_are_invalid_argument,
     health_reports_serving,
+    quota_mode_over_alone_does_not_deny,
+    quota_mode_all_over_denies_and_debits_nothing,
+    quota_mode_non_quota_limit_still_denies,
+    token_quota_pattern,
 );

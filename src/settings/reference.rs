@@ -67,6 +67,8 @@ pub struct ReferenceOverrides {
     pub header_reset: Option<String>,
     /// `NEAR_LIMIT_RATIO` (reference default 0.8), in `[0, 1]`.
     pub near_limit_ratio: Option<f64>,
+    /// `RESPONSE_DYNAMIC_METADATA` (reference default false).
+    pub dynamic_metadata: Option<bool>,
     /// The tracing filter from `LOG_LEVEL`, when `RUST_LOG` is unset.
     pub log_filter: Option<String>,
 }
@@ -175,6 +177,80 @@ impl<'a> Mapping<'a> {
 
     fn parse_bool(&self, name: &'static str) -> Result<Option<bool>, SettingsError> {
         self.get(name).map(|v| go_bool(name, v)).transpose()
+    }
+
+    /// The recorded response-header and near-limit values → their flags, unless floodgate's
+    /// own flag or variable set them.
+    fn response(&mut self, settings: &mut ServeSettings) {
+        let overrides = self.report.overrides.clone();
+        let response = &mut settings.response;
+        let mut take = |name: &'static str, id: &str, flag: &str, apply: &mut dyn FnMut()| {
+            if self.get(name).is_none() {
+                return;
+            }
+            if self.own(id) {
+                self.override_by(&[name], flag);
+            } else {
+                apply();
+                self.applied(name);
+            }
+        };
+        if let Some(on) = overrides.response_headers {
+            take(
+                "LIMIT_RESPONSE_HEADERS_ENABLED",
+                "response_headers",
+                "--response-headers",
+                &mut || response.response_headers = on,
+            );
+        }
+        for (name, id, flag, value) in [
+            (
+                "LIMIT_LIMIT_HEADER",
+                "header_limit",
+                "--header-limit",
+                &overrides.header_limit,
+            ),
+            (
+                "LIMIT_REMAINING_HEADER",
+                "header_remaining",
+                "--header-remaining",
+                &overrides.header_remaining,
+            ),
+            (
+                "LIMIT_RESET_HEADER",
+                "header_reset",
+                "--header-reset",
+                &overrides.header_reset,
+            ),
+        ] {
+            if let Some(value) = value {
+                take(name, id, flag, &mut || {
+                    let slot = match id {
+                        "header_limit" => &mut response.header_limit,
+                        "header_remaining" => &mut response.header_remaining,
+                        _ => &mut response.header_reset,
+                    };
+                    *slot = value.clone();
+                });
+            }
+        }
+        if let Some(on) = overrides.dynamic_metadata {
+            take(
+                "RESPONSE_DYNAMIC_METADATA",
+                "response_dynamic_metadata",
+                "--response-dynamic-metadata",
+                &mut || response.response_dynamic_metadata = on,
+            );
+        }
+        if let Some(ratio) = overrides.near_limit_ratio {
+            take(
+                "NEAR_LIMIT_RATIO",
+                "near_limit_ratio",
+                "--near-limit-ratio",
+                // In [0, 1], checked when parsed: the narrowing cannot go out of range.
+                &mut || response.near_limit_ratio = ratio as f32,
+            );
+        }
     }
 
     /// `RUNTIME_ROOT` / `RUNTIME_SUBDIRECTORY` / `RUNTIME_APPDIRECTORY` → `--config`, and the
@@ -443,6 +519,7 @@ impl<'a> Mapping<'a> {
         }
         self.report.overrides.response_headers =
             self.parse_bool("LIMIT_RESPONSE_HEADERS_ENABLED")?;
+        self.report.overrides.dynamic_metadata = self.parse_bool("RESPONSE_DYNAMIC_METADATA")?;
         for name in [
             "LIMIT_LIMIT_HEADER",
             "LIMIT_REMAINING_HEADER",
@@ -459,6 +536,7 @@ impl<'a> Mapping<'a> {
             };
             *slot = Some(v.to_string());
         }
+        self.response(settings);
         if self.parse_bool("USE_PROMETHEUS")?.is_some() {
             self.no_effect(
                 "USE_PROMETHEUS",

@@ -304,12 +304,14 @@ pub fn redis_settings(url: &str) -> RedisSettings {
     }
 }
 
-/// Default plan options: no shadow mode, token bucket overrides, default request bounds.
+/// Default plan options: no shadow mode, token bucket overrides, default request bounds,
+/// no headers or metadata, near limit at 0.8.
 pub fn options() -> PlanOptions {
     PlanOptions {
         shadow_mode: false,
         default_algorithm: Algorithm::TokenBucket,
         limits: RequestLimits::default(),
+        ..PlanOptions::default()
     }
 }
 

@@ -276,6 +276,7 @@ fn remaining_variables() {
             header_remaining: Some("X-Remaining".into()),
             header_reset: Some("X-Reset".into()),
             near_limit_ratio: Some(0.9),
+            dynamic_metadata: None,
             log_filter: Some("warn,notify=error".into()),
         }
     );
@@ -340,4 +341,41 @@ fn bad_values_are_errors() {
     .unwrap_err();
     assert!(error.to_string().contains("REDIS_URL"), "{error}");
     assert!(!error.to_string().contains("hunter2"));
+}
+
+/// The reference's response-header and near-limit variables set floodgate's flags, unless
+/// floodgate's own flags are given.
+#[test]
+fn response_header_variables_reach_the_flags() {
+    let pairs = [
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_REMAINING_HEADER", "X-Left"),
+        ("NEAR_LIMIT_RATIO", "0.5"),
+        ("RESPONSE_DYNAMIC_METADATA", "true"),
+    ];
+    let (settings, report) = apply(&["--config", "x"], &pairs).unwrap();
+    assert!(settings.response.response_headers);
+    assert_eq!(settings.response.header_remaining, "X-Left");
+    assert_eq!(settings.response.header_limit, "RateLimit-Limit");
+    assert_eq!(settings.response.near_limit_ratio, 0.5);
+    assert!(settings.response.response_dynamic_metadata);
+    assert!(report.applied.iter().any(|a| a == "LIMIT_REMAINING_HEADER"));
+
+    let own = [
+        "--config",
+        "x",
+        "--header-remaining",
+        "Mine",
+        "--near-limit-ratio",
+        "0.9",
+    ];
+    let (settings, report) = apply(&own, &pairs).unwrap();
+    assert_eq!(settings.response.header_remaining, "Mine");
+    assert_eq!(settings.response.near_limit_ratio, 0.9);
+    assert!(
+        report
+            .overridden
+            .iter()
+            .any(|o| o.starts_with("NEAR_LIMIT_RATIO"))
+    );
 }
