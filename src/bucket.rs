@@ -158,6 +158,8 @@ pub struct Applied {
     pub committed: bool,
     /// One result per [`BucketOp`], in the same order.
     pub buckets: Vec<BucketResult>,
+    /// True when the answer came from the local over-limit cache, without a store call.
+    pub from_local_cache: bool,
 }
 
 /// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
@@ -190,7 +192,14 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
             }
         })
         .collect();
-    (Applied { committed, buckets }, store)
+    (
+        Applied {
+            committed,
+            buckets,
+            from_local_cache: false,
+        },
+        store,
+    )
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
 //! | `floodgate_rule_over_limit_total` | domain, rule | hits the rule denied |
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
+//! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
@@ -99,6 +100,7 @@ pub struct Metrics {
     rule_over_limit: Family<RuleLabels, Counter>,
     rule_shadow_mode: Family<RuleLabels, Counter>,
     rule_near_limit: Family<RuleLabels, Counter>,
+    rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
@@ -125,6 +127,7 @@ impl Metrics {
         let rule_over_limit = Family::<RuleLabels, Counter>::default();
         let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
         let rule_near_limit = Family::<RuleLabels, Counter>::default();
+        let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
         let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
@@ -156,6 +159,11 @@ impl Metrics {
             "floodgate_rule_shadow_mode",
             "Hits a shadow-mode rule would have denied",
             rule_shadow_mode.clone(),
+        );
+        registry.register(
+            "floodgate_rule_over_limit_local_cache",
+            "Over-limit hits denied by the local over-limit cache, without a Redis call",
+            rule_over_limit_local_cache.clone(),
         );
         registry.register(
             "floodgate_rule_near_limit",
@@ -214,6 +222,7 @@ impl Metrics {
             rule_over_limit,
             rule_shadow_mode,
             rule_near_limit,
+            rule_over_limit_local_cache,
             requests,
             store_duration,
             config_loads,
@@ -245,6 +254,11 @@ impl Metrics {
                 Verdict::ShadowOverLimit => &self.rule_shadow_mode,
             };
             family.get_or_create(&labels).inc_by(tally.hits);
+            if tally.local_cache && tally.verdict == Verdict::OverLimit {
+                self.rule_over_limit_local_cache
+                    .get_or_create(&labels)
+                    .inc_by(tally.hits);
+            }
             if tally.near_limit > 0 {
                 self.rule_near_limit
                     .get_or_create(&labels)

@@ -141,6 +141,8 @@ pub struct Tally {
     pub verdict: Verdict,
     /// Of `hits`, how many were admitted above the near-limit threshold.
     pub near_limit: u64,
+    /// The verdict came from the local over-limit cache, without a store call.
+    pub local_cache: bool,
 }
 
 /// A limit's verdict, as metrics count it.
@@ -430,6 +432,7 @@ impl<'c> Plan<'c> {
                         hits,
                         verdict: Verdict::WithinLimit,
                         near_limit: 0,
+                        local_cache: false,
                     });
                     DescriptorStatus {
                         code: Code::Ok as i32,
@@ -515,6 +518,7 @@ impl<'c> Plan<'c> {
                         context.near_limit_ratio,
                     )
                 },
+                local_cache: applied.from_local_cache,
             });
             let better = match chosen {
                 None => true,
@@ -756,6 +760,7 @@ descriptors:
     fn answer(plan: &Plan<'_>, admitted: bool, remaining: u64, reset_us: u64) -> Applied {
         Applied {
             committed: admitted,
+            from_local_cache: false,
             buckets: plan
                 .ops
                 .iter()

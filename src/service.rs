@@ -96,6 +96,7 @@ impl RateLimiter {
             crate::bucket::Applied {
                 committed: true,
                 buckets: Vec::new(),
+                from_local_cache: false,
             }
         } else {
             let started = Instant::now();

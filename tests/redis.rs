@@ -412,6 +412,16 @@ async fn local_cache_skips_redis_for_empty_bucket() {
         metrics.contains("floodgate_local_cache_over_limit_total 10"),
         "{metrics}"
     );
+    // Per rule too: the 10 cached denials, not the one Redis denied itself.
+    assert!(
+        metrics
+            .contains(r#"floodgate_rule_over_limit_local_cache_total{domain="r",rule="r.one"} 10"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"floodgate_rule_over_limit_total{domain="r",rule="r.one"} 11"#),
+        "{metrics}"
+    );
     server.stop().await;
 }
 

@@ -93,6 +93,7 @@ impl OverLimitCache {
         (!buckets.is_empty()).then_some(Applied {
             committed: false,
             buckets,
+            from_local_cache: true,
         })
     }
 
@@ -172,6 +173,7 @@ mod tests {
     fn denied(retry_us: u64) -> Applied {
         Applied {
             committed: false,
+            from_local_cache: false,
             buckets: vec![BucketResult {
                 admitted: false,
                 view: View {
@@ -227,6 +229,7 @@ mod tests {
         cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
         let refund = Applied {
             committed: true,
+            from_local_cache: false,
             buckets: vec![BucketResult {
                 admitted: true,
                 view: View {

@@ -184,6 +184,7 @@ enum DegradedAnswer<'a> {
 fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
     Applied {
         committed: admit,
+        from_local_cache: false,
         buckets: ops
             .iter()
             .map(|op| {

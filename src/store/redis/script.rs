@@ -142,7 +142,11 @@ pub fn decode(reply: &[i64], ops: usize) -> Result<Applied, StoreError> {
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Applied { committed, buckets })
+    Ok(Applied {
+        committed,
+        buckets,
+        from_local_cache: false,
+    })
 }
 
 #[cfg(test)]
@@ -243,6 +247,7 @@ mod tests {
             applied,
             Applied {
                 committed: false,
+                from_local_cache: false,
                 buckets: vec![
                     BucketResult {
                         admitted: true,
@@ -275,7 +280,8 @@ mod tests {
             decode(&[1], 0).unwrap(),
             Applied {
                 committed: true,
-                buckets: vec![]
+                buckets: vec![],
+                from_local_cache: false,
             }
         );
     }
