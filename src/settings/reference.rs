@@ -342,13 +342,23 @@ impl<'a> Mapping<'a> {
                 _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
             })
             .transpose()?;
-        let kind = self
+        // Cluster and Sentinel are refused rather than approximated: serving per-instance
+        // limits (no shared Redis) or a single cluster node would be quietly wrong.
+        let single = self
             .get("REDIS_TYPE")
             .map(|v| match v.to_ascii_lowercase().as_str() {
-                "single" => Ok(RedisKind::Single),
-                "cluster" => Ok(RedisKind::Cluster),
-                "sentinel" => Ok(RedisKind::Sentinel),
-                _ => Err(bad("REDIS_TYPE", v, "single, cluster or sentinel")),
+                "single" => Ok(()),
+                "cluster" | "sentinel" => Err(bad(
+                    "REDIS_TYPE",
+                    v,
+                    "single: Redis Cluster and Sentinel are not supported yet, and floodgate \
+                     refuses to start rather than enforce limits per instance or on one node",
+                )),
+                _ => Err(bad(
+                    "REDIS_TYPE",
+                    v,
+                    "single (cluster and sentinel: not yet)",
+                )),
             })
             .transpose()?;
         let tls = self.parse_bool("REDIS_TLS")?;
@@ -387,24 +397,12 @@ impl<'a> Mapping<'a> {
             }
             settings.redis_url = Some(raw);
             self.applied("REDIS_URL");
-            return self.redis_kind(kind);
-        }
-        let address = match kind {
-            Some(RedisKind::Sentinel) => {
-                self.no_effect(
-                    "REDIS_TYPE=sentinel",
-                    "Sentinel is not supported yet: the in-memory store is used",
-                );
-                for name in self.present(&URL_VARS) {
-                    if name != "REDIS_TYPE" {
-                        self.no_effect(name, "REDIS_TYPE=sentinel");
-                    }
-                }
-                return Ok(());
+            if single.is_some() {
+                self.applied("REDIS_TYPE");
             }
-            // The reference's cluster URL is a comma-separated list of nodes.
-            _ => raw.split(',').next().unwrap_or_default().trim().to_string(),
-        };
+            return Ok(());
+        }
+        let address = raw;
         let socket = socket.unwrap_or(if address.starts_with('/') {
             Socket::Unix
         } else {
@@ -455,22 +453,7 @@ impl<'a> Mapping<'a> {
         };
         settings.redis_url = Some(url);
         for name in self.present(&URL_VARS) {
-            if name != "REDIS_TYPE" {
-                self.applied(name);
-            }
-        }
-        self.redis_kind(kind)
-    }
-
-    fn redis_kind(&mut self, kind: Option<RedisKind>) -> Result<(), SettingsError> {
-        match kind {
-            Some(RedisKind::Single) => self.applied("REDIS_TYPE"),
-            Some(RedisKind::Cluster) => self.no_effect(
-                "REDIS_TYPE=cluster",
-                "Redis Cluster is not supported yet: floodgate connects to the first node of \
-                 REDIS_URL as a single Redis",
-            ),
-            Some(RedisKind::Sentinel) | None => {}
+            self.applied(name);
         }
         Ok(())
     }
@@ -594,13 +577,6 @@ impl<'a> Mapping<'a> {
 enum Socket {
     Tcp,
     Unix,
-}
-
-#[derive(Clone, Copy)]
-enum RedisKind {
-    Single,
-    Cluster,
-    Sentinel,
 }
 
 /// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.

@@ -221,23 +221,25 @@ fn redis_url_translation() {
     );
 }
 
-/// Cluster and Sentinel are accepted and reported: the first node, or no Redis at all.
+/// Cluster and Sentinel are refused at start-up (exit 64), never approximated.
 #[test]
-fn redis_types_not_supported_are_reported() {
-    let (s, report) = apply(
+fn redis_types_not_supported_are_refused() {
+    for (url, kind) in [("a:1,b:2", "cluster"), ("m,s1:26379", "Sentinel")] {
+        let error = apply(
+            &["--config", "x"],
+            &[("REDIS_URL", url), ("REDIS_TYPE", kind)],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.contains("REDIS_TYPE"), "{error}");
+        assert!(error.contains("not supported yet"), "{error}");
+    }
+    let (s, _) = apply(
         &["--config", "x"],
-        &[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "cluster")],
+        &[("REDIS_URL", "h:1"), ("REDIS_TYPE", "single")],
     )
     .unwrap();
-    assert_eq!(s.redis_url.as_deref(), Some("redis://a:1"));
-    assert!(report.no_effect[0].starts_with("REDIS_TYPE=cluster"));
-    let (s, report) = apply(
-        &["--config", "x"],
-        &[("REDIS_URL", "m,s1:26379"), ("REDIS_TYPE", "Sentinel")],
-    )
-    .unwrap();
-    assert_eq!(s.redis_url, None);
-    assert!(report.no_effect[0].starts_with("REDIS_TYPE=sentinel"));
+    assert_eq!(s.redis_url.as_deref(), Some("redis://h:1"));
     // Companions without a REDIS_URL change nothing, and say so.
     let (s, report) = apply(&["--config", "x"], &[("REDIS_TLS", "true")]).unwrap();
     assert_eq!(s.redis_url, None);
