@@ -4,25 +4,30 @@ floodgate — lua/apply.lua: apply every bucket operation of one rate-limit requ
 It computes exactly what `limiter::evaluate` followed by `bucket::settle` compute in Rust
 (src/limiter/ is the specification; docs/algorithms.md explains the math): phase 1 reads every
 bucket and evaluates every operation against the state as it was before the call; phase 2
-writes the new state of every admitted operation if every enforcing operation was admitted,
-and writes nothing otherwise (DESIGN §4: a denied request debits nothing).
+writes the new state of every admitted operation (and of every overdraft debit, admitted or
+not) if every enforcing, non-overdraft operation was admitted, and writes nothing otherwise
+(DESIGN §4: a denied request debits nothing).
 
 KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes).
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
-ARGV[2 + 6*(i-1) .. 7 + 6*(i-1)], six values per operation i, all decimal integers:
+ARGV[2 + 7*(i-1) .. 8 + 7*(i-1)], seven values per operation i, all decimal integers:
          algorithm            0 token_bucket, 1 fixed_window, 2 sliding_window
          requests_per_period  >= 0
          period_us            >= 0
          burst                >= 0 (token bucket capacity; ignored by the windows)
          cost                 signed: > 0 debit, 0 check only, < 0 refund
          enforce              1 enforcing, 0 shadow (evaluated, never blocks the request)
+         overdraft            1 overdraft (a debit always applies, into debt beyond the
+                              capacity; never blocks the request), 0 all-or-nothing
 
 Reply    a flat array of integers, 1 + 4 * #KEYS long:
          committed (0/1), then per operation: admitted (0/1), remaining, reset_us,
          retry_after_us (-1 = never). As `bucket::settle`: the view is the committed one when
-         committed and admitted, else the current one; retry_after_us is 0 when admitted.
+         committed and (admitted or overdraft), else the current one; retry_after_us is 0 when
+         admitted (for an overdraft debit that did not fit: until the debited bucket is no
+         longer overdrawn).
          A malformed call (argument count, a non-integer, unknown algorithm) is an error reply
          starting "ERR floodgate".
 
@@ -50,7 +55,7 @@ local MAX_PERIOD = 68719476736000 -- 2^36 ms in µs, limiter::MAX_PERIOD_US
 local MAX_TOLERANCE = 1125899906842624 -- 2^50 µs, limiter::MAX_TOLERANCE_US
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
 local ONE = 65536 -- fixed-point one of the sliding window's weight
-local ARGS_PER_OP = 6
+local ARGS_PER_OP = 7
 
 -- Scripts that call TIME and then write must be replicated by effects (the default since
 -- Redis 5, and the only mode since 7); ask for it on older servers.
@@ -114,6 +119,11 @@ local function commit(current, next, committed)
   return { admitted = true, next = next, committed = committed, current = current, retry = 0 }
 end
 
+-- An overdraft debit that did not fit: not admitted, but its state is written anyway.
+local function overdrawn(current, next, committed, retry)
+  return { admitted = false, next = next, committed = committed, current = current, retry = retry }
+end
+
 -- Period and limit as the math uses them (limiter::period_us, limiter::limit).
 local function period_of(p)
   return clamp(p.period, 1000, MAX_PERIOD)
@@ -157,14 +167,22 @@ local function token_bucket(p, tat, now, cost)
     end
     return denied(current, debt - tolerance)
   elseif cost > 0 then
+    if cost <= burst and debt + cost * interval <= tolerance then
+      return store(debt + cost * interval)
+    end
+    if p.overdraft then
+      -- Into debt beyond tau, capped at 2^50 µs: whole tokens that fit under the cap.
+      local new_debt = MAX_TOLERANCE
+      if cost <= fdiv(MAX_TOLERANCE - debt, interval) then
+        new_debt = debt + cost * interval
+      end
+      local next = { tat = now + new_debt, ttl = new_debt }
+      return overdrawn(current, next, view(new_debt), math.max(new_debt - tolerance, 0))
+    end
     if cost > burst then
       return denied(current, nil)
     end
-    local new_debt = debt + cost * interval
-    if new_debt <= tolerance then
-      return store(new_debt)
-    end
-    return denied(current, new_debt - tolerance)
+    return denied(current, debt + cost * interval - tolerance)
   end
   local n = math.min(-cost, burst)
   return store(math.max(debt - n * interval, 0))
@@ -214,11 +232,16 @@ local function fixed_window(p, stored, now, cost)
     end
     return denied(current, until_end)
   elseif cost > 0 then
+    if cost <= limit and count + cost <= limit then
+      return commit(current, { w = pos.index, c = count + cost, ttl = until_end }, view(count + cost))
+    end
+    if p.overdraft then
+      -- Counted anyway, above the limit (capped); checks pass again in the next window.
+      local c = math.min(count + math.min(cost, MAX_COUNT), MAX_COUNT)
+      return overdrawn(current, { w = pos.index, c = c, ttl = until_end }, view(c), until_end)
+    end
     if cost > limit then
       return denied(current, nil)
-    end
-    if count + cost <= limit then
-      return commit(current, { w = pos.index, c = count + cost, ttl = until_end }, view(count + cost))
     end
     return denied(current, until_end)
   end
@@ -317,11 +340,17 @@ local function sliding_window(p, stored, now, cost)
     end
     return denied(current_view, retry_after(counters, 0))
   elseif cost > 0 then
+    if cost <= limit and est + cost <= limit then
+      return store(at(counters.c + cost, counters.p))
+    end
+    if p.overdraft then
+      -- Counted anyway, above the limit (`at` caps); wait until a check passes.
+      local k = at(counters.c + math.min(cost, MAX_COUNT), counters.p)
+      local next = { w = pos.index, c = k.c, p = k.p, ttl = forgotten_in(k) }
+      return overdrawn(current_view, next, view(k), retry_after(k, 0))
+    end
     if cost > limit then
       return denied(current_view, nil)
-    end
-    if est + cost <= limit then
-      return store(at(counters.c + cost, counters.p))
     end
     return denied(current_view, retry_after(counters, cost))
   end
@@ -421,11 +450,14 @@ for i = 1, n_ops do
   }
   local cost = parse_int(ARGV[base + 5])
   local enforce = ARGV[base + 6]
+  local overdraft = ARGV[base + 7]
   if not (algorithm and p.rate and p.period and p.burst and cost)
     or (enforce ~= '0' and enforce ~= '1')
+    or (overdraft ~= '0' and overdraft ~= '1')
   then
     return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
   end
+  p.overdraft = overdraft == '1'
   local key = KEYS[i]
   local e
   if algorithm == 0 then
@@ -437,10 +469,11 @@ for i = 1, n_ops do
   else
     return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
   end
-  if enforce == '1' and not e.admitted then
+  -- An overdraft operation never blocks the request (bucket::settle).
+  if enforce == '1' and not p.overdraft and not e.admitted then
     committed = false
   end
-  ops[i] = { key = key, algorithm = algorithm, e = e }
+  ops[i] = { key = key, algorithm = algorithm, e = e, overdraft = p.overdraft }
 end
 
 -- Phase 2: all or nothing (bucket::settle).
@@ -449,7 +482,7 @@ for i = 1, n_ops do
   local op = ops[i]
   local e = op.e
   local view = e.current
-  if committed and e.admitted then
+  if committed and (e.admitted or op.overdraft) then
     view = e.committed
     if e.next then
       write(op.key, op.algorithm, e.next)

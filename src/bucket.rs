@@ -143,7 +143,8 @@ pub struct BucketOp {
 /// A store's answer for one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketResult {
-    /// Whether this bucket alone would admit its cost.
+    /// Whether this bucket alone would admit its cost (for an overdraft bucket: whether the
+    /// cost fitted; it is debited either way when the request commits).
     pub admitted: bool,
     /// The bucket as it is after the request (debited only if the request was committed).
     pub view: View,
@@ -164,26 +165,25 @@ pub struct Applied {
 
 /// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
 /// bucket admits. A shadow bucket that does not admit is never debited, but does not block.
+/// An overdraft bucket ([`LimitParams::overdraft`]) never blocks either, and when the request
+/// commits its debit is stored whether it fitted or not (its `admitted` stays as evaluated).
 ///
 /// Returns the answer and, for each op, whether its `next` state must be stored.
 pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<bool>) {
     let committed = ops
         .iter()
         .zip(evaluations)
-        .all(|(op, e)| e.admitted || !op.enforce);
+        .all(|(op, e)| e.admitted || !op.enforce || op.params.overdraft);
     let mut store = Vec::with_capacity(ops.len());
-    let buckets = evaluations
+    let buckets = ops
         .iter()
-        .map(|e| {
-            let write = committed && e.admitted && e.next.is_some();
-            store.push(write);
+        .zip(evaluations)
+        .map(|(op, e)| {
+            let applies = committed && (e.admitted || op.params.overdraft);
+            store.push(applies && e.next.is_some());
             BucketResult {
                 admitted: e.admitted,
-                view: if committed && e.admitted {
-                    e.committed
-                } else {
-                    e.current
-                },
+                view: if applies { e.committed } else { e.current },
                 retry_after_us: if e.admitted {
                     Some(0)
                 } else {
@@ -284,6 +284,53 @@ mod tests {
         assert_eq!(one.as_bytes(), b"d:k=v|tb60o1");
         assert_ne!(configured, one);
         assert_ne!(one, two);
+    }
+
+    /// An overdraft op that does not fit never blocks the commit and is stored anyway;
+    /// a non-overdraft enforcing op that does not fit blocks everything.
+    #[test]
+    fn settle_overdraft_never_blocks_and_always_stores() {
+        use crate::limiter::evaluate;
+        let params = LimitParams {
+            algorithm: Algorithm::FixedWindow,
+            requests_per_period: 2,
+            period_us: 60_000_000,
+            burst: 2,
+            overdraft: true,
+        };
+        let op = |name: &[u8], overdraft, cost| BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(name))],
+                Algorithm::FixedWindow,
+                60_000_000,
+            ),
+            params: LimitParams {
+                overdraft,
+                ..params
+            },
+            cost,
+            enforce: true,
+        };
+        let now = 1_700_000_040_000_000;
+        let ops = [op(b"a", true, 5), op(b"b", false, 1)];
+        let evaluations: Vec<_> = ops
+            .iter()
+            .map(|o| evaluate(&o.params, None, now, o.cost))
+            .collect();
+        let (applied, store) = settle(&ops, &evaluations);
+        assert!(applied.committed);
+        assert_eq!(store, [true, true]);
+        assert!(!applied.buckets[0].admitted);
+        assert_eq!(applied.buckets[0].view.remaining, 0);
+        let ops = [op(b"a", true, 1), op(b"b", false, 5)];
+        let evaluations: Vec<_> = ops
+            .iter()
+            .map(|o| evaluate(&o.params, None, now, o.cost))
+            .collect();
+        let (applied, store) = settle(&ops, &evaluations);
+        assert!(!applied.committed);
+        assert_eq!(store, [false, false]);
     }
 
     /// Algorithm and period are part of the identity.

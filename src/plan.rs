@@ -313,6 +313,9 @@ impl<'c> Plan<'c> {
                     ops.len() - 1
                 });
                 ops[op].cost = ops[op].cost.saturating_add(cost);
+                // `overdraft` is not part of the key: if any limit reaching the bucket asks
+                // for it, debits of this bucket always apply.
+                ops[op].params.overdraft |= params.overdraft;
                 // A quota-mode bucket never blocks the store's commit by itself (like a
                 // shadow one): whether quota denies is decided per request in `respond`,
                 // and a denied request is undone with `refunds`.
@@ -386,8 +389,9 @@ impl<'c> Plan<'c> {
 
     /// Debits to undo after the store committed a request that quota mode denies (quota-mode
     /// buckets do not block the store's commit, so it cannot know): `(op index, refund)`
-    /// for every debited bucket. Empty when nothing needs undoing. Like Redis Cluster's
-    /// cross-slot refunds, this is a second, compensating call, not one atomic step.
+    /// for every debited bucket except overdraft ones. Empty when nothing needs undoing.
+    /// Like Redis Cluster's cross-slot refunds, this is a second, compensating call, not one
+    /// atomic step.
     pub fn refunds(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
         if !applied.committed || !self.quota_denies(applied) {
             return Vec::new();
@@ -396,7 +400,9 @@ impl<'c> Plan<'c> {
             .iter()
             .zip(&applied.buckets)
             .enumerate()
-            .filter(|(_, (op, result))| op.cost > 0 && result.admitted)
+            // An overdraft debit records usage that happened (the pattern charges after the
+            // response): it is never undone.
+            .filter(|(_, (op, result))| op.cost > 0 && result.admitted && !op.params.overdraft)
             .map(|(i, (op, _))| {
                 (
                     i,
@@ -630,6 +636,7 @@ fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) ->
         requests_per_period: u64::from(requests_per_unit),
         period_us: unit.seconds() * 1_000_000,
         burst: u64::from(requests_per_unit),
+        overdraft: false,
     }
 }
 
@@ -902,6 +909,7 @@ descriptors:
             requests_per_period: 3,
             period_us: 1_000_000,
             burst: 3,
+            overdraft: false,
         };
         // Three tokens at 333_334 µs each: 1_000_002 µs of debt, reported as 1 s.
         assert_eq!(reported_reset_us(&params, 1_000_002), 1_000_000);
@@ -1027,6 +1035,7 @@ descriptors:
                 requests_per_period: 10,
                 period_us: 60_000_000,
                 burst: 10,
+                overdraft: false,
             },
             cost,
             enforce: true,

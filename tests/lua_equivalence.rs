@@ -50,6 +50,7 @@ fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitPa
         requests_per_period: rate,
         period_us: period_s * SECOND,
         burst,
+        overdraft: false,
     }
 }
 
@@ -143,7 +144,7 @@ const POOL: usize = 4;
 #[derive(Clone, Debug)]
 struct OpSpec {
     key: usize,
-    change: Option<(Algorithm, u64, u64)>,
+    change: Option<(Algorithm, u64, u64, bool)>,
     cost: i64,
     enforce: bool,
 }
@@ -188,7 +189,7 @@ fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
 }
 
 /// Mostly valid limits of 1 s, 1 min and 1 h; a few that config validation would refuse,
-/// which both sides must clamp the same way.
+/// which both sides must clamp the same way. About a third are `overdraft`.
 fn limit_params() -> impl Strategy<Value = LimitParams> {
     let valid = (
         algorithm(),
@@ -207,8 +208,13 @@ fn limit_params() -> impl Strategy<Value = LimitParams> {
             requests_per_period: r,
             period_us,
             burst: b,
+            overdraft: false,
         });
-    prop_oneof![12 => valid, 1 => refused]
+    (
+        prop_oneof![12 => valid, 1 => refused],
+        prop::bool::weighted(0.35),
+    )
+        .prop_map(|(p, overdraft)| LimitParams { overdraft, ..p })
 }
 
 fn cost() -> impl Strategy<Value = i64> {
@@ -224,7 +230,7 @@ fn cost() -> impl Strategy<Value = i64> {
 fn op_spec() -> impl Strategy<Value = OpSpec> {
     (
         0..POOL,
-        prop::option::weighted(0.1, (algorithm(), rate(), 0u64..=20)),
+        prop::option::weighted(0.1, (algorithm(), rate(), 0u64..=20, any::<bool>())),
         cost(),
         prop::bool::weighted(0.85),
     )
@@ -280,10 +286,11 @@ fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey]) -> Vec<BucketOp
         }
         let base = pool[spec.key];
         let params = match spec.change {
-            Some((algorithm, rate, burst)) => LimitParams {
+            Some((algorithm, rate, burst, overdraft)) => LimitParams {
                 algorithm,
                 requests_per_period: rate,
                 burst,
+                overdraft,
                 ..base
             },
             None => base,
@@ -544,6 +551,44 @@ async fn check_only_changes_nothing() {
     assert_eq!(dump(&mut conn, &keys).await, before);
 }
 
+/// Overdraft debits larger than what is left are stored anyway (into debt), do not block the
+/// batch, and the next check is over, exactly as the specification says.
+#[tokio::test]
+async fn overdraft_debits_apply_past_the_limit() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let overdraft = |cost| {
+        let mut ops = one_of_each(cost);
+        for op in &mut ops {
+            op.params.overdraft = true;
+        }
+        ops
+    };
+    let charge = lua(&mut conn, &overdraft(25), Some(NOW)).await;
+    assert_eq!(charge, spec(&overdraft(25), &[None, None, None], NOW));
+    assert!(charge.committed && charge.buckets.iter().all(|b| !b.admitted));
+    let states = [
+        Some(State::TokenBucket {
+            tat_us: NOW + 150_000_000,
+        }),
+        Some(State::FixedWindow {
+            window: NOW / 60_000_000,
+            count: 25,
+        }),
+        Some(State::SlidingWindow {
+            window: NOW / 60_000_000,
+            current: 25,
+            previous: 0,
+        }),
+    ];
+    for (key, state) in redis_keys(&overdraft(0)).iter().zip(&states) {
+        assert_eq!(redis_state(&mut conn, key).await, *state);
+    }
+    let check = lua(&mut conn, &overdraft(0), Some(NOW + 5)).await;
+    assert_eq!(check, spec(&overdraft(0), &states, NOW + 5));
+    assert!(check.buckets.iter().all(|b| !b.admitted));
+}
+
 /// With ARGV[1] empty the script takes Redis `TIME`, and a 1-per-minute limit answers as the
 /// memory store does at the host's clock (within the time the call took).
 #[tokio::test]
@@ -736,9 +781,22 @@ async fn malformed_call_is_an_error() {
         .arg("1")
         .arg("1")
         .arg("1")
-        .arg("1");
+        .arg("1")
+        .arg("0");
     let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
     assert!(err.to_string().contains("unknown algorithm"), "{err}");
+    let mut call = script::script().prepare_invoke();
+    call.key("k")
+        .arg("")
+        .arg("0")
+        .arg("1")
+        .arg("1000000")
+        .arg("1")
+        .arg("1")
+        .arg("1")
+        .arg("2");
+    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
+    assert!(err.to_string().contains("malformed arguments"), "{err}");
 }
 
 /// The script is reloaded transparently (EVALSHA, then SCRIPT LOAD on NOSCRIPT) after Redis

@@ -643,6 +643,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
   - key: tokens
     rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: metered
+    rate_limit: {unit: minute, requests_per_unit: 100, overdraft: true}
 "#;
 
 fn quota_options() -> floodgate::plan::PlanOptions {
@@ -741,22 +743,40 @@ async fn quota_mode_non_quota_limit_still_denies(backend: Backend) {
     server.stop().await;
 }
 
-/// The token-quota pattern on a token bucket: a check (descriptor hits_addend 0) never
-/// debits, the real cost is charged later; a charge above what is left is denied and
-/// debits nothing; a one-hit check is what denies once the budget is spent.
+/// The token-quota pattern as Envoy runs it (check with hits_addend 0, charge on stream done):
+/// with `overdraft: true` charges go into debt and checks deny until refill repays it.
 async fn token_quota_pattern(backend: Backend) {
     let server = TestServer::start_on(backend, QUOTA_LIMITS, options()).await;
-    let tokens = |hits| request("q", vec![with_hits(descriptor(&[("tokens", "t")]), hits)]);
-    let check = server.ask(tokens(0)).await;
+    let ask = |key: &'static str, hits| {
+        let request = request("q", vec![with_hits(descriptor(&[(key, "t")]), hits)]);
+        let server = &server;
+        async move { server.ask(request).await }
+    };
+    // Overdraft (100 tokens a minute: one every 600 ms).
+    let check = ask("metered", 0).await;
     assert_eq!((check.overall_code, remaining(&check)), (OK, 100));
-    assert_eq!(remaining(&server.ask(tokens(60)).await), 40);
-    let too_big = server.ask(tokens(60)).await;
-    assert_eq!(too_big.overall_code, OVER);
-    assert_eq!(remaining(&server.ask(tokens(0)).await), 40);
-    assert_eq!(remaining(&server.ask(tokens(40)).await), 0);
-    // An empty bucket is not overdrawn, so a 0-hit check still passes: check with 1 hit.
-    assert_eq!(server.ask(tokens(0)).await.overall_code, OK);
-    assert_eq!(server.ask(tokens(1)).await.overall_code, OVER);
+    assert_eq!(ask("metered", 60).await.overall_code, OK);
+    assert_eq!(ask("metered", 0).await.overall_code, OK);
+    // The response used 70 tokens, 40 were left: charged anyway (the answer says over,
+    // which Envoy ignores on stream done); the bucket is 30 tokens in debt.
+    let charge = ask("metered", 70).await;
+    assert_eq!((charge.overall_code, remaining(&charge)), (OVER, 0));
+    let check = ask("metered", 0).await;
+    assert_eq!((check.overall_code, remaining(&check)), (OVER, 0));
+    // The debt is repaid at the configured rate: 30 tokens × 600 ms = 18 s.
+    server.advance_ms(17_999);
+    assert_eq!(ask("metered", 0).await.overall_code, OVER);
+    server.advance_ms(1);
+    assert_eq!(ask("metered", 0).await.overall_code, OK);
+    server.advance_ms(600);
+    assert_eq!(remaining(&ask("metered", 0).await), 1);
+
+    // Without overdraft (the reason for the option): the charge that does not fit is denied
+    // and debits nothing, so its 70 tokens escape and every later check still passes.
+    assert_eq!(ask("tokens", 60).await.overall_code, OK);
+    assert_eq!(ask("tokens", 70).await.overall_code, OVER);
+    let check = ask("tokens", 0).await;
+    assert_eq!((check.overall_code, remaining(&check)), (OK, 40));
     server.stop().await;
 }
 

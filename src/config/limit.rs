@@ -152,6 +152,10 @@ pub struct Limit {
     pub burst: u32,
     /// Names of limits this one replaces when both match one request (`replaces: [{name}]`).
     pub replaces: Vec<String>,
+    /// Extension `overdraft: true`: a debit is always applied, even past the capacity (the
+    /// bucket goes into debt, and checks deny until refill repays it); it never blocks the
+    /// request by itself. See [`LimitParams::overdraft`] and docs/algorithms.md.
+    pub overdraft: bool,
 }
 
 impl Limit {
@@ -167,6 +171,7 @@ impl Limit {
             requests_per_period: u64::from(self.requests_per_unit),
             period_us: self.period_seconds() * 1_000_000,
             burst: u64::from(self.burst),
+            overdraft: self.overdraft,
         }
     }
 

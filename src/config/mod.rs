@@ -96,7 +96,7 @@ impl Config {
     /// ```
     ///
     /// After the rule path: the rate (or `unlimited`), the algorithm, `burst=` for token
-    /// buckets, `name=` and `replaces=a,b` when set, `shadow_mode=`, then the flags
+    /// buckets, `overdraft` when set, `name=` and `replaces=a,b` when set, `shadow_mode=`, then the flags
     /// `quota_mode`, `detailed_metric`, `value_to_metric` only when set. A domain without any
     /// limit gets a `<domain>: no limits` line.
     pub fn describe(&self) -> String {
@@ -122,6 +122,9 @@ fn describe_limit(rule: &Rule, limit: &Limit) -> String {
         let _ = write!(line, " {}", limit::algorithm_name(limit.algorithm));
         if limit.algorithm == crate::limiter::Algorithm::TokenBucket {
             let _ = write!(line, " burst={}", limit.burst);
+        }
+        if limit.overdraft {
+            line.push_str(" overdraft");
         }
     }
     if let Some(name) = &limit.name {

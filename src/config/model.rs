@@ -84,6 +84,9 @@ pub(crate) struct RateLimitModel {
     /// Extension: period = unit × multiplier.
     #[serde(default)]
     pub(crate) unit_multiplier: Option<u32>,
+    /// Extension: debits always apply, into debt (default false).
+    #[serde(default)]
+    pub(crate) overdraft: Option<bool>,
 }
 
 /// One `replaces` item: `{name}`.

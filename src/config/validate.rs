@@ -188,6 +188,7 @@ impl Builder<'_> {
                 algorithm: self.defaults.algorithm,
                 burst: 0,
                 replaces,
+                overdraft: false,
             });
         }
         let unit = match unit_text.map(|u| (u, Unit::from_name(u))) {
@@ -250,6 +251,7 @@ impl Builder<'_> {
             algorithm,
             burst,
             replaces,
+            overdraft: model.overdraft.unwrap_or(false),
         };
         if self.errors.len() == before {
             self.check_bounds(&limit, at);
@@ -270,6 +272,7 @@ impl Builder<'_> {
             ("algorithm", model.algorithm.is_some()),
             ("burst", model.burst.is_some()),
             ("unit_multiplier", model.unit_multiplier.is_some()),
+            ("overdraft", model.overdraft.is_some()),
         ];
         for (field, present) in extensions {
             if present {

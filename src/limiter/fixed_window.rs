@@ -35,14 +35,24 @@ pub(super) fn evaluate(
         Op::Check if count <= limit => Evaluation::unchanged(current),
         // Over already: the next window starts at 0.
         Op::Check => Evaluation::denied(current, Some(until_end)),
-        Op::Debit(n) if n > limit => Evaluation::denied(current, None),
-        Op::Debit(n) if exact(count + n) <= limit => {
+        Op::Debit(n) if n <= limit && exact(count + n) <= limit => {
             let state = State::FixedWindow {
                 window: pos.index,
                 count: count + n,
             };
             Evaluation::commit(current, state, until_end, view(count + n))
         }
+        // Overdraft: counted anyway, above the limit (capped at MAX_COUNT); checks pass again
+        // in the next window.
+        Op::Debit(n) if params.overdraft => {
+            let count = exact(count + n.min(MAX_COUNT)).min(MAX_COUNT);
+            let state = State::FixedWindow {
+                window: pos.index,
+                count,
+            };
+            Evaluation::overdrawn(current, state, until_end, view(count), until_end)
+        }
+        Op::Debit(n) if n > limit => Evaluation::denied(current, None),
         // n ≤ limit, so the fresh count of the next window admits it; this window never will.
         Op::Debit(_) => Evaluation::denied(current, Some(until_end)),
         Op::Refund(n) => {
@@ -74,6 +84,7 @@ mod tests {
             requests_per_period: limit,
             period_us: 60_000_000,
             burst: 0,
+            overdraft: false,
         }
     }
 
@@ -133,6 +144,36 @@ mod tests {
         );
         assert!(!evaluate(&p, Some((INDEX, 3)), NOW + MINUTE - 1, 3).admitted);
         assert!(evaluate(&p, Some((INDEX, 3)), NOW + MINUTE, 3).admitted);
+    }
+
+    /// Overdraft: a debit that does not fit is counted anyway (above the limit, capped at
+    /// MAX_COUNT), checks deny for the rest of the window and pass in the next one.
+    #[test]
+    fn overdraft_counts_past_the_limit() {
+        let p = LimitParams {
+            overdraft: true,
+            ..params(5)
+        };
+        let at = NOW + 1_000_000;
+        let e = evaluate(&p, Some((INDEX, 3)), at, 4);
+        assert!(!e.admitted);
+        assert_eq!(
+            e.next,
+            Some((
+                State::FixedWindow {
+                    window: INDEX,
+                    count: 7
+                },
+                59_000_000
+            ))
+        );
+        assert_eq!(e.retry_after_us, Some(59_000_000));
+        assert_eq!(e.committed.remaining, 0);
+        assert!(!evaluate(&p, Some((INDEX, 7)), at, 0).admitted);
+        assert!(evaluate(&p, Some((INDEX, 7)), NOW + MINUTE, 0).admitted);
+        let e = evaluate(&p, Some((INDEX, 3)), at, i64::MAX);
+        assert_eq!(stored(&e), Some((INDEX, MAX_COUNT)));
+        assert!(evaluate(&p, Some((INDEX, 3)), at, 2).admitted);
     }
 
     /// A cost above the limit never passes; limit 0 admits no debit.

@@ -7,11 +7,14 @@
 //! - only `+`, `-`, `×` and floor division of non-negative integers, and every intermediate
 //!   value stays below 2^53 so that Lua's doubles compute the very same numbers (each file
 //!   notes its bounds; tests assert them through `exact`);
-//! - a denied or check-only (`cost == 0`) evaluation never changes state.
+//! - a denied or check-only (`cost == 0`) evaluation never changes state — except a debit on
+//!   an [overdraft](LimitParams::overdraft) limit, which always carries the debited state;
+//! - a check-only evaluation is over only when the bucket is strictly over (overdrawn).
 //!
 //! The store evaluates every bucket of a request, then either commits every
-//! [`Evaluation::next`] (all enforcing buckets admitted) or none of them (DESIGN §4: a denied
-//! request debits nothing), and reports [`Evaluation::committed`] or [`Evaluation::current`].
+//! [`Evaluation::next`] (all enforcing, non-overdraft buckets admitted) or none of them
+//! (DESIGN §4: a denied request debits nothing), and reports [`Evaluation::committed`] or
+//! [`Evaluation::current`]; see [`crate::bucket::settle`].
 //!
 //! Inputs outside the documented domain (a `now_us` outside `[0, 2^52]`, params that fail
 //! [`LimitParams::validate`], corrupt stored state) are clamped into it, so `evaluate` never
@@ -45,6 +48,12 @@ pub struct LimitParams {
     pub period_us: u64,
     /// Token bucket capacity (`burst`, default `requests_per_unit`). Windows ignore it.
     pub burst: u64,
+    /// `overdraft: true`: a debit is always applied, even when it does not fit — the bucket
+    /// goes into debt beyond its capacity (token bucket: `tat` beyond `now + tau`, capped at
+    /// `now + 2^50`; windows: the count goes above the limit, capped at [`MAX_COUNT`]) and
+    /// the evaluation is not `admitted` but carries the debited `next` state. Checks then
+    /// deny until refill repays the debt. Not part of the bucket's identity (key).
+    pub overdraft: bool,
 }
 
 /// The stored state of one bucket. An absent state is a full bucket / an empty window.
@@ -93,11 +102,13 @@ pub struct View {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Evaluation {
     /// Would this cost be admitted? (Refunds and checks of a non-overdrawn bucket: true.)
+    /// For an overdraft debit: whether the cost fitted (it is stored either way).
     pub admitted: bool,
     /// The state to store if the caller commits this evaluation, with its TTL in µs
     /// (time until the state is equivalent to absent). `None` = leave stored state unchanged.
     /// `Some((_, 0))` means the state equals "absent": the store may delete the key.
-    /// Always `None` when !admitted or cost == 0.
+    /// Always `None` when cost == 0, and when !admitted unless the limit has `overdraft`
+    /// (an overdraft debit always carries its state).
     pub next: Option<(State, u64)>,
     /// The view if `next` is committed (equals `current` when `next` is None).
     pub committed: View,
@@ -105,6 +116,8 @@ pub struct Evaluation {
     pub current: View,
     /// When !admitted: µs from now until this same cost could be admitted; `None` if never
     /// (cost above capacity / limit, or requests_per_period == 0). `Some(0)` when admitted.
+    /// For an overdraft debit that did not fit: µs until the bucket, debited, is no longer
+    /// overdrawn (a check passes again); never `None` unless requests_per_period == 0.
     pub retry_after_us: Option<u64>,
 }
 
@@ -128,6 +141,24 @@ impl Evaluation {
             committed: current,
             current,
             retry_after_us,
+        }
+    }
+
+    /// Overdraft debit that did not fit: not admitted, but storing `state` for `ttl_us`
+    /// anyway (the bucket goes into debt); `retry_after_us` is when it stops being overdrawn.
+    fn overdrawn(
+        current: View,
+        state: State,
+        ttl_us: u64,
+        committed: View,
+        retry_after_us: u64,
+    ) -> Self {
+        Evaluation {
+            admitted: false,
+            next: Some((state, ttl_us)),
+            committed,
+            current,
+            retry_after_us: Some(retry_after_us),
         }
     }
 

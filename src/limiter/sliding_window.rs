@@ -113,10 +113,26 @@ pub(super) fn evaluate(
     match Op::of(cost) {
         Op::Check if estimate <= limit => Evaluation::unchanged(current_view),
         Op::Check => Evaluation::denied(current_view, Some(retry_after(&pos, &counters, limit, 0))),
-        Op::Debit(n) if n > limit => Evaluation::denied(current_view, None),
-        Op::Debit(n) if exact(estimate + n) <= limit => {
+        Op::Debit(n) if n <= limit && exact(estimate + n) <= limit => {
             commit(at(counters.current + n, counters.previous))
         }
+        // Overdraft: counted anyway, above the limit (`at` caps at MAX_COUNT); the wait is
+        // until a check passes against the debited counters.
+        Op::Debit(n) if params.overdraft => {
+            let next = at(
+                exact(counters.current + n.min(MAX_COUNT)),
+                counters.previous,
+            );
+            let state = State::SlidingWindow {
+                window: pos.index,
+                current: next.current,
+                previous: next.previous,
+            };
+            let ttl = forgotten_in(&pos, &next);
+            let wait = retry_after(&pos, &next, limit, 0);
+            Evaluation::overdrawn(current_view, state, ttl, view(&next), wait)
+        }
+        Op::Debit(n) if n > limit => Evaluation::denied(current_view, None),
         Op::Debit(n) => {
             Evaluation::denied(current_view, Some(retry_after(&pos, &counters, limit, n)))
         }
@@ -177,6 +193,7 @@ mod tests {
             requests_per_period: limit,
             period_us: 60_000_000,
             burst: 0,
+            overdraft: false,
         }
     }
 
@@ -196,6 +213,46 @@ mod tests {
         assert_eq!(e.current.remaining, 10);
         assert_eq!(weight(60_000, 0), ONE);
         assert_eq!(weight(60_000, 59_999), 1);
+    }
+
+    /// Overdraft: a debit that does not fit is counted anyway; the retry is exactly when a
+    /// check passes against the debited counters.
+    #[test]
+    fn overdraft_counts_past_the_limit() {
+        let p = LimitParams {
+            overdraft: true,
+            ..params(20)
+        };
+        let at = NOW + 15_000_000;
+        let e = evaluate(&p, stored(INDEX, 2, 10), at, 15);
+        assert!(!e.admitted);
+        assert_eq!(
+            e.next,
+            Some((
+                State::SlidingWindow {
+                    window: INDEX,
+                    current: 17,
+                    previous: 10
+                },
+                105_000_000
+            ))
+        );
+        let retry = i64::try_from(e.retry_after_us.unwrap_or(0)).unwrap_or(0);
+        assert!(retry > 0);
+        let debited = stored(INDEX, 17, 10);
+        assert!(!evaluate(&p, debited, at + retry - 1, 0).admitted);
+        assert!(evaluate(&p, debited, at + retry, 0).admitted);
+        let e = evaluate(&p, stored(INDEX, 2, 10), at, i64::MAX);
+        assert!(matches!(
+            e.next,
+            Some((
+                State::SlidingWindow {
+                    current: MAX_COUNT,
+                    ..
+                },
+                _
+            ))
+        ));
     }
 
     /// Admits while estimate + n ≤ limit and stores with TTL = end of the next window.

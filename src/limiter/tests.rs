@@ -12,6 +12,7 @@ fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitPa
         requests_per_period: rate,
         period_us: period_s * 1_000_000,
         burst,
+        overdraft: false,
     }
 }
 
@@ -30,8 +31,12 @@ fn small_params() -> impl Strategy<Value = LimitParams> {
         0u64..30,
         prop::sample::select(vec![1u64, 60, 3600]),
         0u64..30,
+        any::<bool>(),
     )
-        .prop_map(|(a, rate, period_s, burst)| params(a, rate, period_s, burst))
+        .prop_map(|(a, rate, period_s, burst, overdraft)| LimitParams {
+            overdraft,
+            ..params(a, rate, period_s, burst)
+        })
 }
 
 /// A stored state near `now`, of `p`'s algorithm or (kind 3) of another one, or absent (4).
@@ -185,8 +190,9 @@ fn other_algorithms_state_is_absent() {
 }
 
 proptest! {
-    /// Denied and check-only evaluations never change state, and whenever nothing is stored
-    /// `committed` equals `current`; retry_after is Some(0) exactly when admitted.
+    /// Denied and check-only evaluations never change state (but an overdraft debit always
+    /// does), and whenever nothing is stored `committed` equals `current`; retry_after is
+    /// Some(0) exactly when admitted.
     #[test]
     fn denied_and_checks_leave_state_alone(
         p in small_params(),
@@ -196,7 +202,12 @@ proptest! {
     ) {
         let state = state_near(&p, NOW, kind, offset, back, a, b);
         let e = evaluate(&p, state.as_ref(), NOW, cost);
-        if !e.admitted || cost == 0 {
+        let always_debited = p.overdraft
+            && cost > 0
+            && !(p.algorithm == Algorithm::TokenBucket && p.requests_per_period == 0);
+        if always_debited {
+            prop_assert!(e.next.is_some());
+        } else if !e.admitted || cost == 0 {
             prop_assert_eq!(e.next, None);
         }
         if e.next.is_none() {
@@ -240,13 +251,14 @@ proptest! {
         rate in prop_oneof![0u64..3, 0u64..=u64::from(u32::MAX), Just(u64::from(u32::MAX))],
         period_s in prop_oneof![1u64..3, 1u64..=MAX_PERIOD_US / 1_000_000, Just(MAX_PERIOD_US / 1_000_000)],
         burst in prop_oneof![0u64..3, 0u64..=u64::from(u32::MAX), Just(u64::from(u32::MAX))],
+        overdraft in any::<bool>(),
         start in 1_600_000_000_000_000i64..4_000_000_000_000_000,
         steps in prop::collection::vec(
             (prop_oneof![0i64..1000, 0i64..100_000_000_000_000, -1_000_000i64..0],
              prop_oneof![-3i64..5, any::<i64>()]),
             1..30),
     ) {
-        let mut p = params(a, rate, period_s, burst);
+        let mut p = LimitParams { overdraft, ..params(a, rate, period_s, burst) };
         if a == Algorithm::TokenBucket && rate > 0 {
             // Bring the draw into the validated domain instead of rejecting most of them.
             p.requests_per_period = rate.min(p.period_us);
@@ -272,9 +284,9 @@ proptest! {
         a in algorithm(),
         rate in any::<u64>(), period_us in any::<u64>(), burst in any::<u64>(),
         x in any::<i64>(), y in any::<u64>(), z in any::<u64>(), kind in 0u8..4,
-        now in any::<i64>(), cost in any::<i64>(),
+        now in any::<i64>(), cost in any::<i64>(), overdraft in any::<bool>(),
     ) {
-        let p = LimitParams { algorithm: a, requests_per_period: rate, period_us, burst };
+        let p = LimitParams { algorithm: a, requests_per_period: rate, period_us, burst, overdraft };
         let state = match kind {
             0 => None,
             1 => Some(State::TokenBucket { tat_us: x }),

@@ -91,20 +91,40 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<i64>, now: i64, cost: C
     match Op::of(cost) {
         Op::Check if debt <= gcra.tolerance => Evaluation::unchanged(current),
         Op::Check => Evaluation::denied(current, Some((debt - gcra.tolerance).unsigned_abs())),
-        Op::Debit(n) => match i64::try_from(n) {
-            Ok(n) if n <= gcra.burst => {
-                let new_debt = exact(debt + n * gcra.interval);
-                if new_debt <= gcra.tolerance {
-                    commit(new_debt)
-                } else {
-                    // At now + r the debt is new_debt − r − n×T + n×T = tau: the earliest pass.
+        Op::Debit(n) => {
+            // n ≤ burst, so n × T ≤ tau ≤ 2^50 (computed only then).
+            let fitting = i64::try_from(n)
+                .ok()
+                .filter(|&n| n <= gcra.burst)
+                .map(|n| exact(debt + n * gcra.interval));
+            match fitting {
+                Some(new_debt) if new_debt <= gcra.tolerance => commit(new_debt),
+                _ if params.overdraft => {
+                    // Always debited: into debt beyond tau, up to the cap of 2^50 µs. Whole
+                    // tokens that fit under the cap: (2^50 − debt) / T, so n × T ≤ 2^50 − debt.
+                    let room = ((max_debt - debt) / gcra.interval).unsigned_abs();
+                    let new_debt = if n <= room {
+                        exact(debt + n.cast_signed() * gcra.interval)
+                    } else {
+                        max_debt
+                    };
+                    let state = State::TokenBucket {
+                        tat_us: exact(now + new_debt),
+                    };
+                    // Checks pass again once the debt has drained back to tau.
+                    let wait = (new_debt - gcra.tolerance).max(0).unsigned_abs();
+                    let ttl = new_debt.unsigned_abs();
+                    Evaluation::overdrawn(current, state, ttl, gcra.view(new_debt), wait)
+                }
+                // At now + r the debt is new_debt − r − n×T + n×T = tau: the earliest pass.
+                Some(new_debt) => {
                     let wait = new_debt - gcra.tolerance;
                     Evaluation::denied(current, Some(wait.unsigned_abs()))
                 }
+                // More than the capacity can never pass.
+                None => Evaluation::denied(current, None),
             }
-            // More than the capacity can never pass.
-            _ => Evaluation::denied(current, None),
-        },
+        }
         Op::Refund(n) => {
             // Never give back more than a full bucket; never credit beyond full.
             let n = i64::try_from(n).unwrap_or(i64::MAX).min(gcra.burst);
@@ -127,6 +147,7 @@ mod tests {
             requests_per_period: rate,
             period_us: period_s * 1_000_000,
             burst,
+            overdraft: false,
         }
     }
 
@@ -312,6 +333,61 @@ mod tests {
         assert!(refund.admitted && refund.next.is_none());
     }
 
+    fn overdraft(rate: u64, period_s: u64, burst: u64) -> LimitParams {
+        LimitParams {
+            overdraft: true,
+            ..params(rate, period_s, burst)
+        }
+    }
+
+    /// Overdraft: a debit that does not fit is not admitted but stored, into debt beyond tau;
+    /// checks deny until the debt drains back to tau, then pass.
+    #[test]
+    fn overdraft_goes_into_debt() {
+        let p = overdraft(10, 1, 10); // T = 100 ms, tau = 1 s
+        let e = evaluate(&p, Some(NOW + 600_000), NOW, 7);
+        assert!(!e.admitted);
+        assert_eq!(
+            e.next,
+            Some((
+                State::TokenBucket {
+                    tat_us: NOW + 1_300_000
+                },
+                1_300_000
+            ))
+        );
+        assert_eq!(e.retry_after_us, Some(300_000));
+        assert_eq!(
+            e.committed,
+            View {
+                remaining: 0,
+                reset_us: 1_300_000
+            }
+        );
+        let tat = tat_of(&e);
+        assert!(!evaluate(&p, tat, NOW + 299_999, 0).admitted);
+        assert!(evaluate(&p, tat, NOW + 300_000, 0).admitted);
+        // A fitting debit is an ordinary commit.
+        assert!(evaluate(&p, None, NOW, 10).admitted);
+    }
+
+    /// Overdraft: a cost above burst is stored too, and the debt is capped at 2^50 µs.
+    #[test]
+    fn overdraft_above_burst_and_debt_cap() {
+        let p = overdraft(10, 1, 5);
+        let e = evaluate(&p, None, NOW, 6);
+        assert!(!e.admitted);
+        assert_eq!(tat_of(&e), Some(NOW + 600_000));
+        assert_eq!(e.retry_after_us, Some(100_000));
+        let max = i64::try_from(MAX_TOLERANCE_US).unwrap_or(i64::MAX);
+        let e = evaluate(&p, None, NOW, i64::MAX);
+        assert_eq!(tat_of(&e), Some(NOW + max));
+        let e = evaluate(&p, Some(NOW + max - 50_000), NOW, 1);
+        assert_eq!(tat_of(&e), Some(NOW + max));
+        // Rate 0: nothing would ever repay a debt, so nothing is stored.
+        assert_eq!(evaluate(&overdraft(0, 1, 5), None, NOW, 3).next, None);
+    }
+
     /// One step of a random sequence: time advance (µs) and cost.
     fn steps() -> impl Strategy<Value = Vec<(i64, i64)>> {
         prop::collection::vec((0i64..400_000, -3i64..14), 1..60)
@@ -349,6 +425,35 @@ mod tests {
                     prop_assert!(net <= bound, "net {net} > bound {bound} over [{i}, {j}]");
                 }
             }
+        }
+
+        /// Overdraft: every debit is stored (debt grows by exactly cost × T, below the cap),
+        /// and the debt is repaid at the configured rate: checks pass again exactly when the
+        /// debt has drained back to tau, i.e. after debt − tau µs.
+        #[test]
+        fn overdraft_debits_always_apply_and_debt_repays_at_rate(
+            rate in 1u64..1000,
+            period_s in 1u64..100,
+            burst in 1u64..50,
+            debt in 0i64..200_000_000,
+            cost in 1i64..500,
+        ) {
+            let p = overdraft(rate, period_s, burst);
+            let interval = i64::try_from(emission_interval_us(period_s * 1_000_000, rate)).unwrap_or(1);
+            let tau = interval * i64::try_from(burst).unwrap_or(0);
+            let e = evaluate(&p, Some(NOW + debt), NOW, cost);
+            let new_tat = NOW + debt.max(0) + cost * interval;
+            prop_assert_eq!(tat_of(&e), Some(new_tat));
+            prop_assert_eq!(e.admitted, debt + cost * interval <= tau);
+            let over = new_tat - NOW - tau;
+            if over > 0 {
+                prop_assert_eq!(e.retry_after_us, Some(over.unsigned_abs()));
+                prop_assert!(!evaluate(&p, Some(new_tat), NOW + over - 1, 0).admitted);
+            }
+            prop_assert!(evaluate(&p, Some(new_tat), NOW + over.max(0), 0).admitted);
+            // Fully repaid (a full bucket) once the whole debt has drained.
+            let full = evaluate(&p, Some(new_tat), new_tat, 0);
+            prop_assert_eq!(full.current.remaining, burst);
         }
 
         /// retry_after is exact: the same cost passes at now + retry and not one µs earlier.

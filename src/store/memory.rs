@@ -196,6 +196,7 @@ mod tests {
                 requests_per_period: rate,
                 period_us: 60_000_000,
                 burst: rate,
+                overdraft: false,
             },
             cost,
             enforce: true,

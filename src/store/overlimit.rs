@@ -1,5 +1,5 @@
 //! The local over-limit cache: answer OVER_LIMIT without a Redis call for a bucket that Redis
-//! recently said cannot pass.
+//! recently said cannot pass. Overdraft buckets are never cached: their debits always apply.
 //!
 //! When Redis denies cost `c` on a bucket with "retry after d", then until `sent + d` (measured
 //! from when the request was *sent*, so never later than Redis's own answer) any cost `>= c`
@@ -98,7 +98,8 @@ impl OverLimitCache {
     }
 
     fn denies(&self, op: &BucketOp, now: Instant) -> Option<KnownEmpty> {
-        if !op.enforce || op.cost <= 0 {
+        // An overdraft debit is always applied: it must reach the store.
+        if !op.enforce || op.cost <= 0 || op.params.overdraft {
             return None;
         }
         self.entries
@@ -114,7 +115,7 @@ impl OverLimitCache {
                 self.entries.invalidate(&op.key);
                 continue;
             }
-            if !op.enforce || op.cost <= 0 || result.admitted {
+            if !op.enforce || op.cost <= 0 || op.params.overdraft || result.admitted {
                 continue;
             }
             let Some(wait_us) = result.retry_after_us.filter(|&w| w > 0) else {
@@ -164,6 +165,7 @@ mod tests {
                 requests_per_period: 1,
                 period_us: 1_000_000,
                 burst: 1,
+                overdraft: false,
             },
             cost,
             enforce: true,
@@ -219,6 +221,19 @@ mod tests {
         let mut shadow = op(b"a", 1);
         shadow.enforce = false;
         assert!(cache.answer(&[shadow], sent).is_none());
+    }
+
+    /// Overdraft debits always reach the store: a denial is neither learned nor answered.
+    #[test]
+    fn overdraft_ops_are_never_cached() {
+        let cache = OverLimitCache::new(100);
+        let sent = Instant::now();
+        let mut overdraft = op(b"a", 1);
+        overdraft.params.overdraft = true;
+        cache.learn(std::slice::from_ref(&overdraft), &denied(1_000_000), sent);
+        assert!(cache.answer(&[op(b"a", 1)], sent).is_none());
+        cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
+        assert!(cache.answer(&[overdraft], sent).is_none());
     }
 
     /// A committed refund through this replica forgets the bucket.

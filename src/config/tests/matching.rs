@@ -260,13 +260,14 @@ descriptors:
             algorithm: Algorithm::TokenBucket,
             burst: 7,
             replaces: vec!["other".into()],
+            overdraft: false,
         }]
     );
     let free = domain.find(&[(b"free", b"x")]).unwrap();
     assert!(free.rule.limits[0].unlimited);
 }
 
-/// The extensions parse: several limits, algorithm, burst, unit_multiplier.
+/// The extensions parse: several limits, algorithm, burst, unit_multiplier, overdraft.
 #[test]
 fn extensions() {
     let config = config(
@@ -279,6 +280,7 @@ descriptors:
       - {unit: minute, unit_multiplier: 5, requests_per_unit: 300, algorithm: fixed_window}
       - {unit: day, requests_per_unit: 1000, algorithm: sliding_window}
       - {unit: second, requests_per_unit: 10, algorithm: fixed_window}
+      - {unit: hour, requests_per_unit: 100, algorithm: fixed_window, overdraft: true}
 ",
     );
     let found = config.domain("d").unwrap().find(&[(b"k", b"v")]).unwrap();
@@ -288,6 +290,7 @@ descriptors:
         requests_per_period,
         period_us,
         burst,
+        overdraft: false,
     };
     assert_eq!(
         params,
@@ -296,6 +299,10 @@ descriptors:
             p(Algorithm::FixedWindow, 300, 300_000_000, 300),
             p(Algorithm::SlidingWindow, 1000, 86_400_000_000, 1000),
             p(Algorithm::FixedWindow, 10, 1_000_000, 10),
+            LimitParams {
+                overdraft: true,
+                ..p(Algorithm::FixedWindow, 100, 3_600_000_000, 100)
+            },
         ]
     );
     assert_eq!(found.rule.limits[1].unit_multiplier, 5);

@@ -123,7 +123,13 @@ fn unlimited_fields() {
         "descriptors[0].rate_limit.unit",
         "should not specify rate limit unit when unlimited",
     );
-    for field in ["algorithm: fixed_window", "burst: 5", "unit_multiplier: 2"] {
+    for field in [
+        "algorithm: fixed_window",
+        "burst: 5",
+        "unit_multiplier: 2",
+        "overdraft: true",
+        "overdraft: false",
+    ] {
         let name = field.split(':').next().unwrap();
         assert_error(
             &limit(&format!("unlimited: true, {field}")),

@@ -10,7 +10,7 @@
 //! ```text
 //! KEYS   prefix + BucketKey, one per op
 //! ARGV   now_us ("" = Redis TIME), then per op: algorithm, requests_per_period, period_us,
-//!        burst, cost, enforce
+//!        burst, cost, enforce, overdraft
 //! reply  committed, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
 //! ```
 
@@ -26,7 +26,7 @@ use crate::store::StoreError;
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
 /// ARGV values per op, after ARGV\[1\] (now).
-pub const ARGS_PER_OP: usize = 6;
+pub const ARGS_PER_OP: usize = 7;
 
 /// Reply values per op, after the leading `committed`.
 pub const REPLY_PER_OP: usize = 4;
@@ -69,6 +69,7 @@ pub fn args(ops: &[BucketOp], now_us: Option<i64>) -> Vec<String> {
         out.push(op.params.burst.to_string());
         out.push(op.cost.to_string());
         out.push(if op.enforce { "1" } else { "0" }.to_owned());
+        out.push(if op.params.overdraft { "1" } else { "0" }.to_owned());
     }
     out
 }
@@ -168,6 +169,7 @@ mod tests {
                 requests_per_period: 7,
                 period_us: 60_000_000,
                 burst: 9,
+                overdraft: false,
             },
             cost,
             enforce,
@@ -191,12 +193,14 @@ mod tests {
         assert_eq!(full_key(b"", &ops[0].key), ops[0].key.as_bytes());
     }
 
-    /// ARGV is now (empty = Redis TIME), then six decimal integers per op.
+    /// ARGV is now (empty = Redis TIME), then seven decimal integers per op.
     #[test]
     fn args_layout() {
+        let mut overdraft = op(Algorithm::FixedWindow, -2, false);
+        overdraft.params.overdraft = true;
         let ops = [
             op(Algorithm::TokenBucket, 3, true),
-            op(Algorithm::FixedWindow, -2, false),
+            overdraft,
             op(Algorithm::SlidingWindow, i64::MIN, true),
         ];
         let expected: Vec<&str> = vec![
@@ -207,18 +211,21 @@ mod tests {
             "9",
             "3",
             "1",
+            "0",
             "1",
             "7",
             "60000000",
             "9",
             "-2",
             "0",
+            "1",
             "2",
             "7",
             "60000000",
             "9",
             "-9223372036854775808",
             "1",
+            "0",
         ];
         assert_eq!(args(&ops, None), expected);
         assert_eq!(
