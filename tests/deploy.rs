@@ -257,9 +257,11 @@ fn kubernetes_objects_agree() {
         .map(|p| (str_at(p, "/name"), u64_at(p, "/containerPort")))
         .collect();
     assert_eq!(ports, [("grpc", 8081), ("http", 8080)]);
-    for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
+    for probe in ["startupProbe", "readinessProbe"] {
         assert_eq!(u64_at(container, &format!("/{probe}/grpc/port")), 8081);
     }
+    // Liveness must not depend on Redis (gRPC health does, under policy `error`).
+    assert_eq!(u64_at(container, "/livenessProbe/tcpSocket/port"), 8081);
     let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
     assert_eq!(annotations["prometheus.io/port"], svc.http_port.to_string());
     assert_eq!(annotations["prometheus.io/path"], "/metrics");
