@@ -129,7 +129,7 @@ impl ServeSettings {
     }
 }
 
-// ---- Response headers, near-limit ratio, dynamic metadata (issue 4: `headers` branch) ----
+// ---- Response headers, near-limit ratio, dynamic metadata ----
 
 /// What a response carries besides its statuses, and the near-limit metric's threshold.
 #[derive(Clone, Debug, Args)]
