@@ -4,7 +4,8 @@
 //!   while Redis is unusable under failure policy `error`.
 //! - `POST /json`: ShouldRateLimit with a JSON body in protobuf's JSON mapping (field names in
 //!   `snake_case` or `lowerCamelCase`); answers the JSON response with `200` for OK, `429`
-//!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed.
+//!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed
+//!   or `--max-in-flight` requests are already being answered.
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
 
@@ -89,7 +90,9 @@ async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) ->
             (status, axum::Json(response_json(&response))).into_response()
         }
         Err(RequestError::Invalid(e)) => error(StatusCode::BAD_REQUEST, &e.0),
-        Err(e @ RequestError::Store(_)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e @ (RequestError::Store(_) | RequestError::Overloaded { .. })) => {
+            error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string())
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
-//! | `floodgate_requests_total` | result | ShouldRateLimit calls by result |
+//! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
@@ -78,6 +78,8 @@ pub enum RequestResult {
     Invalid,
     /// The store failed.
     StoreError,
+    /// Refused at once: `--max-in-flight` requests were already being answered.
+    Overloaded,
 }
 
 impl RequestResult {
@@ -87,6 +89,7 @@ impl RequestResult {
             RequestResult::OverLimit => "over_limit",
             RequestResult::Invalid => "invalid",
             RequestResult::StoreError => "store_error",
+            RequestResult::Overloaded => "overloaded",
         }
     }
 }

@@ -148,19 +148,22 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         }
     };
     let config = Arc::new(ArcSwap::from_pointee(config));
-    let limiter = Arc::new(RateLimiter::new(
-        config.clone(),
-        store,
-        PlanOptions {
-            shadow_mode: settings.shadow_mode,
-            default_algorithm: settings.algorithm.value.into(),
-            limits: RequestLimits::default(),
-            headers: settings.response.header_options(),
-            near_limit_ratio: settings.response.near_limit_ratio,
-            dynamic_metadata: settings.response.response_dynamic_metadata,
-        },
-        metrics,
-    ));
+    let limiter = Arc::new(
+        RateLimiter::new(
+            config.clone(),
+            store,
+            PlanOptions {
+                shadow_mode: settings.shadow_mode,
+                default_algorithm: settings.algorithm.value.into(),
+                limits: RequestLimits::default(),
+                headers: settings.response.header_options(),
+                near_limit_ratio: settings.response.near_limit_ratio,
+                dynamic_metadata: settings.response.response_dynamic_metadata,
+            },
+            metrics,
+        )
+        .with_max_in_flight(settings.max_in_flight as usize),
+    );
     Ok(Prepared {
         limiter,
         config,

@@ -5,11 +5,18 @@
 //! shared by the gRPC service ([`RlsService`]) and the HTTP `POST /json` endpoint.
 //! [`RequestError`] is the one error type of that path and `From<RequestError> for Status`
 //! the one place it becomes a gRPC status.
+//!
+//! Overload: at most `max_in_flight` requests are inside the request path at once (gRPC and
+//! `/json` together). One more is refused at once with [`RequestError::Overloaded`] rather
+//! than queued: Envoy's rate-limit call has a short deadline (20 ms by default), so a queued
+//! request would mostly time out anyway, after holding memory; an immediate
+//! `RESOURCE_EXHAUSTED` lets Envoy apply its `failure_mode_deny` right away.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use tokio::sync::Semaphore;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
@@ -30,6 +37,12 @@ pub enum RequestError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// `max_in_flight` requests were already being answered; this one was not queued.
+    #[error("overloaded: {max_in_flight} requests already in flight (--max-in-flight); not queued")]
+    Overloaded {
+        /// The configured bound.
+        max_in_flight: usize,
+    },
 }
 
 impl From<RequestError> for Status {
@@ -39,6 +52,9 @@ impl From<RequestError> for Status {
             // UNAVAILABLE, not a made-up OK: Envoy then applies its own failure_mode_deny,
             // which is the operator's decision to make, not ours.
             RequestError::Store(e) => Status::unavailable(e.to_string()),
+            // RESOURCE_EXHAUSTED is gRPC's code for "out of a quota or capacity"; like
+            // UNAVAILABLE, it leaves the allow/deny decision to Envoy's failure_mode_deny.
+            e @ RequestError::Overloaded { .. } => Status::resource_exhausted(e.to_string()),
         }
     }
 }
@@ -53,10 +69,15 @@ pub struct RateLimiter {
     options: PlanOptions,
     /// Where outcomes are counted.
     metrics: Arc<Metrics>,
+    /// One permit per request being answered; none left means overloaded.
+    in_flight: Semaphore,
+    /// The number of permits `in_flight` started with, for the error message.
+    max_in_flight: usize,
 }
 
 impl RateLimiter {
-    /// A limiter over `config` and `store`.
+    /// A limiter over `config` and `store`, with no practical bound on requests in flight
+    /// (see [`RateLimiter::with_max_in_flight`]).
     pub fn new(
         config: Arc<ArcSwap<Config>>,
         store: Arc<dyn Store>,
@@ -68,7 +89,18 @@ impl RateLimiter {
             store,
             options,
             metrics,
+            in_flight: Semaphore::new(Semaphore::MAX_PERMITS),
+            max_in_flight: Semaphore::MAX_PERMITS,
         }
+    }
+
+    /// Answers at most `max` requests at once; more are refused with
+    /// [`RequestError::Overloaded`]. `max` is clamped to 1..=[`Semaphore::MAX_PERMITS`].
+    pub fn with_max_in_flight(mut self, max: usize) -> RateLimiter {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        self.in_flight = Semaphore::new(max);
+        self.max_in_flight = max;
+        self
     }
 
     /// The limits currently in force.
@@ -86,6 +118,14 @@ impl RateLimiter {
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
+        // Held until the answer is built; try_acquire never waits, so overload never queues.
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            self.metrics.record_request(RequestResult::Overloaded);
+            tracing::debug!(domain = %request.domain, "overloaded: request refused");
+            return Err(RequestError::Overloaded {
+                max_in_flight: self.max_in_flight,
+            });
+        };
         let config = self.config.load_full();
         let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);

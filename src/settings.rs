@@ -116,6 +116,12 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", value_parser = parse_seconds, default_value = "10")]
     pub shutdown_grace: Duration,
 
+    /// Requests answered at once (gRPC and /json together); one more is refused at once with
+    /// RESOURCE_EXHAUSTED (HTTP 503), never queued.
+    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_in_flight: u32,
+
     /// Response headers, near-limit accounting and dynamic metadata.
     #[command(flatten)]
     pub response: ResponseSettings,
@@ -322,6 +328,7 @@ impl fmt::Debug for ServeSettings {
             .field("shadow_mode", &self.shadow_mode)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
+            .field("max_in_flight", &self.max_in_flight)
             .field("response", &self.response)
             .finish()
     }
@@ -349,6 +356,20 @@ mod tests {
         assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
         assert_eq!(s.on_store_error, FailurePolicy::Error);
         assert!(s.watch_config);
+        assert_eq!(s.max_in_flight, 10_000);
+    }
+
+    /// `--max-in-flight` takes a positive count.
+    #[test]
+    fn max_in_flight_is_positive() {
+        let Command::Serve(s) = parse(&["serve", "--config", "x", "--max-in-flight", "2"])
+            .unwrap()
+            .command
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(s.max_in_flight, 2);
+        assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
     }
 
     /// `--watch-config` takes an explicit boolean, so hot reload can be turned off.

@@ -168,6 +168,28 @@ impl TestServer {
         .await
     }
 
+    /// Starts a server over a store built by the test, with the overload and listener
+    /// settings of `tuning`.
+    pub async fn start_tuned(
+        yaml: &str,
+        store: Arc<dyn Store>,
+        metrics: Arc<Metrics>,
+        tuning: Tuning,
+    ) -> TestServer {
+        let clock = Arc::new(ManualClock::new(START_US));
+        TestServer::launch_tuned(
+            shared(load(yaml)),
+            store,
+            Buckets::External,
+            clock,
+            options(),
+            None,
+            metrics,
+            tuning,
+        )
+        .await
+    }
+
     async fn launch(
         config: Arc<ArcSwap<Config>>,
         store: Arc<dyn Store>,
@@ -177,7 +199,35 @@ impl TestServer {
         store_health: Option<tokio::sync::watch::Receiver<bool>>,
         metrics: Arc<Metrics>,
     ) -> TestServer {
-        let limiter = Arc::new(RateLimiter::new(config, store, options, metrics.clone()));
+        TestServer::launch_tuned(
+            config,
+            store,
+            buckets,
+            clock,
+            options,
+            store_health,
+            metrics,
+            Tuning::default(),
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn launch_tuned(
+        config: Arc<ArcSwap<Config>>,
+        store: Arc<dyn Store>,
+        buckets: Buckets,
+        clock: Arc<ManualClock>,
+        options: PlanOptions,
+        store_health: Option<tokio::sync::watch::Receiver<bool>>,
+        metrics: Arc<Metrics>,
+        tuning: Tuning,
+    ) -> TestServer {
+        let mut limiter = RateLimiter::new(config, store, options, metrics.clone());
+        if let Some(max) = tuning.max_in_flight {
+            limiter = limiter.with_max_in_flight(max);
+        }
+        let limiter = Arc::new(limiter);
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
@@ -270,6 +320,14 @@ impl TestServer {
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
     }
+}
+
+/// Overload and listener settings of a test server; the default is `floodgate serve`'s,
+/// except that requests in flight are unbounded.
+#[derive(Clone, Debug, Default)]
+pub struct Tuning {
+    /// `--max-in-flight`.
+    pub max_in_flight: Option<usize>,
 }
 
 /// Loader settings of every test server: token bucket by default.

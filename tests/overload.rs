@@ -1,0 +1,116 @@
+//! Overload: a bounded number of requests in flight, refused at once beyond it, never queued.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use floodgate::bucket::{Applied, BucketOp};
+use floodgate::clock::ManualClock;
+use floodgate::metrics::Metrics;
+use floodgate::proto::rls::rate_limit_response::Code;
+use floodgate::store::{MemoryStore, Store, StoreError};
+use support::http::post_json;
+use support::*;
+use tokio::sync::{Semaphore, mpsc};
+
+/// A store that holds every call until the test hands out passes, reporting each arrival.
+struct HeldStore {
+    inner: MemoryStore,
+    entered: mpsc::UnboundedSender<()>,
+    passes: Semaphore,
+}
+
+impl HeldStore {
+    fn new() -> (Arc<HeldStore>, mpsc::UnboundedReceiver<()>) {
+        let (entered, arrivals) = mpsc::unbounded_channel();
+        let store = HeldStore {
+            inner: MemoryStore::new(Arc::new(ManualClock::new(START_US))),
+            entered,
+            passes: Semaphore::new(0),
+        };
+        (Arc::new(store), arrivals)
+    }
+}
+
+#[async_trait]
+impl Store for HeldStore {
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let _ = self.entered.send(());
+        // Never closed: a pass is always granted eventually by the test.
+        self.passes.acquire().await.unwrap().forget();
+        self.inner.apply(ops).await
+    }
+
+    fn name(&self) -> &'static str {
+        "held"
+    }
+}
+
+const LIMITS: &str =
+    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+
+/// With two requests held in the store and --max-in-flight 2, a third (gRPC or /json) is
+/// refused at once with RESOURCE_EXHAUSTED / 503 and counted; once released, requests succeed.
+#[tokio::test]
+async fn beyond_max_in_flight_is_refused_at_once() {
+    let (store, mut arrivals) = HeldStore::new();
+    let metrics = Metrics::shared();
+    let server = TestServer::start_tuned(
+        LIMITS,
+        store.clone(),
+        metrics.clone(),
+        Tuning {
+            max_in_flight: Some(2),
+        },
+    )
+    .await;
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = server.grpc_addr;
+            tokio::spawn(async move {
+                let mut client =
+                    floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::connect(
+                        format!("http://{addr}"),
+                    )
+                    .await
+                    .unwrap();
+                client.should_rate_limit(simple("d", "k", &i.to_string())).await
+            })
+        })
+        .collect();
+    arrivals.recv().await.unwrap();
+    arrivals.recv().await.unwrap();
+
+    let refused = server.ask_err(simple("d", "k", "third")).await;
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(refused.message().contains("--max-in-flight"), "{refused:?}");
+    let body = r#"{"domain": "d", "descriptors": [{"entries": [{"key": "k", "value": "j"}]}]}"#;
+    let json = post_json(server.http_addr, body).await;
+    assert_eq!(json.status, 503, "{}", json.body);
+    assert!(json.body.contains("overloaded"), "{}", json.body);
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"floodgate_requests_total{result="overloaded"} 2"#),
+        "{}",
+        metrics.encode()
+    );
+
+    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    for request in held {
+        let response = request.await.unwrap().expect("held request answered");
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    assert_eq!(
+        server.ask(simple("d", "k", "after")).await.overall_code,
+        Code::Ok as i32
+    );
+    assert_eq!(post_json(server.http_addr, body).await.status, 200);
+    server.stop().await;
+}
