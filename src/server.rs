@@ -83,6 +83,26 @@ pub enum ServerError {
     Reflection(#[from] tonic_reflection::server::Error),
 }
 
+/// How [`run`] serves, besides its listeners, limiter and store health.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// How long in-flight requests may take to finish once shutdown begins.
+    pub grace: Duration,
+    /// Largest ShouldRateLimit request accepted, in bytes (encoded protobuf); a larger one is
+    /// refused by tonic before it is decoded.
+    pub grpc_max_message_bytes: usize,
+}
+
+impl RunOptions {
+    /// The options `settings` ask for.
+    pub fn from_settings(settings: &ServeSettings) -> RunOptions {
+        RunOptions {
+            grace: settings.shutdown_grace,
+            grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
+        }
+    }
+}
+
 /// Everything `floodgate serve` needs, built and validated before any port is bound.
 pub struct Prepared {
     /// The request path.
@@ -209,7 +229,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         grpc,
         http,
         prepared.limiter.clone(),
-        settings.shutdown_grace,
+        RunOptions::from_settings(settings),
         store_health,
         shutdown,
     )
@@ -274,12 +294,13 @@ fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {
 
 /// Serves gRPC on `grpc` and admin HTTP on `http` until `shutdown` completes, then drains:
 /// health goes NOT_SERVING, both servers stop accepting and finish in-flight requests, for at
-/// most `grace`. While `store_health` (if given) says false, health reports NOT_SERVING.
+/// most `options.grace`. While `store_health` (if given) says false, health reports
+/// NOT_SERVING.
 pub async fn run(
     grpc: TcpListener,
     http: TcpListener,
     limiter: Arc<RateLimiter>,
-    grace: Duration,
+    options: RunOptions,
     store_health: Option<watch::Receiver<bool>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
@@ -320,10 +341,12 @@ pub async fn run(
             let _ = s.set_nodelay(true);
         })
     });
+    // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
+    // message make the server allocate and decode megabytes.
+    let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
+        .max_decoding_message_size(options.grpc_max_message_bytes);
     let grpc_server = tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(RlsService::new(
-            limiter.clone(),
-        )))
+        .add_service(rls)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -359,6 +382,7 @@ pub async fn run(
         .await;
     let _ = stop_tx.send(true);
 
+    let grace = options.grace;
     let drained = tokio::time::timeout(grace, async {
         let grpc = flatten((&mut grpc_task).await.map(|r| r.map_err(ServerError::from)));
         let http = flatten((&mut http_task).await);

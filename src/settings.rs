@@ -122,6 +122,12 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
 
+    /// Largest gRPC request accepted, in bytes; a larger one is refused (OUT_OF_RANGE) before
+    /// it is decoded. RLS requests are a few hundred bytes.
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_message_bytes: u32,
+
     /// Response headers, near-limit accounting and dynamic metadata.
     #[command(flatten)]
     pub response: ResponseSettings,
@@ -329,6 +335,7 @@ impl fmt::Debug for ServeSettings {
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)
+            .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)
             .field("response", &self.response)
             .finish()
     }
@@ -357,6 +364,7 @@ mod tests {
         assert_eq!(s.on_store_error, FailurePolicy::Error);
         assert!(s.watch_config);
         assert_eq!(s.max_in_flight, 10_000);
+        assert_eq!(s.grpc_max_message_bytes, 65_536);
     }
 
     /// `--max-in-flight` takes a positive count.

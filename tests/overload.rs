@@ -63,6 +63,7 @@ async fn beyond_max_in_flight_is_refused_at_once() {
         metrics.clone(),
         Tuning {
             max_in_flight: Some(2),
+            ..Tuning::default()
         },
     )
     .await;
@@ -112,5 +113,41 @@ async fn beyond_max_in_flight_is_refused_at_once() {
         Code::Ok as i32
     );
     assert_eq!(post_json(server.http_addr, body).await.status, 200);
+    server.stop().await;
+}
+
+/// A request above --grpc-max-message-bytes is refused with the status tonic gives
+/// (OUT_OF_RANGE), and the server keeps serving, on the same connection too.
+#[tokio::test]
+async fn oversized_grpc_request_is_refused() {
+    let metrics = Metrics::shared();
+    let (store, _arrivals) = HeldStore::new();
+    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    let server = TestServer::start_tuned(
+        LIMITS,
+        store,
+        metrics,
+        Tuning {
+            grpc_max_message_bytes: Some(1024),
+            ..Tuning::default()
+        },
+    )
+    .await;
+    let mut client = server.client().await;
+    let huge = "x".repeat(2048);
+    let refused = client
+        .should_rate_limit(simple("d", "k", &huge))
+        .await
+        .expect_err("an oversized request is refused");
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    let small = client
+        .should_rate_limit(simple("d", "k", "v"))
+        .await
+        .unwrap();
+    assert_eq!(small.into_inner().overall_code, Code::Ok as i32);
+    assert_eq!(
+        server.ask(simple("d", "k", "w")).await.overall_code,
+        Code::Ok as i32
+    );
     server.stop().await;
 }

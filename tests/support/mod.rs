@@ -237,7 +237,10 @@ impl TestServer {
             grpc,
             http,
             limiter,
-            Duration::from_secs(5),
+            server::RunOptions {
+                grace: Duration::from_secs(5),
+                grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
+            },
             store_health,
             async move {
                 let _ = rx.await;
@@ -328,6 +331,8 @@ impl TestServer {
 pub struct Tuning {
     /// `--max-in-flight`.
     pub max_in_flight: Option<usize>,
+    /// `--grpc-max-message-bytes`; `None`: its default, 64 KiB.
+    pub grpc_max_message_bytes: Option<usize>,
 }
 
 /// Loader settings of every test server: token bucket by default.
