@@ -19,6 +19,7 @@
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
 //! | `floodgate_memory_buckets` | — | buckets held by the memory store |
+//! | `floodgate_memory_evictions_total` | — | buckets the memory store evicted to stay within `--memory-max-buckets` |
 //! | `floodgate_store_errors_total` | kind | failed store calls of requests (`unavailable`: outage; `failed`: defect) |
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
@@ -109,6 +110,7 @@ pub struct Metrics {
     config_loads: Family<ResultLabels, Counter>,
     config_last_load_ok: Gauge,
     memory_buckets: Gauge,
+    memory_evictions: Counter,
     store_errors: Family<KindLabels, Counter>,
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
@@ -139,6 +141,7 @@ impl Metrics {
         let config_loads = Family::<ResultLabels, Counter>::default();
         let config_last_load_ok = Gauge::default();
         let memory_buckets = Gauge::default();
+        let memory_evictions = Counter::default();
         let store_errors = Family::<KindLabels, Counter>::default();
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
@@ -199,6 +202,11 @@ impl Metrics {
             memory_buckets.clone(),
         );
         registry.register(
+            "floodgate_memory_evictions",
+            "Buckets the memory store evicted to stay within its bound",
+            memory_evictions.clone(),
+        );
+        registry.register(
             "floodgate_store_errors",
             "Store failures by kind (unavailable: outage; failed: defect)",
             store_errors.clone(),
@@ -231,6 +239,7 @@ impl Metrics {
             config_loads,
             config_last_load_ok,
             memory_buckets,
+            memory_evictions,
             store_errors,
             store_degraded,
             store_available,
@@ -302,6 +311,11 @@ impl Metrics {
     pub fn set_memory_buckets(&self, buckets: usize) {
         self.memory_buckets
             .set(i64::try_from(buckets).unwrap_or(i64::MAX));
+    }
+
+    /// Counts buckets the memory store evicted to stay within its bound.
+    pub fn record_memory_evictions(&self, evicted: u64) {
+        self.memory_evictions.inc_by(evicted);
     }
 
     /// Counts a store failure by kind.

@@ -137,9 +137,16 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         domains = config.domains().count(),
         "limits loaded"
     );
+    let max_buckets = usize::try_from(settings.memory_max_buckets).unwrap_or(usize::MAX);
+    let memory_store = || {
+        Arc::new(
+            MemoryStore::new(Arc::new(SystemClock))
+                .with_max_buckets(max_buckets, Some(metrics.clone())),
+        )
+    };
     let (store, memory, redis): (Arc<dyn Store>, _, _) = match &settings.redis_url {
         None => {
-            let memory = Arc::new(MemoryStore::new(Arc::new(SystemClock)));
+            let memory = memory_store();
             (memory.clone(), Some(memory), None)
         }
         Some(url) => {
@@ -151,8 +158,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 command_timeout: settings.redis_timeout_ms,
             })
             .map_err(|e| ServerError::Settings(e.to_string()))?;
-            let fallback = (settings.on_store_error == FailurePolicy::Local)
-                .then(|| Arc::new(MemoryStore::new(Arc::new(SystemClock))));
+            let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
             let resilient = Arc::new(ResilientStore::new(
                 Arc::new(redis),
                 Resilience {

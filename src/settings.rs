@@ -128,6 +128,13 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_message_bytes: u32,
 
+    /// Most buckets the memory store holds (also the fallback store of --on-store-error
+    /// local); beyond it, expired buckets are dropped first, then the earliest-expiring
+    /// one of a small sample is evicted. Enforced per shard (of 64), hence at least 64.
+    #[arg(long, env = "FLOODGATE_MEMORY_MAX_BUCKETS", default_value_t = 1_000_000,
+          value_parser = clap::value_parser!(u64).range(64..))]
+    pub memory_max_buckets: u64,
+
     /// Response headers, near-limit accounting and dynamic metadata.
     #[command(flatten)]
     pub response: ResponseSettings,
@@ -336,6 +343,7 @@ impl fmt::Debug for ServeSettings {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)
             .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)
+            .field("memory_max_buckets", &self.memory_max_buckets)
             .field("response", &self.response)
             .finish()
     }
@@ -365,6 +373,7 @@ mod tests {
         assert!(s.watch_config);
         assert_eq!(s.max_in_flight, 10_000);
         assert_eq!(s.grpc_max_message_bytes, 65_536);
+        assert_eq!(s.memory_max_buckets, 1_000_000);
     }
 
     /// `--max-in-flight` takes a positive count.

@@ -6,9 +6,26 @@
 //! Every stored state carries an expiry (the limiter's TTL: the moment the state becomes
 //! equivalent to an absent one); expired entries read as absent and a background sweep
 //! ([`MemoryStore::spawn_sweeper`]) removes them, so idle buckets do not hold memory.
+//!
+//! # The bound
+//!
+//! A flood of distinct descriptor values creates one bucket each, so the store holds at most
+//! `max_buckets` ([`MemoryStore::with_max_buckets`]), enforced per shard as
+//! ⌊`max_buckets` / [`SHARDS`]⌋ (at least 1) so it needs no global lock. When a request would
+//! add a bucket to a full shard, the shard first drops its expired buckets (only if one can
+//! have expired: the shard remembers a lower bound of its expiries); if it is still full, it
+//! evicts the bucket with the **earliest expiry** among the first [`EVICTION_SAMPLE`] entries
+//! of its table (an arbitrary sample: the hash is randomly seeded). A bucket's expiry is the
+//! moment it would read as absent anyway, so the earliest-expiring one is the nearest to
+//! full and its loss costs the least accuracy; a bucket deep over its limit expires last and
+//! is evicted last within the sample (not never: the sample is not the whole shard). Buckets
+//! of the request being applied are never evicted: should only they be left, a shard may
+//! exceed its capacity by the request's own new buckets until its next insert. Evictions are
+//! counted in `floodgate_memory_evictions_total`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -18,9 +35,13 @@ use super::{Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, settle};
 use crate::clock::Clock;
 use crate::limiter::{self, State};
+use crate::metrics::Metrics;
 
 /// Number of shards; a power of two well above the core count keeps lock contention low.
 pub const SHARDS: usize = 64;
+
+/// Entries of a full shard compared to choose the one to evict.
+pub const EVICTION_SAMPLE: usize = 8;
 
 #[derive(Debug)]
 struct Entry {
@@ -29,7 +50,57 @@ struct Entry {
     expires_at_us: i64,
 }
 
-type Shard = HashMap<BucketKey, Entry>;
+#[derive(Debug, Default)]
+struct Shard {
+    /// The buckets of this shard.
+    map: HashMap<BucketKey, Entry>,
+    /// No entry expires before this (a lower bound, µs): a full shard sweeps only when some
+    /// entry can have expired, so a flood of live buckets does not rescan it on every insert.
+    earliest_expiry_us: i64,
+}
+
+impl Shard {
+    /// Drops expired entries; returns how many.
+    fn sweep(&mut self, now: i64) -> usize {
+        let before = self.map.len();
+        self.map.retain(|_, e| e.expires_at_us > now);
+        self.earliest_expiry_us = self
+            .map
+            .values()
+            .map(|e| e.expires_at_us)
+            .min()
+            .unwrap_or(i64::MAX);
+        before - self.map.len()
+    }
+
+    /// Makes room for one new entry when the shard holds `capacity` or more: sweeps if
+    /// something can have expired, then evicts per the module's policy, never a key `in_use`.
+    /// Returns how many entries it evicted.
+    fn make_room(&mut self, capacity: usize, now: i64, in_use: &[BucketOp]) -> u64 {
+        if self.map.len() < capacity {
+            return 0;
+        }
+        if self.earliest_expiry_us <= now {
+            self.sweep(now);
+        }
+        let mut evicted = 0;
+        while self.map.len() >= capacity {
+            let victim = self
+                .map
+                .iter()
+                .filter(|(key, _)| !in_use.iter().any(|op| &op.key == *key))
+                .take(EVICTION_SAMPLE)
+                .min_by_key(|(_, e)| e.expires_at_us)
+                .map(|(key, _)| key.clone());
+            // Only the request's own buckets are left: let the shard exceed its capacity by
+            // them rather than lose a debit mid-request.
+            let Some(key) = victim else { break };
+            self.map.remove(&key);
+            evicted += 1;
+        }
+        evicted
+    }
+}
 
 /// In-process bucket store.
 pub struct MemoryStore {
@@ -39,16 +110,45 @@ pub struct MemoryStore {
     hasher: RandomState,
     /// The time source; tests pass a manual clock.
     clock: Arc<dyn Clock>,
+    /// Buckets one shard may hold (see the module's bound).
+    shard_capacity: usize,
+    /// Buckets evicted to stay within the bound, since start.
+    evictions: AtomicU64,
+    /// Where evictions are counted, when the store serves requests.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl MemoryStore {
     /// An empty store reading time from `clock`.
     pub fn new(clock: Arc<dyn Clock>) -> MemoryStore {
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| {
+                    Mutex::new(Shard {
+                        map: HashMap::new(),
+                        earliest_expiry_us: i64::MAX,
+                    })
+                })
+                .collect(),
             hasher: RandomState::new(),
             clock,
+            shard_capacity: usize::MAX,
+            evictions: AtomicU64::new(0),
+            metrics: None,
         }
+    }
+
+    /// Holds at most `max` buckets (⌊`max` / [`SHARDS`]⌋ per shard, at least 1), evicting as
+    /// the module describes and counting evictions in `metrics`.
+    pub fn with_max_buckets(mut self, max: usize, metrics: Option<Arc<Metrics>>) -> MemoryStore {
+        self.shard_capacity = (max / SHARDS).max(1);
+        self.metrics = metrics;
+        self
+    }
+
+    /// Buckets evicted to stay within the bound, since start.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// Starts a task that removes expired buckets every `interval`, one shard at a time.
@@ -72,10 +172,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         let mut removed = 0;
         for shard in self.shards.iter() {
-            let mut shard = lock(shard);
-            let before = shard.len();
-            shard.retain(|_, e| e.expires_at_us > now);
-            removed += before - shard.len();
+            removed += lock(shard).sweep(now);
         }
         removed
     }
@@ -86,6 +183,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         let shard = lock(&self.shards[self.shard_of(key)]);
         shard
+            .map
             .get(key)
             .filter(|e| e.expires_at_us > now)
             .map(|e| (e.state, e.expires_at_us))
@@ -93,7 +191,7 @@ impl MemoryStore {
 
     /// Number of stored buckets (expired ones not yet swept included).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        self.shards.iter().map(|s| lock(s).map.len()).sum()
     }
 
     /// True when no bucket is stored.
@@ -121,7 +219,7 @@ impl MemoryStore {
             .iter()
             .zip(&shard_ids)
             .map(|(op, &shard)| {
-                let map = &guards[guard_index(shard)].1;
+                let map = &guards[guard_index(shard)].1.map;
                 let state = map
                     .get(&op.key)
                     .filter(|e| e.expires_at_us > now)
@@ -131,6 +229,7 @@ impl MemoryStore {
             .collect();
 
         let (applied, writes) = settle(ops, &evaluations);
+        let mut evicted = 0;
         for ((op, evaluation), (&shard, write)) in ops
             .iter()
             .zip(&evaluations)
@@ -139,18 +238,29 @@ impl MemoryStore {
             let Some((state, ttl_us)) = evaluation.next.filter(|_| write) else {
                 continue;
             };
-            let map = &mut guards[guard_index(shard)].1;
+            let shard = &mut guards[guard_index(shard)].1;
             if ttl_us == 0 {
-                map.remove(&op.key);
+                shard.map.remove(&op.key);
             } else {
                 let expires_at_us = now.saturating_add(i64::try_from(ttl_us).unwrap_or(i64::MAX));
-                map.insert(
+                if !shard.map.contains_key(&op.key) {
+                    evicted += shard.make_room(self.shard_capacity, now, ops);
+                }
+                shard.earliest_expiry_us = shard.earliest_expiry_us.min(expires_at_us);
+                shard.map.insert(
                     op.key.clone(),
                     Entry {
                         state,
                         expires_at_us,
                     },
                 );
+            }
+        }
+        drop(guards);
+        if evicted > 0 {
+            self.evictions.fetch_add(evicted, Ordering::Relaxed);
+            if let Some(metrics) = &self.metrics {
+                metrics.record_memory_evictions(evicted);
             }
         }
         applied
@@ -300,5 +410,77 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(admitted, 100);
+    }
+
+    /// A random-key flood keeps the store within its bound, counting every eviction.
+    #[test]
+    fn flood_stays_within_bound() {
+        let (_, store) = store();
+        let metrics = Metrics::shared();
+        let store = store.with_max_buckets(128, Some(metrics.clone()));
+        for i in 0..10_000 {
+            assert!(
+                store
+                    .apply_now(&[op(&format!("flood-{i}"), Algorithm::TokenBucket, 10, 1)])
+                    .committed
+            );
+            assert!(store.len() <= 128);
+        }
+        assert_eq!(store.len() as u64 + store.evictions(), 10_000);
+        let counted = format!("floodgate_memory_evictions_total {}\n", store.evictions());
+        assert!(metrics.encode().contains(&counted), "{}", metrics.encode());
+    }
+
+    /// A full shard frees expired buckets before evicting live ones.
+    #[test]
+    fn full_shard_sweeps_before_evicting() {
+        let (clock, store) = store();
+        let store = store.with_max_buckets(SHARDS, None);
+        for i in 0..1_000 {
+            store.apply_now(&[op(&format!("old-{i}"), Algorithm::FixedWindow, 10, 1)]);
+        }
+        let evicted = store.evictions();
+        clock.advance(60_000_000);
+        for i in 0..1_000 {
+            store.apply_now(&[op(&format!("new-{i}"), Algorithm::FixedWindow, 10, 1)]);
+        }
+        assert!(store.len() <= SHARDS);
+        // Each shard's first new bucket replaced expired ones, not a live one.
+        assert_eq!(store.evictions() - evicted, 1_000 - store.len() as u64);
+    }
+
+    /// The buckets of the request being applied are never evicted by its own inserts, and
+    /// the earliest-expiring buckets are the ones evicted.
+    #[test]
+    fn request_buckets_are_never_evicted() {
+        let (_, store) = store();
+        // Two buckets per shard.
+        let store = store.with_max_buckets(2 * SHARDS, None);
+        let shard = store.shard_of(&op("probe", Algorithm::TokenBucket, 10, 1).key);
+        let [a, b, c, d]: [BucketOp; 4] = (0..)
+            .map(|i| op(&format!("k{i}"), Algorithm::TokenBucket, 10, 1))
+            .filter(|o| store.shard_of(&o.key) == shard)
+            .take(4)
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        // Three new buckets in a two-bucket shard: the third insert may not evict the first
+        // two, so the shard holds all three rather than lose a debit mid-request.
+        assert!(
+            store
+                .apply_now(&[a.clone(), b.clone(), c.clone()])
+                .committed
+        );
+        for key in [&a.key, &b.key, &c.key] {
+            assert!(store.state_of(key).is_some());
+        }
+        assert_eq!(store.evictions(), 0);
+        // More debt means a later expiry: c expires last, a first, b in between.
+        store.apply_now(&[b.clone(), c.clone()]);
+        store.apply_now(std::slice::from_ref(&c));
+        store.apply_now(std::slice::from_ref(&d));
+        assert_eq!(store.evictions(), 2);
+        assert!(store.state_of(&a.key).is_none() && store.state_of(&b.key).is_none());
+        assert!(store.state_of(&c.key).is_some() && store.state_of(&d.key).is_some());
     }
 }
