@@ -6,6 +6,7 @@
 //!   `snake_case` or `lowerCamelCase`); answers the JSON response with `200` for OK, `429`
 //!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed
 //!   or `--max-in-flight` requests are already being answered.
+//!   Turned off by `--json-endpoint=false` (then 404).
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
 
@@ -35,13 +36,20 @@ pub struct AdminState {
     pub limiter: Arc<RateLimiter>,
     /// False once shutdown has begun.
     pub serving: Arc<AtomicBool>,
+    /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
+    pub json_endpoint: bool,
 }
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
-    Router::new()
-        .route("/healthcheck", get(healthcheck))
-        .route("/json", post(json_should_rate_limit))
+    let router = Router::new().route("/healthcheck", get(healthcheck));
+    // Off, /json is not routed at all: a 404 tells a client it does not exist here.
+    let router = if state.json_endpoint {
+        router.route("/json", post(json_should_rate_limit))
+    } else {
+        router
+    };
+    router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)

@@ -91,6 +91,8 @@ pub struct RunOptions {
     /// Largest ShouldRateLimit request accepted, in bytes (encoded protobuf); a larger one is
     /// refused by tonic before it is decoded.
     pub grpc_max_message_bytes: usize,
+    /// Whether the admin HTTP server answers `POST /json` (404 when not).
+    pub json_endpoint: bool,
 }
 
 impl RunOptions {
@@ -99,6 +101,7 @@ impl RunOptions {
         RunOptions {
             grace: settings.shutdown_grace,
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
+            json_endpoint: settings.json_endpoint,
         }
     }
 }
@@ -208,7 +211,11 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
             .map_err(|source| ServerError::Bind { addr, source })
     };
     let grpc = bind(settings.grpc_addr).await?;
-    let http = bind(settings.http_addr).await?;
+    let http = if settings.no_http {
+        None
+    } else {
+        Some(bind(settings.http_addr).await?)
+    };
     if let Some(memory) = &prepared.memory {
         spawn_memory_upkeep(memory, prepared.limiter.metrics());
     }
@@ -298,20 +305,23 @@ fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {
     });
 }
 
-/// Serves gRPC on `grpc` and admin HTTP on `http` until `shutdown` completes, then drains:
-/// health goes NOT_SERVING, both servers stop accepting and finish in-flight requests, for at
-/// most `options.grace`. While `store_health` (if given) says false, health reports
+/// Serves gRPC on `grpc` and admin HTTP on `http` (none: no admin HTTP at all) until
+/// `shutdown` completes, then drains: health goes NOT_SERVING, both servers stop accepting and
+/// finish in-flight requests, for at most `options.grace`. While `store_health` (if given) says false, health reports
 /// NOT_SERVING.
 pub async fn run(
     grpc: TcpListener,
-    http: TcpListener,
+    http: Option<TcpListener>,
     limiter: Arc<RateLimiter>,
     options: RunOptions,
     store_health: Option<watch::Receiver<bool>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let grpc_addr = grpc.local_addr().map_err(ServerError::Http)?;
-    let http_addr = http.local_addr().map_err(ServerError::Http)?;
+    let http_addr = match &http {
+        Some(http) => Some(http.local_addr().map_err(ServerError::Http)?),
+        None => None,
+    };
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_service_status("", ServingStatus::Serving).await;
@@ -357,15 +367,27 @@ pub async fn run(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-    let admin = http::router(AdminState {
-        limiter,
-        serving: serving.clone(),
-    });
-    let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
-
     let mut grpc_task = tokio::spawn(grpc_server);
-    let mut http_task = tokio::spawn(async move { http_server.await.map_err(ServerError::Http) });
-    tracing::info!(%grpc_addr, %http_addr, "listening");
+    let mut http_task = match http {
+        Some(http) => {
+            let admin = http::router(AdminState {
+                limiter,
+                serving: serving.clone(),
+                json_endpoint: options.json_endpoint,
+            });
+            let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
+            tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
+        }
+        // No admin HTTP: a task that only ends with the server keeps the shutdown logic one.
+        None => tokio::spawn(async move {
+            stopped(stop_rx).await;
+            Ok(())
+        }),
+    };
+    match http_addr {
+        Some(http_addr) => tracing::info!(%grpc_addr, %http_addr, "listening"),
+        None => tracing::info!(%grpc_addr, http_addr = "off", "listening"),
+    }
 
     tokio::select! {
         () = shutdown => {}

@@ -64,6 +64,16 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
 
+    /// Serve no admin HTTP at all (no /healthcheck, /json, /metrics, /rlconfig); gRPC health
+    /// still answers.
+    #[arg(long, env = "FLOODGATE_NO_HTTP")]
+    pub no_http: bool,
+
+    /// Serve POST /json (ShouldRateLimit over HTTP); `--json-endpoint=false` answers 404.
+    #[arg(long, env = "FLOODGATE_JSON_ENDPOINT", value_name = "BOOL", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub json_endpoint: bool,
+
     /// Redis URL (redis:// or rediss://). Without it, buckets live in process memory.
     #[arg(long, env = "FLOODGATE_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
@@ -329,6 +339,8 @@ impl fmt::Debug for ServeSettings {
             .field("watch_config", &self.watch_config)
             .field("grpc_addr", &self.grpc_addr)
             .field("http_addr", &self.http_addr)
+            .field("no_http", &self.no_http)
+            .field("json_endpoint", &self.json_endpoint)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("redis_pool_size", &self.redis_pool_size)
@@ -374,6 +386,7 @@ mod tests {
         assert_eq!(s.max_in_flight, 10_000);
         assert_eq!(s.grpc_max_message_bytes, 65_536);
         assert_eq!(s.memory_max_buckets, 1_000_000);
+        assert!(!s.no_http && s.json_endpoint);
     }
 
     /// `--max-in-flight` takes a positive count.
@@ -387,6 +400,24 @@ mod tests {
         };
         assert_eq!(s.max_in_flight, 2);
         assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
+    }
+
+    /// The admin listener can be turned off, and /json on its own.
+    #[test]
+    fn admin_http_can_be_turned_off() {
+        let Command::Serve(s) = parse(&[
+            "serve",
+            "--config",
+            "x",
+            "--no-http",
+            "--json-endpoint=false",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        assert!(s.no_http && !s.json_endpoint);
     }
 
     /// `--watch-config` takes an explicit boolean, so hot reload can be turned off.

@@ -174,3 +174,61 @@ async fn json_bad_hits_addend_is_400() {
     assert_eq!(response.status, 400, "{}", response.body);
     server.stop().await;
 }
+
+/// A server on the memory store with the admin settings of `tuning`.
+async fn start_tuned(tuning: Tuning) -> TestServer {
+    let store = std::sync::Arc::new(floodgate::store::MemoryStore::new(std::sync::Arc::new(
+        floodgate::clock::ManualClock::new(START_US),
+    )));
+    TestServer::start_tuned(LIMITS, store, floodgate::metrics::Metrics::shared(), tuning).await
+}
+
+/// --json-endpoint=false: POST /json answers 404; the other admin endpoints and gRPC stay.
+#[tokio::test]
+async fn json_endpoint_can_be_disabled() {
+    let server = start_tuned(Tuning {
+        no_json_endpoint: true,
+        ..Tuning::default()
+    })
+    .await;
+    assert_eq!(
+        post_json(server.http_addr, &body("client", "a"))
+            .await
+            .status,
+        404
+    );
+    let health = call(server.http_addr, "GET", "/healthcheck", None).await;
+    assert_eq!(health.status, 200);
+    assert_eq!(
+        call(server.http_addr, "GET", "/metrics", None).await.status,
+        200
+    );
+    let grpc = server.ask(simple("web", "client", "a")).await;
+    assert_eq!(
+        grpc.overall_code,
+        floodgate::proto::rls::rate_limit_response::Code::Ok as i32
+    );
+    server.stop().await;
+}
+
+/// --no-http: nothing listens for admin HTTP, gRPC serves, and shutdown is clean.
+#[tokio::test]
+async fn admin_http_can_be_turned_off() {
+    let server = start_tuned(Tuning {
+        no_http: true,
+        ..Tuning::default()
+    })
+    .await;
+    let grpc = server.ask(simple("web", "client", "a")).await;
+    assert_eq!(
+        grpc.overall_code,
+        floodgate::proto::rls::rate_limit_response::Code::Ok as i32
+    );
+    assert!(
+        tokio::net::TcpStream::connect(server.http_addr)
+            .await
+            .is_err(),
+        "nothing may listen on the admin address"
+    );
+    server.stop().await;
+}

@@ -232,6 +232,8 @@ impl TestServer {
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let grpc_addr = grpc.local_addr().unwrap();
         let http_addr = http.local_addr().unwrap();
+        // Bound then released, so the address is known to be free of any server.
+        let http = (!tuning.no_http).then_some(http);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server::run(
             grpc,
@@ -240,6 +242,7 @@ impl TestServer {
             server::RunOptions {
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
+                json_endpoint: !tuning.no_json_endpoint,
             },
             store_health,
             async move {
@@ -333,6 +336,10 @@ pub struct Tuning {
     pub max_in_flight: Option<usize>,
     /// `--grpc-max-message-bytes`; `None`: its default, 64 KiB.
     pub grpc_max_message_bytes: Option<usize>,
+    /// `--no-http`: `http_addr` is then an address nothing listens on.
+    pub no_http: bool,
+    /// `--json-endpoint=false`.
+    pub no_json_endpoint: bool,
 }
 
 /// Loader settings of every test server: token bucket by default.
