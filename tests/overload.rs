@@ -1,4 +1,5 @@
-//! Overload: a bounded number of requests in flight, refused at once beyond it, never queued.
+//! Overload and floods: bounded requests in flight (refused at once, never queued), the gRPC
+//! message cap, and the memory store bound under a random-key flood.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -149,5 +150,31 @@ async fn oversized_grpc_request_is_refused() {
         server.ask(simple("d", "k", "w")).await.overall_code,
         Code::Ok as i32
     );
+    server.stop().await;
+}
+
+/// A random-key flood through the real server keeps the memory store within
+/// --memory-max-buckets, every request answered, evictions counted.
+#[tokio::test]
+async fn random_key_flood_keeps_memory_store_bounded() {
+    let metrics = Metrics::shared();
+    let store = Arc::new(
+        MemoryStore::new(Arc::new(ManualClock::new(START_US)))
+            .with_max_buckets(128, Some(metrics.clone())),
+    );
+    let server =
+        TestServer::start_tuned(LIMITS, store.clone(), metrics.clone(), Tuning::default()).await;
+    let mut client = server.client().await;
+    for i in 0..2_000 {
+        let response = client
+            .should_rate_limit(simple("d", "k", &format!("flood-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    assert!(store.len() <= 128, "{} buckets", store.len());
+    assert_eq!(store.len() as u64 + store.evictions(), 2_000);
+    let counted = format!("floodgate_memory_evictions_total {}\n", store.evictions());
+    assert!(metrics.encode().contains(&counted), "{}", metrics.encode());
     server.stop().await;
 }
