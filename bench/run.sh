@@ -8,7 +8,10 @@
 # store with 1 and 4 descriptors per request. Load: 16 connections × 8 concurrent streams
 # (closed loop: a new request as soon as one is answered), one h2load thread, all on
 # loopback; plus a light-load row (4 connections × 1 stream). Limits are large, so every request is fully evaluated
-# and admitted. "EVALSHA/req" counts the script calls Redis received per request; "errors"
+# and admitted. "EVALSHA/req" counts the script calls Redis received per request, "Redis µs/call"
+# the time Redis spent per script call (INFO commandstats); "floodgate CPU %" is its user +
+# system time over the run (warm-up included) as % of one core, and "CPU µs/req" that time per
+# request it answered — the figure to compare optimisations by on a noisy machine; "errors"
 # counts requests floodgate did not answer OK (from its /metrics: gRPC errors travel in HTTP/2
 # trailers with HTTP status 200, which h2load cannot see).
 set -euo pipefail
@@ -27,10 +30,14 @@ command -v h2load >/dev/null || {
 scripts/install-test-tools.sh >/dev/null
 
 cargo build --release --quiet
-BIN=target/release/floodgate
+BIN=${CARGO_TARGET_DIR:-target}/release/floodgate
 WORK=$(mktemp -d)
 PIDS=()
-cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; rm -rf "$WORK"; }
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -63,6 +70,16 @@ start_floodgate() {
     until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
 }
 
+# evalsha_stats : Redis's EVALSHA calls so far and the µs it spent in them.
+evalsha_stats() {
+    redis-cli -p "$REDIS_PORT" info commandstats |
+        awk -F'[=,:]' '/^cmdstat_evalsha:/{print $3, $5; found=1} END {if (!found) print 0, 0}'
+}
+
+# cpu_ticks PID : user + system CPU time of PID, in clock ticks.
+TICKS=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 # answered KIND : floodgate's count of requests with result KIND (ok, store_error, ...).
 answered() {
     curl -s "127.0.0.1:$HTTP_PORT/metrics" |
@@ -73,17 +90,19 @@ answered() {
 run() {
     local name=$1 body=$2 c=${3:-$CONNECTIONS} m=${4:-$STREAMS}
     local before=0 after=0
-    before=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/{print $3}')
-    before=${before:-0}
+    read -r before usec_before < <(evalsha_stats)
     local ok_before; ok_before=$(answered ok)
     local all_before; all_before=$(curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '/^floodgate_requests_total/{s+=$2} END{print s+0}')
+    local cpu_before; cpu_before=$(cpu_ticks "$FG_PID")
+    local t_before; t_before=$(date +%s.%N)
     h2load --warm-up-time="$WARMUP" -D "$SECONDS_PER_RUN" -c "$c" -m "$m" -t 1 \
         --data "$body" -H 'content-type: application/grpc' -H 'te: trailers' \
         --log-file "$WORK/$name.h2log" \
         "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
         >"$WORK/$name.h2load" 2>&1
-    after=$(redis-cli -p "$REDIS_PORT" info commandstats | awk -F'[=,:]' '/^cmdstat_evalsha:/{print $3}')
-    after=${after:-0}
+    local t_after; t_after=$(date +%s.%N)
+    local cpu_after; cpu_after=$(cpu_ticks "$FG_PID")
+    read -r after usec_after < <(evalsha_stats)
     local ok_after; ok_after=$(answered ok)
     local all_after; all_after=$(curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '/^floodgate_requests_total/{s+=$2} END{print s+0}')
     local errors=$(( (all_after - all_before) - (ok_after - ok_before) ))
@@ -93,12 +112,17 @@ run() {
     local per_req
     # Per request floodgate answered (h2load's log leaves out the warm-up requests).
     per_req=$(python3 -c "b,a,c=$before,$after,$((all_after - all_before)); print(f'{(a-b)/c:.2f}' if c and a-b else '0')")
-    printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$rps" "$p50" "$p99" "$p999" "$per_req" "$((errors + bad))" "$rss"
+    local redis_us
+    redis_us=$(python3 -c "n=$after-$before; print(f'{($usec_after-$usec_before)/n:.1f}' if n else '-')")
+    # floodgate's CPU over the run (warm-up included) as % of one core, and per request answered.
+    local cpu
+    cpu=$(python3 -c "t=($cpu_after-$cpu_before)/$TICKS; w=$t_after-$t_before; c=$((all_after - all_before)); print(f'{100*t/w:.0f} | {1e6*t/c:.1f}' if c else f'{100*t/w:.0f} | -')")
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$name" "$rps" "$p50" "$p99" "$p999" "$per_req" "$redis_us" "$((errors + bad))" "$cpu" "$rss"
 }
 
 echo
-echo "| scenario | req/s | p50 ms | p99 ms | p999 ms | EVALSHA/req | errors | floodgate RSS MiB |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| scenario | req/s | p50 ms | p99 ms | p999 ms | EVALSHA/req | Redis µs/call | errors | floodgate CPU % | CPU µs/req | floodgate RSS MiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 start_floodgate memory
 run "no store (unknown domain)" "$WORK/noop.bin"
 run "memory, 1 descriptor" "$WORK/one.bin"
@@ -114,4 +138,4 @@ start_floodgate redis-slow --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-
 run "redis, 1 descriptor, 1 s deadline" "$WORK/one.bin"
 run "redis, 4 descriptors, 1 s deadline" "$WORK/four.bin"
 echo
-echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(redis-server --version | awk '{print $3}'), $(h2load --version | head -1)"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"

@@ -74,8 +74,7 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
 
 /// Runs the script with a fixed `now` (or Redis `TIME` for `None`).
 async fn lua(conn: &mut MultiplexedConnection, ops: &[BucketOp], now: Option<i64>) -> Applied {
-    let reply: Vec<i64> = script::invocation(PREFIX, ops, now)
-        .invoke_async(conn)
+    let reply = script::call(conn, &script::command(PREFIX, ops, now))
         .await
         .unwrap();
     script::decode(&reply, ops.len()).unwrap()
@@ -365,7 +364,7 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
 
         let mut pipe = redis::pipe();
         pipe.atomic()
-            .invoke_script(&script::invocation(PREFIX, &ops, Some(now)));
+            .add_command(script::command(PREFIX, &ops, Some(now)));
         for key in &redis_keys {
             pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
         }

@@ -272,10 +272,10 @@ fn classify(conn: &Lent, error: RedisError) -> StoreError {
 impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let now = self.test_clock.as_ref().map(|clock| clock.now_us());
-        let invocation = script::invocation(&self.prefix, ops, now);
+        let command = script::command(&self.prefix, ops, now);
         self.with_deadline(async {
             let mut lent = self.lend().await?;
-            let reply: Result<Vec<i64>, RedisError> = invocation.invoke_async(&mut lent.conn).await;
+            let reply = script::call(&mut lent.conn, &command).await;
             let reply = reply.map_err(|e| classify(&lent, e))?;
             script::decode(&reply, ops.len())
         })

@@ -1,7 +1,7 @@
 //! The Lua script that applies one request's bucket operations inside Redis (`lua/apply.lua`),
 //! and the glue around it: how a call is encoded into KEYS/ARGV and how the reply is decoded
-//! into an [`Applied`]. No I/O here; the store sends [`invocation`] and hands the reply to
-//! [`decode`].
+//! into an [`Applied`]. The store builds a [`command`], sends it with [`call`] and hands the
+//! reply to [`decode`].
 //!
 //! The script computes what [`crate::limiter::evaluate`] and [`crate::bucket::settle`] compute
 //! (a randomized equivalence test, `tests/lua_equivalence.rs`, drives both with the same
@@ -16,7 +16,10 @@
 
 use std::sync::LazyLock;
 
-use redis::{Script, ScriptInvocation};
+use std::io::Write;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::{Algorithm, View};
@@ -33,8 +36,8 @@ pub const REPLY_PER_OP: usize = 4;
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
-/// The script, hashed once. [`ScriptInvocation::invoke_async`] runs it with EVALSHA and loads
-/// it on NOSCRIPT (after a Redis restart or `SCRIPT FLUSH`).
+/// The script, hashed once. [`call`] runs it with EVALSHA and loads it on NOSCRIPT (after a
+/// Redis restart or `SCRIPT FLUSH`).
 pub fn script() -> &'static Script {
     &SCRIPT
 }
@@ -52,43 +55,70 @@ pub fn keys(prefix: &[u8], ops: &[BucketOp]) -> Vec<Vec<u8>> {
     ops.iter().map(|op| full_key(prefix, &op.key)).collect()
 }
 
-/// ARGV for `ops`: `now_us` (`None` = let Redis `TIME` decide, the production choice so
+/// The `KEYS` entry of one op: the prefix and the key bytes, written straight into the
+/// command's buffer (no intermediate `Vec`).
+struct FullKey<'a>(&'a [u8], &'a BucketKey);
+
+impl ToRedisArgs for FullKey<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writes into the command's Vec<u8>, which cannot fail.
+        let _ = arg.write_all(self.0);
+        let _ = arg.write_all(self.1.as_bytes());
+    }
+}
+
+/// The script call for `ops` (all of which must live in one Redis Cluster slot):
+/// `EVALSHA <sha> <#ops> KEYS… ARGV…`, sent with [`call`], then [`decode`]d.
+///
+/// ARGV is `now_us` (`None` = empty: let Redis `TIME` decide, the production choice so
 /// replicas agree; `Some` only for tests), then [`ARGS_PER_OP`] decimal integers per op.
-pub fn args(ops: &[BucketOp], now_us: Option<i64>) -> Vec<String> {
-    let mut out = Vec::with_capacity(1 + ARGS_PER_OP * ops.len());
-    out.push(now_us.map(|now| now.to_string()).unwrap_or_default());
+/// Everything is written once into the command's single buffer: integers straight from their
+/// binary form, keys as prefix + key bytes, no per-value allocation.
+pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
+    // Per op: the key, and seven integers of at most 20 digits (usually far fewer).
+    let bytes: usize = ops
+        .iter()
+        .map(|op| prefix.len() + op.key.as_bytes().len() + 48)
+        .sum();
+    let mut cmd = Cmd::with_capacity(4 + (1 + ARGS_PER_OP) * ops.len(), 80 + bytes);
+    cmd.arg("EVALSHA").arg(script().get_hash()).arg(ops.len());
+    for op in ops {
+        cmd.arg(FullKey(prefix, &op.key));
+    }
+    match now_us {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    let flag = |on: bool| if on { "1" } else { "0" };
     for op in ops {
         let algorithm = match op.params.algorithm {
             Algorithm::TokenBucket => "0",
             Algorithm::FixedWindow => "1",
             Algorithm::SlidingWindow => "2",
         };
-        out.push(algorithm.to_owned());
-        out.push(op.params.requests_per_period.to_string());
-        out.push(op.params.period_us.to_string());
-        out.push(op.params.burst.to_string());
-        out.push(op.cost.to_string());
-        out.push(if op.enforce { "1" } else { "0" }.to_owned());
-        out.push(if op.params.overdraft { "1" } else { "0" }.to_owned());
+        cmd.arg(algorithm)
+            .arg(op.params.requests_per_period)
+            .arg(op.params.period_us)
+            .arg(op.params.burst)
+            .arg(op.cost)
+            .arg(flag(op.enforce))
+            .arg(flag(op.params.overdraft));
     }
-    out
+    cmd
 }
 
-/// A ready-to-send call of the script for `ops` (all of which must live in one Redis Cluster
-/// slot): `invocation(..).invoke_async::<Vec<i64>>(&mut conn)`, then [`decode`].
-pub fn invocation(
-    prefix: &[u8],
-    ops: &[BucketOp],
-    now_us: Option<i64>,
-) -> ScriptInvocation<'static> {
-    let mut call = script().prepare_invoke();
-    for key in keys(prefix, ops) {
-        call.key(key);
+/// Sends a [`command`] and returns the script's raw reply. Like redis-rs's
+/// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or
+/// `SCRIPT FLUSH`) loads the script and sends the command once more.
+pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<Vec<i64>> {
+    match command.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script().load_async(conn).await?;
+            command.query_async(conn).await
+        }
+        reply => reply,
     }
-    for arg in args(ops, now_us) {
-        call.arg(arg);
-    }
-    call
 }
 
 /// Number of integers the script answers for `ops` operations.
@@ -193,9 +223,20 @@ mod tests {
         assert_eq!(full_key(b"", &ops[0].key), ops[0].key.as_bytes());
     }
 
-    /// ARGV is now (empty = Redis TIME), then seven decimal integers per op.
+    /// The command's words as strings.
+    fn words(cmd: &Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                _ => panic!("only plain arguments in a script call"),
+            })
+            .collect()
+    }
+
+    /// `EVALSHA <sha> <#keys>`, the KEYS (prefix + bucket key), then ARGV: now (empty = Redis
+    /// TIME) and seven decimal integers per op.
     #[test]
-    fn args_layout() {
+    fn command_layout() {
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
         overdraft.params.overdraft = true;
         let ops = [
@@ -227,22 +268,37 @@ mod tests {
             "1",
             "0",
         ];
-        assert_eq!(args(&ops, None), expected);
+        let sha = script().get_hash().to_owned();
+        let keys: Vec<String> = keys(b"fg:", &ops)
+            .into_iter()
+            .map(|k| String::from_utf8(k).unwrap())
+            .collect();
+        let mut whole = vec!["EVALSHA".to_owned(), sha.clone(), "3".to_owned()];
+        whole.extend(keys.iter().cloned());
+        whole.extend(expected.iter().map(|s| s.to_string()));
+        assert_eq!(words(&command(b"fg:", &ops, None)), whole);
+        assert_eq!(keys[0], "fg:edge:ip=10.0.0.1|tb60");
         assert_eq!(
-            args(&ops, Some(1_750_000_000_123_456))[0],
+            words(&command(b"fg:", &ops, Some(1_750_000_000_123_456)))[6],
             "1750000000123456"
         );
-        assert_eq!(args(&[], Some(5)), vec!["5"]);
-        assert_eq!(args(&ops, None).len(), 1 + ARGS_PER_OP * ops.len());
+        assert_eq!(
+            words(&command(b"", &[], Some(5))),
+            ["EVALSHA", &sha, "0", "5"]
+        );
+        assert_eq!(
+            words(&command(b"", &ops, None)).len(),
+            3 + ops.len() + 1 + ARGS_PER_OP * ops.len()
+        );
     }
 
-    /// The invocation carries the same script as `script()` (its SHA is what EVALSHA sends).
+    /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).
     #[test]
     fn script_is_the_lua_source() {
         assert_eq!(script().get_hash(), Script::new(SOURCE).get_hash());
         assert!(SOURCE.contains("KEYS[i]") && SOURCE.contains("ARGV[1]"));
-        let call = invocation(b"p:", &[op(Algorithm::TokenBucket, 1, true)], None);
-        assert!(format!("{call:?}").contains("keys: 1"));
+        let call = command(b"p:", &[op(Algorithm::TokenBucket, 1, true)], None);
+        assert_eq!(words(&call)[1], script().get_hash());
     }
 
     /// A well-formed reply decodes into the results settle() would give.
