@@ -132,6 +132,8 @@ pub struct RedisStore {
     prefix: Vec<u8>,
     /// Deadline per store call.
     command_timeout: Duration,
+    /// The pool's size: how many broken connections a checkout may have to skip.
+    pool_size: u32,
     /// Tests only: a clock whose time is passed to the script instead of Redis `TIME`.
     test_clock: Option<Arc<dyn Clock>>,
 }
@@ -167,6 +169,7 @@ impl RedisStore {
             connect_failures,
             prefix: settings.key_prefix.clone().into_bytes(),
             command_timeout: settings.command_timeout,
+            pool_size: settings.pool_size.max(1),
             test_clock: None,
         })
     }
@@ -195,7 +198,8 @@ impl RedisStore {
     /// calls, so holding the guard across a call would cap in-flight calls at the pool size.
     /// A connection found broken is handed back (bb8 then discards it) and another is taken.
     async fn lend(&self) -> Result<Lent, StoreError> {
-        for _ in 0..=self.pool.state().connections {
+        // Bounded by the configured size, not `pool.state()`, which takes the pool's lock.
+        for _ in 0..=self.pool_size {
             let pooled = self.checkout().await?;
             if pooled.broken.load(Ordering::Relaxed) {
                 continue;
