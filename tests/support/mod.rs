@@ -106,6 +106,7 @@ impl TestServer {
             options,
             None,
             Metrics::shared(),
+            Tuning::default(),
         )
         .await
     }
@@ -140,6 +141,7 @@ impl TestServer {
             options(),
             None,
             metrics,
+            Tuning::default(),
         )
         .await;
         server.reloads = reloads;
@@ -164,6 +166,7 @@ impl TestServer {
             options(),
             store_health,
             metrics,
+            Tuning::default(),
         )
         .await
     }
@@ -177,7 +180,7 @@ impl TestServer {
         tuning: Tuning,
     ) -> TestServer {
         let clock = Arc::new(ManualClock::new(START_US));
-        TestServer::launch_tuned(
+        TestServer::launch(
             shared(load(yaml)),
             store,
             Buckets::External,
@@ -190,30 +193,8 @@ impl TestServer {
         .await
     }
 
-    async fn launch(
-        config: Arc<ArcSwap<Config>>,
-        store: Arc<dyn Store>,
-        buckets: Buckets,
-        clock: Arc<ManualClock>,
-        options: PlanOptions,
-        store_health: Option<tokio::sync::watch::Receiver<bool>>,
-        metrics: Arc<Metrics>,
-    ) -> TestServer {
-        TestServer::launch_tuned(
-            config,
-            store,
-            buckets,
-            clock,
-            options,
-            store_health,
-            metrics,
-            Tuning::default(),
-        )
-        .await
-    }
-
     #[allow(clippy::too_many_arguments)]
-    async fn launch_tuned(
+    async fn launch(
         config: Arc<ArcSwap<Config>>,
         store: Arc<dyn Store>,
         buckets: Buckets,
