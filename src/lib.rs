@@ -17,6 +17,7 @@
 //! Each layer imports only the layers below it.
 //!
 //! - [`server`]: binds gRPC and HTTP, serves health and reflection, shuts down gracefully.
+//! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
@@ -29,6 +30,7 @@
 //!   service reads).
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
+//! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
 //!   generated RLS v3 types.
 #![forbid(unsafe_code)]
@@ -37,6 +39,7 @@ pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
+pub mod file_watch;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
@@ -46,3 +49,4 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod store;
+pub mod tls;

@@ -24,6 +24,9 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
+//! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
+//! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
@@ -66,6 +69,20 @@ struct PolicyLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
     store: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Why a TLS handshake on the gRPC port failed, for `floodgate_tls_handshake_failures_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandshakeFailure {
+    /// The handshake was refused (not TLS, no or an untrusted client certificate, …).
+    Error,
+    /// The client did not complete it in time.
+    Timeout,
 }
 
 /// How a ShouldRateLimit call ended, for `floodgate_requests_total`.
@@ -115,6 +132,9 @@ pub struct Metrics {
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
+    tls_loads: Family<ResultLabels, Counter>,
+    tls_last_load_ok: Gauge,
+    tls_handshake_failures: Family<ReasonLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -146,6 +166,9 @@ impl Metrics {
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
+        let tls_loads = Family::<ResultLabels, Counter>::default();
+        let tls_last_load_ok = Gauge::default();
+        let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -226,6 +249,21 @@ impl Metrics {
             "Requests denied by the local over-limit cache without a store call",
             local_cache_over_limit.clone(),
         );
+        registry.register(
+            "floodgate_tls_loads",
+            "gRPC TLS certificate loads (start-up and reloads) by result",
+            tls_loads.clone(),
+        );
+        registry.register(
+            "floodgate_tls_last_reload_success",
+            "1 if the last gRPC TLS certificate load succeeded, 0 if it failed",
+            tls_last_load_ok.clone(),
+        );
+        registry.register(
+            "floodgate_tls_handshake_failures",
+            "gRPC TLS handshakes that failed, by reason (error, timeout)",
+            tls_handshake_failures.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -244,6 +282,9 @@ impl Metrics {
             store_degraded,
             store_available,
             local_cache_over_limit,
+            tls_loads,
+            tls_last_load_ok,
+            tls_handshake_failures,
         }
     }
 
@@ -299,12 +340,24 @@ impl Metrics {
     /// Counts a limits configuration load (start-up or reload) and remembers whether the
     /// last one succeeded.
     pub fn record_config_load(&self, ok: bool) {
-        self.config_loads
-            .get_or_create(&ResultLabels {
-                result: if ok { "success" } else { "error" },
-            })
+        record_load(&self.config_loads, &self.config_last_load_ok, ok);
+    }
+
+    /// Counts a gRPC TLS certificate load (start-up or reload) and remembers whether the last
+    /// one succeeded.
+    pub fn record_tls_load(&self, ok: bool) {
+        record_load(&self.tls_loads, &self.tls_last_load_ok, ok);
+    }
+
+    /// Counts a failed TLS handshake.
+    pub fn record_tls_handshake_failure(&self, failure: HandshakeFailure) {
+        let reason = match failure {
+            HandshakeFailure::Error => "error",
+            HandshakeFailure::Timeout => "timeout",
+        };
+        self.tls_handshake_failures
+            .get_or_create(&ReasonLabels { reason })
             .inc();
-        self.config_last_load_ok.set(i64::from(ok));
     }
 
     /// Sets the number of buckets held by the memory store.
@@ -349,4 +402,14 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Counts a load in `loads` by result and sets `last_ok` to whether it succeeded.
+fn record_load(loads: &Family<ResultLabels, Counter>, last_ok: &Gauge, ok: bool) {
+    loads
+        .get_or_create(&ResultLabels {
+            result: if ok { "success" } else { "error" },
+        })
+        .inc();
+    last_ok.set(i64::from(ok));
 }

@@ -2,9 +2,10 @@
 //! graceful shutdown.
 //!
 //! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
-//! and never sleep. [`serve`] is what `floodgate serve` does: build everything from settings,
-//! bind, log the addresses, watch the limits for changes (unless `--watch-config=false`), and
-//! run until SIGTERM or SIGINT.
+//! and never sleep. gRPC is plaintext or TLS ([`crate::tls`]) over the same tonic server: only
+//! the stream of incoming connections differs. [`serve`] is what `floodgate serve` does: build everything from settings,
+//! bind, log the addresses, watch the limits for changes (unless `--watch-config=false`) and
+//! the TLS files (when TLS is on), and run until SIGTERM or SIGINT.
 //!
 //! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
 //! stop accepting connections and drain in-flight requests, and after the grace period any
@@ -24,8 +25,9 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::clock::SystemClock;
-use crate::config::reload::{self, ConfigWatch};
+use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults};
+use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::metrics::Metrics;
 use crate::plan::{PlanOptions, RequestLimits};
@@ -34,6 +36,7 @@ use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
 use crate::store::redis::{RedisSettings, RedisStore};
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use crate::tls::{GrpcTls, TlsError};
 
 /// Name under which the rate-limit service reports health (besides the server-wide "").
 const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -61,6 +64,9 @@ pub enum ServerError {
         /// Every problem found.
         errors: ConfigErrors,
     },
+    /// A gRPC TLS file cannot be used at start-up.
+    #[error("gRPC TLS: {0}")]
+    Tls(#[from] TlsError),
     /// A setting cannot be honoured.
     #[error("{0}")]
     Settings(String),
@@ -93,15 +99,19 @@ pub struct RunOptions {
     pub grpc_max_message_bytes: usize,
     /// Whether the admin HTTP server answers `POST /json` (404 when not).
     pub json_endpoint: bool,
+    /// TLS on the gRPC port; `None`: plaintext.
+    pub tls: Option<GrpcTls>,
 }
 
 impl RunOptions {
-    /// The options `settings` ask for.
-    pub fn from_settings(settings: &ServeSettings) -> RunOptions {
+    /// The options `prepared` asks for.
+    pub fn from_prepared(prepared: &Prepared) -> RunOptions {
+        let settings = &prepared.settings;
         RunOptions {
             grace: settings.shutdown_grace,
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
             json_endpoint: settings.json_endpoint,
+            tls: prepared.tls.clone(),
         }
     }
 }
@@ -116,6 +126,8 @@ pub struct Prepared {
     pub memory: Option<Arc<MemoryStore>>,
     /// The Redis store with its failure policy, when Redis is configured.
     pub redis: Option<Arc<ResilientStore>>,
+    /// TLS on the gRPC port, loaded, when configured.
+    pub tls: Option<GrpcTls>,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -140,6 +152,14 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         domains = config.domains().count(),
         "limits loaded"
     );
+    let tls = match settings.grpc_tls.files() {
+        Some(files) => {
+            let tls = GrpcTls::load(files, metrics.clone())?;
+            tracing::info!(mutual = tls.is_mutual(), "gRPC TLS certificate loaded");
+            Some(tls)
+        }
+        None => None,
+    };
     let max_buckets = usize::try_from(settings.memory_max_buckets).unwrap_or(usize::MAX);
     let memory_store = || {
         Arc::new(
@@ -198,6 +218,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         config,
         memory,
         redis,
+        tls,
         settings,
     })
 }
@@ -235,14 +256,15 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         shadow_mode = settings.shadow_mode,
         "floodgate starting"
     );
-    // Lives until the server has stopped; dropping it stops the watcher.
+    // Live until the server has stopped; dropping them stops the watchers.
     let _watch = watch_limits(&prepared);
+    let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
     let shutdown = shutdown_signal();
     run(
         grpc,
         http,
         prepared.limiter.clone(),
-        RunOptions::from_settings(settings),
+        RunOptions::from_prepared(&prepared),
         store_health,
         shutdown,
     )
@@ -261,7 +283,7 @@ fn defaults(settings: &ServeSettings) -> Defaults {
 /// Starts hot reload of the limits, unless turned off. A watcher that cannot start (e.g. the
 /// inotify instance limit is reached) is logged and the server runs on the limits it loaded:
 /// refusing to serve would take every request's rate limiting down over a convenience.
-fn watch_limits(prepared: &Prepared) -> Option<ConfigWatch> {
+fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
     let settings = &prepared.settings;
     if !settings.watch_config {
         tracing::info!("limits hot reload off (--watch-config=false)");
@@ -286,6 +308,18 @@ fn watch_limits(prepared: &Prepared) -> Option<ConfigWatch> {
         Ok(watch) => Some(watch),
         Err(e) => {
             tracing::error!("{e}; limits hot reload is off");
+            None
+        }
+    }
+}
+
+/// Starts reloading the TLS files when they change. As for the limits, a watcher that cannot
+/// start is logged and the server serves the certificate it loaded.
+fn watch_tls(tls: &GrpcTls) -> Option<FileWatch> {
+    match tls.watch() {
+        Ok(watch) => Some(watch),
+        Err(e) => {
+            tracing::error!("{e}; TLS certificate reload is off");
             None
         }
     }
@@ -351,23 +385,36 @@ pub async fn run(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
-    // Envoy multiplexes many requests on few connections: answer each small message at once.
-    let incoming = TcpListenerStream::new(grpc).map(|stream| {
-        stream.inspect(|s| {
-            let _ = s.set_nodelay(true);
-        })
-    });
     // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    let grpc_server = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .add_service(rls)
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
-    let mut grpc_task = tokio::spawn(grpc_server);
+        .add_service(reflection_v1alpha);
+    let grpc_stopped = stopped(stop_rx.clone());
+    let grpc_tls = match &options.tls {
+        None => "off",
+        Some(tls) if tls.is_mutual() => "mutual",
+        Some(_) => "on",
+    };
+    let mut grpc_task = match options.tls {
+        None => {
+            // Envoy multiplexes many requests on few connections: answer each small message
+            // at once.
+            let incoming = TcpListenerStream::new(grpc).map(|stream| {
+                stream.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            });
+            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
+        }
+        Some(tls) => {
+            tokio::spawn(grpc_router.serve_with_incoming_shutdown(tls.incoming(grpc), grpc_stopped))
+        }
+    };
     let mut http_task = match http {
         Some(http) => {
             let admin = http::router(AdminState {
@@ -385,8 +432,8 @@ pub async fn run(
         }),
     };
     match http_addr {
-        Some(http_addr) => tracing::info!(%grpc_addr, %http_addr, "listening"),
-        None => tracing::info!(%grpc_addr, http_addr = "off", "listening"),
+        Some(http_addr) => tracing::info!(%grpc_addr, grpc_tls, %http_addr, "listening"),
+        None => tracing::info!(%grpc_addr, grpc_tls, http_addr = "off", "listening"),
     }
 
     tokio::select! {

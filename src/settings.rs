@@ -60,6 +60,10 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     pub grpc_addr: SocketAddr,
 
+    /// TLS on the gRPC port.
+    #[command(flatten)]
+    pub grpc_tls: GrpcTlsSettings,
+
     /// Address for HTTP: /healthcheck, /json, /metrics, /rlconfig.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     pub http_addr: SocketAddr,
@@ -155,6 +159,53 @@ impl ServeSettings {
     /// name (filled in by [`apply_reference_env`]).
     pub fn limits_path(&self) -> Result<&Path, SettingsError> {
         self.config.as_deref().ok_or(SettingsError::NoLimits)
+    }
+}
+
+// ---- gRPC TLS ----
+
+/// TLS on the gRPC port: off unless a certificate and key are given. The admin HTTP port
+/// stays plaintext (bind it to localhost with --http-addr, or turn it off with --no-http).
+#[derive(Clone, Debug, Default, Args)]
+pub struct GrpcTlsSettings {
+    /// PEM certificate chain (leaf first) for TLS on the gRPC port; needs
+    /// --grpc-tls-key-file. Reloaded, with the key and client CA, when the files change.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_TLS_CERT_FILE",
+        value_name = "PATH",
+        requires = "grpc_tls_key_file"
+    )]
+    pub grpc_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of the gRPC TLS certificate.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_TLS_KEY_FILE",
+        value_name = "PATH",
+        requires = "grpc_tls_cert_file"
+    )]
+    pub grpc_tls_key_file: Option<PathBuf>,
+
+    /// PEM CA certificates: turns on mutual TLS, every gRPC client must present a certificate
+    /// issued by one of them.
+    #[arg(
+        long,
+        env = "FLOODGATE_GRPC_TLS_CLIENT_CA_FILE",
+        value_name = "PATH",
+        requires = "grpc_tls_cert_file"
+    )]
+    pub grpc_tls_client_ca_file: Option<PathBuf>,
+}
+
+impl GrpcTlsSettings {
+    /// The files to serve TLS from; `None`: plaintext gRPC.
+    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
+        Some(crate::tls::TlsFiles {
+            cert: self.grpc_tls_cert_file.clone()?,
+            key: self.grpc_tls_key_file.clone()?,
+            client_ca: self.grpc_tls_client_ca_file.clone(),
+        })
     }
 }
 
@@ -338,6 +389,7 @@ impl fmt::Debug for ServeSettings {
             .field("config", &self.config)
             .field("watch_config", &self.watch_config)
             .field("grpc_addr", &self.grpc_addr)
+            .field("grpc_tls", &self.grpc_tls)
             .field("http_addr", &self.http_addr)
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
@@ -494,6 +546,37 @@ mod tests {
             ("RateLimit-Limit", "RateLimit-Remaining", "X-Reset")
         );
         assert!(serve(&[&base[..], &["--near-limit-ratio", "1.5"]].concat()).is_err());
+    }
+
+    /// TLS needs both a certificate and a key; a client CA needs them too.
+    #[test]
+    fn grpc_tls_flags() {
+        let tls = |extra: &[&str]| match parse(&[&["serve", "--config", "x"][..], extra].concat())
+            .map(|cli| cli.command)
+        {
+            Ok(Command::Serve(s)) => Ok(s.grpc_tls.files()),
+            Ok(_) => panic!("not serve"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(tls(&[]), Ok(None));
+        let files = tls(&[
+            "--grpc-tls-cert-file",
+            "c.pem",
+            "--grpc-tls-key-file",
+            "k.pem",
+            "--grpc-tls-client-ca-file",
+            "ca.pem",
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (files.cert, files.key, files.client_ca),
+            ("c.pem".into(), "k.pem".into(), Some("ca.pem".into()))
+        );
+        let missing = Err(clap::error::ErrorKind::MissingRequiredArgument);
+        assert_eq!(tls(&["--grpc-tls-cert-file", "c.pem"]), missing);
+        assert_eq!(tls(&["--grpc-tls-key-file", "k.pem"]), missing);
+        assert_eq!(tls(&["--grpc-tls-client-ca-file", "ca.pem"]), missing);
     }
 
     /// Out-of-range durations are parse errors (exit 64), not panics.

@@ -9,8 +9,7 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::fs;
-use std::os::unix::fs::symlink;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +17,7 @@ use std::time::{Duration, Instant};
 use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::process::Floodgate;
+use support::volume::Volume;
 use support::*;
 use tonic::transport::Channel;
 
@@ -77,13 +77,9 @@ async fn until_limit(server: &TestServer, domain: &str, expected: Option<u32>) {
 
 /// `floodgate_config_loads_total{result=…}` (`success` or `error`).
 fn loads(server: &TestServer, result: &str) -> u64 {
-    let metric = format!("floodgate_config_loads_total{{result=\"{result}\"}} ");
-    server
-        .metrics
-        .encode()
-        .lines()
-        .find_map(|line| line.strip_prefix(&metric).map(|n| n.parse().unwrap()))
-        .unwrap_or(0)
+    server.metric(&format!(
+        "floodgate_config_loads_total{{result=\"{result}\"}}"
+    ))
 }
 
 /// Polls until `floodgate_config_loads_total{result}` exceeds `before`.
@@ -102,51 +98,6 @@ fn replace(path: &Path, content: &str) {
     let temp = path.with_file_name(format!(".{name}.tmp"));
     fs::write(&temp, content).unwrap();
     fs::rename(&temp, path).unwrap();
-}
-
-/// A directory laid out as the kubelet mounts a ConfigMap: `..<generation>/` directories, a
-/// `..data` symlink to the current one, and `name -> ..data/name` symlinks.
-struct ConfigMap {
-    dir: PathBuf,
-    generation: u32,
-}
-
-impl ConfigMap {
-    fn new(dir: &Path, files: &[(&str, &str)]) -> ConfigMap {
-        let map = ConfigMap {
-            dir: dir.to_path_buf(),
-            generation: 1,
-        };
-        map.write_generation(files);
-        symlink(map.generation_name(), dir.join("..data")).unwrap();
-        for (name, _) in files {
-            symlink(format!("..data/{name}"), dir.join(name)).unwrap();
-        }
-        map
-    }
-
-    fn generation_name(&self) -> String {
-        format!("..2026_{:02}", self.generation)
-    }
-
-    fn write_generation(&self, files: &[(&str, &str)]) {
-        let generation = self.dir.join(self.generation_name());
-        fs::create_dir(&generation).unwrap();
-        for (name, content) in files {
-            fs::write(generation.join(name), content).unwrap();
-        }
-    }
-
-    /// The kubelet's atomic update: new generation, swap `..data` by rename, delete the old.
-    fn update(&mut self, files: &[(&str, &str)]) {
-        let old = self.dir.join(self.generation_name());
-        self.generation += 1;
-        self.write_generation(files);
-        let temp = self.dir.join("..data_tmp");
-        symlink(self.generation_name(), &temp).unwrap();
-        fs::rename(&temp, self.dir.join("..data")).unwrap();
-        fs::remove_dir_all(old).unwrap();
-    }
 }
 
 /// Editing a file in a watched directory puts its new limit in force, and runs the hook.
@@ -189,7 +140,7 @@ async fn added_and_deleted_files_are_followed() {
 #[tokio::test]
 async fn configmap_swap_is_reloaded() {
     let dir = tempfile::tempdir().unwrap();
-    let mut map = ConfigMap::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
+    let mut map = Volume::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
     let server = TestServer::start_watching(dir.path()).await;
     until_limit(&server, "d", Some(10)).await;
 
@@ -249,7 +200,7 @@ async fn no_request_fails_during_reloads() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("d.yaml");
     fs::write(&file, limits("d", 100)).unwrap();
-    let mut map = ConfigMap::new(dir.path(), &[("e.yaml", &limits("e", 200))]);
+    let mut map = Volume::new(dir.path(), &[("e.yaml", &limits("e", 200))]);
     let server = TestServer::start_watching(dir.path()).await;
 
     let steps: Vec<Step> = (1..=20)
@@ -349,7 +300,7 @@ async fn single_file_replaced_by_rename_is_reloaded() {
 #[tokio::test]
 async fn single_file_in_configmap_follows_the_swap() {
     let dir = tempfile::tempdir().unwrap();
-    let mut map = ConfigMap::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
+    let mut map = Volume::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
     let server = TestServer::start_watching(&dir.path().join("limits.yaml")).await;
 
     map.update(&[("limits.yaml", &limits("d", 70))]);

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use floodgate::clock::ManualClock;
-use floodgate::config::reload::{self, ConfigWatch};
+use floodgate::config::reload;
 use floodgate::config::{Config, Defaults};
+use floodgate::file_watch::FileWatch;
 use floodgate::limiter::Algorithm;
 use floodgate::metrics::Metrics;
 use floodgate::plan::{PlanOptions, RequestLimits};
@@ -26,14 +27,18 @@ use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
 use floodgate::store::redis::{RedisSettings, RedisStore};
 use floodgate::store::{MemoryStore, Store};
+use floodgate::tls::{GrpcTls, TlsFiles};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
+pub mod certs;
 pub mod http;
 pub mod process;
 pub mod redis;
+pub mod tls;
+pub mod volume;
 
 /// Which store a test server uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,8 +69,8 @@ pub struct TestServer {
     /// How many times hot reload swapped in new limits (its `on_reload` hook ran).
     pub reloads: Arc<AtomicUsize>,
     buckets: Buckets,
-    /// Hot reload, when the server watches a limits path.
-    watch: Option<ConfigWatch>,
+    /// Hot reload, when the server watches a limits path or its TLS files.
+    watch: Option<FileWatch>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
@@ -131,9 +136,36 @@ impl TestServer {
             },
         )
         .unwrap();
+        let mut server = TestServer::launch_on_memory(config, metrics, Tuning::default()).await;
+        server.reloads = reloads;
+        server.watch = Some(watch);
+        server
+    }
+
+    /// Starts a memory-store server with `yaml` as its only limits file, serving gRPC over TLS
+    /// from `files` and reloading them when they change, as `floodgate serve` does.
+    pub async fn start_tls(yaml: &str, files: TlsFiles) -> TestServer {
+        let metrics = Metrics::shared();
+        let tls = GrpcTls::load(files, metrics.clone()).unwrap();
+        let watch = tls.watch().unwrap();
+        let tuning = Tuning {
+            tls: Some(tls),
+            ..Tuning::default()
+        };
+        let mut server = TestServer::launch_on_memory(shared(load(yaml)), metrics, tuning).await;
+        server.watch = Some(watch);
+        server
+    }
+
+    /// Launches a server on a fresh memory store with default plan options.
+    async fn launch_on_memory(
+        config: Arc<ArcSwap<Config>>,
+        metrics: Arc<Metrics>,
+        tuning: Tuning,
+    ) -> TestServer {
         let clock = Arc::new(ManualClock::new(START_US));
         let memory = Arc::new(MemoryStore::new(clock.clone()));
-        let mut server = TestServer::launch(
+        TestServer::launch(
             config,
             memory.clone(),
             Buckets::Memory(memory),
@@ -141,12 +173,9 @@ impl TestServer {
             options(),
             None,
             metrics,
-            Tuning::default(),
+            tuning,
         )
-        .await;
-        server.reloads = reloads;
-        server.watch = Some(watch);
-        server
+        .await
     }
 
     /// Starts a server over a store built by the test (real time), reporting `store_health`
@@ -224,6 +253,7 @@ impl TestServer {
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
                 json_endpoint: !tuning.no_json_endpoint,
+                tls: tuning.tls.clone(),
             },
             store_health,
             async move {
@@ -267,6 +297,17 @@ impl TestServer {
             .should_rate_limit(request)
             .await
             .expect_err("expected an error status")
+    }
+
+    /// The value of the metric series `series` (e.g. `floodgate_x_total{result="error"}`);
+    /// 0 when it has not been recorded yet.
+    pub fn metric(&self, series: &str) -> u64 {
+        let prefix = format!("{series} ");
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|line| line.strip_prefix(&prefix).map(|n| n.parse().unwrap()))
+            .unwrap_or(0)
     }
 
     /// How many buckets the store holds.
@@ -321,6 +362,8 @@ pub struct Tuning {
     pub no_http: bool,
     /// `--json-endpoint=false`.
     pub no_json_endpoint: bool,
+    /// TLS on the gRPC port.
+    pub tls: Option<GrpcTls>,
 }
 
 /// Loader settings of every test server: token bucket by default.

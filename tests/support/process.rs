@@ -77,6 +77,16 @@ impl Floodgate {
         }
     }
 
+    /// Sends SIGTERM, waits for exit (off the async runtime), asserts it was 0, and returns
+    /// the whole log.
+    pub async fn stop(self) -> String {
+        let (exit, log) = tokio::task::spawn_blocking(move || self.terminate())
+            .await
+            .unwrap();
+        assert_eq!(exit.code(), Some(0), "{log}");
+        log
+    }
+
     /// Sends SIGTERM and waits for exit; returns the status and the whole log.
     pub fn terminate(mut self) -> (ExitStatus, String) {
         let status = Command::new("kill")

@@ -1,0 +1,262 @@
+//! TLS, and optionally mutual TLS, on the gRPC port, with certificates reloaded from disk.
+//!
+//! Place in the flow: between the gRPC listener and tonic. [`GrpcTls::incoming`] turns the
+//! bound `TcpListener` into the stream of connections tonic serves
+//! (`serve_with_incoming_shutdown`, the same call as in plaintext): every accepted connection
+//! gets its own task for the TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`], so a slow or
+//! hostile client never stalls the accept loop; a failed handshake is logged at debug and
+//! counted in `floodgate_tls_handshake_failures_total`.
+//!
+//! Why not tonic's `ServerTlsConfig`: it cannot change its certificate without a restart, and
+//! certificates rotate (cert-manager renews them; the kubelet swaps a Secret volume's `..data`
+//! symlink). Here the rustls `ServerConfig` in force sits in an `ArcSwap`; each handshake takes
+//! the one current when it starts, and [`GrpcTls::watch`] loads the files again when they
+//! change ([`crate::file_watch`], as the limits are), then swaps in the new configuration only
+//! if everything loaded: a bad rotation keeps the previous certificate serving, with one error
+//! line and `floodgate_tls_loads_total{result="error"}`.
+//!
+//! rustls with the ring provider (no aws-lc), TLS 1.2 and 1.3 (Envoy's upstream TLS defaults
+//! to at most 1.2), ALPN `h2` only: gRPC is HTTP/2. With a client CA, a client certificate is
+//! required and verified against it (TLS 1.3 clients learn of a refusal on their first read).
+
+use std::fmt;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::file_watch::{self, FileWatch, WatchError};
+use crate::metrics::{HandshakeFailure, Metrics};
+
+/// Longest a client may take to complete the TLS handshake before its connection is dropped.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshaken connections waiting for tonic to take them.
+const ACCEPTED_BACKLOG: usize = 64;
+
+/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+
+/// The files TLS is loaded from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of the leaf certificate.
+    pub key: PathBuf,
+    /// PEM CA certificates client certificates must chain to; `Some` turns on mutual TLS.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Why a TLS file cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", path.display())]
+pub struct TlsError {
+    /// The file at fault.
+    pub path: PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl TlsError {
+    fn new(path: &Path, reason: impl fmt::Display) -> TlsError {
+        TlsError {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        }
+    }
+}
+
+/// TLS on the gRPC port: the configuration in force, and where it comes from. Clones share it.
+#[derive(Clone)]
+pub struct GrpcTls {
+    files: Arc<TlsFiles>,
+    config: Arc<ArcSwap<ServerConfig>>,
+    metrics: Arc<Metrics>,
+}
+
+impl fmt::Debug for GrpcTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrpcTls {
+    /// Loads the certificate, its key and the client CA (if any); counts the load.
+    pub fn load(files: TlsFiles, metrics: Arc<Metrics>) -> Result<GrpcTls, TlsError> {
+        let config = server_config(&files);
+        metrics.record_tls_load(config.is_ok());
+        Ok(GrpcTls {
+            config: Arc::new(ArcSwap::from_pointee(config?)),
+            files: Arc::new(files),
+            metrics,
+        })
+    }
+
+    /// Whether clients must present a certificate.
+    pub fn is_mutual(&self) -> bool {
+        self.files.client_ca.is_some()
+    }
+
+    /// Loads the files again; on success the new configuration serves every later handshake,
+    /// on failure the previous one stays. Counted and logged either way (one line).
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let loaded = server_config(&self.files);
+        self.metrics.record_tls_load(loaded.is_ok());
+        match loaded {
+            Ok(config) => {
+                self.config.store(Arc::new(config));
+                tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!("TLS reload failed, keeping the previous certificate: {e}");
+                Err(e)
+            }
+        }
+    }
+
+    /// Reloads whenever a file changes, until the guard is dropped (see [`crate::file_watch`]:
+    /// a Secret volume's `..data` swap included). Must be called inside a tokio runtime.
+    pub fn watch(&self) -> Result<FileWatch, WatchError> {
+        let files = &self.files;
+        let mut paths = vec![files.cert.as_path(), files.key.as_path()];
+        paths.extend(files.client_ca.as_deref());
+        let tls = self.clone();
+        let watch = file_watch::spawn(&paths, "TLS", move || {
+            // Logged and counted by reload.
+            let _ = tls.reload();
+        })?;
+        tracing::info!(cert = %files.cert.display(), "watching TLS files for changes");
+        Ok(watch)
+    }
+
+    /// The TLS connections accepted on `listener`, for tonic's `serve_with_incoming_shutdown`.
+    /// Accepting stops (and `listener` is closed) once the stream is dropped, which tonic does
+    /// when shutdown begins.
+    pub fn incoming(
+        &self,
+        listener: TcpListener,
+    ) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+        let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
+        tokio::spawn(accept_loop(listener, self.clone(), tx));
+        ReceiverStream::new(rx)
+    }
+
+    /// Completes one handshake, within [`HANDSHAKE_TIMEOUT`]; a failure is logged and counted.
+    async fn handshake(&self, stream: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+        // The configuration current now serves this whole connection.
+        let acceptor = TlsAcceptor::from(self.config.load_full());
+        let failure = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => return Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                HandshakeFailure::Error
+            }
+            Err(_) => {
+                tracing::debug!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out");
+                HandshakeFailure::Timeout
+            }
+        };
+        self.metrics.record_tls_handshake_failure(failure);
+        None
+    }
+}
+
+/// Accepts connections and hands each to its own handshake task, until `tx`'s receiver is
+/// gone (the server stopped accepting).
+async fn accept_loop(
+    listener: TcpListener,
+    tls: GrpcTls,
+    tx: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = tx.closed() => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot accept a gRPC connection");
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        // As in plaintext: Envoy multiplexes many small requests on few connections.
+        let _ = stream.set_nodelay(true);
+        let (tls, tx) = (tls.clone(), tx.clone());
+        tokio::spawn(async move {
+            if let Some(connection) = tls.handshake(stream, peer).await {
+                // An error means the server stopped accepting: the connection is dropped.
+                let _ = tx.send(Ok(connection)).await;
+            }
+        });
+    }
+}
+
+/// Builds the rustls configuration from the files; the error names the file at fault.
+fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs = certificates(&files.cert)?;
+    let key_pem = read(&files.key)?;
+    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| match e {
+        pem::Error::NoItemsFound => TlsError::new(&files.key, "no PEM private key found"),
+        e => TlsError::new(&files.key, e),
+    })?;
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::new(&files.cert, e))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca)? {
+                roots
+                    .add(cert)
+                    .map_err(|e| TlsError::new(ca, format!("not a usable CA certificate: {e}")))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError::new(ca, e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(certs, key).map_err(|e| {
+        TlsError::new(
+            &files.key,
+            format!("cannot be used with {}: {e}", files.cert.display()),
+        )
+    })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
+}
+
+/// Every PEM certificate in `path`; at least one.
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(&read(path)?)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::new(path, e))?;
+    if certs.is_empty() {
+        return Err(TlsError::new(path, "no PEM certificate found"));
+    }
+    Ok(certs)
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::new(path, e))
+}
