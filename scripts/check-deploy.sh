@@ -49,10 +49,17 @@ mapfile -t plain < <(find deploy/kubernetes -name '*.yaml' ! -name kustomization
 for file in "${plain[@]}"; do
     check "schema $file" validate "$file"
 done
-for overlay in redis memory; do
+for overlay in redis memory redis-tls; do
     check "render overlays/$overlay" render "$overlay"
     check "schema overlays/$overlay (rendered)" validate "$work/rendered/$overlay.yaml"
 done
+
+# With TLS on the gRPC port the kubelet's grpc probes (plaintext only) would fail: the
+# component must have replaced every one of them in the rendered Deployment.
+no_grpc_probe() {
+    ! grep -nE '^ +grpc:' "$work/rendered/redis-tls.yaml"
+}
+check "overlays/redis-tls has no gRPC probe" no_grpc_probe
 
 cp Dockerfile "$work/rendered/Dockerfile"
 cp deploy/istio/*.yaml "$work/rendered/"

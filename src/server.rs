@@ -3,9 +3,10 @@
 //!
 //! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
 //! and never sleep. gRPC is plaintext or TLS ([`crate::tls`]) over the same tonic server: only
-//! the stream of incoming connections differs. [`serve`] is what `floodgate serve` does: build everything from settings,
-//! bind, log the addresses, watch the limits for changes (unless `--watch-config=false`) and
-//! the TLS files (when TLS is on), and run until SIGTERM or SIGINT.
+//! the stream of incoming connections differs. [`serve`] is what `floodgate serve` does:
+//! build everything from settings, bind, log the addresses, watch the limits for changes
+//! (unless `--watch-config=false`) and the TLS files (when TLS is on), and run until SIGTERM
+//! or SIGINT.
 //!
 //! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
 //! stop accepting connections and drain in-flight requests, and after the grace period any

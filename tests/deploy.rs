@@ -311,6 +311,101 @@ fn kubernetes_objects_agree() {
     );
 }
 
+/// The image runs as a non-root user, and the Deployment runs it non-root, without privilege
+/// escalation or capabilities, on a read-only root filesystem (floodgate writes no file).
+#[test]
+fn container_runs_as_non_root_on_a_read_only_root() {
+    let dockerfile = read("Dockerfile");
+    let last_stage = dockerfile.rsplit("\nFROM ").next().unwrap();
+    let user = last_stage
+        .lines()
+        .find_map(|line| line.strip_prefix("USER "))
+        .expect("the runtime stage sets USER");
+    let uid: u64 = user.split(':').next().unwrap().trim().parse().unwrap();
+    assert_ne!(uid, 0, "USER {user}");
+
+    let deployment = yaml("deploy/kubernetes/base/deployment.yaml");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_ne!(u64_at(pod, "/securityContext/runAsUser"), 0);
+    let container = &array_at(pod, "/containers")[0];
+    let context = &container["securityContext"];
+    assert_eq!(context["runAsNonRoot"], true);
+    assert_ne!(u64_at(container, "/securityContext/runAsUser"), 0);
+    assert_eq!(context["readOnlyRootFilesystem"], true);
+    assert_eq!(context["allowPrivilegeEscalation"], false);
+    assert_eq!(context["capabilities"]["drop"], serde_json::json!(["ALL"]));
+}
+
+/// The gRPC TLS component names floodgate's own TLS variables, points them into the mounted
+/// Secret, and moves the probes that would speak plaintext gRPC to `/healthcheck`.
+#[test]
+fn grpc_tls_component_agrees() {
+    let patch = yaml("deploy/kubernetes/components/grpc-tls/deployment-patch.yaml");
+    let pod = &patch["spec"]["template"]["spec"];
+    let container = &array_at(pod, "/containers")[0];
+    let mount = &array_at(container, "/volumeMounts")[0];
+    let volume = array_at(pod, "/volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(str_at(volume, "/secret/secretName"), "floodgate-grpc-tls");
+    assert!(
+        mount.get("subPath").is_none(),
+        "subPath mounts never update"
+    );
+    let help = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let env = array_at(container, "/env");
+    for (name, file) in [
+        ("FLOODGATE_GRPC_TLS_CERT_FILE", "tls.crt"),
+        ("FLOODGATE_GRPC_TLS_KEY_FILE", "tls.key"),
+        ("FLOODGATE_GRPC_TLS_CLIENT_CA_FILE", "ca.crt"),
+    ] {
+        assert!(
+            help.contains(&format!("env: {name}=")),
+            "{name} not in serve --help"
+        );
+        let value = env
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| str_at(e, "/value"))
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(value, format!("{}/{file}", str_at(mount, "/mountPath")));
+    }
+    let http_port = service().http_port;
+    let base = yaml("deploy/kubernetes/base/deployment.yaml");
+    let base_container = &array_at(&base["spec"]["template"]["spec"], "/containers")[0];
+    let http_name = array_at(base_container, "/ports")
+        .iter()
+        .find(|p| u64_at(p, "/containerPort") == http_port)
+        .map(|p| str_at(p, "/name"))
+        .unwrap();
+    for probe in ["startupProbe", "readinessProbe"] {
+        assert!(
+            container[probe]["grpc"].is_null(),
+            "{probe} still uses grpc"
+        );
+        assert_eq!(
+            str_at(container, &format!("/{probe}/httpGet/path")),
+            "/healthcheck"
+        );
+        assert_eq!(
+            str_at(container, &format!("/{probe}/httpGet/port")),
+            http_name
+        );
+    }
+    // Liveness is a TCP connect, which works with TLS: the component must not need to touch it.
+    assert!(container.get("livenessProbe").is_none());
+    assert_eq!(
+        u64_at(base_container, "/livenessProbe/tcpSocket/port"),
+        service().grpc_port
+    );
+}
+
 /// The Envoy bootstrap calls floodgate's Service on its gRPC port over HTTP/2, in a domain the
 /// ConfigMap serves, and every descriptor its routes produce is limited.
 #[test]
