@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust: install the tools the tests
-# drive (redis-server, grpcurl, the deployment checkers), check the deployment artifacts
-# offline (scripts/check-deploy.sh), run every unit and integration test, and end with one
-# summary line over all of them (the deployment checks count as tests).
+# drive (redis-server, grpcurl, the deployment checkers, cargo-deny), check the deployment
+# artifacts offline (scripts/check-deploy.sh) and the dependency tree's licenses, bans and
+# sources (scripts/check-deny.sh), run every unit and integration test, and end with one
+# summary line over all of them (the deployment and cargo deny checks count as tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-test-tools.sh
@@ -10,8 +11,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 deploy_rc=0
 scripts/check-deploy.sh 2>&1 | tee "$log" || deploy_rc=$?
+deny_rc=0
+scripts/check-deny.sh 2>&1 | tee -a "$log" || deny_rc=$?
 cargo test --locked "$@" 2>&1 | tee -a "$log"
-awk '/^deploy: [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+awk '/^(deploy|deny): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "summary: %d passed, %d failed\n", p, f }' "$log"
+[ "$deploy_rc" -eq 0 ] && exit "$deny_rc"
 exit "$deploy_rc"
