@@ -6,8 +6,10 @@ mod support;
 use std::path::PathBuf;
 use std::process::Command;
 
+use floodgate::tls::TlsFiles;
 use serde_json::Value;
 use support::TestServer;
+use support::certs::Ca;
 
 /// grpcurl from `GRPCURL`, else where `scripts/test.sh` installs it. Missing is a failure, not
 /// a skip: run `scripts/test.sh` (or `scripts/install-test-tools.sh`) first.
@@ -92,5 +94,50 @@ async fn grpcurl_lists_services_and_checks_health() {
     .await;
     assert!(ok, "{stderr}");
     assert!(stdout.contains("SERVING"), "{stdout}");
+    server.stop().await;
+}
+
+/// grpcurl (Go's TLS stack, not rustls) calls the mutual-TLS server with a client certificate
+/// from the client CA, through reflection; without a certificate it is refused.
+#[tokio::test]
+async fn grpcurl_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, clients) = (Ca::new("test CA"), Ca::new("clients CA"));
+    let (leaf, client) = (ca.server(1), clients.client("grpcurl"));
+    let write = |name: &str, content: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, content).unwrap();
+        path
+    };
+    let files = TlsFiles {
+        cert: write("tls.crt", &leaf.cert_pem),
+        key: write("tls.key", &leaf.key_pem),
+        client_ca: Some(write("clients.crt", &clients.pem)),
+    };
+    let trust = write("ca.crt", &ca.pem).display().to_string();
+    let cert = write("client.crt", &client.cert_pem).display().to_string();
+    let key = write("client.key", &client.key_pem).display().to_string();
+    let server = TestServer::start_tls(LIMITS, files).await;
+    let call = |identity: &[&str]| {
+        let mut args: Vec<String> = ["-cacert", &trust, "-servername", "localhost"]
+            .iter()
+            .chain(identity)
+            .map(|a| a.to_string())
+            .collect();
+        args.extend([
+            "-d".to_string(),
+            r#"{"domain":"d","descriptors":[{"entries":[{"key":"k","value":"v"}]}]}"#.to_string(),
+            server.grpc_addr.to_string(),
+            "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit".to_string(),
+        ]);
+        args
+    };
+    let (ok, stdout, stderr) = grpcurl_run(call(&["-cert", &cert, "-key", &key])).await;
+    assert!(ok, "{stderr}");
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["overallCode"], "OK");
+    let (ok, _, stderr) = grpcurl_run(call(&[])).await;
+    assert!(!ok, "answered without a client certificate");
+    assert!(!stderr.is_empty());
     server.stop().await;
 }

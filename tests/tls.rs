@@ -158,6 +158,25 @@ async fn mutual_tls_requires_a_client_certificate_from_the_ca() {
     server.stop().await;
 }
 
+/// A client offering only TLS 1.2 (Envoy's default maximum as a TLS client) is served, as is
+/// one offering only TLS 1.3.
+#[tokio::test]
+async fn tls12_and_tls13_clients_are_served() {
+    let Setup {
+        ca,
+        first,
+        server,
+        _dir,
+        ..
+    } = setup(None).await;
+    for version in [&rustls::version::TLS12, &rustls::version::TLS13] {
+        let (served, negotiated) = tls::handshake(server.grpc_addr, &[&ca], None, &[version]).await;
+        assert_eq!(negotiated, version.version);
+        assert_eq!(served, first.der);
+    }
+    server.stop().await;
+}
+
 /// A connection that never completes its handshake does not hold up others: a good client
 /// is answered while it is still open (had the handshakes run one at a time, the good one
 /// would have waited for the stalled one to time out, which would be counted).

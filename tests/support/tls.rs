@@ -7,7 +7,7 @@ use std::sync::Arc;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::{ClientConfig, ProtocolVersion, RootCertStore, SupportedProtocolVersion};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -38,6 +38,19 @@ pub async fn client(
 /// Completes a TLS handshake with `addr` (ALPN h2, trusting `cas`, presenting `identity` if
 /// given) and returns the leaf certificate the server presented, DER.
 pub async fn served_certificate(addr: SocketAddr, cas: &[&Ca], identity: Option<&Leaf>) -> Vec<u8> {
+    handshake(addr, cas, identity, rustls::DEFAULT_VERSIONS)
+        .await
+        .0
+}
+
+/// Completes a TLS handshake offering only `versions`; returns the leaf certificate the
+/// server presented (DER) and the version negotiated.
+pub async fn handshake(
+    addr: SocketAddr,
+    cas: &[&Ca],
+    identity: Option<&Leaf>,
+    versions: &[&'static SupportedProtocolVersion],
+) -> (Vec<u8>, ProtocolVersion) {
     let mut roots = RootCertStore::empty();
     for ca in cas {
         roots
@@ -46,7 +59,7 @@ pub async fn served_certificate(addr: SocketAddr, cas: &[&Ca], identity: Option<
     }
     let builder =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots);
     let mut config = match identity {
@@ -64,5 +77,9 @@ pub async fn served_certificate(addr: SocketAddr, cas: &[&Ca], identity: Option<
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
         .unwrap();
-    tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    let session = tls.get_ref().1;
+    (
+        session.peer_certificates().unwrap()[0].to_vec(),
+        session.protocol_version().unwrap(),
+    )
 }
