@@ -381,3 +381,68 @@ fn response_header_variables_reach_the_flags() {
             .any(|o| o.starts_with("NEAR_LIMIT_RATIO"))
     );
 }
+
+/// The reference's gRPC TLS variables turn on TLS (and mutual TLS with a client CA); without
+/// `GRPC_SERVER_USE_TLS=true` they change nothing; floodgate's own flags win.
+#[test]
+fn grpc_tls_variables() {
+    let tls = [
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/tls/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/tls/tls.key"),
+        ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.crt"),
+    ];
+    let (s, report) = apply(&["--config", "x"], &tls).unwrap();
+    let files = s.grpc_tls.files().unwrap();
+    assert_eq!(files.cert, PathBuf::from("/tls/tls.crt"));
+    assert_eq!(files.key, PathBuf::from("/tls/tls.key"));
+    assert_eq!(files.client_ca, Some(PathBuf::from("/tls/ca.crt")));
+    assert_eq!(report.applied.len(), 4, "{:?}", report.applied);
+
+    let off = [("GRPC_SERVER_USE_TLS", "false"), tls[1], tls[2]];
+    let (s, report) = apply(&["--config", "x"], &off).unwrap();
+    assert!(s.grpc_tls.files().is_none());
+    assert_eq!(report.no_effect.len(), 2, "{:?}", report.no_effect);
+
+    let own = [
+        "--config",
+        "x",
+        "--grpc-tls-cert-file",
+        "c",
+        "--grpc-tls-key-file",
+        "k",
+    ];
+    let (s, report) = apply(&own, &tls).unwrap();
+    let files = s.grpc_tls.files().unwrap();
+    assert_eq!((files.cert, files.client_ca), (PathBuf::from("c"), None));
+    assert_eq!(report.overridden.len(), 4, "{:?}", report.overridden);
+}
+
+/// TLS without a certificate and key, a client SAN restriction floodgate cannot enforce, and
+/// a non-boolean switch are refused (exit 64) rather than served more openly than asked.
+#[test]
+fn grpc_tls_variables_refused() {
+    let refused = |pairs: &[(&str, &str)]| match apply(&["--config", "x"], pairs) {
+        Err(SettingsError::BadReferenceValue { name, .. }) => name,
+        other => panic!("{pairs:?}: {other:?}"),
+    };
+    let on = ("GRPC_SERVER_USE_TLS", "true");
+    assert_eq!(
+        refused(&[on, ("GRPC_SERVER_TLS_CERT", "c")]),
+        "GRPC_SERVER_USE_TLS"
+    );
+    assert_eq!(
+        refused(&[
+            on,
+            ("GRPC_SERVER_TLS_CERT", "c"),
+            ("GRPC_SERVER_TLS_KEY", "k"),
+            ("GRPC_CLIENT_TLS_CACERT", "ca"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.example"),
+        ]),
+        "GRPC_CLIENT_TLS_SAN"
+    );
+    assert_eq!(
+        refused(&[("GRPC_SERVER_USE_TLS", "yes")]),
+        "GRPC_SERVER_USE_TLS"
+    );
+}
