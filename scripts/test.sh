@@ -13,9 +13,13 @@ deploy_rc=0
 scripts/check-deploy.sh 2>&1 | tee "$log" || deploy_rc=$?
 deny_rc=0
 scripts/check-deny.sh 2>&1 | tee -a "$log" || deny_rc=$?
-cargo test --locked "$@" 2>&1 | tee -a "$log"
-awk '/^(deploy|deny): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
+# --no-fail-fast: every test binary runs, so the summary counts every failure, not the first.
+test_rc=0
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee -a "$log" || test_rc=$?
+# A test binary that fails to build reports no "test result" line: count it as one failure.
+awk -v test_rc="$test_rc" '/^(deploy|deny): [0-9]+ passed, [0-9]+ failed$/ { p += $2; f += $4 }
      /^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "summary: %d passed, %d failed\n", p, f }' "$log"
-[ "$deploy_rc" -eq 0 ] && exit "$deny_rc"
-exit "$deploy_rc"
+     END { if (test_rc != 0 && f == 0) f = 1; printf "summary: %d passed, %d failed\n", p, f }' "$log"
+for rc in "$deploy_rc" "$deny_rc" "$test_rc"; do
+    [ "$rc" -eq 0 ] || exit "$rc"
+done
