@@ -24,7 +24,7 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
-use floodgate::store::redis::{RedisSettings, RedisStore};
+use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -34,6 +34,7 @@ use tonic::transport::Channel;
 pub mod http;
 pub mod process;
 pub mod redis;
+pub mod tls;
 
 /// Which store a test server uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,11 +43,14 @@ pub enum Backend {
     Memory,
     /// A real redis-server started for this test, driven at the manual clock's time.
     Redis,
+    /// A master (with a replica) found through a real sentinel, started for this test.
+    Sentinel,
 }
 
 enum Buckets {
     Memory(Arc<MemoryStore>),
     Redis(redis::RedisServer),
+    Sentinel(redis::sentinel::SentinelSetup),
     /// A store built by the test itself.
     External,
 }
@@ -96,6 +100,20 @@ impl TestServer {
                     .unwrap()
                     .with_test_clock(clock.clone());
                 (Arc::new(store), Buckets::Redis(server))
+            }
+            Backend::Sentinel => {
+                let setup = redis::sentinel::SentinelSetup::start(1).await;
+                let master_name = redis::sentinel::MASTER_NAME;
+                let store = RedisStore::new(&RedisSettings {
+                    sentinel: Some(SentinelSettings {
+                        master_name: master_name.to_string(),
+                        nodes: setup.node_urls(),
+                    }),
+                    ..redis_settings(&format!("redis://{master_name}"))
+                })
+                .unwrap()
+                .with_test_clock(clock.clone());
+                (Arc::new(store), Buckets::Sentinel(setup))
             }
         };
         TestServer::launch(
@@ -274,7 +292,8 @@ impl TestServer {
         match &self.buckets {
             Buckets::Memory(memory) => memory.len(),
             Buckets::External => panic!("bucket_count: the test owns the store"),
-            Buckets::Redis(server) => {
+            Buckets::Redis(server)
+            | Buckets::Sentinel(redis::sentinel::SentinelSetup { master: server, .. }) => {
                 let mut conn = server.connection().await;
                 let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
                 size
@@ -348,6 +367,8 @@ fn shared(config: Config) -> Arc<ArcSwap<Config>> {
 pub fn redis_settings(url: &str) -> RedisSettings {
     RedisSettings {
         url: url.to_string(),
+        sentinel: None,
+        tls: Default::default(),
         key_prefix: "fg:".to_string(),
         pool_size: 2,
         connect_timeout: Duration::from_secs(2),
