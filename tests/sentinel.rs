@@ -184,3 +184,44 @@ async fn readonly_retires_the_connection() {
     .await;
     app.stop().await;
 }
+
+/// A reference Deployment's Sentinel settings alone (`REDIS_TYPE=sentinel`,
+/// `REDIS_URL=<master>,<sentinel>,…`) make the binary use the master the sentinels name.
+#[tokio::test]
+async fn reference_sentinel_environment() {
+    let setup = SentinelSetup::start_steady(2).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("limits.yaml"), LIMITS).unwrap();
+    let sentinels: Vec<String> = setup
+        .node_urls()
+        .iter()
+        .map(|url| url.trim_start_matches("redis://").to_string())
+        .collect();
+    let redis_url = format!("{MASTER_NAME},{}", sentinels.join(","));
+    // A generous deadline: the first connections are still being made when requests arrive.
+    let floodgate = Floodgate::start_with_env(
+        &["--redis-timeout-ms", "2000"],
+        &[
+            ("RUNTIME_ROOT", dir.path().to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", &redis_url),
+            ("LOG_LEVEL", "info"),
+        ],
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(ask(&mut client, "ref").await, Ok(OK));
+    }
+    assert_eq!(ask(&mut client, "ref").await, Ok(OVER));
+    assert_eq!(keys_with(setup.master.port(), "ref").await.len(), 1);
+}

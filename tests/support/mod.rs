@@ -102,7 +102,7 @@ impl TestServer {
                 (Arc::new(store), Buckets::Redis(server))
             }
             Backend::Sentinel => {
-                let setup = redis::sentinel::SentinelSetup::start(1).await;
+                let setup = redis::sentinel::SentinelSetup::start_steady(1).await;
                 let master_name = redis::sentinel::MASTER_NAME;
                 let store = RedisStore::new(&RedisSettings {
                     sentinel: Some(SentinelSettings {

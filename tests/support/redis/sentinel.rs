@@ -41,8 +41,18 @@ impl Drop for Sentinel {
 
 impl SentinelSetup {
     /// Starts a master, a replica in sync with it, and `sentinels` sentinels that know both
-    /// (quorum 1, master down after 500 ms, failover timeout 2 s).
+    /// (quorum 1, master down after 500 ms, failover timeout 2 s): for failover tests.
     pub async fn start(sentinels: usize) -> SentinelSetup {
+        SentinelSetup::start_with(sentinels, 500).await
+    }
+
+    /// As [`SentinelSetup::start`], but the master is only declared down after 10 s without
+    /// an answer, so that a loaded test machine never causes a failover mid-test.
+    pub async fn start_steady(sentinels: usize) -> SentinelSetup {
+        SentinelSetup::start_with(sentinels, 10_000).await
+    }
+
+    async fn start_with(sentinels: usize, down_after_ms: u64) -> SentinelSetup {
         let master = RedisServer::start();
         let replica = RedisServer::start_replica_of(&master);
         // Sentinels learn the replicas from the master's INFO when they connect: a replica
@@ -55,7 +65,7 @@ impl SentinelSetup {
         })
         .await;
         let sentinels = (0..sentinels)
-            .map(|_| Sentinel::start(master.port()))
+            .map(|_| Sentinel::start(master.port(), down_after_ms))
             .collect();
         let setup = SentinelSetup {
             master,
@@ -113,7 +123,7 @@ impl SentinelSetup {
 }
 
 impl Sentinel {
-    fn start(master_port: u16) -> Sentinel {
+    fn start(master_port: u16, down_after_ms: u64) -> Sentinel {
         let dir = tempfile::tempdir().unwrap();
         for _ in 0..ATTEMPTS {
             let port = free_port();
@@ -123,7 +133,7 @@ impl Sentinel {
                 format!(
                     "port {port}\nbind 127.0.0.1\nlogfile \"\"\ndir {dir}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 1\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 500\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} {down_after_ms}\n\
                      sentinel failover-timeout {MASTER_NAME} 2000\n\
                      sentinel parallel-syncs {MASTER_NAME} 1\n",
                     dir = dir.path().display(),
