@@ -182,3 +182,43 @@ fn unusable_tls_files_exit_64() {
         );
     }
 }
+
+/// Sentinel over TLS: master, replica and sentinels serve TLS only; floodgate asks the
+/// sentinels over `rediss://` and reaches the master over TLS (`--redis-url
+/// rediss://<master name>`), trusting the one CA file for both.
+#[tokio::test]
+async fn sentinel_and_master_over_tls() {
+    use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
+    let pki = Pki::generate();
+    let setup = SentinelSetup::start_tls(2, &pki.server_files()).await;
+    let limits = limits();
+    let nodes = setup.node_urls().join(",");
+    assert!(nodes.starts_with("rediss://"), "{nodes}");
+    let master_url = format!("rediss://{MASTER_NAME}");
+    let floodgate = Floodgate::start(&[
+        "--config",
+        limits.path().to_str().unwrap(),
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        &nodes,
+        "--redis-url",
+        &master_url,
+        "--redis-tls-ca-file",
+        arg(&pki.ca),
+        "--redis-timeout-ms",
+        "2000",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
+        .await
+        .unwrap();
+    assert_eq!(ask(&mut client).await, Ok(OK));
+    assert_eq!(ask(&mut client).await, Ok(OVER));
+    let mut master = setup.master.connection().await;
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg("fg:t:*")
+        .query_async(&mut master)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+}

@@ -50,7 +50,8 @@ pub enum Backend {
 enum Buckets {
     Memory(Arc<MemoryStore>),
     Redis(redis::RedisServer),
-    Sentinel(redis::sentinel::SentinelSetup),
+    /// Boxed: a whole set-up of processes is large, and rare.
+    Sentinel(Box<redis::sentinel::SentinelSetup>),
     /// A store built by the test itself.
     External,
 }
@@ -113,7 +114,7 @@ impl TestServer {
                 })
                 .unwrap()
                 .with_test_clock(clock.clone());
-                (Arc::new(store), Buckets::Sentinel(setup))
+                (Arc::new(store), Buckets::Sentinel(Box::new(setup)))
             }
         };
         TestServer::launch(
@@ -289,16 +290,15 @@ impl TestServer {
 
     /// How many buckets the store holds.
     pub async fn bucket_count(&self) -> usize {
-        match &self.buckets {
-            Buckets::Memory(memory) => memory.len(),
+        let server = match &self.buckets {
+            Buckets::Memory(memory) => return memory.len(),
             Buckets::External => panic!("bucket_count: the test owns the store"),
-            Buckets::Redis(server)
-            | Buckets::Sentinel(redis::sentinel::SentinelSetup { master: server, .. }) => {
-                let mut conn = server.connection().await;
-                let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
-                size
-            }
-        }
+            Buckets::Redis(server) => server,
+            Buckets::Sentinel(setup) => &setup.master,
+        };
+        let mut conn = server.connection().await;
+        let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        size
     }
 
     /// Moves the server's clock forward.

@@ -19,57 +19,68 @@ pub struct RedisServer {
     port: u16,
     /// Arguments besides the port's, kept for [`RedisServer::restart`].
     args: Vec<String>,
-    /// Serves TLS only (`--port 0 --tls-port <port>`).
-    tls: bool,
+    /// Serves TLS only (`--port 0 --tls-port <port>`) with these files.
+    tls: Option<TlsFiles>,
     child: Option<Child>,
     /// Its working directory: a replica writes the RDB it receives there.
     _dir: tempfile::TempDir,
 }
 
 /// Certificate files for a TLS `redis-server` (PEM).
+#[derive(Clone)]
 pub struct TlsFiles {
     /// The server's certificate.
     pub cert: PathBuf,
     /// Its key.
     pub key: PathBuf,
-    /// The CA that signs client certificates (`--tls-ca-cert-file`).
+    /// The CA that signs client certificates (`--tls-ca-cert-file`), and the server's.
     pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// `redis-server` arguments serving these files (`tls-replication` aside).
+    pub fn server_args(&self, auth_clients: bool) -> Vec<String> {
+        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
+        vec![
+            "--tls-cert-file".into(),
+            path(&self.cert),
+            "--tls-key-file".into(),
+            path(&self.key),
+            "--tls-ca-cert-file".into(),
+            path(&self.ca),
+            "--tls-auth-clients".into(),
+            if auth_clients { "yes" } else { "no" }.into(),
+        ]
+    }
 }
 
 impl RedisServer {
     /// Starts a server on a free port. Panics if `redis-server` is not installed.
     pub fn start() -> RedisServer {
-        RedisServer::start_with(Vec::new(), false)
+        RedisServer::start_with(Vec::new(), None)
     }
 
     /// Starts a server that serves TLS only, with `files`; with `auth_clients`, it requires
     /// a client certificate signed by `files.ca`.
     pub fn start_tls(files: &TlsFiles, auth_clients: bool) -> RedisServer {
-        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
-        let args = vec![
-            "--tls-cert-file".into(),
-            path(&files.cert),
-            "--tls-key-file".into(),
-            path(&files.key),
-            "--tls-ca-cert-file".into(),
-            path(&files.ca),
-            "--tls-auth-clients".into(),
-            if auth_clients { "yes" } else { "no" }.into(),
-        ];
-        RedisServer::start_with(args, true)
+        RedisServer::start_with(files.server_args(auth_clients), Some(files.clone()))
     }
 
-    /// Starts a replica of `master`.
+    /// Starts a replica of `master`, over TLS (with the master's files) if `master` is TLS.
     pub fn start_replica_of(master: &RedisServer) -> RedisServer {
-        let args = vec![
-            "--replicaof".into(),
-            "127.0.0.1".into(),
+        let mut args = vec![
+            "--replicaof".to_string(),
+            "127.0.0.1".to_string(),
             master.port.to_string(),
         ];
-        RedisServer::start_with(args, false)
+        if let Some(files) = &master.tls {
+            args.extend(files.server_args(false));
+            args.extend(["--tls-replication".to_string(), "yes".to_string()]);
+        }
+        RedisServer::start_with(args, master.tls.clone())
     }
 
-    fn start_with(args: Vec<String>, tls: bool) -> RedisServer {
+    fn start_with(args: Vec<String>, tls: Option<TlsFiles>) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
         let mut args = args;
         args.extend([
@@ -78,7 +89,7 @@ impl RedisServer {
         ]);
         for _ in 0..ATTEMPTS {
             let port = free_port();
-            if let Some(child) = spawn(port, tls, &args) {
+            if let Some(child) = spawn(port, tls.is_some(), &args) {
                 return RedisServer {
                     port,
                     args,
@@ -98,17 +109,26 @@ impl RedisServer {
 
     /// `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        let scheme = if self.tls { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// A new multiplexed connection.
     pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
+        self.try_connection()
             .await
-            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
+            .unwrap_or_else(|| panic!("cannot connect to {}", self.url()))
+    }
+
+    /// A new multiplexed connection, or `None` if the server does not answer.
+    pub async fn try_connection(&self) -> Option<redis::aio::MultiplexedConnection> {
+        let ca = self.tls.as_ref().map(|files| files.ca.as_path());
+        let client = client(&self.url(), ca);
+        client.get_multiplexed_async_connection().await.ok()
     }
 
     /// Kills the server (no data survives: nothing is persisted) and waits for it to exit.
@@ -125,7 +145,7 @@ impl RedisServer {
         // The port was ours a moment ago; redis-server binds with SO_REUSEADDR, so only a
         // racing process could take it. Retry a few times before calling that a failure.
         for _ in 0..ATTEMPTS {
-            if let Some(child) = spawn(self.port, self.tls, &self.args) {
+            if let Some(child) = spawn(self.port, self.tls.is_some(), &self.args) {
                 self.child = Some(child);
                 return;
             }
@@ -137,6 +157,21 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+/// A client for `url`; for `rediss://`, trusting the CA file `ca`.
+pub(crate) fn client(url: &str, ca: Option<&std::path::Path>) -> redis::Client {
+    match ca {
+        None => redis::Client::open(url).unwrap(),
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(std::fs::read(ca).unwrap()),
+            },
+        )
+        .unwrap(),
     }
 }
 
