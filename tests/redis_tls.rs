@@ -33,12 +33,16 @@ async fn serve(
     extra: &[&str],
 ) -> (Floodgate, RateLimitServiceClient<tonic::transport::Channel>) {
     let url = redis.url();
+    // Generous deadlines: TLS handshakes in a debug build on a loaded machine can take longer
+    // than the 250 ms default connect timeout.
     let mut args = vec![
         "--config",
         limits.path().to_str().unwrap(),
         "--redis-url",
         &url,
         "--redis-timeout-ms",
+        "2000",
+        "--redis-connect-timeout-ms",
         "2000",
     ];
     args.extend_from_slice(extra);
@@ -207,6 +211,8 @@ async fn sentinel_and_master_over_tls() {
         "--redis-tls-ca-file",
         arg(&pki.ca),
         "--redis-timeout-ms",
+        "2000",
+        "--redis-connect-timeout-ms",
         "2000",
     ]);
     let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))

@@ -73,6 +73,8 @@ async fn follows_a_failover_without_restart() {
         &nodes,
         "--redis-timeout-ms",
         "2000",
+        "--redis-connect-timeout-ms",
+        "2000",
     ]);
     let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
         .await
@@ -202,7 +204,12 @@ async fn reference_sentinel_environment() {
     let redis_url = format!("{MASTER_NAME},{}", sentinels.join(","));
     // A generous deadline: the first connections are still being made when requests arrive.
     let floodgate = Floodgate::start_with_env(
-        &["--redis-timeout-ms", "2000"],
+        &[
+            "--redis-timeout-ms",
+            "2000",
+            "--redis-connect-timeout-ms",
+            "2000",
+        ],
         &[
             ("RUNTIME_ROOT", dir.path().to_str().unwrap()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
