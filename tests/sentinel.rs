@@ -135,6 +135,74 @@ async fn follows_a_failover_without_restart() {
     }
 }
 
+/// A manual failover (`SENTINEL FAILOVER`) demotes a master that stays up: floodgate's
+/// connections to it are dropped by Sentinel or answered READONLY, and either way retired;
+/// requests are then served by, and limited on, the new master.
+#[tokio::test]
+async fn follows_a_manual_failover_to_a_live_replica() {
+    let setup = SentinelSetup::start(3).await;
+    setup.wait_failover_ready().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+    let nodes = setup.node_urls().join(",");
+    let floodgate = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        &nodes,
+        "--redis-timeout-ms",
+        "2000",
+        "--redis-connect-timeout-ms",
+        "2000",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
+        .await
+        .unwrap();
+    assert_eq!(ask(&mut client, "before").await, Ok(OK));
+
+    let sentinel = ::redis::Client::open(setup.node_urls()[0].as_str()).unwrap();
+    let mut sentinel = sentinel.get_multiplexed_async_connection().await.unwrap();
+    let _: () = ::redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query_async(&mut sentinel)
+        .await
+        .unwrap();
+    let new_master = setup.replica.port();
+    poll("the sentinels promote the replica", || async {
+        setup.current_master_port().await == Some(new_master)
+    })
+    .await;
+    poll("the old master is a replica", || async {
+        info_field(&setup.master, "replication", "role")
+            .await
+            .as_deref()
+            == Some("slave")
+    })
+    .await;
+    poll("floodgate answers from the new master", || async {
+        match ask(&mut client.clone(), "probe").await {
+            Ok(code) => code == OK,
+            Err(code) => {
+                assert_eq!(code, tonic::Code::Unavailable);
+                false
+            }
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(ask(&mut client, "after").await, Ok(OK));
+    }
+    assert_eq!(ask(&mut client, "after").await, Ok(OVER));
+    assert_eq!(keys_with(new_master, "after").await.len(), 1);
+    let (exit, log) = tokio::task::spawn_blocking(move || floodgate.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}
+
 /// A master demoted to replica while floodgate is connected answers READONLY: the request
 /// gets UNAVAILABLE, the connection is retired, and once the server is a master again (or,
 /// behind Sentinel, once a new connection finds the new master) requests succeed on a new
