@@ -133,14 +133,38 @@ async fn wrong_ca_is_answered_by_the_failure_policy() {
     assert!(!log.contains("panicked"), "{log}");
 }
 
-/// A missing or unusable TLS file, or a certificate without its key, exits 64 at start-up
-/// naming the file and the reason, before any port is bound.
+/// A missing or unusable TLS file, a certificate without its key, or TLS files with no TLS
+/// connection to use them on, exits 64 at start-up naming the cause, before any port is
+/// bound.
 #[test]
 fn unusable_tls_files_exit_64() {
     let pki = Pki::generate();
     let limits = limits();
     let missing = limits.path().join("missing.pem");
-    let cases: [(Vec<&str>, String); 4] = [
+    let tls_url = ["--redis-url", "rediss://127.0.0.1:1"];
+    let ca = ["--redis-tls-ca-file", arg(&pki.ca)];
+    let cases: [(Vec<&str>, String); 7] = [
+        (
+            ca.to_vec(),
+            "Redis TLS files are set, but no Redis is".to_string(),
+        ),
+        (
+            [&["--redis-url", "redis://127.0.0.1:1"][..], &ca].concat(),
+            "requires a URL with the `rediss://` scheme".to_string(),
+        ),
+        (
+            [
+                &[
+                    "--redis-sentinel",
+                    "m",
+                    "--redis-sentinel-nodes",
+                    "redis://127.0.0.1:1",
+                ][..],
+                &ca,
+            ]
+            .concat(),
+            "neither --redis-url nor the sentinel URLs use rediss://".to_string(),
+        ),
         (
             vec!["--redis-tls-ca-file", arg(&missing)],
             format!("cannot read Redis TLS CA file {}", missing.display()),
@@ -169,11 +193,16 @@ fn unusable_tls_files_exit_64() {
             ),
         ),
     ];
-    for (flags, message) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_floodgate"))
+    for (i, (flags, message)) in cases.into_iter().enumerate() {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_floodgate"));
+        command
             .args(["serve", "--config", limits.path().to_str().unwrap()])
-            .args(["--redis-url", "rediss://127.0.0.1:1"])
-            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
+        // The first three cases choose their Redis themselves; the others get a TLS one.
+        if i >= 3 {
+            command.args(tls_url);
+        }
+        let out = command
             .args(&flags)
             .env_remove("RUST_LOG")
             .output()
