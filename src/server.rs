@@ -35,7 +35,7 @@ use crate::plan::{PlanOptions, RequestLimits};
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
-use crate::store::redis::{RedisSettings, RedisStore};
+use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 use crate::tls::{GrpcTls, TlsError};
 
@@ -168,20 +168,14 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 .with_max_buckets(max_buckets, Some(metrics.clone())),
         )
     };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) = match &settings.redis_url {
+    let (store, memory, redis): (Arc<dyn Store>, _, _) = match redis_settings(&settings)? {
         None => {
             let memory = memory_store();
             (memory.clone(), Some(memory), None)
         }
-        Some(url) => {
-            let redis = RedisStore::new(&RedisSettings {
-                url: url.clone(),
-                key_prefix: settings.redis_key_prefix.clone(),
-                pool_size: settings.redis_pool_size,
-                connect_timeout: settings.redis_connect_timeout_ms,
-                command_timeout: settings.redis_timeout_ms,
-            })
-            .map_err(|e| ServerError::Settings(e.to_string()))?;
+        Some(redis_settings) => {
+            let redis = RedisStore::new(&redis_settings)
+                .map_err(|e| ServerError::Settings(e.to_string()))?;
             let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
             let resilient = Arc::new(ResilientStore::new(
                 Arc::new(redis),
@@ -224,6 +218,42 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     })
 }
 
+/// The Redis store's settings, or `None` for the memory store.
+fn redis_settings(settings: &ServeSettings) -> Result<Option<RedisSettings>, ServerError> {
+    let tls = RedisTls {
+        ca_file: settings.redis_tls_ca_file.clone(),
+        cert_file: settings.redis_tls_cert_file.clone(),
+        key_file: settings.redis_tls_key_file.clone(),
+    };
+    let sentinel = settings
+        .redis_sentinel
+        .as_ref()
+        .map(|master_name| SentinelSettings {
+            master_name: master_name.clone(),
+            nodes: settings.redis_sentinel_nodes.clone(),
+        });
+    let url = match (&settings.redis_url, &sentinel) {
+        (Some(url), _) => url.clone(),
+        // The master's address comes from the sentinels; plain TCP, no credentials.
+        (None, Some(sentinel)) => format!("redis://{}", sentinel.master_name),
+        (None, None) if tls.is_set() => {
+            return Err(ServerError::Settings(
+                "Redis TLS files are set, but no Redis is (--redis-url or --redis-sentinel)".into(),
+            ));
+        }
+        (None, None) => return Ok(None),
+    };
+    Ok(Some(RedisSettings {
+        url,
+        sentinel,
+        tls,
+        key_prefix: settings.redis_key_prefix.clone(),
+        pool_size: settings.redis_pool_size,
+        connect_timeout: settings.redis_connect_timeout_ms,
+        command_timeout: settings.redis_timeout_ms,
+    }))
+}
+
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
 pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     let settings = &prepared.settings;
@@ -253,6 +283,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     tracing::info!(
         store = if prepared.redis.is_some() { "redis" } else { "memory" },
         redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        redis_sentinel = ?settings.redis_sentinel,
         on_store_error = settings.on_store_error.as_str(),
         shadow_mode = settings.shadow_mode,
         "floodgate starting"

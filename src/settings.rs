@@ -78,9 +78,47 @@ pub struct ServeSettings {
           action = clap::ArgAction::Set)]
     pub json_endpoint: bool,
 
-    /// Redis URL (redis:// or rediss://). Without it, buckets live in process memory.
+    /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel), buckets
+    /// live in process memory. With --redis-sentinel: the master's scheme, credentials and
+    /// database, as redis://user:password@MASTER_NAME/db or rediss://… (optional; TLS,
+    /// credentials and database each optional).
     #[arg(long, env = "FLOODGATE_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
+
+    /// Redis Sentinel: the master's name; every connection goes to the master the sentinels
+    /// of --redis-sentinel-nodes name, so a failover is followed without a restart.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_SENTINEL",
+        value_name = "MASTER_NAME",
+        requires = "redis_sentinel_nodes"
+    )]
+    pub redis_sentinel: Option<String>,
+
+    /// The sentinels, comma-separated: redis://host:port, with user:password@ if they need
+    /// credentials, or rediss:// for TLS.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_SENTINEL_NODES",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        requires = "redis_sentinel"
+    )]
+    pub redis_sentinel_nodes: Vec<String>,
+
+    /// PEM CA certificates that sign the Redis servers' certificates (rediss://); without
+    /// it, the bundled Mozilla roots.
+    #[arg(long, env = "FLOODGATE_REDIS_TLS_CA_FILE", value_name = "PATH")]
+    pub redis_tls_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for Redis servers that require one (tls-auth-clients);
+    /// needs --redis-tls-key-file.
+    #[arg(long, env = "FLOODGATE_REDIS_TLS_CERT_FILE", value_name = "PATH")]
+    pub redis_tls_cert_file: Option<PathBuf>,
+
+    /// PEM private key of --redis-tls-cert-file.
+    #[arg(long, env = "FLOODGATE_REDIS_TLS_KEY_FILE", value_name = "PATH")]
+    pub redis_tls_key_file: Option<PathBuf>,
 
     /// Prefix of every Redis key floodgate writes.
     #[arg(long, env = "FLOODGATE_REDIS_KEY_PREFIX", default_value = "fg:")]
@@ -394,6 +432,18 @@ impl fmt::Debug for ServeSettings {
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
+            .field("redis_sentinel", &self.redis_sentinel)
+            .field(
+                "redis_sentinel_nodes",
+                &self
+                    .redis_sentinel_nodes
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>(),
+            )
+            .field("redis_tls_ca_file", &self.redis_tls_ca_file)
+            .field("redis_tls_cert_file", &self.redis_tls_cert_file)
+            .field("redis_tls_key_file", &self.redis_tls_key_file)
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("redis_pool_size", &self.redis_pool_size)
             .field("redis_connect_timeout_ms", &self.redis_connect_timeout_ms)
@@ -595,6 +645,49 @@ mod tests {
     #[test]
     fn bad_address_is_rejected() {
         assert!(parse(&["serve", "--config", "x", "--grpc-addr", "nope"]).is_err());
+    }
+
+    /// Sentinel takes a master name and a comma-separated list of sentinels, each needing
+    /// the other; TLS files are paths. Sentinel passwords never reach Debug output.
+    #[test]
+    fn sentinel_and_tls_flags() {
+        let Command::Serve(s) = parse(&[
+            "serve",
+            "--config",
+            "x",
+            "--redis-sentinel",
+            "mymaster",
+            "--redis-sentinel-nodes",
+            "redis://:sentinelpw@10.0.0.1:26379,redis://10.0.0.2:26379",
+            "--redis-tls-ca-file",
+            "/etc/ca.pem",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(s.redis_sentinel.as_deref(), Some("mymaster"));
+        assert_eq!(
+            s.redis_sentinel_nodes,
+            [
+                "redis://:sentinelpw@10.0.0.1:26379",
+                "redis://10.0.0.2:26379"
+            ]
+        );
+        assert_eq!(s.redis_tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        assert!(!format!("{s:?}").contains("sentinelpw"));
+        assert!(parse(&["serve", "--config", "x", "--redis-sentinel", "m"]).is_err());
+        assert!(
+            parse(&[
+                "serve",
+                "--config",
+                "x",
+                "--redis-sentinel-nodes",
+                "redis://a:1"
+            ])
+            .is_err()
+        );
     }
 
     /// Passwords never reach Debug output.

@@ -1,6 +1,7 @@
 //! The store behaviour suite: ShouldRateLimit semantics over real gRPC, written once and run
-//! against every store (`memory::*` and `redis::*`, the latter on a real redis-server started
-//! per test), both driven by the same manual clock.
+//! against every store (`memory::*`, `redis::*` on a real redis-server started per test, and
+//! `sentinel::*` on a master found through a real sentinel, with its replica, started per
+//! test), all driven by the same manual clock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -798,6 +799,15 @@ macro_rules! behaviour_suite {
                 #[tokio::test]
                 async fn $scenario() {
                     super::$scenario(super::Backend::Redis).await
+                }
+            )*
+        }
+        mod sentinel {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on a master found through a real sentinel.")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Sentinel).await
                 }
             )*
         }

@@ -383,7 +383,9 @@ impl<'a> Mapping<'a> {
         Ok(())
     }
 
-    /// `REDIS_URL` and its companions → `--redis-url`; `REDIS_POOL_SIZE` → `--redis-pool-size`.
+    /// `REDIS_URL` and its companions → `--redis-url` (and, with `REDIS_TYPE=sentinel`,
+    /// `--redis-sentinel` / `--redis-sentinel-nodes`); `REDIS_POOL_SIZE` →
+    /// `--redis-pool-size`; the `REDIS_TLS_*` files → `--redis-tls-*-file`.
     fn redis(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         const URL_VARS: [&str; 5] = [
             "REDIS_URL",
@@ -401,22 +403,23 @@ impl<'a> Mapping<'a> {
                 _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
             })
             .transpose()?;
-        // Cluster and Sentinel are refused rather than approximated: serving per-instance
-        // limits (no shared Redis) or a single cluster node would be quietly wrong.
-        let single = self
+        // Cluster is refused rather than approximated: serving per-instance limits (no shared
+        // Redis) or a single cluster node would be quietly wrong.
+        let kind = self
             .get("REDIS_TYPE")
             .map(|v| match v.to_ascii_lowercase().as_str() {
-                "single" => Ok(()),
-                "cluster" | "sentinel" => Err(bad(
+                "single" => Ok(RedisType::Single),
+                "sentinel" => Ok(RedisType::Sentinel),
+                "cluster" => Err(bad(
                     "REDIS_TYPE",
                     v,
-                    "single: Redis Cluster and Sentinel are not supported yet, and floodgate \
+                    "single or sentinel: Redis Cluster is not supported yet, and floodgate \
                      refuses to start rather than enforce limits per instance or on one node",
                 )),
                 _ => Err(bad(
                     "REDIS_TYPE",
                     v,
-                    "single (cluster and sentinel: not yet)",
+                    "single or sentinel (cluster: not yet)",
                 )),
             })
             .transpose()?;
@@ -438,8 +441,16 @@ impl<'a> Mapping<'a> {
             self.applied("REDIS_POOL_SIZE");
         }
 
-        if self.own("redis_url") {
-            self.override_by(&URL_VARS, "--redis-url");
+        let redis =
+            self.own("redis_url") || self.own("redis_sentinel") || self.get("REDIS_URL").is_some();
+        self.redis_tls_files(settings, redis, tls == Some(true))?;
+        if self.own("redis_url") || self.own("redis_sentinel") {
+            let flag = if self.own("redis_url") {
+                "--redis-url"
+            } else {
+                "--redis-sentinel"
+            };
+            self.override_by(&URL_VARS, flag);
             return Ok(());
         }
         let Some(raw) = self.get("REDIS_URL") else {
@@ -449,6 +460,16 @@ impl<'a> Mapping<'a> {
             return Ok(());
         };
         let raw = raw.trim().to_string();
+        if kind == Some(RedisType::Sentinel) {
+            if socket == Some(Socket::Unix) {
+                return Err(bad(
+                    "REDIS_SOCKET_TYPE",
+                    "unix",
+                    "tcp (REDIS_TYPE=sentinel)",
+                ));
+            }
+            return self.sentinel(settings, &raw, tls == Some(true));
+        }
         if raw.contains("://") {
             // Already a URL: it says everything itself.
             for name in self.present(&["REDIS_SOCKET_TYPE", "REDIS_AUTH", "REDIS_TLS"]) {
@@ -456,7 +477,7 @@ impl<'a> Mapping<'a> {
             }
             settings.redis_url = Some(raw);
             self.applied("REDIS_URL");
-            if single.is_some() {
+            if kind.is_some() {
                 self.applied("REDIS_TYPE");
             }
             return Ok(());
@@ -467,10 +488,7 @@ impl<'a> Mapping<'a> {
         } else {
             Socket::Tcp
         });
-        let auth = self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
-            Some((user, password)) => (Some(user), password),
-            None => (None, a),
-        });
+        let auth = self.auth();
         let url = match socket {
             Socket::Tcp => {
                 if address.is_empty() || address.contains('/') {
@@ -481,14 +499,7 @@ impl<'a> Mapping<'a> {
                     ));
                 }
                 let scheme = if tls == Some(true) { "rediss" } else { "redis" };
-                let userinfo = match auth {
-                    Some((user, password)) => format!(
-                        "{}:{}@",
-                        user.map(encode).unwrap_or_default(),
-                        encode(password)
-                    ),
-                    None => String::new(),
-                };
+                let userinfo = userinfo(auth);
                 let address = if address.contains(':') {
                     address
                 } else {
@@ -513,6 +524,110 @@ impl<'a> Mapping<'a> {
         settings.redis_url = Some(url);
         for name in self.present(&URL_VARS) {
             self.applied(name);
+        }
+        Ok(())
+    }
+
+    /// `REDIS_AUTH` as (user, password).
+    fn auth(&self) -> Option<(Option<&'a str>, &'a str)> {
+        self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
+            Some((user, password)) => (Some(user), password),
+            None => (None, a),
+        })
+    }
+
+    /// `REDIS_TYPE=sentinel`: `REDIS_URL` is `<master name>,<sentinel host:port>[,…]`, as the
+    /// reference reads it. `REDIS_AUTH` and `REDIS_TLS` are the master's (the reference
+    /// connects to its sentinels in plain TCP, without credentials).
+    fn sentinel(
+        &mut self,
+        settings: &mut ServeSettings,
+        raw: &str,
+        tls: bool,
+    ) -> Result<(), SettingsError> {
+        let mut parts = raw.split(',').map(str::trim);
+        let master = parts.next().unwrap_or_default();
+        let nodes: Vec<String> = parts
+            .filter(|n| !n.is_empty())
+            .map(|node| match node {
+                n if n.contains("://") => n.to_string(),
+                n if n.contains(':') => format!("redis://{n}"),
+                n => format!("redis://{n}:26379"),
+            })
+            .collect();
+        if master.is_empty() || master.contains(['/', ':', '@']) || nodes.is_empty() {
+            return Err(bad(
+                "REDIS_URL",
+                raw,
+                "<master name>,<sentinel host:port>[,<sentinel host:port>…] \
+                 (REDIS_TYPE=sentinel)",
+            ));
+        }
+        let scheme = if tls { "rediss" } else { "redis" };
+        settings.redis_url = Some(format!("{scheme}://{}{master}", userinfo(self.auth())));
+        settings.redis_sentinel = Some(master.to_string());
+        settings.redis_sentinel_nodes = nodes;
+        for name in self.present(&[
+            "REDIS_URL",
+            "REDIS_SOCKET_TYPE",
+            "REDIS_TYPE",
+            "REDIS_AUTH",
+            "REDIS_TLS",
+        ]) {
+            self.applied(name);
+        }
+        Ok(())
+    }
+
+    /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` →
+    /// `--redis-tls-ca-file`, `--redis-tls-cert-file`, `--redis-tls-key-file`; the reference
+    /// reads them only with `REDIS_TLS=true`, and so does floodgate.
+    fn redis_tls_files(
+        &mut self,
+        settings: &mut ServeSettings,
+        redis: bool,
+        tls: bool,
+    ) -> Result<(), SettingsError> {
+        if self.parse_bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? == Some(true) {
+            self.no_effect(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+                "floodgate always verifies the Redis host name: give the server certificate \
+                 the name or IP address floodgate connects to",
+            );
+        }
+        for (name, id, flag) in [
+            (
+                "REDIS_TLS_CACERT",
+                "redis_tls_ca_file",
+                "--redis-tls-ca-file",
+            ),
+            (
+                "REDIS_TLS_CLIENT_CERT",
+                "redis_tls_cert_file",
+                "--redis-tls-cert-file",
+            ),
+            (
+                "REDIS_TLS_CLIENT_KEY",
+                "redis_tls_key_file",
+                "--redis-tls-key-file",
+            ),
+        ] {
+            let Some(path) = self.get(name) else { continue };
+            if self.own(id) {
+                self.override_by(&[name], flag);
+            } else if !redis {
+                self.no_effect(name, "no REDIS_URL: the in-memory store is used");
+            } else if !tls {
+                self.no_effect(name, "REDIS_TLS is not true (the reference ignores it too)");
+            } else {
+                let slot = match id {
+                    "redis_tls_ca_file" => &mut settings.redis_tls_ca_file,
+                    "redis_tls_cert_file" => &mut settings.redis_tls_cert_file,
+                    _ => &mut settings.redis_tls_key_file,
+                };
+                *slot = Some(PathBuf::from(path));
+                self.applied(name);
+            }
         }
         Ok(())
     }
@@ -632,10 +747,28 @@ impl<'a> Mapping<'a> {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Socket {
     Tcp,
     Unix,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RedisType {
+    Single,
+    Sentinel,
+}
+
+/// `user:password@` for a URL (each percent-encoded), or nothing without `REDIS_AUTH`.
+fn userinfo(auth: Option<(Option<&str>, &str)>) -> String {
+    match auth {
+        Some((user, password)) => format!(
+            "{}:{}@",
+            user.map(encode).unwrap_or_default(),
+            encode(password)
+        ),
+        None => String::new(),
+    }
 }
 
 /// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.

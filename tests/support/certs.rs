@@ -1,5 +1,8 @@
 //! Certificates made at test time with rcgen: a CA, and the server and client certificates
-//! it issues. Nothing is checked in, so nothing expires.
+//! it issues (names `localhost` and `127.0.0.1`), in memory or as PEM files ([`Pki`]).
+//! Nothing is checked in, so nothing expires.
+
+use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -51,7 +54,8 @@ impl Ca {
     }
 
     fn issue(&self, name: &str, serial: u64, usage: ExtendedKeyUsagePurpose) -> Leaf {
-        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        let mut params = CertificateParams::new(names).unwrap();
         params.distinguished_name.push(DnType::CommonName, name);
         params.serial_number = Some(SerialNumber::from(serial));
         params.extended_key_usages = vec![usage];
@@ -63,4 +67,55 @@ impl Ca {
             der: cert.der().to_vec(),
         }
     }
+}
+
+/// PEM files of a test PKI (a CA, one server and one client certificate), in a temporary
+/// directory removed on drop.
+pub struct Pki {
+    /// The CA certificate.
+    pub ca: PathBuf,
+    /// Server certificate and key.
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    /// Client certificate and key (extended key usage: client auth).
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Pki {
+    /// A fresh CA with one server and one client certificate, written as files.
+    pub fn generate() -> Pki {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: &str| -> PathBuf {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let ca = Ca::new("floodgate test CA");
+        let server = ca.server(1);
+        let client = ca.client("floodgate");
+        Pki {
+            ca: write("ca.pem", &ca.pem),
+            server_cert: write("server.pem", &server.cert_pem),
+            server_key: write("server.key", &server.key_pem),
+            client_cert: write("client.pem", &client.cert_pem),
+            client_key: write("client.key", &client.key_pem),
+            _dir: dir,
+        }
+    }
+
+    /// The files a TLS redis-server needs.
+    pub fn server_files(&self) -> super::redis::TlsFiles {
+        super::redis::TlsFiles {
+            cert: self.server_cert.clone(),
+            key: self.server_key.clone(),
+            ca: self.ca.clone(),
+        }
+    }
+}
+
+/// A path as a command-line argument.
+pub fn arg(path: &Path) -> &str {
+    path.to_str().unwrap()
 }

@@ -25,7 +25,7 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
-use floodgate::store::redis::{RedisSettings, RedisStore};
+use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
 use floodgate::tls::{GrpcTls, TlsFiles};
 use tokio::net::TcpListener;
@@ -47,11 +47,15 @@ pub enum Backend {
     Memory,
     /// A real redis-server started for this test, driven at the manual clock's time.
     Redis,
+    /// A master (with a replica) found through a real sentinel, started for this test.
+    Sentinel,
 }
 
 enum Buckets {
     Memory(Arc<MemoryStore>),
     Redis(redis::RedisServer),
+    /// Boxed: a whole set-up of processes is large, and rare.
+    Sentinel(Box<redis::sentinel::SentinelSetup>),
     /// A store built by the test itself.
     External,
 }
@@ -101,6 +105,20 @@ impl TestServer {
                     .unwrap()
                     .with_test_clock(clock.clone());
                 (Arc::new(store), Buckets::Redis(server))
+            }
+            Backend::Sentinel => {
+                let setup = redis::sentinel::SentinelSetup::start_steady(1).await;
+                let master_name = redis::sentinel::MASTER_NAME;
+                let store = RedisStore::new(&RedisSettings {
+                    sentinel: Some(SentinelSettings {
+                        master_name: master_name.to_string(),
+                        nodes: setup.node_urls(),
+                    }),
+                    ..redis_settings(&format!("redis://{master_name}"))
+                })
+                .unwrap()
+                .with_test_clock(clock.clone());
+                (Arc::new(store), Buckets::Sentinel(Box::new(setup)))
             }
         };
         TestServer::launch(
@@ -312,15 +330,15 @@ impl TestServer {
 
     /// How many buckets the store holds.
     pub async fn bucket_count(&self) -> usize {
-        match &self.buckets {
-            Buckets::Memory(memory) => memory.len(),
+        let server = match &self.buckets {
+            Buckets::Memory(memory) => return memory.len(),
             Buckets::External => panic!("bucket_count: the test owns the store"),
-            Buckets::Redis(server) => {
-                let mut conn = server.connection().await;
-                let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
-                size
-            }
-        }
+            Buckets::Redis(server) => server,
+            Buckets::Sentinel(setup) => &setup.master,
+        };
+        let mut conn = server.connection().await;
+        let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        size
     }
 
     /// Moves the server's clock forward.
@@ -391,6 +409,8 @@ fn shared(config: Config) -> Arc<ArcSwap<Config>> {
 pub fn redis_settings(url: &str) -> RedisSettings {
     RedisSettings {
         url: url.to_string(),
+        sentinel: None,
+        tls: Default::default(),
         key_prefix: "fg:".to_string(),
         pool_size: 2,
         connect_timeout: Duration::from_secs(2),

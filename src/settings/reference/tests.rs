@@ -221,19 +221,17 @@ fn redis_url_translation() {
     );
 }
 
-/// Cluster and Sentinel are refused at start-up (exit 64), never approximated.
+/// Cluster is refused at start-up (exit 64), never approximated.
 #[test]
 fn redis_types_not_supported_are_refused() {
-    for (url, kind) in [("a:1,b:2", "cluster"), ("m,s1:26379", "Sentinel")] {
-        let error = apply(
-            &["--config", "x"],
-            &[("REDIS_URL", url), ("REDIS_TYPE", kind)],
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(error.contains("REDIS_TYPE"), "{error}");
-        assert!(error.contains("not supported yet"), "{error}");
-    }
+    let error = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "cluster")],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(error.contains("REDIS_TYPE"), "{error}");
+    assert!(error.contains("not supported yet"), "{error}");
     let (s, _) = apply(
         &["--config", "x"],
         &[("REDIS_URL", "h:1"), ("REDIS_TYPE", "single")],
@@ -244,6 +242,104 @@ fn redis_types_not_supported_are_refused() {
     let (s, report) = apply(&["--config", "x"], &[("REDIS_TLS", "true")]).unwrap();
     assert_eq!(s.redis_url, None);
     assert_eq!(report.no_effect.len(), 1);
+}
+
+/// `REDIS_TYPE=sentinel`: `REDIS_URL` is `<master>,<sentinel>[,…]`; REDIS_AUTH and REDIS_TLS
+/// are the master's; a missing sentinel port is 26379; our own flags win.
+#[test]
+fn sentinel_translation() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26380, s2"),
+            ("REDIS_AUTH", "p@ss"),
+            ("REDIS_TLS", "true"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.redis_sentinel.as_deref(), Some("mymaster"));
+    assert_eq!(
+        s.redis_sentinel_nodes,
+        ["redis://s1:26380", "redis://s2:26379"]
+    );
+    assert_eq!(s.redis_url.as_deref(), Some("rediss://:p%40ss@mymaster"));
+    assert!(
+        report.applied.contains(&"REDIS_TYPE".to_string()),
+        "{report:?}"
+    );
+    for bad in ["mymaster", ",s1:1", "a/b,s1:1"] {
+        let error = apply(
+            &["--config", "x"],
+            &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", bad)],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("<master name>,<sentinel host:port>"),
+            "{error}"
+        );
+    }
+    let error = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "m,s:1"),
+            ("REDIS_SOCKET_TYPE", "unix"),
+        ],
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("REDIS_SOCKET_TYPE"), "{error}");
+    let (s, report) = apply(
+        &[
+            "--config",
+            "x",
+            "--redis-sentinel",
+            "own",
+            "--redis-sentinel-nodes",
+            "redis://o:1",
+        ],
+        &[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s:1")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_sentinel.as_deref(), Some("own"));
+    assert_eq!(s.redis_url, None);
+    assert_eq!(report.overridden.len(), 2, "{report:?}");
+}
+
+/// The reference's TLS files reach the TLS flags with REDIS_TLS=true, and are reported as
+/// having no effect otherwise, as is skipping host name verification.
+#[test]
+fn tls_file_variables() {
+    let files = [
+        ("REDIS_TLS_CACERT", "/tls/ca.pem"),
+        ("REDIS_TLS_CLIENT_CERT", "/tls/c.pem"),
+        ("REDIS_TLS_CLIENT_KEY", "/tls/c.key"),
+    ];
+    let with = |extra: &[(&'static str, &'static str)]| {
+        let mut pairs = vec![("REDIS_URL", "r:1")];
+        pairs.extend_from_slice(&files);
+        pairs.extend_from_slice(extra);
+        apply(&["--config", "x"], &pairs).unwrap()
+    };
+    let (s, report) = with(&[("REDIS_TLS", "true")]);
+    assert_eq!(s.redis_tls_ca_file, Some(PathBuf::from("/tls/ca.pem")));
+    assert_eq!(s.redis_tls_cert_file, Some(PathBuf::from("/tls/c.pem")));
+    assert_eq!(s.redis_tls_key_file, Some(PathBuf::from("/tls/c.key")));
+    assert!(report.no_effect.is_empty(), "{report:?}");
+    let (s, report) = with(&[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true")]);
+    assert_eq!(s.redis_tls_ca_file, None);
+    assert_eq!(report.no_effect.len(), 4, "{report:?}");
+    let (s, report) = apply(
+        &["--config", "x", "--redis-tls-ca-file", "/own.pem"],
+        &[("REDIS_URL", "r:1"), ("REDIS_TLS", "true"), files[0]],
+    )
+    .unwrap();
+    assert_eq!(s.redis_tls_ca_file, Some(PathBuf::from("/own.pem")));
+    assert_eq!(
+        report.overridden,
+        ["REDIS_TLS_CACERT (by --redis-tls-ca-file)"]
+    );
 }
 
 /// Cache, shadow mode, logs and the values left for the response-header options.

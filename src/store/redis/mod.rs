@@ -1,8 +1,10 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
 //!
 //! [`script`] holds the script (`lua/apply.lua`) and its argument encoding. [`RedisStore`]
-//! runs it with `EVALSHA` over a bb8 pool of multiplexed connections; redis-rs reloads the
-//! script transparently on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`). Each call has
+//! runs it with `EVALSHA` over a bb8 pool of multiplexed connections; [`script::call`] loads
+//! the script on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The
+//! pool connects to one server (a URL) or to the master a set of sentinels names
+//! ([`sentinel`]), over TLS when the URL says `rediss://` (files from [`tls`]). Each call has
 //! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
 //! absent Redis costs at most that much per request — and the circuit breaker in
 //! [`crate::store::resilient`] stops even that once Redis is known to be down.
@@ -18,7 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError};
+use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
 use super::{Store, StoreError};
@@ -27,12 +29,23 @@ use crate::clock::Clock;
 use crate::settings::redact_url;
 
 pub mod script;
+pub mod sentinel;
+pub mod tls;
+
+pub use sentinel::SentinelSettings;
+pub use tls::RedisTls;
 
 /// How to reach Redis.
 #[derive(Clone)]
 pub struct RedisSettings {
-    /// `redis://[user:password@]host:port[/db]` or `rediss://…` for TLS.
+    /// `redis://[user:password@]host:port[/db]` or `rediss://…` for TLS. With `sentinel`,
+    /// the master's scheme, credentials and database: `redis[s]://[user:password@]<master
+    /// name>[/db]` (see [`sentinel`]).
     pub url: String,
+    /// Find the master through these sentinels instead of connecting to `url`'s address.
+    pub sentinel: Option<SentinelSettings>,
+    /// CA and client certificate files for TLS connections.
+    pub tls: RedisTls,
     /// Prepended to every bucket key.
     pub key_prefix: String,
     /// Multiplexed connections in the pool (each carries many requests at once).
@@ -47,6 +60,8 @@ impl fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &redact_url(&self.url))
+            .field("sentinel", &self.sentinel)
+            .field("tls", &self.tls)
             .field("key_prefix", &self.key_prefix)
             .field("pool_size", &self.pool_size)
             .field("connect_timeout", &self.connect_timeout)
@@ -72,8 +87,18 @@ struct Lent {
 
 /// bb8 manager for [`Connection`]s.
 pub struct Connector {
-    client: Client,
+    target: Target,
     config: AsyncConnectionConfig,
+    /// Deadline for a Sentinel lookup (the connection itself has its own, in `config`).
+    connect_timeout: Duration,
+}
+
+/// Where connections go.
+enum Target {
+    /// One server, at the URL's address.
+    Standalone(Client),
+    /// Whichever server the sentinels name master at connection time.
+    Sentinel(sentinel::Master),
 }
 
 impl bb8::ManageConnection for Connector {
@@ -81,8 +106,11 @@ impl bb8::ManageConnection for Connector {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
-        let inner = self
-            .client
+        let client = match &self.target {
+            Target::Standalone(client) => client.clone(),
+            Target::Sentinel(master) => master.client(self.connect_timeout).await?,
+        };
+        let inner = client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
         Ok(Connection {
@@ -141,13 +169,18 @@ pub struct RedisStore {
 impl RedisStore {
     /// A store for `settings`. Connects in the background: a Redis that is down at start-up
     /// is an outage like any other, handled by the failure policy, not a start-up failure.
+    /// Fails (before anything is contacted) on a setting an operator must fix: a malformed
+    /// URL, an unreadable TLS file, inconsistent Sentinel settings.
     pub fn new(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
-        let client = Client::open(settings.url.as_str()).map_err(|e| {
-            StoreError::Failed(format!(
-                "invalid Redis URL {}: {e}",
-                redact_url(&settings.url)
-            ))
-        })?;
+        let certs =
+            tls::certificates(&settings.tls).map_err(|e| StoreError::Failed(e.to_string()))?;
+        let target = match &settings.sentinel {
+            None => Target::Standalone(open(&settings.url, certs)?),
+            Some(sentinel) => Target::Sentinel(
+                sentinel::Master::new(sentinel, &settings.url, certs.as_ref())
+                    .map_err(StoreError::Failed)?,
+            ),
+        };
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
             .set_response_timeout(Some(settings.command_timeout));
@@ -163,7 +196,11 @@ impl RedisStore {
             // A refused connection fails the request now instead of being retried until the
             // connect timeout: with Redis down, answers stay fast and the breaker opens soon.
             .retry_connection(false)
-            .build_unchecked(Connector { client, config });
+            .build_unchecked(Connector {
+                target,
+                config,
+                connect_timeout: settings.connect_timeout,
+            });
         Ok(RedisStore {
             pool,
             connect_failures,
@@ -248,22 +285,44 @@ impl RedisStore {
     }
 }
 
+/// A client for the server at `url`, with `certs` for its TLS connections.
+fn open(url: &str, certs: Option<TlsCertificates>) -> Result<Client, StoreError> {
+    let client = match certs {
+        None => Client::open(url),
+        Some(certs) => Client::build_with_tls(url, certs),
+    };
+    client.map_err(|e| StoreError::Failed(format!("invalid Redis URL {}: {e}", redact_url(url))))
+}
+
 /// Transport failures mark the connection broken (the pool replaces it) and are transient;
 /// anything else (a script error) is a defect to report, not an outage.
+///
+/// `READONLY` retires the connection too: it is the answer of a master that was demoted
+/// (a Sentinel failover, or a managed service whose DNS name moved to the new primary), and
+/// only a new connection — looked up through the sentinels, or resolving the name again —
+/// reaches the new master. Nothing else a server answers does: a script error or `OOM`
+/// would be answered the same on a new connection, so reconnecting would only add load.
 fn classify(conn: &Lent, error: RedisError) -> StoreError {
+    classify_marking(&conn.broken, error)
+}
+
+fn classify_marking(broken: &AtomicBool, error: RedisError) -> StoreError {
     if error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_unrecoverable_error()
     {
-        conn.broken.store(true, Ordering::Relaxed);
+        broken.store(true, Ordering::Relaxed);
         StoreError::Unavailable(format!("Redis connection failed: {error}"))
+    } else if error.code() == Some("READONLY") {
+        broken.store(true, Ordering::Relaxed);
+        StoreError::Unavailable(format!("Redis is a replica now (failover?): {error}"))
     } else if matches!(
         error.code(),
-        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "READONLY" | "CLUSTERDOWN" | "BUSY" | "OOM")
+        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "BUSY" | "OOM")
     ) {
-        // Loading after a restart, a replica after failover, a long script, or maxmemory
+        // Loading after a restart, a replica cut off from its master, a long script, or maxmemory
         // reached under noeviction: Redis cannot take writes now, which is an outage for
         // the failure policy to answer, not a defect in floodgate.
         StoreError::Unavailable(format!("Redis not ready: {error}"))
@@ -288,5 +347,51 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error redis-rs makes of a server's `-<reply>` line.
+    fn server_error(reply: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(e)) => e.into(),
+            other => panic!("not a server error: {other:?}"),
+        }
+    }
+
+    /// READONLY (a demoted master) retires the connection; a script error or a Redis that is
+    /// busy or full does not, so they never turn into a reconnect per request.
+    #[test]
+    fn only_transport_failures_and_readonly_retire_the_connection() {
+        let retires = |error: RedisError| {
+            let broken = AtomicBool::new(false);
+            let transient = classify_marking(&broken, error).is_transient();
+            (broken.load(Ordering::Relaxed), transient)
+        };
+        assert_eq!(
+            retires(server_error(
+                "READONLY You can't write against a read only replica."
+            )),
+            (true, true)
+        );
+        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+        assert_eq!(retires(dropped), (true, true));
+        for reply in [
+            "LOADING loading",
+            "BUSY script",
+            "OOM full",
+            "MASTERDOWN link down",
+        ] {
+            assert_eq!(retires(server_error(reply)), (false, true), "{reply}");
+        }
+        assert_eq!(
+            retires(server_error(
+                "ERR user_script:1: Script attempted to access a key"
+            )),
+            (false, false)
+        );
     }
 }
