@@ -24,6 +24,7 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
@@ -115,6 +116,7 @@ pub struct Metrics {
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
+    cluster_refunds: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -146,6 +148,7 @@ impl Metrics {
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
+        let cluster_refunds = Family::<ResultLabels, Counter>::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -226,6 +229,12 @@ impl Metrics {
             "Requests denied by the local over-limit cache without a store call",
             local_cache_over_limit.clone(),
         );
+        registry.register(
+            "floodgate_cluster_refunds",
+            "Redis Cluster refunds of a slot group's debits after another group denied or failed, \
+             by result (failed: the debit stays until the bucket refills)",
+            cluster_refunds.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -244,6 +253,7 @@ impl Metrics {
             store_degraded,
             store_available,
             local_cache_over_limit,
+            cluster_refunds,
         }
     }
 
@@ -340,6 +350,16 @@ impl Metrics {
     /// Counts a request denied by the local over-limit cache.
     pub fn record_local_cache_hit(&self) {
         self.local_cache_over_limit.inc();
+    }
+
+    /// Counts a Redis Cluster refund call (one slot group's debits undone), by whether it
+    /// succeeded.
+    pub fn record_cluster_refund(&self, ok: bool) {
+        self.cluster_refunds
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "failed" },
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -1,6 +1,7 @@
 //! The store behaviour suite: ShouldRateLimit semantics over real gRPC, written once and run
-//! against every store (`memory::*` and `redis::*`, the latter on a real redis-server started
-//! per test), both driven by the same manual clock.
+//! against every store (`memory::*`, `redis::*` on a real redis-server started per test, and
+//! `cluster::*` on a real 3-master Redis Cluster started per test), all driven by the same
+//! manual clock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -798,6 +799,15 @@ macro_rules! behaviour_suite {
                 #[tokio::test]
                 async fn $scenario() {
                     super::$scenario(super::Backend::Redis).await
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on a real Redis Cluster (3 masters).")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Cluster).await
                 }
             )*
         }

@@ -24,6 +24,7 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
+use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore};
 use floodgate::store::{MemoryStore, Store};
 use tokio::net::TcpListener;
@@ -42,11 +43,14 @@ pub enum Backend {
     Memory,
     /// A real redis-server started for this test, driven at the manual clock's time.
     Redis,
+    /// A real Redis Cluster (3 masters) started for this test, at the manual clock's time.
+    Cluster,
 }
 
 enum Buckets {
     Memory(Arc<MemoryStore>),
     Redis(redis::RedisServer),
+    Cluster(redis::RedisCluster),
     /// A store built by the test itself.
     External,
 }
@@ -85,6 +89,7 @@ impl TestServer {
     pub async fn start_on(backend: Backend, yaml: &str, options: PlanOptions) -> TestServer {
         let config = load(yaml);
         let clock = Arc::new(ManualClock::new(START_US));
+        let metrics = Metrics::shared();
         let (store, buckets): (Arc<dyn Store>, Buckets) = match backend {
             Backend::Memory => {
                 let memory = Arc::new(MemoryStore::new(clock.clone()));
@@ -97,6 +102,14 @@ impl TestServer {
                     .with_test_clock(clock.clone());
                 (Arc::new(store), Buckets::Redis(server))
             }
+            Backend::Cluster => {
+                let cluster = redis::RedisCluster::start(3, 0);
+                let store =
+                    ClusterStore::new(&cluster_settings(&cluster.seeds()), metrics.clone(), None)
+                        .unwrap()
+                        .with_test_clock(clock.clone());
+                (Arc::new(store), Buckets::Cluster(cluster))
+            }
         };
         TestServer::launch(
             shared(config),
@@ -105,10 +118,18 @@ impl TestServer {
             clock,
             options,
             None,
-            Metrics::shared(),
+            metrics,
             Tuning::default(),
         )
         .await
+    }
+
+    /// The Redis Cluster behind a [`Backend::Cluster`] server.
+    pub fn cluster(&self) -> &redis::RedisCluster {
+        match &self.buckets {
+            Buckets::Cluster(cluster) => cluster,
+            _ => panic!("not a Redis Cluster server"),
+        }
     }
 
     /// Starts a memory-store server on the limits at `path` (a file or directory, loaded as
@@ -279,6 +300,7 @@ impl TestServer {
                 let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
                 size
             }
+            Buckets::Cluster(cluster) => cluster.key_count(),
         }
     }
 
@@ -350,6 +372,16 @@ pub fn redis_settings(url: &str) -> RedisSettings {
         url: url.to_string(),
         key_prefix: "fg:".to_string(),
         pool_size: 2,
+        connect_timeout: Duration::from_secs(2),
+        command_timeout: Duration::from_secs(2),
+    }
+}
+
+/// Redis Cluster store settings for tests: generous timeouts, like [`redis_settings`].
+pub fn cluster_settings(seeds: &[String]) -> ClusterSettings {
+    ClusterSettings {
+        seeds: seeds.to_vec(),
+        key_prefix: "fg:".to_string(),
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(2),
     }

@@ -21,11 +21,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError};
 use tokio::sync::watch;
 
-use super::{Store, StoreError};
+use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::Clock;
 use crate::settings::redact_url;
 
+pub mod cluster;
 pub mod script;
 
 /// How to reach Redis.
@@ -188,7 +189,7 @@ impl RedisStore {
             let mut lent = self.lend().await?;
             let result: Result<String, RedisError> =
                 redis::cmd("PING").query_async(&mut lent.conn).await;
-            result.map(drop).map_err(|e| classify(&lent, e))
+            result.map(drop).map_err(|e| classify_on(&lent, e))
         })
         .await
     }
@@ -237,27 +238,45 @@ impl RedisStore {
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.command_timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "Redis did not answer within {:?}",
-                    self.command_timeout
-                )))
-            })
+        deadline(self.command_timeout, work).await
     }
 }
 
-/// Transport failures mark the connection broken (the pool replaces it) and are transient;
-/// anything else (a script error) is a defect to report, not an outage.
-fn classify(conn: &Lent, error: RedisError) -> StoreError {
-    if error.is_io_error()
+/// Runs `work` within `timeout`; running out of time is an outage ([`StoreError::Unavailable`]).
+async fn deadline<T>(
+    timeout: Duration,
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "Redis did not answer within {timeout:?}"
+            )))
+        })
+}
+
+/// Transport failures mark the connection broken (the pool replaces it); see [`classify`].
+fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
+    if is_transport_failure(&error) {
+        conn.broken.store(true, Ordering::Relaxed);
+    }
+    classify(&error)
+}
+
+/// Whether the connection an error came from is unusable.
+fn is_transport_failure(error: &RedisError) -> bool {
+    error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_unrecoverable_error()
-    {
-        conn.broken.store(true, Ordering::Relaxed);
+}
+
+/// Transport failures and a Redis that cannot take writes now are transient; anything else
+/// (a script error) is a defect to report, not an outage.
+fn classify(error: &RedisError) -> StoreError {
+    if is_transport_failure(error) {
         StoreError::Unavailable(format!("Redis connection failed: {error}"))
     } else if matches!(
         error.code(),
@@ -280,7 +299,7 @@ impl Store for RedisStore {
         self.with_deadline(async {
             let mut lent = self.lend().await?;
             let reply = script::call(&mut lent.conn, &command).await;
-            let reply = reply.map_err(|e| classify(&lent, e))?;
+            let reply = reply.map_err(|e| classify_on(&lent, e))?;
             script::decode(&reply, ops.len())
         })
         .await
@@ -288,5 +307,12 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[async_trait]
+impl RemoteStore for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        RedisStore::ping(self).await
     }
 }
