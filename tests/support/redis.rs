@@ -373,6 +373,12 @@ fn role(node: &RedisServer) -> Option<String> {
     }
 }
 
+/// Whether `node` is a replica with its link to its master up (`INFO replication`).
+fn link_up(node: &RedisServer) -> bool {
+    node.query::<String>(::redis::cmd("INFO").arg("replication"))
+        .is_ok_and(|info| info.contains("master_link_status:up"))
+}
+
 /// Whether `node` reports `cluster_state:ok`.
 fn state_ok(node: &RedisServer) -> bool {
     node.query::<String>(::redis::cmd("CLUSTER").arg("INFO"))
@@ -384,6 +390,9 @@ fn state_ok(node: &RedisServer) -> bool {
 fn cluster_args(dir: &Path, port: u16) -> Vec<String> {
     let config = dir.join(format!("nodes-{port}.conf"));
     [
+        // Replication writes RDB files: keep them out of the working directory.
+        "--dir",
+        dir.to_str().unwrap(),
         "--cluster-enabled",
         "yes",
         "--cluster-config-file",
@@ -392,6 +401,9 @@ fn cluster_args(dir: &Path, port: u16) -> Vec<String> {
         "1000",
         "--cluster-port",
         &free_port().to_string(),
+        // Replicas sync at once instead of after the default 5 s diskless-sync delay.
+        "--repl-diskless-sync-delay",
+        "0",
     ]
     .iter()
     .map(|s| s.to_string())

@@ -27,7 +27,7 @@
 //! Routing, `MOVED`/`ASK` redirections and topology refresh are redis-rs's
 //! [`ClusterConnection`]: one multiplexed connection per node, cheap to clone, shared by every
 //! call, so no pool. `NOSCRIPT` (a node promoted by failover, a node added by resharding, or a
-//! `SCRIPT FLUSH`) loads the script on the master of that group's slot and runs it again.
+//! `SCRIPT FLUSH`) sends the call once more as `EVAL`, which also caches the script there.
 
 use std::fmt;
 use std::sync::Arc;
@@ -37,11 +37,8 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{
-    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
-    SlotAddr,
-};
-use redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
+use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
 use super::{classify, deadline, script};
 use crate::bucket::{Applied, BucketOp, BucketResult};
@@ -156,14 +153,12 @@ impl ClusterStore {
         .await
     }
 
-    /// Runs the script for `ops`, all in `slot`, within the command timeout.
-    async fn run(&self, slot: Slot, ops: &[BucketOp], now: Option<i64>) -> Group {
+    /// Runs the script for `ops`, all in one slot, within the command timeout.
+    async fn run(&self, ops: &[BucketOp], now: Option<i64>) -> Group {
         let command = script::command(&self.prefix, ops, now);
         let mut conn = self.conn.clone();
         deadline(self.command_timeout, async {
-            let reply = call(&mut conn, slot, &command)
-                .await
-                .map_err(|e| classify(&e))?;
+            let reply = call(&mut conn, &command).await.map_err(|e| classify(&e))?;
             script::decode(&reply, ops.len())
         })
         .await
@@ -180,11 +175,11 @@ impl ClusterStore {
         buckets: &mut [BucketResult],
         now: Option<i64>,
     ) {
-        let refunds: Vec<(Slot, Vec<usize>, Vec<BucketOp>)> = groups
+        let refunds: Vec<(Vec<usize>, Vec<BucketOp>)> = groups
             .iter()
             .zip(debited_groups)
             .filter(|(_, debited)| **debited)
-            .filter_map(|((slot, members), _)| {
+            .filter_map(|((_, members), _)| {
                 let debited: Vec<usize> = members
                     .iter()
                     .copied()
@@ -199,16 +194,11 @@ impl ClusterStore {
                         ..ops[i].clone()
                     })
                     .collect::<Vec<_>>();
-                (!debited.is_empty()).then_some((*slot, debited, undo))
+                (!debited.is_empty()).then_some((debited, undo))
             })
             .collect();
-        let answers = join_all(
-            refunds
-                .iter()
-                .map(|(slot, _, undo)| self.run(*slot, undo, now)),
-        )
-        .await;
-        for ((_, debited, _), answer) in refunds.iter().zip(answers) {
+        let answers = join_all(refunds.iter().map(|(_, undo)| self.run(undo, now))).await;
+        for ((debited, _), answer) in refunds.iter().zip(answers) {
             match answer {
                 Ok(refunded) => {
                     self.metrics.record_cluster_refund(true);
@@ -233,23 +223,31 @@ impl ClusterStore {
 /// One slot group's answer.
 type Group = Result<Applied, StoreError>;
 
-/// Sends a [`script::command`] for keys of `slot` and returns the script's raw reply. On
-/// `NOSCRIPT` the script is loaded on that slot's master (not on every node, as a plain
-/// `SCRIPT LOAD` through the cluster connection would be: one dead node would fail it) and
-/// the command is sent once more.
-async fn call(conn: &mut ClusterConnection, slot: Slot, command: &Cmd) -> RedisResult<Vec<i64>> {
+/// Sends a [`script::command`] and returns the script's raw reply. On `NOSCRIPT` the same
+/// call is sent once more as `EVAL` with the script's source, which runs it and caches it on
+/// whichever node serves the keys now. (Loading it first with `SCRIPT LOAD` would need its
+/// own routing: through the cluster connection it goes to every node, and fails while any
+/// node is down — exactly after a failover; routed to the slot's master it can reach a node
+/// the slot has just left.)
+async fn call(conn: &mut ClusterConnection, command: &Cmd) -> RedisResult<Vec<i64>> {
     match command.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            let mut load = redis::cmd("SCRIPT");
-            load.arg("LOAD").arg(script::SOURCE);
-            let master = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                Route::with_slot(slot, SlotAddr::Master),
-            ));
-            conn.route_command(load, master).await?;
-            command.query_async(conn).await
+            eval(command).query_async(conn).await
         }
         reply => reply,
     }
+}
+
+/// `EVALSHA <sha> <#keys> KEYS… ARGV…` as `EVAL <source> <#keys> KEYS… ARGV…`.
+fn eval(evalsha: &Cmd) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script::SOURCE);
+    for arg in evalsha.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
 }
 
 /// The indices of `ops` grouped by the hash slot of their Redis key, groups in order of
@@ -280,7 +278,7 @@ impl Store for ClusterStore {
                 });
             }
             // One slot (one descriptor, or a hash-tagged domain): exactly the standalone call.
-            [(slot, _)] => return self.run(*slot, ops, now).await,
+            [_] => return self.run(ops, now).await,
             _ => {}
         }
         let group_ops: Vec<Vec<BucketOp>> = groups
@@ -291,7 +289,7 @@ impl Store for ClusterStore {
             groups
                 .iter()
                 .zip(&group_ops)
-                .map(|((slot, _), group)| self.run(*slot, group, now)),
+                .map(|(_, group)| self.run(group, now)),
         )
         .await;
         // Each op's result from its group's answer; a failed group's ops keep a placeholder
@@ -357,6 +355,27 @@ mod tests {
     use super::*;
     use crate::bucket::{BucketKey, KeyValue};
     use crate::limiter::{Algorithm, LimitParams};
+
+    /// The NOSCRIPT fallback is the same call with the script's source instead of its SHA.
+    #[test]
+    fn eval_fallback_keeps_keys_and_arguments() {
+        let ops = [op("10.0.0.1"), op("10.0.0.2")];
+        let evalsha = script::command(b"fg:", &ops, Some(5));
+        let eval = eval(&evalsha);
+        let words = |cmd: &Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|arg| match arg {
+                    Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => panic!("only plain arguments in a script call"),
+                })
+                .collect()
+        };
+        let (a, b) = (words(&evalsha), words(&eval));
+        assert_eq!(a[0], b"EVALSHA");
+        assert_eq!(b[0], b"EVAL");
+        assert_eq!(b[1], script::SOURCE.as_bytes());
+        assert_eq!(a[2..], b[2..]);
+    }
 
     fn op(value: &str) -> BucketOp {
         BucketOp {
