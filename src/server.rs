@@ -32,8 +32,9 @@ use crate::plan::{PlanOptions, RequestLimits};
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
+use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{RedisSettings, RedisStore};
-use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
 
 /// Name under which the rate-limit service reports health (besides the server-wide "").
 const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -114,7 +115,7 @@ pub struct Prepared {
     pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
-    /// The Redis store with its failure policy, when Redis is configured.
+    /// The Redis (or Redis Cluster) store with its failure policy, when configured.
     pub redis: Option<Arc<ResilientStore>>,
     /// The settings it was built from.
     pub settings: ServeSettings,
@@ -147,23 +148,41 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 .with_max_buckets(max_buckets, Some(metrics.clone())),
         )
     };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) = match &settings.redis_url {
+    let remote: Option<Arc<dyn RemoteStore>> = if !settings.redis_cluster.is_empty() {
+        let cluster = ClusterStore::new(
+            &ClusterSettings {
+                seeds: settings.redis_cluster.clone(),
+                key_prefix: settings.redis_key_prefix.clone(),
+                connect_timeout: settings.redis_connect_timeout_ms,
+                command_timeout: settings.redis_timeout_ms,
+            },
+            metrics.clone(),
+            None,
+        )
+        .map_err(|e| ServerError::Settings(e.to_string()))?;
+        Some(Arc::new(cluster))
+    } else if let Some(url) = &settings.redis_url {
+        let redis = RedisStore::new(&RedisSettings {
+            url: url.clone(),
+            key_prefix: settings.redis_key_prefix.clone(),
+            pool_size: settings.redis_pool_size,
+            connect_timeout: settings.redis_connect_timeout_ms,
+            command_timeout: settings.redis_timeout_ms,
+        })
+        .map_err(|e| ServerError::Settings(e.to_string()))?;
+        Some(Arc::new(redis))
+    } else {
+        None
+    };
+    let (store, memory, redis): (Arc<dyn Store>, _, _) = match remote {
         None => {
             let memory = memory_store();
             (memory.clone(), Some(memory), None)
         }
-        Some(url) => {
-            let redis = RedisStore::new(&RedisSettings {
-                url: url.clone(),
-                key_prefix: settings.redis_key_prefix.clone(),
-                pool_size: settings.redis_pool_size,
-                connect_timeout: settings.redis_connect_timeout_ms,
-                command_timeout: settings.redis_timeout_ms,
-            })
-            .map_err(|e| ServerError::Settings(e.to_string()))?;
+        Some(remote) => {
             let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
             let resilient = Arc::new(ResilientStore::new(
-                Arc::new(redis),
+                remote,
                 Resilience {
                     policy: settings.on_store_error,
                     cache_capacity: settings.local_cache_size,
@@ -229,8 +248,9 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         }
     }
     tracing::info!(
-        store = if prepared.redis.is_some() { "redis" } else { "memory" },
+        store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
         redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),
         shadow_mode = settings.shadow_mode,
         "floodgate starting"

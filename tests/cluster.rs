@@ -347,3 +347,61 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
     assert_ne!(promoted.port(), owner);
     server.stop().await;
 }
+
+/// The real binary on a cluster given the reference's way (`REDIS_TYPE=cluster`,
+/// `REDIS_URL=host:port,host:port`): it serves from the cluster, and a denied request over
+/// several slots leaves the cluster as it was.
+#[tokio::test]
+async fn binary_serves_a_cluster_from_reference_variables() {
+    use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+    use support::process::Floodgate;
+    let cluster = RedisCluster::start(3, 0);
+    let tmp = tempfile::tempdir().unwrap();
+    let limits = tmp.path().join("limits.yaml");
+    std::fs::write(&limits, LIMITS).unwrap();
+    let addresses: Vec<String> = cluster.nodes.iter().map(|n| n.address()).collect();
+    let server = Floodgate::start_with_env(
+        &[
+            "--config",
+            limits.to_str().unwrap(),
+            "--redis-timeout-ms",
+            "2000",
+        ],
+        &[
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", &addresses.join(",")),
+            ("LOG_LEVEL", "info"),
+        ],
+    );
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let v = Values::new();
+    for request in [one("a", &v.a), one("b", &v.b)] {
+        let answer = client
+            .should_rate_limit(request)
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.overall_code, OK);
+    }
+    let a_key = redis_key("a", &v.a, Algorithm::TokenBucket);
+    let before = stored(&cluster, &a_key);
+    assert!(before.is_some());
+    let denied = request(
+        "c",
+        vec![descriptor(&[("a", &v.a)]), descriptor(&[("b", &v.b)])],
+    );
+    let answer = client.should_rate_limit(denied).await.unwrap().into_inner();
+    assert_eq!(answer.overall_code, OVER);
+    assert_eq!(answer.statuses[0].limit_remaining, 4);
+    assert_eq!(stored(&cluster, &a_key), before);
+    assert_eq!(cluster.key_count(), 2);
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+    assert!(log.contains("redis_cluster"), "{log}");
+}

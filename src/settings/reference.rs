@@ -342,22 +342,23 @@ impl<'a> Mapping<'a> {
                 _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
             })
             .transpose()?;
-        // Cluster and Sentinel are refused rather than approximated: serving per-instance
-        // limits (no shared Redis) or a single cluster node would be quietly wrong.
-        let single = self
+        // Sentinel is refused rather than approximated: serving per-instance limits (no
+        // shared Redis) or a single node would be quietly wrong.
+        let kind = self
             .get("REDIS_TYPE")
             .map(|v| match v.to_ascii_lowercase().as_str() {
-                "single" => Ok(()),
-                "cluster" | "sentinel" => Err(bad(
+                "single" => Ok(RedisType::Single),
+                "cluster" => Ok(RedisType::Cluster),
+                "sentinel" => Err(bad(
                     "REDIS_TYPE",
                     v,
-                    "single: Redis Cluster and Sentinel are not supported yet, and floodgate \
+                    "single or cluster: Redis Sentinel is not supported yet, and floodgate \
                      refuses to start rather than enforce limits per instance or on one node",
                 )),
                 _ => Err(bad(
                     "REDIS_TYPE",
                     v,
-                    "single (cluster and sentinel: not yet)",
+                    "single or cluster (sentinel: not yet)",
                 )),
             })
             .transpose()?;
@@ -379,9 +380,14 @@ impl<'a> Mapping<'a> {
             self.applied("REDIS_POOL_SIZE");
         }
 
-        if self.own("redis_url") {
-            self.override_by(&URL_VARS, "--redis-url");
-            return Ok(());
+        for (id, flag) in [
+            ("redis_url", "--redis-url"),
+            ("redis_cluster", "--redis-cluster"),
+        ] {
+            if self.own(id) {
+                self.override_by(&URL_VARS, flag);
+                return Ok(());
+            }
         }
         let Some(raw) = self.get("REDIS_URL") else {
             for name in self.present(&URL_VARS[1..]) {
@@ -389,6 +395,37 @@ impl<'a> Mapping<'a> {
             }
             return Ok(());
         };
+        let auth = self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
+            Some((user, password)) => (Some(user), password),
+            None => (None, a),
+        });
+        if kind == Some(RedisType::Cluster) {
+            // The reference's form: REDIS_URL=host1:port,host2:port (full URLs accepted too).
+            if socket == Some(Socket::Unix) {
+                return Err(bad(
+                    "REDIS_SOCKET_TYPE",
+                    "unix",
+                    "tcp: Redis Cluster nodes are reached over TCP",
+                ));
+            }
+            let seeds = raw
+                .split(',')
+                .map(str::trim)
+                .filter(|seed| !seed.is_empty())
+                .map(|seed| match seed.contains("://") {
+                    true => Ok(seed.to_string()),
+                    false => tcp_url(seed, tls == Some(true), auth),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if seeds.is_empty() {
+                return Err(bad("REDIS_URL", raw, "host:port[,host:port...]"));
+            }
+            settings.redis_cluster = seeds;
+            for name in self.present(&URL_VARS) {
+                self.applied(name);
+            }
+            return Ok(());
+        }
         let raw = raw.trim().to_string();
         if raw.contains("://") {
             // Already a URL: it says everything itself.
@@ -397,7 +434,7 @@ impl<'a> Mapping<'a> {
             }
             settings.redis_url = Some(raw);
             self.applied("REDIS_URL");
-            if single.is_some() {
+            if kind.is_some() {
                 self.applied("REDIS_TYPE");
             }
             return Ok(());
@@ -408,35 +445,8 @@ impl<'a> Mapping<'a> {
         } else {
             Socket::Tcp
         });
-        let auth = self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
-            Some((user, password)) => (Some(user), password),
-            None => (None, a),
-        });
         let url = match socket {
-            Socket::Tcp => {
-                if address.is_empty() || address.contains('/') {
-                    return Err(bad(
-                        "REDIS_URL",
-                        &address,
-                        "host:port (REDIS_SOCKET_TYPE=tcp)",
-                    ));
-                }
-                let scheme = if tls == Some(true) { "rediss" } else { "redis" };
-                let userinfo = match auth {
-                    Some((user, password)) => format!(
-                        "{}:{}@",
-                        user.map(encode).unwrap_or_default(),
-                        encode(password)
-                    ),
-                    None => String::new(),
-                };
-                let address = if address.contains(':') {
-                    address
-                } else {
-                    format!("{address}:6379")
-                };
-                format!("{scheme}://{userinfo}{address}")
-            }
+            Socket::Tcp => tcp_url(&address, tls == Some(true), auth)?,
             Socket::Unix => {
                 if tls == Some(true) {
                     self.no_effect("REDIS_TLS", "no TLS over a unix socket");
@@ -573,10 +583,48 @@ impl<'a> Mapping<'a> {
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Socket {
     Tcp,
     Unix,
+}
+
+/// `REDIS_TYPE`.
+#[derive(Clone, Copy, PartialEq)]
+enum RedisType {
+    Single,
+    Cluster,
+}
+
+/// The URL of a TCP `host[:port]` (port 6379 by default), with the reference's `REDIS_TLS`
+/// and `REDIS_AUTH` (`password` or `user:password`).
+fn tcp_url(
+    address: &str,
+    tls: bool,
+    auth: Option<(Option<&str>, &str)>,
+) -> Result<String, SettingsError> {
+    if address.is_empty() || address.contains('/') {
+        return Err(bad(
+            "REDIS_URL",
+            address,
+            "host:port (REDIS_SOCKET_TYPE=tcp)",
+        ));
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let userinfo = match auth {
+        Some((user, password)) => format!(
+            "{}:{}@",
+            user.map(encode).unwrap_or_default(),
+            encode(password)
+        ),
+        None => String::new(),
+    };
+    let address = if address.contains(':') {
+        address.to_string()
+    } else {
+        format!("{address}:6379")
+    };
+    Ok(format!("{scheme}://{userinfo}{address}"))
 }
 
 /// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.
