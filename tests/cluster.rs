@@ -405,3 +405,73 @@ async fn binary_serves_a_cluster_from_reference_variables() {
     assert!(status.success(), "{log}");
     assert!(log.contains("redis_cluster"), "{log}");
 }
+
+/// A domain with `redis_hash_tag: true` keeps every bucket in one slot: a request over many
+/// descriptors is one script, so a denied one is rejected atomically, with no refund.
+#[tokio::test]
+async fn hash_tagged_domain_lives_in_one_slot() {
+    const TAGGED: &str = r#"
+domain: h
+redis_hash_tag: true
+descriptors:
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+    let server = TestServer::start_on(Backend::Cluster, TAGGED, options()).await;
+    let cluster = server.cluster();
+    let values: Vec<String> = (0..8).map(|i| format!("user-{i}-{}", i * 7919)).collect();
+    let mut descriptors: Vec<_> = values.iter().map(|v| descriptor(&[("a", v)])).collect();
+    assert_eq!(
+        server
+            .ask(request("h", descriptors.clone()))
+            .await
+            .overall_code,
+        OK
+    );
+    let keys: Vec<Vec<u8>> = values
+        .iter()
+        .map(|v| {
+            let bucket = BucketKey::new(
+                "h",
+                [(&b"a"[..], KeyValue::Value(v.as_bytes()))],
+                Algorithm::TokenBucket,
+                60_000_000,
+            )
+            .with_hash_tag();
+            [&b"fg:"[..], bucket.as_bytes()].concat()
+        })
+        .collect();
+    assert!(keys[0].starts_with(b"fg:{h}:a="));
+    let slots: Vec<u16> = keys.iter().map(|k| cluster.slot(k)).collect();
+    assert!(slots.iter().all(|&s| s == cluster.slot(b"h")), "{slots:?}");
+    let owner = cluster.owner(&keys[0]).port();
+    for key in &keys {
+        let exists: i64 = cluster
+            .owner(key)
+            .query(::redis::cmd("EXISTS").arg(key))
+            .unwrap();
+        assert_eq!((cluster.owner(key).port(), exists), (owner, 1));
+    }
+    // Exhaust `b`, then deny a request over every bucket: one script, nothing debited.
+    assert_eq!(
+        server
+            .ask(request("h", vec![descriptor(&[("b", "x")])]))
+            .await
+            .overall_code,
+        OK
+    );
+    let before: Vec<_> = keys.iter().map(|k| stored(cluster, k)).collect();
+    descriptors.push(descriptor(&[("b", "x")]));
+    let denied = server.ask(request("h", descriptors)).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert!(denied.statuses[..8].iter().all(|s| s.limit_remaining == 4));
+    let after: Vec<_> = keys.iter().map(|k| stored(cluster, k)).collect();
+    assert_eq!(after, before);
+    assert_eq!(
+        refunds(&server.metrics, "ok") + refunds(&server.metrics, "failed"),
+        0
+    );
+    server.stop().await;
+}
