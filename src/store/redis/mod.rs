@@ -1,6 +1,7 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
 //!
-//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding. [`RedisStore`]
+//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding; [`cluster`] runs
+//! it on a Redis Cluster, once per hash slot a request touches. [`RedisStore`]
 //! runs it with `EVALSHA` over a bb8 pool of multiplexed connections; redis-rs reloads the
 //! script transparently on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`). Each call has
 //! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
