@@ -225,10 +225,10 @@ type Group = Result<Applied, StoreError>;
 
 /// Sends a [`script::command`] and returns the script's raw reply. On `NOSCRIPT` the same
 /// call is sent once more as `EVAL` with the script's source, which runs it and caches it on
-/// whichever node serves the keys now. (Loading it first with `SCRIPT LOAD` would need its
-/// own routing: through the cluster connection it goes to every node, and fails while any
-/// node is down — exactly after a failover; routed to the slot's master it can reach a node
-/// the slot has just left.)
+/// whichever node serves the keys now, following redirections like any keyed command.
+/// (`SCRIPT LOAD` first would need its own routing: through the cluster connection it goes to
+/// every node and fails while any node is down — exactly after a failover; routed to the
+/// slot's master, the failover test still met `NOSCRIPT` on the retry.)
 async fn call(conn: &mut ClusterConnection, command: &Cmd) -> RedisResult<Vec<i64>> {
     match command.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
@@ -285,13 +285,8 @@ impl Store for ClusterStore {
             .iter()
             .map(|(_, members)| members.iter().map(|&i| ops[i].clone()).collect())
             .collect();
-        let answers: Vec<Group> = join_all(
-            groups
-                .iter()
-                .zip(&group_ops)
-                .map(|(_, group)| self.run(group, now)),
-        )
-        .await;
+        let answers: Vec<Group> =
+            join_all(group_ops.iter().map(|group| self.run(group, now))).await;
         // Each op's result from its group's answer; a failed group's ops keep a placeholder
         // (the call then fails as a whole).
         let mut buckets = vec![
