@@ -475,3 +475,59 @@ descriptors:
     );
     server.stop().await;
 }
+
+/// A cluster that is down when the store is built is an outage, not a start-up failure: the
+/// store answers `Unavailable` (transient), and serves once the cluster is up, without being
+/// rebuilt.
+#[tokio::test]
+async fn cluster_down_at_start_is_served_once_up() {
+    use floodgate::bucket::BucketOp;
+    use floodgate::limiter::LimitParams;
+    let mut cluster = RedisCluster::start(3, 0);
+    for node in &mut cluster.nodes {
+        node.stop();
+    }
+    let store = ClusterStore::new(
+        &ClusterSettings {
+            command_timeout: Duration::from_millis(500),
+            ..cluster_settings(&cluster.seeds())
+        },
+        Metrics::shared(),
+        None,
+    )
+    .unwrap();
+    let ops = [BucketOp {
+        key: BucketKey::new(
+            "c",
+            [(&b"a"[..], KeyValue::Value(b"x"))],
+            Algorithm::TokenBucket,
+            60_000_000,
+        ),
+        params: LimitParams {
+            algorithm: Algorithm::TokenBucket,
+            requests_per_period: 5,
+            period_us: 60_000_000,
+            burst: 5,
+            overdraft: false,
+        },
+        cost: 1,
+        enforce: true,
+    }];
+    let down = store.apply(&ops).await.unwrap_err();
+    assert!(down.is_transient(), "{down}");
+    // Same ports, same cluster config files: the cluster forms again (empty).
+    for node in &mut cluster.nodes {
+        node.restart();
+    }
+    cluster.wait_until(CLUSTER_DEADLINE, "the restarted cluster to be ok", |c| {
+        c.masters().len() == 3
+    });
+    eventually("the store to serve the restarted cluster", || async {
+        store
+            .apply(&ops)
+            .await
+            .is_ok_and(|applied| applied.committed)
+    })
+    .await;
+    assert!(store.ping().await.is_ok());
+}
