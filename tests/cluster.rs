@@ -531,3 +531,94 @@ async fn cluster_down_at_start_is_served_once_up() {
     .await;
     assert!(store.ping().await.is_ok());
 }
+
+/// A refund that cannot be delivered (its master died after its group committed) is counted
+/// as failed and leaves that bucket debited — reported as such — while the request is still
+/// answered denied. The denying master is held with `CLIENT PAUSE WRITE` until the other
+/// group's debit is seen and its master killed, so the order is forced, not timed.
+#[tokio::test]
+async fn failed_refund_is_counted_and_leaves_one_debit() {
+    use floodgate::bucket::BucketOp;
+    use floodgate::limiter::LimitParams;
+    let op = |key: &str, value: &str, rate: u64| BucketOp {
+        key: BucketKey::new(
+            "c",
+            [(key.as_bytes(), KeyValue::Value(value.as_bytes()))],
+            Algorithm::TokenBucket,
+            60_000_000,
+        ),
+        params: LimitParams {
+            algorithm: Algorithm::TokenBucket,
+            requests_per_period: rate,
+            period_us: 60_000_000,
+            burst: rate,
+            overdraft: false,
+        },
+        cost: 1,
+        enforce: true,
+    };
+    let mut cluster = RedisCluster::start(3, 0);
+    let metrics = Metrics::shared();
+    let store = Arc::new(
+        ClusterStore::new(
+            &ClusterSettings {
+                command_timeout: Duration::from_secs(1),
+                ..cluster_settings(&cluster.seeds())
+            },
+            metrics.clone(),
+            None,
+        )
+        .unwrap(),
+    );
+    let b_key = redis_key("b", "x", Algorithm::TokenBucket);
+    let b_owner = cluster.owner(&b_key).port();
+    let a = (0..)
+        .map(|i| format!("v{i}"))
+        .find(|v| {
+            cluster
+                .owner(&redis_key("a", v, Algorithm::TokenBucket))
+                .port()
+                != b_owner
+        })
+        .unwrap();
+    let a_key = redis_key("a", &a, Algorithm::TokenBucket);
+    assert!(store.apply(&[op("b", "x", 1)]).await.unwrap().committed);
+
+    let b_node = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port() == b_owner)
+        .unwrap();
+    let paused: String = cluster.nodes[b_node]
+        .query(::redis::cmd("CLIENT").arg("PAUSE").arg(60_000).arg("WRITE"))
+        .unwrap();
+    assert_eq!(paused, "OK");
+    let request = {
+        let store = store.clone();
+        let ops = [op("a", &a, 5), op("b", "x", 1)];
+        tokio::spawn(async move { store.apply(&ops).await })
+    };
+    eventually("the other group's debit to be stored", || async {
+        stored(&cluster, &a_key).is_some()
+    })
+    .await;
+    let a_owner = cluster.owner(&a_key).port();
+    let dead = cluster
+        .nodes
+        .iter()
+        .position(|n| n.port() == a_owner)
+        .unwrap();
+    cluster.nodes[dead].stop();
+    let unpaused: String = cluster.nodes[b_node]
+        .query(::redis::cmd("CLIENT").arg("UNPAUSE"))
+        .unwrap();
+    assert_eq!(unpaused, "OK");
+
+    let applied = request.await.unwrap().unwrap();
+    assert!(!applied.committed);
+    assert!(applied.buckets[0].admitted && !applied.buckets[1].admitted);
+    // The refund failed: `a` stays debited, and says so.
+    assert_eq!(applied.buckets[0].view.remaining, 4);
+    assert_eq!(refunds(&metrics, "failed"), 1);
+    assert_eq!(refunds(&metrics, "ok"), 0);
+}
