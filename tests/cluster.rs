@@ -1,6 +1,8 @@
 //! The Redis Cluster store against a real Redis Cluster per test (3 masters, created with
 //! `redis-cli --cluster create`): keys spread over slots, cross-slot all-or-nothing by
-//! refunds, MOVED after resharding, hash-tagged domains, and losing a master.
+//! refunds (and a refund that cannot be delivered), MOVED after resharding, hash-tagged
+//! domains, a cluster down at start-up, losing a master, and the real binary configured the
+//! reference's way.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
