@@ -137,5 +137,36 @@ kill "$FG_PID"; wait "$FG_PID" 2>/dev/null || true
 start_floodgate redis-slow --redis-url "redis://127.0.0.1:$REDIS_PORT/" --redis-timeout-ms 1000
 run "redis, 1 descriptor, 1 s deadline" "$WORK/one.bin"
 run "redis, 4 descriptors, 1 s deadline" "$WORK/four.bin"
+
+# --- Redis Cluster (3 masters): one EVALSHA per hash slot a request touches, in parallel. ---
+# Self-contained: its own nodes, and evalsha_stats redefined to sum over the masters.
+CLUSTER_PORTS=()
+for _ in 1 2 3; do
+    port=$(free_port)
+    mkdir -p "$WORK/cluster-$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+        --cluster-enabled yes --cluster-config-file "$WORK/cluster-$port/nodes.conf" \
+        --cluster-port "$(free_port)" --dir "$WORK/cluster-$port" \
+        --logfile "$WORK/cluster-$port.log" --daemonize no &
+    PIDS+=($!); CLUSTER_PORTS+=("$port")
+done
+for port in "${CLUSTER_PORTS[@]}"; do
+    until redis-cli -p "$port" ping >/dev/null 2>&1; do sleep 0.1; done
+done
+# shellcheck disable=SC2046 # one argument per node
+redis-cli --cluster create $(printf '127.0.0.1:%s ' "${CLUSTER_PORTS[@]}") --cluster-yes >"$WORK/cluster-create.log"
+for port in "${CLUSTER_PORTS[@]}"; do
+    until redis-cli -p "$port" cluster info | grep -q cluster_state:ok; do sleep 0.1; done
+done
+evalsha_stats() {
+    for port in "${CLUSTER_PORTS[@]}"; do redis-cli -p "$port" info commandstats; done |
+        awk -F'[=,:]' '/^cmdstat_evalsha:/{calls += $3; usec += $5} END {print calls + 0, usec + 0}'
+}
+SEEDS=$(printf 'redis://127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
+start_floodgate cluster --redis-cluster "${SEEDS%,}"
+run "redis cluster (3 masters), 1 descriptor" "$WORK/one.bin"
+run "redis cluster (3 masters), 4 descriptors" "$WORK/four.bin"
+kill "$FG_PID"; wait "$FG_PID" 2>/dev/null || true
+# --- end Redis Cluster ---
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"

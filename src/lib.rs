@@ -23,8 +23,9 @@
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
 //! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
-//!   script per request) behind the local over-limit cache, the circuit breaker and the
-//!   failure policy (`store::resilient`).
+//!   script per request) and the Redis Cluster store (one per slot touched, in parallel,
+//!   refunded across slots on denial), behind the local over-limit cache, the circuit breaker
+//!   and the failure policy (`store::resilient`).
 //! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
 //!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
 //!   service reads).

@@ -27,6 +27,7 @@
 //! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
+//! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
@@ -135,6 +136,7 @@ pub struct Metrics {
     tls_loads: Family<ResultLabels, Counter>,
     tls_last_load_ok: Gauge,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
+    cluster_refunds: Family<ResultLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -169,6 +171,7 @@ impl Metrics {
         let tls_loads = Family::<ResultLabels, Counter>::default();
         let tls_last_load_ok = Gauge::default();
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
+        let cluster_refunds = Family::<ResultLabels, Counter>::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -264,6 +267,12 @@ impl Metrics {
             "gRPC TLS handshakes that failed, by reason (error, timeout)",
             tls_handshake_failures.clone(),
         );
+        registry.register(
+            "floodgate_cluster_refunds",
+            "Redis Cluster refunds of a slot group's debits after another group denied or failed, \
+             by result (failed: the debit stays until the bucket refills)",
+            cluster_refunds.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -285,6 +294,7 @@ impl Metrics {
             tls_loads,
             tls_last_load_ok,
             tls_handshake_failures,
+            cluster_refunds,
         }
     }
 
@@ -393,6 +403,16 @@ impl Metrics {
     /// Counts a request denied by the local over-limit cache.
     pub fn record_local_cache_hit(&self) {
         self.local_cache_over_limit.inc();
+    }
+
+    /// Counts a Redis Cluster refund call (one slot group's debits undone), by whether it
+    /// succeeded.
+    pub fn record_cluster_refund(&self, ok: bool) {
+        self.cluster_refunds
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "failed" },
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -216,13 +216,15 @@ impl<'c> Plan<'c> {
                 params.validate().map_err(|reason| {
                     InvalidRequest(format!("descriptors[{i}].limit: {reason}"))
                 })?;
-                let key = BucketKey::new(
-                    &request.domain,
-                    entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
-                    params.algorithm,
-                    params.period_us,
-                )
-                .with_override_rate(limit.requests_per_unit);
+                let key = domain.key(
+                    BucketKey::new(
+                        &request.domain,
+                        entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
+                        params.algorithm,
+                        params.period_us,
+                    )
+                    .with_override_rate(limit.requests_per_unit),
+                );
                 // Never shadow per rule (the reference's choice), but the global switch covers
                 // overrides too: in shadow mode nothing denies.
                 let enforce = !options.shadow_mode;
@@ -241,7 +243,7 @@ impl<'c> Plan<'c> {
                 let enforce = !(rule.shadow_mode || options.shadow_mode);
                 for limit in &rule.limits {
                     let params = limit.params();
-                    let key = BucketKey::new(
+                    let key = domain.key(BucketKey::new(
                         &request.domain,
                         entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
                             let value = match step {
@@ -255,7 +257,7 @@ impl<'c> Plan<'c> {
                         }),
                         params.algorithm,
                         params.period_us,
-                    );
+                    ));
                     limits.push((
                         LimitSource::Configured(limit),
                         metric.clone(),
@@ -781,6 +783,37 @@ descriptors:
                 })
                 .collect(),
         }
+    }
+
+    /// A domain with `redis_hash_tag: true` tags every key, configured and override alike;
+    /// another domain's keys stay untagged, byte for byte.
+    #[test]
+    fn hash_tagged_domain_tags_every_key() {
+        let tagged = "domain: t\nredis_hash_tag: true\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n";
+        let config = Config::from_sources(
+            &[
+                ("t.yaml".to_string(), tagged.to_string()),
+                ("d.yaml".to_string(), LIMITS.to_string()),
+            ],
+            &Defaults {
+                algorithm: Algorithm::TokenBucket,
+            },
+        )
+        .unwrap();
+        let mut overridden = descriptor("z", "y");
+        overridden.limit = Some(
+            crate::proto::common::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 4,
+                unit: 2,
+            },
+        );
+        let mut req = request(vec![descriptor("a", "x"), overridden]);
+        req.domain = "t".into();
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        let keys: Vec<&[u8]> = plan.ops.iter().map(|op| op.key.as_bytes()).collect();
+        assert_eq!(keys, [&b"{t}:a=x|tb1"[..], b"{t}:z=y|tb60o4"]);
+        let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options()).unwrap();
+        assert_eq!(plan.ops[0].key.as_bytes(), b"d:a=x|tb1");
     }
 
     /// Two descriptors reaching one bucket make one op with the summed cost.

@@ -35,8 +35,9 @@ use crate::plan::{PlanOptions, RequestLimits};
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
+use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
-use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
 use crate::tls::{GrpcTls, TlsError};
 
 /// Name under which the rate-limit service reports health (besides the server-wide "").
@@ -125,7 +126,7 @@ pub struct Prepared {
     pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
-    /// The Redis store with its failure policy, when Redis is configured.
+    /// The Redis (or Redis Cluster) store with its failure policy, when configured.
     pub redis: Option<Arc<ResilientStore>>,
     /// TLS on the gRPC port, loaded, when configured.
     pub tls: Option<GrpcTls>,
@@ -168,17 +169,15 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 .with_max_buckets(max_buckets, Some(metrics.clone())),
         )
     };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) = match redis_settings(&settings)? {
+    let (store, memory, redis): (Arc<dyn Store>, _, _) = match remote_store(&settings, &metrics)? {
         None => {
             let memory = memory_store();
             (memory.clone(), Some(memory), None)
         }
-        Some(redis_settings) => {
-            let redis = RedisStore::new(&redis_settings)
-                .map_err(|e| ServerError::Settings(e.to_string()))?;
+        Some(remote) => {
             let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
             let resilient = Arc::new(ResilientStore::new(
-                Arc::new(redis),
+                remote,
                 Resilience {
                     policy: settings.on_store_error,
                     cache_capacity: settings.local_cache_size,
@@ -218,13 +217,49 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     })
 }
 
-/// The Redis store's settings, or `None` for the memory store.
-fn redis_settings(settings: &ServeSettings) -> Result<Option<RedisSettings>, ServerError> {
+/// The remote store the settings name: a Redis Cluster (`--redis-cluster`), or a standalone or
+/// Sentinel-managed Redis; `None` for the memory store. The `--redis-tls-*` files apply to
+/// each of them.
+fn remote_store(
+    settings: &ServeSettings,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
     let tls = RedisTls {
         ca_file: settings.redis_tls_ca_file.clone(),
         cert_file: settings.redis_tls_cert_file.clone(),
         key_file: settings.redis_tls_key_file.clone(),
     };
+    let settings_error = |e: &dyn std::fmt::Display| ServerError::Settings(e.to_string());
+    if !settings.redis_cluster.is_empty() {
+        let certificates = crate::store::redis::tls::certificates(&tls)
+            .map_err(|e| settings_error(&e))?;
+        let cluster = ClusterStore::new(
+            &ClusterSettings {
+                seeds: settings.redis_cluster.clone(),
+                key_prefix: settings.redis_key_prefix.clone(),
+                connect_timeout: settings.redis_connect_timeout_ms,
+                command_timeout: settings.redis_timeout_ms,
+            },
+            metrics.clone(),
+            certificates,
+        )
+        .map_err(|e| settings_error(&e))?;
+        return Ok(Some(Arc::new(cluster)));
+    }
+    match redis_settings(settings, tls)? {
+        None => Ok(None),
+        Some(redis) => {
+            let store = RedisStore::new(&redis).map_err(|e| settings_error(&e))?;
+            Ok(Some(Arc::new(store)))
+        }
+    }
+}
+
+/// The Redis store's settings, or `None` for the memory store.
+fn redis_settings(
+    settings: &ServeSettings,
+    tls: RedisTls,
+) -> Result<Option<RedisSettings>, ServerError> {
     let sentinel = settings
         .redis_sentinel
         .as_ref()
@@ -238,7 +273,9 @@ fn redis_settings(settings: &ServeSettings) -> Result<Option<RedisSettings>, Ser
         (None, Some(sentinel)) => format!("redis://{}", sentinel.master_name),
         (None, None) if tls.is_set() => {
             return Err(ServerError::Settings(
-                "Redis TLS files are set, but no Redis is (--redis-url or --redis-sentinel)".into(),
+                "Redis TLS files are set, but no Redis is (--redis-url, --redis-sentinel or \
+                 --redis-cluster)"
+                    .into(),
             ));
         }
         (None, None) => return Ok(None),
@@ -281,9 +318,10 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         }
     }
     tracing::info!(
-        store = if prepared.redis.is_some() { "redis" } else { "memory" },
+        store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
         redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
         redis_sentinel = ?settings.redis_sentinel,
+        redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),
         shadow_mode = settings.shadow_mode,
         "floodgate starting"

@@ -78,12 +78,24 @@ pub struct ServeSettings {
           action = clap::ArgAction::Set)]
     pub json_endpoint: bool,
 
-    /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel), buckets
-    /// live in process memory. With --redis-sentinel: the master's scheme, credentials and
+    /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
+    /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and
     /// database, as redis://user:password@MASTER_NAME/db or rediss://… (optional; TLS,
     /// credentials and database each optional).
     #[arg(long, env = "FLOODGATE_REDIS_URL", value_name = "URL")]
     pub redis_url: Option<String>,
+
+    /// Redis Cluster seed nodes, comma-separated URLs (redis:// or rediss://, credentials in
+    /// the URL); the rest of the cluster is discovered from them. Instead of --redis-url;
+    /// the --redis-tls-* files apply to every node.
+    #[arg(
+        long,
+        env = "FLOODGATE_REDIS_CLUSTER",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        conflicts_with_all = ["redis_url", "redis_sentinel"]
+    )]
+    pub redis_cluster: Vec<String>,
 
     /// Redis Sentinel: the master's name; every connection goes to the master the sentinels
     /// of --redis-sentinel-nodes name, so a failover is followed without a restart.
@@ -193,6 +205,14 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
+    /// The Redis Cluster seeds with their passwords redacted, for logs.
+    pub fn redis_cluster_redacted(&self) -> Vec<String> {
+        self.redis_cluster
+            .iter()
+            .map(|url| redact_url(url))
+            .collect()
+    }
+
     /// The limits path: `--config`, or the directory the reference's `RUNTIME_*` variables
     /// name (filled in by [`apply_reference_env`]).
     pub fn limits_path(&self) -> Result<&Path, SettingsError> {
@@ -444,6 +464,7 @@ impl fmt::Debug for ServeSettings {
             .field("redis_tls_ca_file", &self.redis_tls_ca_file)
             .field("redis_tls_cert_file", &self.redis_tls_cert_file)
             .field("redis_tls_key_file", &self.redis_tls_key_file)
+            .field("redis_cluster", &self.redis_cluster_redacted())
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("redis_pool_size", &self.redis_pool_size)
             .field("redis_connect_timeout_ms", &self.redis_connect_timeout_ms)
@@ -710,5 +731,35 @@ mod tests {
             panic!("not serve");
         };
         assert!(!format!("{s:?}").contains("pw@"));
+    }
+
+    /// `--redis-cluster` takes comma-separated seeds, redacted in Debug, and excludes
+    /// `--redis-url`.
+    #[test]
+    fn redis_cluster_seeds() {
+        let Command::Serve(s) = parse(&[
+            "serve",
+            "--config",
+            "x",
+            "--redis-cluster",
+            "redis://:pw@a:1,rediss://b:2",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(s.redis_cluster, ["redis://:pw@a:1", "rediss://b:2"]);
+        assert!(!format!("{s:?}").contains("pw@"));
+        let both = parse(&[
+            "serve",
+            "--config",
+            "x",
+            "--redis-cluster",
+            "redis://a:1",
+            "--redis-url",
+            "redis://b:2",
+        ]);
+        assert!(both.is_err());
     }
 }

@@ -1,7 +1,8 @@
 //! The store behaviour suite: ShouldRateLimit semantics over real gRPC, written once and run
 //! against every store (`memory::*`, `redis::*` on a real redis-server started per test, and
-//! `sentinel::*` on a master found through a real sentinel, with its replica, started per
-//! test), all driven by the same manual clock.
+//! `sentinel::*` on a master found through a real sentinel, with its replica, and `cluster::*`
+//! on a real 3-master Redis Cluster, each started per test), all driven by the same manual
+//! clock.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -808,6 +809,15 @@ macro_rules! behaviour_suite {
                 #[tokio::test]
                 async fn $scenario() {
                     super::$scenario(super::Backend::Sentinel).await
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on a real Redis Cluster (3 masters).")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Cluster).await
                 }
             )*
         }

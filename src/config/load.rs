@@ -138,7 +138,11 @@ pub(crate) fn compile(
         let root = builder.level(&descriptors, "", &name);
         if !name.is_empty() && !domain_files.contains_key(&name) {
             domain_files.insert(name.clone(), file);
-            domains.push(Domain::new(name, root));
+            domains.push(Domain::new(
+                name,
+                root,
+                model.redis_hash_tag.unwrap_or(false),
+            ));
         }
     }
     if !errors.is_empty() {

@@ -98,10 +98,14 @@ impl Config {
     /// After the rule path: the rate (or `unlimited`), the algorithm, `burst=` for token
     /// buckets, `overdraft` when set, `name=` and `replaces=a,b` when set, `shadow_mode=`, then the flags
     /// `quota_mode`, `detailed_metric`, `value_to_metric` only when set. A domain without any
-    /// limit gets a `<domain>: no limits` line.
+    /// limit gets a `<domain>: no limits` line, one with `redis_hash_tag: true` a
+    /// `<domain>: redis_hash_tag` line first.
     pub fn describe(&self) -> String {
         let mut out = String::new();
         for domain in self.domains() {
+            if domain.hash_tag {
+                let _ = writeln!(out, "{}: redis_hash_tag", domain.name);
+            }
             let rules = domain.rules();
             if rules.is_empty() {
                 let _ = writeln!(out, "{}: no limits", domain.name);

@@ -18,6 +18,10 @@ pub(crate) struct FileModel {
     /// Top-level descriptors.
     #[serde(default)]
     pub(crate) descriptors: Option<Vec<DescriptorModel>>,
+    /// Extension: every bucket key of the domain carries the domain as a Redis Cluster hash
+    /// tag, so all of them live in one slot (default false).
+    #[serde(default)]
+    pub(crate) redis_hash_tag: Option<bool>,
 }
 
 /// One descriptor node.

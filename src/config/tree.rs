@@ -15,12 +15,17 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::limit::Rule;
+use crate::bucket::BucketKey;
 
 /// The limits of one domain, compiled for matching.
 #[derive(Debug)]
 pub struct Domain {
     /// The domain name (`domain:` in the file, `domain` in the request).
     pub name: String,
+    /// `redis_hash_tag: true`: every bucket key of the domain carries the domain as a Redis
+    /// Cluster hash tag ([`crate::bucket::BucketKey::with_hash_tag`]), so one request's
+    /// buckets all live in one slot and are applied by one atomic script.
+    pub hash_tag: bool,
     root: Children,
 }
 
@@ -104,8 +109,21 @@ impl<'a> Match<'a> {
 }
 
 impl Domain {
-    pub(crate) fn new(name: String, root: Children) -> Domain {
-        Domain { name, root }
+    pub(crate) fn new(name: String, root: Children, hash_tag: bool) -> Domain {
+        Domain {
+            name,
+            hash_tag,
+            root,
+        }
+    }
+
+    /// A bucket key of this domain as stored: hash-tagged when the domain asks for it.
+    pub fn key(&self, key: BucketKey) -> BucketKey {
+        if self.hash_tag {
+            key.with_hash_tag()
+        } else {
+            key
+        }
     }
 
     /// Walks the tree for one request descriptor (its entries as raw `(key, value)` bytes).

@@ -403,24 +403,13 @@ impl<'a> Mapping<'a> {
                 _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
             })
             .transpose()?;
-        // Cluster is refused rather than approximated: serving per-instance limits (no shared
-        // Redis) or a single cluster node would be quietly wrong.
         let kind = self
             .get("REDIS_TYPE")
             .map(|v| match v.to_ascii_lowercase().as_str() {
                 "single" => Ok(RedisType::Single),
                 "sentinel" => Ok(RedisType::Sentinel),
-                "cluster" => Err(bad(
-                    "REDIS_TYPE",
-                    v,
-                    "single or sentinel: Redis Cluster is not supported yet, and floodgate \
-                     refuses to start rather than enforce limits per instance or on one node",
-                )),
-                _ => Err(bad(
-                    "REDIS_TYPE",
-                    v,
-                    "single or sentinel (cluster: not yet)",
-                )),
+                "cluster" => Ok(RedisType::Cluster),
+                _ => Err(bad("REDIS_TYPE", v, "single, sentinel or cluster")),
             })
             .transpose()?;
         let tls = self.parse_bool("REDIS_TLS")?;
@@ -441,17 +430,20 @@ impl<'a> Mapping<'a> {
             self.applied("REDIS_POOL_SIZE");
         }
 
-        let redis =
-            self.own("redis_url") || self.own("redis_sentinel") || self.get("REDIS_URL").is_some();
+        let redis = ["redis_url", "redis_sentinel", "redis_cluster"]
+            .iter()
+            .any(|id| self.own(id))
+            || self.get("REDIS_URL").is_some();
         self.redis_tls_files(settings, redis, tls == Some(true))?;
-        if self.own("redis_url") || self.own("redis_sentinel") {
-            let flag = if self.own("redis_url") {
-                "--redis-url"
-            } else {
-                "--redis-sentinel"
-            };
-            self.override_by(&URL_VARS, flag);
-            return Ok(());
+        for (id, flag) in [
+            ("redis_url", "--redis-url"),
+            ("redis_sentinel", "--redis-sentinel"),
+            ("redis_cluster", "--redis-cluster"),
+        ] {
+            if self.own(id) {
+                self.override_by(&URL_VARS, flag);
+                return Ok(());
+            }
         }
         let Some(raw) = self.get("REDIS_URL") else {
             for name in self.present(&URL_VARS[1..]) {
@@ -459,6 +451,34 @@ impl<'a> Mapping<'a> {
             }
             return Ok(());
         };
+        let auth = self.auth();
+        if kind == Some(RedisType::Cluster) {
+            // The reference's form: REDIS_URL=host1:port,host2:port (full URLs accepted too).
+            if socket == Some(Socket::Unix) {
+                return Err(bad(
+                    "REDIS_SOCKET_TYPE",
+                    "unix",
+                    "tcp: Redis Cluster nodes are reached over TCP",
+                ));
+            }
+            let seeds = raw
+                .split(',')
+                .map(str::trim)
+                .filter(|seed| !seed.is_empty())
+                .map(|seed| match seed.contains("://") {
+                    true => Ok(seed.to_string()),
+                    false => tcp_url(seed, tls == Some(true), auth),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if seeds.is_empty() {
+                return Err(bad("REDIS_URL", raw, "host:port[,host:port...]"));
+            }
+            settings.redis_cluster = seeds;
+            for name in self.present(&URL_VARS) {
+                self.applied(name);
+            }
+            return Ok(());
+        }
         let raw = raw.trim().to_string();
         if kind == Some(RedisType::Sentinel) {
             if socket == Some(Socket::Unix) {
@@ -488,25 +508,8 @@ impl<'a> Mapping<'a> {
         } else {
             Socket::Tcp
         });
-        let auth = self.auth();
         let url = match socket {
-            Socket::Tcp => {
-                if address.is_empty() || address.contains('/') {
-                    return Err(bad(
-                        "REDIS_URL",
-                        &address,
-                        "host:port (REDIS_SOCKET_TYPE=tcp)",
-                    ));
-                }
-                let scheme = if tls == Some(true) { "rediss" } else { "redis" };
-                let userinfo = userinfo(auth);
-                let address = if address.contains(':') {
-                    address
-                } else {
-                    format!("{address}:6379")
-                };
-                format!("{scheme}://{userinfo}{address}")
-            }
+            Socket::Tcp => tcp_url(&address, tls == Some(true), auth)?,
             Socket::Unix => {
                 if tls == Some(true) {
                     self.no_effect("REDIS_TLS", "no TLS over a unix socket");
@@ -753,10 +756,35 @@ enum Socket {
     Unix,
 }
 
+/// `REDIS_TYPE`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum RedisType {
     Single,
     Sentinel,
+    Cluster,
+}
+
+/// The URL of a TCP `host[:port]` (port 6379 by default), with the reference's `REDIS_TLS`
+/// and `REDIS_AUTH` (`password` or `user:password`).
+fn tcp_url(
+    address: &str,
+    tls: bool,
+    auth: Option<(Option<&str>, &str)>,
+) -> Result<String, SettingsError> {
+    if address.is_empty() || address.contains('/') {
+        return Err(bad(
+            "REDIS_URL",
+            address,
+            "host:port (REDIS_SOCKET_TYPE=tcp)",
+        ));
+    }
+    let scheme = if tls { "rediss" } else { "redis" };
+    let address = if address.contains(':') {
+        address.to_string()
+    } else {
+        format!("{address}:6379")
+    };
+    Ok(format!("{scheme}://{}{address}", userinfo(auth)))
 }
 
 /// `user:password@` for a URL (each percent-encoded), or nothing without `REDIS_AUTH`.

@@ -5,8 +5,9 @@
 //! stored all or none, whatever the store.
 //!
 //! - [`memory`]: buckets in process memory (the embedded default).
-//! - [`redis`]: buckets in Redis, one `EVALSHA` per request.
-//! - [`resilient`]: Redis behind [`overlimit`] (local over-limit cache) and [`breaker`]
+//! - [`redis`]: buckets in Redis, one `EVALSHA` per request; in Redis Cluster
+//!   ([`redis::cluster`]), one `EVALSHA` per hash slot touched, sent concurrently.
+//! - [`resilient`]: Redis (either kind, a [`RemoteStore`]) behind [`overlimit`] (local over-limit cache) and [`breaker`]
 //!   (circuit breaker), answering by the failure policy while Redis is unusable.
 
 use async_trait::async_trait;
@@ -55,6 +56,14 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::bucket::settle`]). Returns one result per op, in order.
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError>;
 
-    /// A short name for logs and metrics (`memory`, `redis`).
+    /// A short name for logs and metrics (`memory`, `redis`, `redis_cluster`).
     fn name(&self) -> &'static str;
+}
+
+/// A store shared by every replica over the network (Redis, Redis Cluster): it can be down,
+/// so [`ResilientStore`] wraps it and probes it to know when it is back.
+#[async_trait]
+pub trait RemoteStore: Store {
+    /// One cheap command within the command timeout: is the store usable now?
+    async fn ping(&self) -> Result<(), StoreError>;
 }

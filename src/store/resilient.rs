@@ -26,8 +26,7 @@ use clap::ValueEnum;
 
 use super::breaker::CircuitBreaker;
 use super::overlimit::OverLimitCache;
-use super::redis::RedisStore;
-use super::{MemoryStore, Store, StoreError};
+use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketOp, BucketResult};
 use crate::limiter::View;
 use crate::metrics::Metrics;
@@ -59,8 +58,8 @@ impl FailurePolicy {
 
 /// Redis behind the local cache, the circuit breaker and the failure policy.
 pub struct ResilientStore {
-    /// The shared store.
-    redis: Arc<RedisStore>,
+    /// The shared store: standalone Redis or Redis Cluster.
+    redis: Arc<dyn RemoteStore>,
     /// Opens after consecutive transient failures.
     breaker: CircuitBreaker,
     /// Buckets known to deny for a while; `None` when disabled.
@@ -91,7 +90,7 @@ pub struct Resilience {
 impl ResilientStore {
     /// Wraps `redis`. `fallback` is required for [`FailurePolicy::Local`].
     pub fn new(
-        redis: Arc<RedisStore>,
+        redis: Arc<dyn RemoteStore>,
         resilience: Resilience,
         fallback: Option<Arc<MemoryStore>>,
         metrics: Arc<Metrics>,
@@ -255,6 +254,6 @@ impl Store for ResilientStore {
     }
 
     fn name(&self) -> &'static str {
-        "redis"
+        self.redis.name()
     }
 }

@@ -25,6 +25,7 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::RateLimiter;
+use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
 use floodgate::tls::{GrpcTls, TlsFiles};
@@ -49,6 +50,8 @@ pub enum Backend {
     Redis,
     /// A master (with a replica) found through a real sentinel, started for this test.
     Sentinel,
+    /// A real Redis Cluster (3 masters) started for this test, at the manual clock's time.
+    Cluster,
 }
 
 enum Buckets {
@@ -56,6 +59,7 @@ enum Buckets {
     Redis(redis::RedisServer),
     /// Boxed: a whole set-up of processes is large, and rare.
     Sentinel(Box<redis::sentinel::SentinelSetup>),
+    Cluster(redis::RedisCluster),
     /// A store built by the test itself.
     External,
 }
@@ -94,6 +98,7 @@ impl TestServer {
     pub async fn start_on(backend: Backend, yaml: &str, options: PlanOptions) -> TestServer {
         let config = load(yaml);
         let clock = Arc::new(ManualClock::new(START_US));
+        let metrics = Metrics::shared();
         let (store, buckets): (Arc<dyn Store>, Buckets) = match backend {
             Backend::Memory => {
                 let memory = Arc::new(MemoryStore::new(clock.clone()));
@@ -120,6 +125,14 @@ impl TestServer {
                 .with_test_clock(clock.clone());
                 (Arc::new(store), Buckets::Sentinel(Box::new(setup)))
             }
+            Backend::Cluster => {
+                let cluster = redis::RedisCluster::start(3, 0);
+                let store =
+                    ClusterStore::new(&cluster_settings(&cluster.seeds()), metrics.clone(), None)
+                        .unwrap()
+                        .with_test_clock(clock.clone());
+                (Arc::new(store), Buckets::Cluster(cluster))
+            }
         };
         TestServer::launch(
             shared(config),
@@ -128,10 +141,18 @@ impl TestServer {
             clock,
             options,
             None,
-            Metrics::shared(),
+            metrics,
             Tuning::default(),
         )
         .await
+    }
+
+    /// The Redis Cluster behind a [`Backend::Cluster`] server.
+    pub fn cluster(&self) -> &redis::RedisCluster {
+        match &self.buckets {
+            Buckets::Cluster(cluster) => cluster,
+            _ => panic!("not a Redis Cluster server"),
+        }
     }
 
     /// Starts a memory-store server on the limits at `path` (a file or directory, loaded as
@@ -335,6 +356,7 @@ impl TestServer {
             Buckets::External => panic!("bucket_count: the test owns the store"),
             Buckets::Redis(server) => server,
             Buckets::Sentinel(setup) => &setup.master,
+            Buckets::Cluster(cluster) => return cluster.key_count(),
         };
         let mut conn = server.connection().await;
         let size: usize = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
@@ -413,6 +435,16 @@ pub fn redis_settings(url: &str) -> RedisSettings {
         tls: Default::default(),
         key_prefix: "fg:".to_string(),
         pool_size: 2,
+        connect_timeout: Duration::from_secs(2),
+        command_timeout: Duration::from_secs(2),
+    }
+}
+
+/// Redis Cluster store settings for tests: generous timeouts, like [`redis_settings`].
+pub fn cluster_settings(seeds: &[String]) -> ClusterSettings {
+    ClusterSettings {
+        seeds: seeds.to_vec(),
+        key_prefix: "fg:".to_string(),
         connect_timeout: Duration::from_secs(2),
         command_timeout: Duration::from_secs(2),
     }

@@ -1,13 +1,15 @@
 //! A real `redis-server` for a test: on an ephemeral loopback port, nothing persisted, killed
 //! when dropped. Readiness is read from its log ("Ready to accept connections"), never slept
 //! for; a port that turns out to be taken is retried with another. Variants: TLS only
-//! ([`RedisServer::start_tls`]), a replica ([`RedisServer::start_replica_of`]), and a whole
-//! Sentinel set-up ([`sentinel::SentinelSetup`]).
+//! ([`RedisServer::start_tls`]), a replica ([`RedisServer::start_replica_of`]), a whole
+//! Sentinel set-up ([`sentinel::SentinelSetup`]), and [`RedisCluster`]: a real Redis Cluster
+//! of such servers, created with `redis-cli --cluster create`, torn down when dropped.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub mod sentinel;
 
@@ -57,13 +59,13 @@ impl TlsFiles {
 impl RedisServer {
     /// Starts a server on a free port. Panics if `redis-server` is not installed.
     pub fn start() -> RedisServer {
-        RedisServer::start_with(Vec::new(), None)
+        RedisServer::start_with(|_| Vec::new(), None)
     }
 
     /// Starts a server that serves TLS only, with `files`; with `auth_clients`, it requires
     /// a client certificate signed by `files.ca`.
     pub fn start_tls(files: &TlsFiles, auth_clients: bool) -> RedisServer {
-        RedisServer::start_with(files.server_args(auth_clients), Some(files.clone()))
+        RedisServer::start_with(|_| files.server_args(auth_clients), Some(files.clone()))
     }
 
     /// Starts a replica of `master`, over TLS (with the master's files) if `master` is TLS.
@@ -77,18 +79,20 @@ impl RedisServer {
             args.extend(files.server_args(false));
             args.extend(["--tls-replication".to_string(), "yes".to_string()]);
         }
-        RedisServer::start_with(args, master.tls.clone())
+        RedisServer::start_with(|_| args.clone(), master.tls.clone())
     }
 
-    fn start_with(args: Vec<String>, tls: Option<TlsFiles>) -> RedisServer {
+    /// Starts a server on a free port with the arguments `extra(port)` gives (TLS only with
+    /// `tls`), working in a directory of its own.
+    fn start_with(extra: impl Fn(u16) -> Vec<String>, tls: Option<TlsFiles>) -> RedisServer {
         let dir = tempfile::tempdir().unwrap();
-        let mut args = args;
-        args.extend([
-            "--dir".to_string(),
-            dir.path().to_str().unwrap().to_string(),
-        ]);
         for _ in 0..ATTEMPTS {
             let port = free_port();
+            let mut args = extra(port);
+            args.extend([
+                "--dir".to_string(),
+                dir.path().to_str().unwrap().to_string(),
+            ]);
             if let Some(child) = spawn(port, tls.is_some(), &args) {
                 return RedisServer {
                     port,
@@ -100,6 +104,29 @@ impl RedisServer {
             }
         }
         panic!("redis-server did not start on any of {ATTEMPTS} free ports");
+    }
+
+    /// `127.0.0.1:<port>`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// A new blocking connection (for fixtures and assertions outside the runtime).
+    pub fn blocking(&self) -> ::redis::Connection {
+        ::redis::Client::open(self.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
+    }
+
+    /// Runs one command on this server, blocking.
+    pub fn query<T: ::redis::FromRedisValue>(&self, cmd: &::redis::Cmd) -> ::redis::RedisResult<T> {
+        cmd.query(&mut self.blocking())
+    }
+
+    /// Whether the server is running (not stopped).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// The port it listens on (127.0.0.1).
@@ -239,4 +266,242 @@ pub(crate) fn wait_ready(stdout: ChildStdout, ready: &str) -> Option<BufReader<C
             Ok(_) => {}
         }
     }
+}
+
+/// How long a cluster may take to form or to fail over before a test gives up.
+pub const CLUSTER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A real Redis Cluster on loopback: masters first, then their replicas, each a
+/// [`RedisServer`] in cluster mode with its cluster bus on a second free port. Formed with
+/// `redis-cli --cluster create`, ready once every node reports `cluster_state:ok`.
+pub struct RedisCluster {
+    /// Masters (as created) first, then replicas.
+    pub nodes: Vec<RedisServer>,
+    masters: usize,
+    /// Holds the nodes' cluster config files; removed on drop.
+    _dir: tempfile::TempDir,
+}
+
+impl RedisCluster {
+    /// Starts `masters` masters with `replicas` replicas each and waits until the cluster is
+    /// usable. Panics (with redis-cli's output) if it cannot be formed.
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = tempfile::tempdir().unwrap();
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
+            .map(|_| RedisServer::start_with(|port| cluster_args(dir.path(), port), None))
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        create.args(nodes.iter().map(RedisServer::address));
+        create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);
+        let output = create
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => {
+                    panic!("redis-cli not found: run scripts/install-test-tools.sh")
+                }
+                _ => panic!("cannot run redis-cli: {e}"),
+            });
+        assert!(
+            output.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let cluster = RedisCluster {
+            nodes,
+            masters,
+            _dir: dir,
+        };
+        cluster.wait_until(
+            CLUSTER_DEADLINE,
+            "every node to report cluster_state:ok",
+            |c| {
+                c.nodes
+                    .iter()
+                    .all(|node| node.is_running() && state_ok(node))
+            },
+        );
+        cluster
+    }
+
+    /// Seed URLs: every node.
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The running nodes that are masters now.
+    pub fn masters(&self) -> Vec<&RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .filter(|n| role(n).as_deref() == Some("master"))
+            .collect()
+    }
+
+    /// How many masters the cluster was created with.
+    pub fn master_count(&self) -> usize {
+        self.masters
+    }
+
+    /// The running master that serves `key` now: the one that answers for it without a
+    /// `MOVED` redirection.
+    pub fn owner(&self, key: &[u8]) -> &RedisServer {
+        let owners: Vec<&RedisServer> = self
+            .masters()
+            .into_iter()
+            .filter(|n| n.query::<i64>(::redis::cmd("EXISTS").arg(key)).is_ok())
+            .collect();
+        assert_eq!(owners.len(), 1, "{} masters serve {key:?}", owners.len());
+        owners[0]
+    }
+
+    /// The key's slot (`CLUSTER KEYSLOT`).
+    pub fn slot(&self, key: &[u8]) -> u16 {
+        self.masters()[0]
+            .query(::redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+            .unwrap()
+    }
+
+    /// Keys stored on the masters, summed.
+    pub fn key_count(&self) -> usize {
+        self.masters()
+            .iter()
+            .map(|n| n.query::<usize>(&::redis::cmd("DBSIZE")).unwrap())
+            .sum()
+    }
+
+    /// Moves `slot` and its keys from the master serving it to `to`, as `redis-cli --cluster
+    /// reshard` does (IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE on every master).
+    pub fn move_slot(&self, slot: u16, to: &RedisServer) {
+        let masters = self.masters();
+        let from = masters
+            .iter()
+            .find(|n| owns(n, slot))
+            .expect("a master owns the slot");
+        assert_ne!(from.port(), to.port(), "slot {slot} is already there");
+        let id =
+            |n: &RedisServer| -> String { n.query(::redis::cmd("CLUSTER").arg("MYID")).unwrap() };
+        let (from_id, to_id) = (id(from), id(to));
+        let setslot = |n: &RedisServer, state: &str, node: &str| {
+            n.query::<()>(
+                ::redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(state)
+                    .arg(node),
+            )
+            .unwrap();
+        };
+        setslot(to, "IMPORTING", &from_id);
+        setslot(from, "MIGRATING", &to_id);
+        loop {
+            let keys: Vec<Vec<u8>> = from
+                .query(
+                    ::redis::cmd("CLUSTER")
+                        .arg("GETKEYSINSLOT")
+                        .arg(slot)
+                        .arg(100),
+                )
+                .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            from.query::<()>(
+                ::redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to.port())
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(keys),
+            )
+            .unwrap();
+        }
+        setslot(to, "NODE", &to_id);
+        setslot(from, "NODE", &to_id);
+        for other in &masters {
+            if other.port() != from.port() && other.port() != to.port() {
+                setslot(other, "NODE", &to_id);
+            }
+        }
+    }
+
+    /// Polls `ready` until it holds or `deadline` passes (then panics, naming `what`).
+    pub fn wait_until(&self, deadline: Duration, what: &str, ready: impl Fn(&Self) -> bool) {
+        let until = Instant::now() + deadline;
+        while !ready(self) {
+            assert!(
+                Instant::now() < until,
+                "gave up after {deadline:?} waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Whether `node` serves `slot` (it lists it in its own `CLUSTER SLOTS` ranges as master).
+fn owns(node: &RedisServer, slot: u16) -> bool {
+    let ranges: Vec<::redis::Value> = node.query(::redis::cmd("CLUSTER").arg("SLOTS")).unwrap();
+    ranges.iter().any(|range| {
+        let ::redis::Value::Array(items) = range else {
+            return false;
+        };
+        let (Some(::redis::Value::Int(start)), Some(::redis::Value::Int(end))) =
+            (items.first(), items.get(1))
+        else {
+            return false;
+        };
+        let master_port = match items.get(2) {
+            Some(::redis::Value::Array(addr)) => match addr.get(1) {
+                Some(::redis::Value::Int(port)) => *port,
+                _ => return false,
+            },
+            _ => return false,
+        };
+        (*start..=*end).contains(&i64::from(slot)) && master_port == i64::from(node.port())
+    })
+}
+
+/// `master` or `slave`, from `ROLE`.
+fn role(node: &RedisServer) -> Option<String> {
+    let role: Vec<::redis::Value> = node.query(&::redis::cmd("ROLE")).ok()?;
+    match role.first() {
+        Some(::redis::Value::BulkString(bytes)) => Some(String::from_utf8_lossy(bytes).into()),
+        Some(::redis::Value::SimpleString(text)) => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// Whether `node` is a replica with its link to its master up (`INFO replication`).
+fn link_up(node: &RedisServer) -> bool {
+    node.query::<String>(::redis::cmd("INFO").arg("replication"))
+        .is_ok_and(|info| info.contains("master_link_status:up"))
+}
+
+/// Whether `node` reports `cluster_state:ok`.
+fn state_ok(node: &RedisServer) -> bool {
+    node.query::<String>(::redis::cmd("CLUSTER").arg("INFO"))
+        .is_ok_and(|info| info.contains("cluster_state:ok"))
+}
+
+/// Cluster-mode arguments for a node on `port`: its bus on another free port, its config
+/// file in `dir`, a short node timeout so failover tests finish quickly.
+fn cluster_args(dir: &Path, port: u16) -> Vec<String> {
+    let config = dir.join(format!("nodes-{port}.conf"));
+    [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        config.to_str().unwrap(),
+        "--cluster-node-timeout",
+        "1000",
+        "--cluster-port",
+        &free_port().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }

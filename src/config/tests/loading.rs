@@ -158,7 +158,7 @@ descriptors:
         ),
         (
             "internal.yaml",
-            "domain: internal\ndescriptors: [{key: k}]\n",
+            "domain: internal\nredis_hash_tag: true\ndescriptors: [{key: k}]\n",
         ),
     ]);
     let config = Config::from_sources(&files, &Defaults::default()).unwrap();
@@ -169,6 +169,7 @@ edge.path_/api/*: 100/5 minutes fixed_window name=api replaces=a,b shadow_mode=t
 edge.remote_address: 10/second token_bucket burst=20 shadow_mode=false
 edge.user: 1000/hour sliding_window shadow_mode=false detailed_metric value_to_metric
 edge.user: 5/second token_bucket burst=5 shadow_mode=false detailed_metric value_to_metric
+internal: redis_hash_tag
 internal: no limits
 "
     );

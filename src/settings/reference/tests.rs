@@ -221,17 +221,17 @@ fn redis_url_translation() {
     );
 }
 
-/// Cluster is refused at start-up (exit 64), never approximated.
+/// An unknown REDIS_TYPE is refused at start-up (exit 64), never approximated.
 #[test]
-fn redis_types_not_supported_are_refused() {
+fn unknown_redis_type_is_refused() {
     let error = apply(
         &["--config", "x"],
-        &[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "cluster")],
+        &[("REDIS_URL", "a:1,b:2"), ("REDIS_TYPE", "ring")],
     )
     .unwrap_err()
     .to_string();
     assert!(error.contains("REDIS_TYPE"), "{error}");
-    assert!(error.contains("not supported yet"), "{error}");
+    assert!(error.contains("single, sentinel or cluster"), "{error}");
     let (s, _) = apply(
         &["--config", "x"],
         &[("REDIS_URL", "h:1"), ("REDIS_TYPE", "single")],
@@ -340,6 +340,50 @@ fn tls_file_variables() {
         report.overridden,
         ["REDIS_TLS_CACERT (by --redis-tls-ca-file)"]
     );
+}
+
+/// `REDIS_TYPE=cluster` turns the reference's `REDIS_URL=host1:port,host2:port` into cluster
+/// seeds, with `REDIS_TLS` and `REDIS_AUTH` applied to each; floodgate's own flags win.
+#[test]
+fn redis_cluster_from_reference_variables() {
+    let seeds = |pairs: &[(&str, &str)]| {
+        let (s, report) = apply(&["--config", "x"], pairs).unwrap();
+        assert_eq!(s.redis_url, None);
+        (s.redis_cluster, report)
+    };
+    let (found, report) = seeds(&[("REDIS_TYPE", "cluster"), ("REDIS_URL", "a:1, b:2,c")]);
+    assert_eq!(found, ["redis://a:1", "redis://b:2", "redis://c:6379"]);
+    assert!(report.applied.contains(&"REDIS_TYPE".to_string()));
+    let (found, _) = seeds(&[
+        ("REDIS_TYPE", "CLUSTER"),
+        ("REDIS_URL", "a:1,rediss://u:p@b:2"),
+        ("REDIS_TLS", "true"),
+        ("REDIS_AUTH", "user:s3cret"),
+    ]);
+    assert_eq!(found, ["rediss://user:s3cret@a:1", "rediss://u:p@b:2"]);
+    for bad in [
+        vec![("REDIS_TYPE", "cluster"), ("REDIS_URL", ",")],
+        vec![
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:1"),
+            ("REDIS_SOCKET_TYPE", "unix"),
+        ],
+    ] {
+        assert!(apply(&["--config", "x"], &bad).is_err(), "{bad:?}");
+    }
+    let (s, report) = apply(
+        &["--config", "x", "--redis-cluster", "redis://own:1"],
+        &[("REDIS_TYPE", "cluster"), ("REDIS_URL", "a:1")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_cluster, ["redis://own:1"]);
+    assert_eq!(report.overridden.len(), 2);
+    let (s, _) = apply(
+        &["--config", "x", "--redis-url", "redis://own:1"],
+        &[("REDIS_TYPE", "cluster"), ("REDIS_URL", "a:1")],
+    )
+    .unwrap();
+    assert!(s.redis_cluster.is_empty());
 }
 
 /// Cache, shadow mode, logs and the values left for the response-header options.

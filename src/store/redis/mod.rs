@@ -1,10 +1,11 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
 //!
-//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding. [`RedisStore`]
-//! runs it with `EVALSHA` over a bb8 pool of multiplexed connections; [`script::call`] loads
-//! the script on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The
-//! pool connects to one server (a URL) or to the master a set of sentinels names
-//! ([`sentinel`]), over TLS when the URL says `rediss://` (files from [`tls`]). Each call has
+//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding; [`cluster`] runs
+//! it on a Redis Cluster, once per hash slot a request touches. [`RedisStore`] runs it with
+//! `EVALSHA` over a bb8 pool of multiplexed connections; [`script::call`] loads the script on
+//! `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
+//! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
+//! when the URL says `rediss://` (files from [`tls`]). Each call has
 //! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
 //! absent Redis costs at most that much per request — and the circuit breaker in
 //! [`crate::store::resilient`] stops even that once Redis is known to be down.
@@ -23,11 +24,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
-use super::{Store, StoreError};
+use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::Clock;
 use crate::settings::redact_url;
 
+pub mod cluster;
 pub mod script;
 pub mod sentinel;
 pub mod tls;
@@ -225,7 +227,7 @@ impl RedisStore {
             let mut lent = self.lend().await?;
             let result: Result<String, RedisError> =
                 redis::cmd("PING").query_async(&mut lent.conn).await;
-            result.map(drop).map_err(|e| classify(&lent, e))
+            result.map(drop).map_err(|e| classify_on(&lent, e))
         })
         .await
     }
@@ -274,14 +276,7 @@ impl RedisStore {
         &self,
         work: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.command_timeout, work)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "Redis did not answer within {:?}",
-                    self.command_timeout
-                )))
-            })
+        deadline(self.command_timeout, work).await
     }
 }
 
@@ -294,37 +289,58 @@ fn open(url: &str, certs: Option<TlsCertificates>) -> Result<Client, StoreError>
     client.map_err(|e| StoreError::Failed(format!("invalid Redis URL {}: {e}", redact_url(url))))
 }
 
-/// Transport failures mark the connection broken (the pool replaces it) and are transient;
-/// anything else (a script error) is a defect to report, not an outage.
-///
-/// `READONLY` retires the connection too: it is the answer of a master that was demoted
-/// (a Sentinel failover, or a managed service whose DNS name moved to the new primary), and
-/// only a new connection — looked up through the sentinels, or resolving the name again —
-/// reaches the new master. Nothing else a server answers does: a script error or `OOM`
-/// would be answered the same on a new connection, so reconnecting would only add load.
-fn classify(conn: &Lent, error: RedisError) -> StoreError {
-    classify_marking(&conn.broken, error)
+/// Runs `work` within `timeout`; running out of time is an outage ([`StoreError::Unavailable`]).
+async fn deadline<T>(
+    timeout: Duration,
+    work: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(timeout, work)
+        .await
+        .unwrap_or_else(|_| {
+            Err(StoreError::Unavailable(format!(
+                "Redis did not answer within {timeout:?}"
+            )))
+        })
 }
 
-fn classify_marking(broken: &AtomicBool, error: RedisError) -> StoreError {
-    if error.is_io_error()
+/// [`classify`], and retire the pooled connection (the pool replaces it) when the error says
+/// it is unusable ([`retires_connection`]).
+fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
+    if retires_connection(&error) {
+        conn.broken.store(true, Ordering::Relaxed);
+    }
+    classify(&error)
+}
+
+/// Whether the connection an error came from must be replaced: a transport failure, or
+/// `READONLY`, the answer of a master that was demoted (a Sentinel failover, or a managed
+/// service whose DNS name moved to the new primary) — only a new connection, looked up through
+/// the sentinels or resolving the name again, reaches the new master. Nothing else a server
+/// answers does: a script error or `OOM` would be answered the same on a new connection, so
+/// reconnecting would only add load.
+fn retires_connection(error: &RedisError) -> bool {
+    error.is_io_error()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.is_unrecoverable_error()
-    {
-        broken.store(true, Ordering::Relaxed);
-        StoreError::Unavailable(format!("Redis connection failed: {error}"))
-    } else if error.code() == Some("READONLY") {
-        broken.store(true, Ordering::Relaxed);
+        || error.code() == Some("READONLY")
+}
+
+/// Transport failures and a Redis that cannot take writes now are transient; anything else
+/// (a script error) is a defect to report, not an outage.
+fn classify(error: &RedisError) -> StoreError {
+    if error.code() == Some("READONLY") {
         StoreError::Unavailable(format!("Redis is a replica now (failover?): {error}"))
+    } else if retires_connection(error) {
+        StoreError::Unavailable(format!("Redis connection failed: {error}"))
     } else if matches!(
         error.code(),
         Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "BUSY" | "OOM")
     ) {
-        // Loading after a restart, a replica cut off from its master, a long script, or maxmemory
-        // reached under noeviction: Redis cannot take writes now, which is an outage for
-        // the failure policy to answer, not a defect in floodgate.
+        // Loading after a restart, a replica cut off from its master, a long script, or
+        // maxmemory reached under noeviction: Redis cannot take writes now, which is an outage
+        // for the failure policy to answer, not a defect in floodgate.
         StoreError::Unavailable(format!("Redis not ready: {error}"))
     } else {
         StoreError::Failed(format!("Redis script failed: {error}"))
@@ -339,7 +355,7 @@ impl Store for RedisStore {
         self.with_deadline(async {
             let mut lent = self.lend().await?;
             let reply = script::call(&mut lent.conn, &command).await;
-            let reply = reply.map_err(|e| classify(&lent, e))?;
+            let reply = reply.map_err(|e| classify_on(&lent, e))?;
             script::decode(&reply, ops.len())
         })
         .await
@@ -347,6 +363,13 @@ impl Store for RedisStore {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+}
+
+#[async_trait]
+impl RemoteStore for RedisStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        RedisStore::ping(self).await
     }
 }
 
@@ -366,11 +389,7 @@ mod tests {
     /// busy or full does not, so they never turn into a reconnect per request.
     #[test]
     fn only_transport_failures_and_readonly_retire_the_connection() {
-        let retires = |error: RedisError| {
-            let broken = AtomicBool::new(false);
-            let transient = classify_marking(&broken, error).is_transient();
-            (broken.load(Ordering::Relaxed), transient)
-        };
+        let retires = |error: RedisError| (retires_connection(&error), classify(&error).is_transient());
         assert_eq!(
             retires(server_error(
                 "READONLY You can't write against a read only replica."

@@ -1,0 +1,429 @@
+//! The Redis Cluster store: a request's buckets grouped by hash slot, one script per slot
+//! group, all groups sent at once; if any group denies, the groups that debited are refunded.
+//!
+//! Redis Cluster runs a script only on keys of one slot, so the standalone guarantee "one
+//! atomic script per request" becomes "one atomic script per slot touched, in parallel": a
+//! request costs one round trip per node it touches, all concurrent, so its latency is that of
+//! the slowest node rather than the sum. Each group is all-or-nothing inside its script, as in
+//! standalone. Across groups the end state is all-or-nothing too, by compensation:
+//!
+//! 1. every group's [`script::command`] is sent concurrently (each with its own deadline);
+//! 2. if every group committed, that is the answer;
+//! 3. otherwise every group that committed is sent its refund — the same operations with the
+//!    cost negated, for exactly the operations whose debit was stored (cost > 0, and admitted
+//!    or overdraft, as [`crate::bucket::settle`] stores them) — concurrently, and the request
+//!    is answered denied (or failed, if a group failed) with each refunded bucket's view after
+//!    its refund: what a standalone store reports for a denied request (the view without the
+//!    request's debit).
+//!
+//! Between steps 1 and 3 another request can see a debit that is then refunded (one round
+//! trip); a refund that fails is logged and counted (`floodgate_cluster_refunds_total{result=
+//! "failed"}`) and leaves that request's cost debited until the bucket refills. A credit
+//! (`is_negative_hits`) stored by a committed group of a denied request stays stored: taking
+//! it back could over-debit a bucket the credit filled to capacity. A domain with
+//! `redis_hash_tag: true` keeps every key in one slot, hence one group: strictly atomic.
+//! docs/cluster.md has the operator's view.
+//!
+//! Routing, `MOVED`/`ASK` redirections and topology refresh are redis-rs's
+//! [`ClusterConnection`]: one multiplexed connection per node, cheap to clone, shared by every
+//! call, so no pool. `NOSCRIPT` (a node promoted by failover, a node added by resharding, or a
+//! `SCRIPT FLUSH`) sends the call once more as `EVAL`, which also caches the script there.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
+use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
+
+use super::{classify, deadline, script};
+use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::clock::Clock;
+use crate::metrics::Metrics;
+use crate::settings::redact_url;
+use crate::store::{RemoteStore, Store, StoreError};
+
+/// How to reach a Redis Cluster.
+#[derive(Clone)]
+pub struct ClusterSettings {
+    /// Seed nodes, `redis://[user:password@]host:port` or `rediss://…` for TLS; the rest of
+    /// the cluster is discovered from them.
+    pub seeds: Vec<String>,
+    /// Prepended to every bucket key.
+    pub key_prefix: String,
+    /// Deadline to establish a connection to a node.
+    pub connect_timeout: Duration,
+    /// Deadline for one slot group's script (redirections included), and again for its
+    /// refund.
+    pub command_timeout: Duration,
+}
+
+impl fmt::Debug for ClusterSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let seeds: Vec<String> = self.seeds.iter().map(|s| redact_url(s)).collect();
+        f.debug_struct("ClusterSettings")
+            .field("seeds", &seeds)
+            .field("key_prefix", &self.key_prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("command_timeout", &self.command_timeout)
+            .finish()
+    }
+}
+
+/// Buckets in a Redis Cluster.
+pub struct ClusterStore {
+    /// Routes each command to its slot's master; cloned per call (a handle on one task).
+    conn: ClusterConnection,
+    /// Key prefix bytes.
+    prefix: Vec<u8>,
+    /// Deadline per slot group call and per refund.
+    command_timeout: Duration,
+    /// Where refunds are counted.
+    metrics: Arc<Metrics>,
+    /// Tests only: a clock whose time is passed to the script instead of Redis `TIME`.
+    test_clock: Option<Arc<dyn Clock>>,
+}
+
+impl ClusterStore {
+    /// A store for `settings`; `tls` adds a CA and client certificate to `rediss://` seeds.
+    /// Connects in the background, like [`super::RedisStore`]: a cluster that is down at
+    /// start-up is an outage for the failure policy, not a start-up failure.
+    pub fn new(
+        settings: &ClusterSettings,
+        metrics: Arc<Metrics>,
+        tls: Option<TlsCertificates>,
+    ) -> Result<ClusterStore, StoreError> {
+        let invalid = |e: redis::RedisError| {
+            let seeds: Vec<String> = settings.seeds.iter().map(|s| redact_url(s)).collect();
+            StoreError::Failed(format!(
+                "invalid Redis Cluster seeds {}: {e}",
+                seeds.join(",")
+            ))
+        };
+        if settings.seeds.is_empty() {
+            return Err(StoreError::Failed(
+                "Redis Cluster needs at least one seed node".into(),
+            ));
+        }
+        let mut builder = ClusterClientBuilder::new(settings.seeds.iter().map(String::as_str))
+            .connection_timeout(settings.connect_timeout)
+            .response_timeout(settings.command_timeout);
+        if let Some(certificates) = tls {
+            builder = builder.certs(certificates);
+        }
+        let client = builder.build().map_err(invalid)?;
+        let conn = client.get_pending_async_connection_with_config(
+            ClusterConfig::new()
+                .set_connection_timeout(settings.connect_timeout)
+                .set_response_timeout(settings.command_timeout),
+        );
+        Ok(ClusterStore {
+            conn,
+            prefix: settings.key_prefix.clone().into_bytes(),
+            command_timeout: settings.command_timeout,
+            metrics,
+            test_clock: None,
+        })
+    }
+
+    /// For tests only: evaluate at `clock`'s time instead of Redis `TIME` (see
+    /// [`super::RedisStore::with_test_clock`]).
+    pub fn with_test_clock(mut self, clock: Arc<dyn Clock>) -> ClusterStore {
+        self.test_clock = Some(clock);
+        self
+    }
+
+    /// `PING` every master within the command timeout: is every slot served now?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut conn = self.conn.clone();
+        let every_master = RoutingInfo::MultiNode((
+            MultipleNodeRoutingInfo::AllMasters,
+            Some(ResponsePolicy::AllSucceeded),
+        ));
+        deadline(self.command_timeout, async move {
+            conn.route_command(redis::cmd("PING"), every_master)
+                .await
+                .map(drop)
+                .map_err(|e| classify(&e))
+        })
+        .await
+    }
+
+    /// Runs the script for `ops`, all in one slot, within the command timeout.
+    async fn run(&self, ops: &[BucketOp], now: Option<i64>) -> Group {
+        let command = script::command(&self.prefix, ops, now);
+        let mut conn = self.conn.clone();
+        deadline(self.command_timeout, async {
+            let reply = call(&mut conn, &command).await.map_err(|e| classify(&e))?;
+            script::decode(&reply, ops.len())
+        })
+        .await
+    }
+
+    /// Refunds what the groups flagged in `debited_groups` (those that committed) debited
+    /// (see the module docs) and writes each refunded bucket's view after its refund into
+    /// `buckets`.
+    async fn refund(
+        &self,
+        ops: &[BucketOp],
+        groups: &[(Slot, Vec<usize>)],
+        debited_groups: &[bool],
+        buckets: &mut [BucketResult],
+        now: Option<i64>,
+    ) {
+        let refunds: Vec<(Vec<usize>, Vec<BucketOp>)> = groups
+            .iter()
+            .zip(debited_groups)
+            .filter(|(_, debited)| **debited)
+            .filter_map(|((_, members), _)| {
+                let debited: Vec<usize> = members
+                    .iter()
+                    .copied()
+                    .filter(|&i| {
+                        ops[i].cost > 0 && (buckets[i].admitted || ops[i].params.overdraft)
+                    })
+                    .collect();
+                let undo = debited
+                    .iter()
+                    .map(|&i| BucketOp {
+                        cost: -ops[i].cost,
+                        ..ops[i].clone()
+                    })
+                    .collect::<Vec<_>>();
+                (!debited.is_empty()).then_some((debited, undo))
+            })
+            .collect();
+        let answers = join_all(refunds.iter().map(|(_, undo)| self.run(undo, now))).await;
+        for ((debited, _), answer) in refunds.iter().zip(answers) {
+            match answer {
+                Ok(refunded) => {
+                    self.metrics.record_cluster_refund(true);
+                    for (&i, after) in debited.iter().zip(&refunded.buckets) {
+                        buckets[i].view = after.view;
+                    }
+                }
+                Err(error) => {
+                    // The debit stays until the bucket refills: at most this request's cost.
+                    self.metrics.record_cluster_refund(false);
+                    tracing::warn!(
+                        %error,
+                        buckets = debited.len(),
+                        "Redis Cluster refund failed: a denied request stays debited"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// One slot group's answer.
+type Group = Result<Applied, StoreError>;
+
+/// Sends a [`script::command`] and returns the script's raw reply. On `NOSCRIPT` the same
+/// call is sent once more as `EVAL` with the script's source, which runs it and caches it on
+/// whichever node serves the keys now, following redirections like any keyed command.
+/// (`SCRIPT LOAD` first would need its own routing: through the cluster connection it goes to
+/// every node and fails while any node is down — exactly after a failover; routed to the
+/// slot's master, the failover test still met `NOSCRIPT` on the retry.)
+async fn call(conn: &mut ClusterConnection, command: &Cmd) -> RedisResult<Vec<i64>> {
+    match command.query_async(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            eval(command).query_async(conn).await
+        }
+        reply => reply,
+    }
+}
+
+/// `EVALSHA <sha> <#keys> KEYS… ARGV…` as `EVAL <source> <#keys> KEYS… ARGV…`.
+fn eval(evalsha: &Cmd) -> Cmd {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(script::SOURCE);
+    for arg in evalsha.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    eval
+}
+
+/// The indices of `ops` grouped by the hash slot of their Redis key, groups in order of
+/// first appearance.
+pub fn slot_groups(prefix: &[u8], ops: &[BucketOp]) -> Vec<(Slot, Vec<usize>)> {
+    let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let slot = Slot::for_key(script::full_key(prefix, &op.key));
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, members)) => members.push(i),
+            None => groups.push((slot, vec![i])),
+        }
+    }
+    groups
+}
+
+#[async_trait]
+impl Store for ClusterStore {
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let now = self.test_clock.as_ref().map(|clock| clock.now_us());
+        let groups = slot_groups(&self.prefix, ops);
+        match groups.as_slice() {
+            [] => {
+                return Ok(Applied {
+                    committed: true,
+                    buckets: Vec::new(),
+                    from_local_cache: false,
+                });
+            }
+            // One slot (one descriptor, or a hash-tagged domain): exactly the standalone call.
+            [_] => return self.run(ops, now).await,
+            _ => {}
+        }
+        let group_ops: Vec<Vec<BucketOp>> = groups
+            .iter()
+            .map(|(_, members)| members.iter().map(|&i| ops[i].clone()).collect())
+            .collect();
+        let answers: Vec<Group> =
+            join_all(group_ops.iter().map(|group| self.run(group, now))).await;
+        // Each op's result from its group's answer; a failed group's ops keep a placeholder
+        // (the call then fails as a whole).
+        let mut buckets = vec![
+            BucketResult {
+                admitted: false,
+                view: crate::limiter::View {
+                    remaining: 0,
+                    reset_us: 0,
+                },
+                retry_after_us: None,
+            };
+            ops.len()
+        ];
+        let mut committed = true;
+        let mut failure = None;
+        let mut debited_groups = Vec::with_capacity(groups.len());
+        for ((_, members), answer) in groups.iter().zip(answers) {
+            match answer {
+                Ok(applied) => {
+                    committed &= applied.committed;
+                    debited_groups.push(applied.committed);
+                    for (&i, result) in members.iter().zip(&applied.buckets) {
+                        buckets[i] = *result;
+                    }
+                }
+                Err(error) => {
+                    committed = false;
+                    debited_groups.push(false);
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        if !committed {
+            self.refund(ops, &groups, &debited_groups, &mut buckets, now)
+                .await;
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(Applied {
+                committed,
+                buckets,
+                from_local_cache: false,
+            }),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "redis_cluster"
+    }
+}
+
+#[async_trait]
+impl RemoteStore for ClusterStore {
+    async fn ping(&self) -> Result<(), StoreError> {
+        ClusterStore::ping(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::{BucketKey, KeyValue};
+    use crate::limiter::{Algorithm, LimitParams};
+
+    /// The NOSCRIPT fallback is the same call with the script's source instead of its SHA.
+    #[test]
+    fn eval_fallback_keeps_keys_and_arguments() {
+        let ops = [op("10.0.0.1"), op("10.0.0.2")];
+        let evalsha = script::command(b"fg:", &ops, Some(5));
+        let eval = eval(&evalsha);
+        let words = |cmd: &Cmd| -> Vec<Vec<u8>> {
+            cmd.args_iter()
+                .map(|arg| match arg {
+                    Arg::Simple(bytes) => bytes.to_vec(),
+                    _ => panic!("only plain arguments in a script call"),
+                })
+                .collect()
+        };
+        let (a, b) = (words(&evalsha), words(&eval));
+        assert_eq!(a[0], b"EVALSHA");
+        assert_eq!(b[0], b"EVAL");
+        assert_eq!(b[1], script::SOURCE.as_bytes());
+        assert_eq!(a[2..], b[2..]);
+    }
+
+    fn op(value: &str) -> BucketOp {
+        BucketOp {
+            key: BucketKey::new(
+                "edge",
+                [(&b"ip"[..], KeyValue::Value(value.as_bytes()))],
+                Algorithm::TokenBucket,
+                60_000_000,
+            ),
+            params: LimitParams {
+                algorithm: Algorithm::TokenBucket,
+                requests_per_period: 7,
+                period_us: 60_000_000,
+                burst: 7,
+                overdraft: false,
+            },
+            cost: 1,
+            enforce: true,
+        }
+    }
+
+    /// Ops are grouped by the slot of prefix + key, in order of first appearance, and every
+    /// op lands in exactly one group.
+    #[test]
+    fn groups_follow_slots() {
+        let ops: Vec<BucketOp> = (0..40).map(|i| op(&format!("10.0.0.{i}"))).collect();
+        let groups = slot_groups(b"fg:", &ops);
+        assert!(groups.len() > 1, "40 keys in one slot: {groups:?}");
+        let mut seen: Vec<usize> = groups.iter().flat_map(|(_, m)| m.clone()).collect();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..40).collect::<Vec<_>>());
+        for (slot, members) in &groups {
+            for &i in members {
+                assert_eq!(Slot::for_key(script::full_key(b"fg:", &ops[i].key)), *slot);
+            }
+        }
+        assert_eq!(groups[0].1[0], 0);
+        assert!(slot_groups(b"fg:", &[]).is_empty());
+    }
+
+    /// Seeds' passwords never reach Debug output.
+    #[test]
+    fn seeds_are_redacted() {
+        let settings = ClusterSettings {
+            seeds: vec!["redis://:s3cret@a:1".into(), "rediss://u:pw@b:2".into()],
+            key_prefix: "fg:".into(),
+            connect_timeout: Duration::from_millis(1),
+            command_timeout: Duration::from_millis(1),
+        };
+        let debug = format!("{settings:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("pw@"),
+            "{debug}"
+        );
+    }
+}
