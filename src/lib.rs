@@ -31,12 +31,16 @@
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
 //!   generated RLS v3 types.
+//!
+//! `fuzzing` (hidden, not API) holds the entry points of the fuzz targets in `fuzz/`.
 #![forbid(unsafe_code)]
 
 pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod limiter;
 pub mod metrics;
