@@ -50,9 +50,10 @@ for target in "${targets[@]}"; do
     if "${fuzz[@]}" run "${flags[@]}" "$target" "${corpora[@]}" -- \
         -max_total_time="$seconds" -timeout=10 -print_final_stats=1 "${dict[@]}" >"$log" 2>&1; then
         stat() { sed -n "s/^stat::$1: *//p" "$log"; }
-        corpus=$(find "fuzz/corpus/$target" -type f | wc -l)
+        # libFuzzer's own count of the inputs it keeps (the directory also holds older ones).
+        corpus=$(grep -o 'corp: [0-9]*/[0-9]*[A-Za-z]*' "$log" | tail -n 1)
         report ok "$target" "${seconds} s, $(stat number_of_executed_units) executions, \
-$(stat average_exec_per_sec)/s, corpus ${corpus}, peak RSS $(stat peak_rss_mb) MB"
+$(stat average_exec_per_sec)/s, ${corpus:-corp: ?}, peak RSS $(stat peak_rss_mb) MB"
     else
         tail -n 40 "$log" >&2
         artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)

@@ -119,8 +119,9 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
     // Fresh metrics per input: `detailed_metric` labels carry request values, so a shared
     // registry would grow for the whole run.
     let metrics = Metrics::shared();
-    let store =
-        MemoryStore::new(clock.clone()).with_max_buckets(MAX_BUCKETS, Some(metrics.clone()));
+    let store = Arc::new(
+        MemoryStore::new(clock.clone()).with_max_buckets(MAX_BUCKETS, Some(metrics.clone())),
+    );
     let options = PlanOptions {
         headers: Some(HeaderOptions {
             ietf: true,
@@ -131,15 +132,22 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
     };
     let limiter = RateLimiter::new(
         Arc::new(ArcSwap::new(LIMITS.clone())),
-        Arc::new(store),
+        store.clone(),
         options,
         metrics,
     );
+    // docs/algorithms.md: a check (every descriptor's hits_addend present and 0) never changes
+    // anything, and a bucket that was never debited is not over.
+    let check_only = request.descriptors.iter().all(|d| d.hits_addend == Some(0));
     let mut responses = Vec::new();
     for _ in 0..2 {
         match block_on(limiter.should_rate_limit(request)) {
             Ok(response) => {
                 check_response(request, &response);
+                if check_only {
+                    assert!(store.is_empty(), "a check stored a bucket");
+                    assert_eq!(response.overall_code, Code::Ok as i32, "a check is over");
+                }
                 responses.push(response);
             }
             Err(RequestError::Invalid(_)) => return responses,
