@@ -8,19 +8,23 @@
 #   scripts/fuzz-smoke.sh                  every target, 20 s each
 #   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh request json    a long run of two targets
 #
-# The build goes to $CARGO_TARGET_DIR/fuzz (or target/fuzz): its flags differ from the normal
-# build's, and sharing a directory would make each rebuild the other.
+# The build goes to $CARGO_TARGET_DIR/fuzz (or target/fuzz; with FUZZ_SANITIZER, fuzz-<name>):
+# its flags differ from the normal build's, and sharing a directory would make each rebuild
+# the other.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 seconds=${FUZZ_SECONDS:-20}
+sanitizer=${FUZZ_SANITIZER:-none}
 target_dir="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
+# Another sanitizer changes every crate's flags: its own directory keeps the default build.
+[ "$sanitizer" = none ] || target_dir="$target_dir-$sanitizer"
 if [ "$#" -gt 0 ]; then targets=("$@"); else targets=(config request json bucket_key); fi
 # No sanitizer: floodgate forbids unsafe code, so what the targets hunt is panics, arithmetic
 # overflow (debug assertions are on), hangs and memory blow-ups, which need none; ASan would
 # halve the executions per second. Pass FUZZ_SANITIZER=address to check dependencies' unsafe.
 fuzz=(cargo +nightly fuzz)
-flags=(--sanitizer "${FUZZ_SANITIZER:-none}" --target-dir "$target_dir")
+flags=(--sanitizer "$sanitizer" --target-dir "$target_dir")
 
 passed=0
 failed=0
