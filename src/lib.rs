@@ -34,6 +34,8 @@
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
 //!   generated RLS v3 types.
+//!
+//! `fuzzing` (hidden, not API) holds the entry points of the fuzz targets in `fuzz/`.
 #![forbid(unsafe_code)]
 
 pub mod annotate;
@@ -41,6 +43,8 @@ pub mod bucket;
 pub mod clock;
 pub mod config;
 pub mod file_watch;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod limiter;
 pub mod metrics;

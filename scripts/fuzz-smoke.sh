@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Fuzz smoke run (docs/fuzzing.md): builds the fuzz targets in fuzz/ with cargo-fuzz (nightly)
+# and runs each for FUZZ_SECONDS (default 20) seconds from its committed seeds
+# (fuzz/seeds/<target>) plus the working corpus (fuzz/corpus/<target>, not committed; new
+# inputs go there). One line per target, then `fuzz: N passed, M failed` last, which
+# scripts/test.sh adds to its summary. A crash leaves its input in fuzz/artifacts/<target>/.
+#
+#   scripts/fuzz-smoke.sh                  every target, 20 s each
+#   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh request json    a long run of two targets
+#
+# The build goes to $CARGO_TARGET_DIR/fuzz (or target/fuzz; with FUZZ_SANITIZER, fuzz-<name>):
+# its flags differ from the normal build's, and sharing a directory would make each rebuild
+# the other.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+seconds=${FUZZ_SECONDS:-20}
+sanitizer=${FUZZ_SANITIZER:-none}
+target_dir="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
+# Another sanitizer changes every crate's flags: its own directory keeps the default build.
+[ "$sanitizer" = none ] || target_dir="$target_dir-$sanitizer"
+if [ "$#" -gt 0 ]; then targets=("$@"); else targets=(config request json bucket_key); fi
+# No sanitizer: floodgate forbids unsafe code, so what the targets hunt is panics, arithmetic
+# overflow (debug assertions are on), hangs and memory blow-ups, which need none; ASan would
+# halve the executions per second. Pass FUZZ_SANITIZER=address to check dependencies' unsafe.
+# cargo-fuzz comes from .tools/venv (scripts/install-test-tools.sh).
+export PATH="$PWD/.tools/venv/bin:$PATH"
+fuzz=(cargo +nightly fuzz)
+flags=(--sanitizer "$sanitizer" --target-dir "$target_dir")
+
+passed=0
+failed=0
+report() { # result target detail
+    echo "fuzz: $2: $1 ($3)"
+    if [ "$1" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+}
+
+started=$SECONDS
+# Every target at once: they share all their code, and `fuzz run` then finds them built.
+if ! "${fuzz[@]}" build "${flags[@]}" >&2; then
+    for target in "${targets[@]}"; do report FAILED "$target" "build failed"; done
+    echo "fuzz: $passed passed, $failed failed"
+    exit 1
+fi
+echo "fuzz: build took $((SECONDS - started)) s"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+for target in "${targets[@]}"; do
+    mkdir -p "fuzz/corpus/$target"
+    dict=()
+    [ -f "fuzz/dicts/$target.dict" ] && dict=("-dict=fuzz/dicts/$target.dict")
+    # -timeout: an input taking 10 s is a hang; libFuzzer's default waits 20 minutes.
+    corpora=("fuzz/corpus/$target")
+    [ -d "fuzz/seeds/$target" ] && corpora+=("fuzz/seeds/$target")
+    if "${fuzz[@]}" run "${flags[@]}" "$target" "${corpora[@]}" -- \
+        -max_total_time="$seconds" -timeout=10 -print_final_stats=1 "${dict[@]}" >"$log" 2>&1; then
+        stat() { sed -n "s/^stat::$1: *//p" "$log"; }
+        # libFuzzer's own count of the inputs it keeps (the directory also holds older ones).
+        corpus=$(grep -o 'corp: [0-9]*/[0-9]*[A-Za-z]*' "$log" | tail -n 1)
+        report ok "$target" "${seconds} s, $(stat number_of_executed_units) executions, \
+$(stat average_exec_per_sec)/s, ${corpus:-corp: ?}, peak RSS $(stat peak_rss_mb) MB"
+    else
+        tail -n 40 "$log" >&2
+        artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
+        report FAILED "$target" "${artifact:-see the output above}"
+    fi
+done
+echo "fuzz: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
