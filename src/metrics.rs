@@ -24,12 +24,20 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
+//! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
+//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
+//!
+//! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`)
+//! are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
+//! exact, not the value of some earlier tick.
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -95,6 +103,20 @@ impl RequestResult {
     }
 }
 
+/// Reads a gauge's value from its source just before an exposition.
+type Sampler = Box<dyn Fn(&Metrics) + Send + Sync>;
+
+/// The registered samplers (a newtype only to be `Debug`).
+#[derive(Default)]
+struct Samplers(Mutex<Vec<Sampler>>);
+
+impl fmt::Debug for Samplers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        write!(f, "Samplers({count})")
+    }
+}
+
 /// The metric registry and handles to every metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -115,6 +137,21 @@ pub struct Metrics {
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
+    local_cache_entries: Gauge,
+    local_cache_evictions: Counter,
+    requests_in_flight: Gauge,
+    /// Run before every exposition.
+    samplers: Samplers,
+}
+
+/// Counts one request in `floodgate_requests_in_flight` while it lives.
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Default for Metrics {
@@ -146,6 +183,9 @@ impl Metrics {
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
+        let local_cache_entries = Gauge::default();
+        let local_cache_evictions = Counter::default();
+        let requests_in_flight = Gauge::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -226,6 +266,21 @@ impl Metrics {
             "Requests denied by the local over-limit cache without a store call",
             local_cache_over_limit.clone(),
         );
+        registry.register(
+            "floodgate_local_cache_entries",
+            "Buckets the local over-limit cache holds",
+            local_cache_entries.clone(),
+        );
+        registry.register(
+            "floodgate_local_cache_evictions",
+            "Entries the local over-limit cache dropped to stay within its bound",
+            local_cache_evictions.clone(),
+        );
+        registry.register(
+            "floodgate_requests_in_flight",
+            "ShouldRateLimit calls being answered now",
+            requests_in_flight.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -244,6 +299,10 @@ impl Metrics {
             store_degraded,
             store_available,
             local_cache_over_limit,
+            local_cache_entries,
+            local_cache_evictions,
+            requests_in_flight,
+            samplers: Samplers::default(),
         }
     }
 
@@ -342,8 +401,44 @@ impl Metrics {
         self.local_cache_over_limit.inc();
     }
 
+    /// Counts a request as in flight until the returned guard is dropped.
+    pub fn enter_request(&self) -> InFlight<'_> {
+        self.requests_in_flight.inc();
+        InFlight(&self.requests_in_flight)
+    }
+
+    /// Sets the number of buckets the local over-limit cache holds.
+    pub fn set_local_cache_entries(&self, entries: u64) {
+        self.local_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// Counts entries the local over-limit cache dropped to stay within its bound.
+    pub fn record_local_cache_evictions(&self, evicted: u64) {
+        self.local_cache_evictions.inc_by(evicted);
+    }
+
+    /// Runs `sampler` before every exposition, to set gauges read from their source (a
+    /// store's size). It must be cheap and must not call [`Metrics::encode`].
+    pub fn sample_before_encode(&self, sampler: impl Fn(&Metrics) + Send + Sync + 'static) {
+        self.samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(sampler));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        for sampler in self
+            .samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            sampler(self);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -13,10 +13,11 @@
 //! - `deny`: every enforcing bucket denies (OVER_LIMIT), nothing debited anywhere.
 //! - `local`: an in-process memory store stands in, per replica, until Redis is back.
 //!
-//! A background probe pings Redis while the breaker is open, or while nothing has succeeded
-//! for the quiet period: it closes the breaker on the first success and counts failures like
-//! requests do, so neither recovery nor noticing an outage (Redis down at start-up, an idle
-//! replica) needs traffic — a pod marked not-ready gets none.
+//! A background probe ([`RedisStore::probe`]: the script with no bucket, so a Redis that answers
+//! `PING` but holds scripts counts as down) runs while the breaker is open, or while nothing
+//! has succeeded for the quiet period: it closes the breaker on the first success and counts
+//! failures like requests do, so neither recovery nor noticing an outage (Redis down at
+//! start-up, an idle replica) needs traffic — a pod marked not-ready gets none.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -63,8 +64,9 @@ pub struct ResilientStore {
     redis: Arc<RedisStore>,
     /// Opens after consecutive transient failures.
     breaker: CircuitBreaker,
-    /// Buckets known to deny for a while; `None` when disabled.
-    cache: Option<OverLimitCache>,
+    /// Buckets known to deny for a while; `None` when disabled. Shared with the metrics
+    /// sampler that publishes its size.
+    cache: Option<Arc<OverLimitCache>>,
     /// The answer while Redis is unusable.
     policy: FailurePolicy,
     /// The stand-in store for policy `local`.
@@ -97,11 +99,23 @@ impl ResilientStore {
         metrics: Arc<Metrics>,
     ) -> ResilientStore {
         metrics.set_store_available(true);
+        let cache = (resilience.cache_capacity > 0).then(|| {
+            let cache = Arc::new(OverLimitCache::new(
+                resilience.cache_capacity,
+                Some(metrics.clone()),
+            ));
+            let weak = Arc::downgrade(&cache);
+            metrics.sample_before_encode(move |metrics| {
+                if let Some(cache) = weak.upgrade() {
+                    metrics.set_local_cache_entries(cache.len());
+                }
+            });
+            cache
+        });
         ResilientStore {
             redis,
             breaker: CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period),
-            cache: (resilience.cache_capacity > 0)
-                .then(|| OverLimitCache::new(resilience.cache_capacity)),
+            cache,
             policy: resilience.policy,
             fallback,
             metrics,
@@ -121,7 +135,7 @@ impl ResilientStore {
         }
     }
 
-    /// Starts the recovery probe: every `interval`, while the breaker is open, ping Redis and
+    /// Starts the recovery probe: every `interval`, while the breaker is open, probe Redis and
     /// close the breaker on success. Ends when the store is dropped.
     pub fn spawn_probe(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<ResilientStore> = Arc::downgrade(self);
@@ -134,7 +148,7 @@ impl ResilientStore {
                 if store.breaker.is_closed() && !store.breaker.is_idle() {
                     continue;
                 }
-                match store.redis.ping().await {
+                match store.redis.probe().await {
                     Ok(()) => {
                         store.breaker.record_success();
                         store.metrics.set_store_available(true);

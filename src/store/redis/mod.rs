@@ -182,15 +182,12 @@ impl RedisStore {
         self
     }
 
-    /// `PING` within the command timeout: is Redis usable now?
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.with_deadline(async {
-            let mut lent = self.lend().await?;
-            let result: Result<String, RedisError> =
-                redis::cmd("PING").query_async(&mut lent.conn).await;
-            result.map(drop).map_err(|e| classify(&lent, e))
-        })
-        .await
+    /// Is Redis usable for requests now? Runs the script with no bucket, within the command
+    /// timeout: exactly what a request needs. A `PING` would not do: a Redis with writes paused
+    /// (`CLIENT PAUSE … WRITE`, as `FAILOVER` does) answers `PING` but holds every script, and a
+    /// probe that saw it as healthy would close the circuit breaker on every tick.
+    pub async fn probe(&self) -> Result<(), StoreError> {
+        self.apply(&[]).await.map(drop)
     }
 
     /// A handle on a live pooled connection, with the pool's guard already returned: bb8
