@@ -16,9 +16,7 @@ use support::http::call;
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::*;
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -89,22 +87,6 @@ async fn keys(redis: &RedisServer) -> Vec<String> {
         .unwrap();
     keys.sort();
     keys
-}
-
-async fn health(server: &TestServer) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
 }
 
 /// Polls `check` every 20 ms until it holds, for at most 10 s (recovery is asynchronous).
@@ -266,7 +248,10 @@ async fn survives_script_flush() {
 async fn outage_then_recovery_under_policy_error() {
     let Setup { mut redis, server } = setup().await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
-    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::Serving as i32
+    );
     redis.stop();
     // Traffic keeps failing fast; once nothing has succeeded for the quiet period the breaker
     // opens and health turns NOT_SERVING.
@@ -280,10 +265,13 @@ async fn outage_then_recovery_under_policy_error() {
             "{:?}",
             started.elapsed()
         );
-        health(&server).await == ServingStatus::NotServing as i32
+        health(server.grpc_addr).await == ServingStatus::NotServing as i32
     })
     .await;
-    assert_eq!(health(&server).await, ServingStatus::NotServing as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::NotServing as i32
+    );
     let healthcheck = call(server.http_addr, "GET", "/healthcheck", None).await;
     assert_eq!(healthcheck.status, 503);
     let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
@@ -291,7 +279,7 @@ async fn outage_then_recovery_under_policy_error() {
 
     redis.restart();
     eventually("health SERVING after Redis restart", || async {
-        health(&server).await == ServingStatus::Serving as i32
+        health(server.grpc_addr).await == ServingStatus::Serving as i32
     })
     .await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
@@ -354,7 +342,10 @@ async fn policy_allow_answers_ok() {
         assert_eq!(response.overall_code, OK);
         assert_eq!(response.statuses[0].limit_remaining, 1);
     }
-    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::Serving as i32
+    );
     server.stop().await;
 }
 

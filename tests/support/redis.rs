@@ -1,5 +1,5 @@
-//! A real `redis-server` for a test: on an ephemeral loopback port, nothing persisted, killed
-//! when dropped. Readiness is read from its log ("Ready to accept connections"), never slept
+//! A real `redis-server` for a test: on an ephemeral loopback port, nothing persisted unless
+//! the test asks ([`RedisServer::start_with`]), killed when dropped. Readiness is read from its log ("Ready to accept connections"), never slept
 //! for; a port that turns out to be taken is retried with another.
 
 use std::io::{BufRead, BufReader};
@@ -13,17 +13,27 @@ const ATTEMPTS: usize = 10;
 pub struct RedisServer {
     port: u16,
     child: Option<Child>,
+    /// Extra `redis-server` arguments, given again on restart.
+    args: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server on a free port. Panics if `redis-server` is not installed.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server on a free port with extra arguments (e.g. persistence options), which
+    /// override the defaults (`--save "" --appendonly no`) and are kept for restarts.
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
         for _ in 0..ATTEMPTS {
             let port = free_port();
-            if let Some(child) = spawn(port) {
+            if let Some(child) = spawn(port, &args) {
                 return RedisServer {
                     port,
                     child: Some(child),
+                    args,
                 };
             }
         }
@@ -49,7 +59,21 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
     }
 
-    /// Kills the server (no data survives: nothing is persisted) and waits for it to exit.
+    /// Runs one command (e.g. `CLIENT PAUSE 1000 WRITE`) on a new connection; panics on an
+    /// error reply.
+    pub async fn command(&self, args: &[&str]) {
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        let () = command
+            .query_async(&mut self.connection().await)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits for it to exit. Only what it
+    /// had persisted (nothing, by default) survives.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -57,13 +81,15 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server and starts an empty one on the same port, for outage tests.
+    /// Stops the server and starts it again on the same port with the same arguments (empty,
+    /// unless it persisted), for outage tests. Returns once it accepts connections, i.e. has
+    /// loaded what it persisted.
     pub fn restart(&mut self) {
         self.stop();
         // The port was ours a moment ago; redis-server binds with SO_REUSEADDR, so only a
         // racing process could take it. Retry a few times before calling that a failure.
         for _ in 0..ATTEMPTS {
-            if let Some(child) = spawn(self.port) {
+            if let Some(child) = spawn(self.port, &self.args) {
                 self.child = Some(child);
                 return;
             }
@@ -86,10 +112,12 @@ fn free_port() -> u16 {
 
 /// Starts `redis-server` on `port` and waits until it accepts connections. `None` when it
 /// exits first (the port was taken in the meantime).
-fn spawn(port: u16) -> Option<Child> {
+fn spawn(port: u16, args: &[String]) -> Option<Child> {
     let mut child = Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--logfile", ""])
+        // Later arguments win: the test's own.
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
