@@ -104,6 +104,15 @@ async fn stop(server: Floodgate) -> String {
 const OPENED: &str = "circuit open";
 const CLOSED: &str = "circuit closed";
 
+/// Waits until Redis is in use: the breaker closed. (At start-up, before any call succeeded,
+/// the first slow pool connections can open it for a probe interval.)
+async fn until_redis_in_use(http: SocketAddr) {
+    eventually("Redis in use", || async {
+        metric(http, "floodgate_store_available").await == Some(1.0)
+    })
+    .await;
+}
+
 /// Waits for one more `transition` log line than `before`; returns when it was seen.
 async fn logged(server: &Floodgate, transition: &str, before: usize) -> Instant {
     eventually(transition, || async {
@@ -167,6 +176,7 @@ async fn redis_killed_under_load_policy_error() {
 
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
+    until_redis_in_use(server.http).await;
     let (opens, closes) = (server.log_count(OPENED), server.log_count(CLOSED));
     let killing = Instant::now();
     redis.stop();
@@ -250,6 +260,7 @@ async fn redis_killed_under_load_policy_local() {
     let mut probe = client(server.grpc).await;
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
+    until_redis_in_use(server.http).await;
     let (opens, closes) = (server.log_count(OPENED), server.log_count(CLOSED));
     redis.stop();
     let killed = Instant::now();
@@ -296,17 +307,22 @@ async fn redis_killed_under_load_policy_local() {
     }));
 }
 
-/// Redis frozen by `DEBUG SLEEP 3` under load with policy `allow` and the default 10 ms
-/// deadline: every request is answered OK (the policy's answer instead of a hang), the
+/// Redis frozen by `DEBUG SLEEP 3` under load with policy `allow` and a 100 ms deadline (the
+/// default 10 ms is too tight for a debug build on a loaded test machine): every request is answered OK (the policy's answer instead of a hang), the
 /// breaker opens while Redis sleeps and closes after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_frozen_by_debug_sleep_policy_allow() {
     let redis = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let dir = limits_dir();
-    let server = floodgate(dir.path(), &redis, &["--on-store-error", "allow"]);
+    let server = floodgate(
+        dir.path(),
+        &redis,
+        &["--on-store-error", "allow", "--redis-timeout-ms", "100"],
+    );
     let http = server.http;
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
+    until_redis_in_use(server.http).await;
     let port = redis.port().to_string();
     let opens = server.log_count(OPENED);
     let frozen = Instant::now();
@@ -336,7 +352,7 @@ async fn redis_frozen_by_debug_sleep_policy_allow() {
     stop(server).await;
     let (p99, max) = latency_ms(slow.iter().copied());
     report(json!({
-        "scenario": "redis frozen (DEBUG SLEEP 3), policy allow, 10 ms deadline",
+        "scenario": "redis frozen (DEBUG SLEEP 3), policy allow, 100 ms deadline",
         "normal_p99_ms": latency_ms(within(&outcomes, outcomes[0].started, frozen)).0,
         "requests": outcomes.len(),
         "degraded": slow.len(),
@@ -365,6 +381,7 @@ async fn redis_writes_paused_policy_deny() {
     );
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
+    until_redis_in_use(server.http).await;
     let opens = server.log_count(OPENED);
     let paused = Instant::now();
     redis.command(&["CLIENT", "PAUSE", "30000", "WRITE"]).await;
@@ -407,7 +424,7 @@ async fn redis_writes_paused_policy_deny() {
 }
 
 /// SIGTERM with a request in flight on every worker's connection (held in Redis by a write
-/// pause): new connections are refused at once, every in-flight request completes OK once
+/// pause; the workers hold back for a moment so that every next request is sent after it): new connections are refused at once, every in-flight request completes OK once
 /// Redis resumes, requests sent after are refused cleanly, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_in_flight_requests() {
@@ -417,9 +434,14 @@ async fn sigterm_under_load_drains_in_flight_requests() {
     let (grpc, http) = (server.grpc, server.http);
     let load = Load::start(grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
+    // Every worker's next request is sent after writes are paused, so it is held in Redis.
+    load.hold().await;
     redis.command(&["CLIENT", "PAUSE", "30000", "WRITE"]).await;
-    eventually("a request in flight on every connection", || async {
-        metric(http, "floodgate_requests_in_flight").await == Some(WORKERS as f64)
+    let paused = Instant::now();
+    load.resume();
+    eventually("a request held in flight on every connection", || async {
+        load.all_pending_since(paused)
+            && metric(http, "floodgate_requests_in_flight").await == Some(WORKERS as f64)
     })
     .await;
     let answered = load.answered();

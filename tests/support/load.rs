@@ -46,6 +46,12 @@ impl Outcome {
 pub struct Load {
     stop: Arc<AtomicBool>,
     answered: Arc<AtomicU64>,
+    /// Per worker: when its outstanding request was sent, in ns after `base` plus 1; 0 while
+    /// it has none.
+    pending: Arc<Vec<AtomicU64>>,
+    base: Instant,
+    /// Workers send only while this is true.
+    gate: tokio::sync::watch::Sender<bool>,
     workers: Vec<JoinHandle<Vec<Outcome>>>,
 }
 
@@ -60,6 +66,10 @@ impl Load {
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
         let request = Arc::new(request);
+        let pending: Arc<Vec<AtomicU64>> =
+            Arc::new((0..workers).map(|_| AtomicU64::new(0)).collect());
+        let base = Instant::now();
+        let gate = tokio::sync::watch::Sender::new(true);
         let mut handles = Vec::new();
         for worker in 0..workers {
             // One connection per worker: a channel is one HTTP/2 connection.
@@ -70,14 +80,21 @@ impl Load {
                 .unwrap();
             let mut client = RateLimitServiceClient::new(channel);
             let (stop, answered, request) = (stop.clone(), answered.clone(), request.clone());
+            let pending = pending.clone();
+            let mut open = gate.subscribe();
             handles.push(tokio::spawn(async move {
                 let mut outcomes = Vec::new();
                 let mut i = 0;
                 while !stop.load(Ordering::SeqCst) {
+                    // Never closed while the Load lives: the sender is in it.
+                    let _ = open.wait_for(|open| *open).await;
                     let message = request(worker, i);
                     let started = Instant::now();
+                    let since = started.duration_since(base).as_nanos() as u64 + 1;
+                    pending[worker].store(since, Ordering::SeqCst);
                     let result = client.should_rate_limit(message).await;
                     let latency = started.elapsed();
+                    pending[worker].store(0, Ordering::SeqCst);
                     let (result, limit) = match result {
                         Ok(response) => {
                             let response = response.into_inner();
@@ -108,6 +125,9 @@ impl Load {
         Load {
             stop,
             answered,
+            pending,
+            base,
+            gate,
             workers: handles,
         }
     }
@@ -115,6 +135,29 @@ impl Load {
     /// Requests answered (or failed) so far.
     pub fn answered(&self) -> u64 {
         self.answered.load(Ordering::SeqCst)
+    }
+
+    /// Workers send no new request until [`Load::resume`]; returns once none is outstanding.
+    pub async fn hold(&self) {
+        self.gate.send_replace(false);
+        let deadline = Instant::now() + DEADLINE;
+        while self.pending.iter().any(|p| p.load(Ordering::SeqCst) != 0) {
+            assert!(Instant::now() < deadline, "a request never ended");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Workers send again.
+    pub fn resume(&self) {
+        self.gate.send_replace(true);
+    }
+
+    /// True when every worker has a request outstanding that it sent at or after `t`.
+    pub fn all_pending_since(&self, t: Instant) -> bool {
+        let since = t.saturating_duration_since(self.base).as_nanos() as u64 + 1;
+        self.pending
+            .iter()
+            .all(|p| p.load(Ordering::SeqCst) >= since)
     }
 
     /// Waits until `n` more requests have been answered (or failed) than now.
@@ -134,6 +177,7 @@ impl Load {
     /// Stops the workers and returns every outcome, in the order they were sent.
     pub async fn finish(self) -> Vec<Outcome> {
         self.stop.store(true, Ordering::SeqCst);
+        self.resume();
         let mut all = Vec::new();
         for worker in self.workers {
             all.extend(worker.await.unwrap());
