@@ -634,7 +634,7 @@ async fn limits_churn_under_load() {
         "scenario": format!("limits churn: {} edits, invalid edits, ConfigMap swaps and invalid swaps", steps.len()),
         "normal_p99_ms": latency_ms(&outcomes).0,
         "requests": outcomes.len(),
-        "degraded": errors,
+        "degraded": errors as u64,
         "failures": 0,
         "answer": "every answer from the last valid limits; invalid loads counted, previous limits kept",
         "degraded_p99_ms": null,
