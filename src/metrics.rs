@@ -28,8 +28,8 @@
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
 //!
-//! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`)
-//! are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
+//! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
+//! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
 //! exact, not the value of some earlier tick.
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:

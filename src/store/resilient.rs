@@ -98,7 +98,13 @@ impl ResilientStore {
         fallback: Option<Arc<MemoryStore>>,
         metrics: Arc<Metrics>,
     ) -> ResilientStore {
-        metrics.set_store_available(true);
+        let breaker = CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period);
+        // Read from the breaker at every scrape: set at call sites, a request that succeeded
+        // as the breaker opened could close it again and leave the gauge at 0 for good.
+        let available = breaker.subscribe();
+        metrics.sample_before_encode(move |metrics| {
+            metrics.set_store_available(*available.borrow());
+        });
         let cache = (resilience.cache_capacity > 0).then(|| {
             let cache = Arc::new(OverLimitCache::new(
                 resilience.cache_capacity,
@@ -114,7 +120,7 @@ impl ResilientStore {
         });
         ResilientStore {
             redis,
-            breaker: CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period),
+            breaker,
             cache,
             policy: resilience.policy,
             fallback,
@@ -149,14 +155,8 @@ impl ResilientStore {
                     continue;
                 }
                 match store.redis.probe().await {
-                    Ok(()) => {
-                        store.breaker.record_success();
-                        store.metrics.set_store_available(true);
-                    }
-                    Err(error) => {
-                        store.breaker.record_failure(&error);
-                        store.metrics.set_store_available(store.breaker.is_closed());
-                    }
+                    Ok(()) => store.breaker.record_success(),
+                    Err(error) => store.breaker.record_failure(&error),
                 }
             }
         })
@@ -242,9 +242,6 @@ impl Store for ResilientStore {
                 Err(error) if error.is_transient() => {
                     self.metrics.record_store_error(&error);
                     self.breaker.record_failure(&error);
-                    if !self.breaker.is_closed() {
-                        self.metrics.set_store_available(false);
-                    }
                     self.degraded(ops, error)
                 }
                 Err(error) => {
