@@ -28,12 +28,20 @@
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
 //! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
+//! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
+//! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
+//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
+//!
+//! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
+//! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
+//! exact, not the value of some earlier tick.
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 
-use std::sync::Arc;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -113,6 +121,20 @@ impl RequestResult {
     }
 }
 
+/// Reads a gauge's value from its source just before an exposition.
+type Sampler = Box<dyn Fn(&Metrics) + Send + Sync>;
+
+/// The registered samplers (a newtype only to be `Debug`).
+#[derive(Default)]
+struct Samplers(Mutex<Vec<Sampler>>);
+
+impl fmt::Debug for Samplers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        write!(f, "Samplers({count})")
+    }
+}
+
 /// The metric registry and handles to every metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -137,6 +159,21 @@ pub struct Metrics {
     tls_last_load_ok: Gauge,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     cluster_refunds: Family<ResultLabels, Counter>,
+    local_cache_entries: Gauge,
+    local_cache_evictions: Counter,
+    requests_in_flight: Gauge,
+    /// Run before every exposition.
+    samplers: Samplers,
+}
+
+/// Counts one request in `floodgate_requests_in_flight` while it lives.
+#[derive(Debug)]
+pub struct InFlight<'a>(&'a Gauge);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Default for Metrics {
@@ -172,6 +209,9 @@ impl Metrics {
         let tls_last_load_ok = Gauge::default();
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
         let cluster_refunds = Family::<ResultLabels, Counter>::default();
+        let local_cache_entries = Gauge::default();
+        let local_cache_evictions = Counter::default();
+        let requests_in_flight = Gauge::default();
         registry.register(
             "floodgate_rule_hits",
             "Hits evaluated against a rule",
@@ -273,6 +313,21 @@ impl Metrics {
              by result (failed: the debit stays until the bucket refills)",
             cluster_refunds.clone(),
         );
+        registry.register(
+            "floodgate_local_cache_entries",
+            "Buckets the local over-limit cache holds",
+            local_cache_entries.clone(),
+        );
+        registry.register(
+            "floodgate_local_cache_evictions",
+            "Entries the local over-limit cache dropped to stay within its bound",
+            local_cache_evictions.clone(),
+        );
+        registry.register(
+            "floodgate_requests_in_flight",
+            "ShouldRateLimit calls being answered now",
+            requests_in_flight.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -295,6 +350,10 @@ impl Metrics {
             tls_last_load_ok,
             tls_handshake_failures,
             cluster_refunds,
+            local_cache_entries,
+            local_cache_evictions,
+            requests_in_flight,
+            samplers: Samplers::default(),
         }
     }
 
@@ -415,8 +474,44 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts a request as in flight until the returned guard is dropped.
+    pub fn enter_request(&self) -> InFlight<'_> {
+        self.requests_in_flight.inc();
+        InFlight(&self.requests_in_flight)
+    }
+
+    /// Sets the number of buckets the local over-limit cache holds.
+    pub fn set_local_cache_entries(&self, entries: u64) {
+        self.local_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// Counts entries the local over-limit cache dropped to stay within its bound.
+    pub fn record_local_cache_evictions(&self, evicted: u64) {
+        self.local_cache_evictions.inc_by(evicted);
+    }
+
+    /// Runs `sampler` before every exposition, to set gauges read from their source (a
+    /// store's size). It must be cheap and must not call [`Metrics::encode`].
+    pub fn sample_before_encode(&self, sampler: impl Fn(&Metrics) + Send + Sync + 'static) {
+        self.samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(sampler));
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        for sampler in self
+            .samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            sampler(self);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);

@@ -666,7 +666,7 @@ fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), In
     }
     if request.domain.len() > limits.max_value_len {
         return invalid(format!(
-            "rate limit domain is {} bytes long; at most {} are allowed",
+            "rate limit domain is {} bytes long; at most {} are allowed (--max-value-bytes)",
             request.domain.len(),
             limits.max_value_len
         ));
@@ -676,7 +676,7 @@ fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), In
     }
     if request.descriptors.len() > limits.max_descriptors {
         return invalid(format!(
-            "request has {} descriptors; at most {} are allowed",
+            "request has {} descriptors; at most {} are allowed (--max-descriptors)",
             request.descriptors.len(),
             limits.max_descriptors
         ));
@@ -687,7 +687,7 @@ fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), In
         }
         if descriptor.entries.len() > limits.max_entries {
             return invalid(format!(
-                "descriptors[{i}] has {} entries; at most {} are allowed",
+                "descriptors[{i}] has {} entries; at most {} are allowed (--max-entries)",
                 descriptor.entries.len(),
                 limits.max_entries
             ));
@@ -696,7 +696,8 @@ fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), In
             for (field, bytes) in [("key", &entry.key), ("value", &entry.value)] {
                 if bytes.len() > limits.max_value_len {
                     return invalid(format!(
-                        "descriptors[{i}].entries[{j}].{field} is {} bytes long; at most {} are allowed",
+                        "descriptors[{i}].entries[{j}].{field} is {} bytes long; at most {} are allowed \
+                         (--max-value-bytes)",
                         bytes.len(),
                         limits.max_value_len
                     ));

@@ -31,7 +31,7 @@ use crate::config::{Config, ConfigErrors, Defaults};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::metrics::Metrics;
-use crate::plan::{PlanOptions, RequestLimits};
+use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
@@ -164,10 +164,18 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     };
     let max_buckets = usize::try_from(settings.memory_max_buckets).unwrap_or(usize::MAX);
     let memory_store = || {
-        Arc::new(
+        let memory = Arc::new(
             MemoryStore::new(Arc::new(SystemClock))
                 .with_max_buckets(max_buckets, Some(metrics.clone())),
-        )
+        );
+        // Read at every scrape: exact, and no task to keep alive.
+        let weak = Arc::downgrade(&memory);
+        metrics.sample_before_encode(move |metrics| {
+            if let Some(memory) = weak.upgrade() {
+                metrics.set_memory_buckets(memory.len());
+            }
+        });
+        memory
     };
     let (store, memory, redis): (Arc<dyn Store>, _, _) = match remote_store(&settings, &metrics)? {
         None => {
@@ -198,7 +206,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             PlanOptions {
                 shadow_mode: settings.shadow_mode,
                 default_algorithm: settings.algorithm.value.into(),
-                limits: RequestLimits::default(),
+                limits: settings.request_limits(),
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,
                 dynamic_metadata: settings.response.response_dynamic_metadata,
@@ -306,7 +314,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         Some(bind(settings.http_addr).await?)
     };
     if let Some(memory) = &prepared.memory {
-        spawn_memory_upkeep(memory, prepared.limiter.metrics());
+        memory.spawn_sweeper(SWEEP_INTERVAL);
     }
     let mut store_health = None;
     if let Some(redis) = &prepared.redis {
@@ -393,20 +401,6 @@ fn watch_tls(tls: &GrpcTls) -> Option<FileWatch> {
             None
         }
     }
-}
-
-fn spawn_memory_upkeep(memory: &Arc<MemoryStore>, metrics: &Arc<Metrics>) {
-    memory.spawn_sweeper(SWEEP_INTERVAL);
-    let weak = Arc::downgrade(memory);
-    let metrics = metrics.clone();
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval(SWEEP_INTERVAL);
-        loop {
-            ticker.tick().await;
-            let Some(memory) = weak.upgrade() else { return };
-            metrics.set_memory_buckets(memory.len());
-        }
-    });
 }
 
 /// Serves gRPC on `grpc` and admin HTTP on `http` (none: no admin HTTP at all) until

@@ -126,6 +126,7 @@ impl RateLimiter {
                 max_in_flight: self.max_in_flight,
             });
         };
+        let _in_flight = self.metrics.enter_request();
         let config = self.config.load_full();
         let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);

@@ -16,6 +16,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::limiter::Algorithm;
+use crate::plan::RequestLimits;
 use crate::store::FailurePolicy;
 
 pub mod reference;
@@ -199,6 +200,22 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u64).range(64..))]
     pub memory_max_buckets: u64,
 
+    /// Most descriptors in one request; more is refused with INVALID_ARGUMENT.
+    #[arg(long, env = "FLOODGATE_MAX_DESCRIPTORS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_descriptors: u32,
+
+    /// Most entries in one descriptor; more is refused with INVALID_ARGUMENT.
+    #[arg(long, env = "FLOODGATE_MAX_ENTRIES", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_entries: u32,
+
+    /// Longest domain, entry key or entry value, in bytes; longer is refused with
+    /// INVALID_ARGUMENT.
+    #[arg(long, env = "FLOODGATE_MAX_VALUE_BYTES", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_value_bytes: u32,
+
     /// Response headers, near-limit accounting and dynamic metadata.
     #[command(flatten)]
     pub response: ResponseSettings,
@@ -217,6 +234,16 @@ impl ServeSettings {
     /// name (filled in by [`apply_reference_env`]).
     pub fn limits_path(&self) -> Result<&Path, SettingsError> {
         self.config.as_deref().ok_or(SettingsError::NoLimits)
+    }
+
+    /// The request-size caps (`--max-descriptors`, `--max-entries`, `--max-value-bytes`).
+    pub fn request_limits(&self) -> RequestLimits {
+        let size = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        RequestLimits {
+            max_descriptors: size(self.max_descriptors),
+            max_entries: size(self.max_entries),
+            max_value_len: size(self.max_value_bytes),
+        }
     }
 }
 
@@ -479,6 +506,9 @@ impl fmt::Debug for ServeSettings {
             .field("max_in_flight", &self.max_in_flight)
             .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)
             .field("memory_max_buckets", &self.memory_max_buckets)
+            .field("max_descriptors", &self.max_descriptors)
+            .field("max_entries", &self.max_entries)
+            .field("max_value_bytes", &self.max_value_bytes)
             .field("response", &self.response)
             .finish()
     }
@@ -510,6 +540,39 @@ mod tests {
         assert_eq!(s.grpc_max_message_bytes, 65_536);
         assert_eq!(s.memory_max_buckets, 1_000_000);
         assert!(!s.no_http && s.json_endpoint);
+        assert_eq!(s.request_limits(), RequestLimits::default());
+    }
+
+    /// The request caps are flags, positive, and reach the planner's bounds.
+    #[test]
+    fn request_caps_are_flags() {
+        let caps = |extra: &[&str]| match parse(&[&["serve", "--config", "x"][..], extra].concat())
+            .map(|cli| cli.command)
+        {
+            Ok(Command::Serve(s)) => Ok(s.request_limits()),
+            Ok(_) => panic!("not serve"),
+            Err(e) => Err(e),
+        };
+        let set = caps(&[
+            "--max-descriptors",
+            "2",
+            "--max-entries",
+            "3",
+            "--max-value-bytes",
+            "16",
+        ])
+        .unwrap();
+        assert_eq!(
+            set,
+            RequestLimits {
+                max_descriptors: 2,
+                max_entries: 3,
+                max_value_len: 16,
+            }
+        );
+        for flag in ["--max-descriptors", "--max-entries", "--max-value-bytes"] {
+            assert!(caps(&[flag, "0"]).is_err(), "{flag} 0");
+        }
     }
 
     /// `--max-in-flight` takes a positive count.

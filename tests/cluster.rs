@@ -531,7 +531,7 @@ async fn cluster_down_at_start_is_served_once_up() {
             .is_ok_and(|applied| applied.committed)
     })
     .await;
-    assert!(store.ping().await.is_ok());
+    assert!(store.probe().await.is_ok());
 }
 
 /// A refund that cannot be delivered (its master died after its group committed) is counted

@@ -1,18 +1,26 @@
 //! Overload and floods: bounded requests in flight (refused at once, never queued), the gRPC
-//! message cap, and the memory store bound under a random-key flood.
+//! message cap, the request caps, and random-key floods that keep the memory store and the
+//! local over-limit cache within their bounds (read from `/metrics`, as an operator would).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use floodgate::bucket::{Applied, BucketOp};
 use floodgate::clock::ManualClock;
 use floodgate::metrics::Metrics;
+use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_response::Code;
+use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::store::{MemoryStore, Store, StoreError};
-use support::http::post_json;
+use support::http::{metric, post_json};
+use support::load::{ms, report};
+use support::process::Floodgate;
+use support::redis::RedisServer;
 use support::*;
 use tokio::sync::{Semaphore, mpsc};
 
@@ -153,28 +161,222 @@ async fn oversized_grpc_request_is_refused() {
     server.stop().await;
 }
 
-/// A random-key flood through the real server keeps the memory store within
-/// --memory-max-buckets, every request answered, evictions counted.
-#[tokio::test]
-async fn random_key_flood_keeps_memory_store_bounded() {
-    let metrics = Metrics::shared();
-    let store = Arc::new(
-        MemoryStore::new(Arc::new(ManualClock::new(START_US)))
-            .with_max_buckets(128, Some(metrics.clone())),
-    );
-    let server =
-        TestServer::start_tuned(LIMITS, store.clone(), metrics.clone(), Tuning::default()).await;
-    let mut client = server.client().await;
-    for i in 0..2_000 {
-        let response = client
-            .should_rate_limit(simple("d", "k", &format!("flood-{i}")))
+/// Limits of the spawned-binary tests: `k` is generous, `once` admits one hit per hour.
+const FLOOD_LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: once\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+
+/// `floodgate serve` on [`FLOOD_LIMITS`] with `args`; the limits directory lives as long as
+/// the returned guard.
+fn serve(args: &[&str]) -> (Floodgate, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), FLOOD_LIMITS).unwrap();
+    let mut all = vec!["--config", dir.path().to_str().unwrap()];
+    all.extend_from_slice(args);
+    (Floodgate::start(&all), dir)
+}
+
+/// The value of `series` on `/metrics` (0 when absent).
+async fn count(http: SocketAddr, series: &str) -> u64 {
+    metric(http, series).await.unwrap_or(0.0) as u64
+}
+
+/// Sends `requests(w, i)` for `i` in `0..per_worker` from each of `workers` concurrent
+/// connections; returns every overall code with the request index `i`.
+async fn flood(
+    grpc: SocketAddr,
+    workers: usize,
+    per_worker: u64,
+    requests: impl Fn(usize, u64) -> RateLimitRequest + Send + Sync + Copy + 'static,
+) -> Vec<(u64, i32)> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for w in 0..workers {
+        let mut client = RateLimitServiceClient::connect(format!("http://{grpc}"))
             .await
             .unwrap();
-        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+        tasks.spawn(async move {
+            let mut codes = Vec::new();
+            for i in 0..per_worker {
+                let response = client.should_rate_limit(requests(w, i)).await.unwrap();
+                codes.push((i, response.into_inner().overall_code));
+            }
+            codes
+        });
     }
-    assert!(store.len() <= 128, "{} buckets", store.len());
-    assert_eq!(store.len() as u64 + store.evictions(), 2_000);
-    let counted = format!("floodgate_memory_evictions_total {}\n", store.evictions());
-    assert!(metrics.encode().contains(&counted), "{}", metrics.encode());
-    server.stop().await;
+    tasks.join_all().await.concat()
+}
+
+/// A request of `--max-descriptors` (64) descriptors with distinct values on `key`.
+fn distinct(key: &str, tag: String) -> RateLimitRequest {
+    request(
+        "d",
+        (0..64)
+            .map(|n| descriptor(&[(key, &format!("{tag}-{n}"))]))
+            .collect(),
+    )
+}
+
+/// Past each request cap the binary answers INVALID_ARGUMENT naming the flag to raise; at
+/// the cap it answers.
+#[tokio::test]
+async fn request_caps_are_flags_and_name_themselves() {
+    let (server, _dir) = serve(&[
+        "--max-descriptors",
+        "2",
+        "--max-entries",
+        "2",
+        "--max-value-bytes",
+        "8",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let at_caps = request(
+        "d",
+        vec![
+            descriptor(&[("k", "12345678"), ("x", "y")]),
+            descriptor(&[("k", "v")]),
+        ],
+    );
+    let response = client.should_rate_limit(at_caps).await.unwrap();
+    assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    let beyond = [
+        (
+            request("d", vec![descriptor(&[("k", "v")]); 3]),
+            "--max-descriptors",
+        ),
+        (
+            request("d", vec![descriptor(&[("k", "v"), ("a", "b"), ("c", "d")])]),
+            "--max-entries",
+        ),
+        (simple("d", "k", "123456789"), "--max-value-bytes"),
+        (simple("d", "key-of-9b", "v"), "--max-value-bytes"),
+        (simple("domain-9b", "k", "v"), "--max-value-bytes"),
+    ];
+    for (message, flag) in beyond {
+        let refused = client.should_rate_limit(message).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().contains(flag), "{flag}: {refused:?}");
+    }
+    assert_eq!(
+        count(server.http, r#"floodgate_requests_total{result="invalid"}"#).await,
+        5
+    );
+    let (exit, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+}
+
+/// The build the figures come from.
+fn build() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
+}
+
+/// Distinct values per flood: 2^18 by default (seconds in a debug build);
+/// `FLOOD_VALUES=1048576` for the figures of docs/reliability.md.
+fn flood_values() -> u64 {
+    std::env::var("FLOOD_VALUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 18)
+}
+
+/// A flood of distinct descriptor values (64 per request; 2^18 by default, see
+/// [`flood_values`]) through the binary keeps the memory store within --memory-max-buckets:
+/// every request answered, and every bucket beyond the bound evicted and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_key_flood_keeps_memory_store_bounded() {
+    const WORKERS: u64 = 8;
+    let (server, _dir) = serve(&["--memory-max-buckets", "1024"]);
+    let started = Instant::now();
+    // `once` buckets live an hour: none expires during the flood, each one must be evicted.
+    let codes = flood(
+        server.grpc,
+        WORKERS as usize,
+        flood_values() / 64 / WORKERS,
+        |w, i| distinct("once", format!("{w}-{i}")),
+    )
+    .await;
+    let elapsed = ms(started, Instant::now());
+    let values = codes.len() as u64 * 64;
+    assert!(codes.iter().all(|(_, code)| *code == Code::Ok as i32));
+    let buckets = count(server.http, "floodgate_memory_buckets").await;
+    let evictions = count(server.http, "floodgate_memory_evictions_total").await;
+    assert!(buckets <= 1024, "{buckets} buckets");
+    assert_eq!(buckets + evictions, values);
+    let rss_kib = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .map(|v| {
+            v.trim()
+                .trim_end_matches(" kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        });
+    let (exit, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    report(serde_json::json!({
+        "scenario": "random-key flood, memory store, --memory-max-buckets 1024",
+        "requests": codes.len(),
+        "failures": 0,
+        "answer": format!("{values} distinct values all answered OK; {buckets} buckets held, {evictions} evicted"),
+        "note": format!("{elapsed} ms in a {} build; RSS after {} MiB (not asserted)", build(), rss_kib.unwrap_or(0) / 1024),
+    }));
+}
+
+/// A flood of distinct values (a quarter of [`flood_values`]) each driven over its limit
+/// through Redis keeps the local over-limit cache within --local-cache-size, evictions
+/// counted, answers unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_key_flood_keeps_local_cache_bounded() {
+    const WORKERS: u64 = 8;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (server, _dir) = serve(&[
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        "2000",
+        "--local-cache-size",
+        "1000",
+    ]);
+    let started = Instant::now();
+    // Request 2n admits 64 new values; request 2n + 1 repeats them: all denied, all cached.
+    let per_worker = flood_values() / 4 / 64 / WORKERS * 2;
+    let codes = flood(server.grpc, WORKERS as usize, per_worker, |w, i| {
+        distinct("once", format!("{w}-{}", i / 2))
+    })
+    .await;
+    let elapsed = ms(started, Instant::now());
+    for (i, code) in &codes {
+        let expected = if i % 2 == 0 {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        };
+        assert_eq!(*code, expected as i32, "request {i}");
+    }
+    let values = codes.len() as u64 / 2 * 64;
+    let entries = count(server.http, "floodgate_local_cache_entries").await;
+    let evictions = count(server.http, "floodgate_local_cache_evictions_total").await;
+    assert!(entries <= 1000, "{entries} entries");
+    assert_eq!(entries + evictions, values);
+    let (exit, _) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    report(serde_json::json!({
+        "scenario": "random-key flood over limit, Redis, --local-cache-size 1000",
+        "requests": codes.len(),
+        "failures": 0,
+        "answer": format!("{values} distinct values admitted then denied as Redis says; cache {entries} entries, {evictions} evicted"),
+        "note": format!("{elapsed} ms in a {} build", build()),
+    }));
 }

@@ -16,9 +16,7 @@ use support::http::call;
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::*;
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
-};
+use tonic_health::pb::health_check_response::ServingStatus;
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -91,22 +89,6 @@ async fn keys(redis: &RedisServer) -> Vec<String> {
     keys
 }
 
-async fn health(server: &TestServer) -> i32 {
-    let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status
-}
-
 /// Polls `check` every 20 ms until it holds, for at most 10 s (recovery is asynchronous).
 async fn eventually<F, Fut>(what: &str, mut check: F)
 where
@@ -131,9 +113,8 @@ fn many(n: usize) -> floodgate::proto::rls::RateLimitRequest {
 
 /// What Redis receives from clients (not from inside scripts) while `work` runs, as seen by
 /// `MONITOR`: one line per command, script-internal ones marked `[.. lua]` and left out, and
-/// so are `PING`s: the breaker's idle probe pings whenever no call has succeeded for its
-/// 50 ms quiet period, which a loaded machine reaches in the middle of `work`; it is not
-/// request traffic.
+/// so are the breaker's probes (the script with no key: `"EVALSHA" "<sha>" "0" ""`), which
+/// run whenever no call succeeded for the (test's 50 ms) quiet period and are no request's.
 async fn client_commands<F: Future<Output = ()>>(redis: &RedisServer, work: F) -> Vec<String> {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
@@ -158,7 +139,8 @@ async fn client_commands<F: Future<Output = ()>>(redis: &RedisServer, work: F) -
         if line.contains("\"end-of-work\"") {
             break;
         }
-        if !line.contains(" lua]") && !line.ends_with("\"PING\"") {
+        let probe = line.contains("\" \"0\" \"\"") && line.to_lowercase().contains("\"evalsha\"");
+        if !line.contains(" lua]") && !probe {
             seen.push(line);
         }
     }
@@ -269,7 +251,10 @@ async fn survives_script_flush() {
 async fn outage_then_recovery_under_policy_error() {
     let Setup { mut redis, server } = setup().await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
-    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::Serving as i32
+    );
     redis.stop();
     // Traffic keeps failing fast; once nothing has succeeded for the quiet period the breaker
     // opens and health turns NOT_SERVING.
@@ -283,10 +268,13 @@ async fn outage_then_recovery_under_policy_error() {
             "{:?}",
             started.elapsed()
         );
-        health(&server).await == ServingStatus::NotServing as i32
+        health(server.grpc_addr).await == ServingStatus::NotServing as i32
     })
     .await;
-    assert_eq!(health(&server).await, ServingStatus::NotServing as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::NotServing as i32
+    );
     let healthcheck = call(server.http_addr, "GET", "/healthcheck", None).await;
     assert_eq!(healthcheck.status, 503);
     let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
@@ -294,7 +282,7 @@ async fn outage_then_recovery_under_policy_error() {
 
     redis.restart();
     eventually("health SERVING after Redis restart", || async {
-        health(&server).await == ServingStatus::Serving as i32
+        health(server.grpc_addr).await == ServingStatus::Serving as i32
     })
     .await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
@@ -357,7 +345,10 @@ async fn policy_allow_answers_ok() {
         assert_eq!(response.overall_code, OK);
         assert_eq!(response.statuses[0].limit_remaining, 1);
     }
-    assert_eq!(health(&server).await, ServingStatus::Serving as i32);
+    assert_eq!(
+        health(server.grpc_addr).await,
+        ServingStatus::Serving as i32
+    );
     server.stop().await;
 }
 

@@ -589,7 +589,7 @@ async fn malformed_requests_are_invalid_argument(backend: Backend) {
                 "test",
                 (0..65).map(|_| descriptor(&[("tb", "x")])).collect(),
             ),
-            "request has 65 descriptors; at most 64 are allowed",
+            "request has 65 descriptors; at most 64 are allowed (--max-descriptors)",
         ),
         (
             request("test", vec![descriptor(&[])]),
@@ -597,7 +597,8 @@ async fn malformed_requests_are_invalid_argument(backend: Backend) {
         ),
         (
             request("test", vec![descriptor(&[("tb", &"v".repeat(4097))])]),
-            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed",
+            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed \
+             (--max-value-bytes)",
         ),
     ];
     for (request, message) in cases {

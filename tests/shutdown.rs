@@ -1,4 +1,5 @@
 //! Graceful shutdown: in-flight requests finish, new connections are refused, clean exit.
+//! (The same for the real binary under load on Redis, SIGTERM included: tests/faults.rs.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;

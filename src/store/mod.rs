@@ -64,6 +64,9 @@ pub trait Store: Send + Sync + 'static {
 /// so [`ResilientStore`] wraps it and probes it to know when it is back.
 #[async_trait]
 pub trait RemoteStore: Store {
-    /// One cheap command within the command timeout: is the store usable now?
-    async fn ping(&self) -> Result<(), StoreError>;
+    /// Is the store usable for requests now? One cheap call within the command timeout that
+    /// needs what a request needs. A `PING` would not do: a Redis with writes paused
+    /// (`CLIENT PAUSE … WRITE`, as `FAILOVER` does) answers `PING` but holds every script, and
+    /// a probe that saw it as healthy would close the circuit breaker on every tick.
+    async fn probe(&self) -> Result<(), StoreError>;
 }

@@ -9,16 +9,20 @@
 //! (`is_negative_hits`) sent to *another* replica, or a limit raised by a reload elsewhere,
 //! is not seen until the entry expires. Refunds through this replica and reloads clear entries.
 //!
-//! Bounded by entry count (moka evicts the least useful entries past it); each entry expires at
-//! its own `until`.
+//! Bounded by entry count (moka evicts the least useful entries past it, counted in
+//! `floodgate_local_cache_evictions_total`); each entry expires at its own `until`. Its size is
+//! published as `floodgate_local_cache_entries` at every metrics exposition.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
+use moka::notification::RemovalCause;
 use moka::sync::Cache;
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::View;
+use crate::metrics::Metrics;
 
 /// What is known about one bucket.
 #[derive(Clone, Copy, Debug)]
@@ -60,14 +64,35 @@ pub struct OverLimitCache {
 }
 
 impl OverLimitCache {
-    /// A cache holding at most `capacity` buckets.
-    pub fn new(capacity: u64) -> OverLimitCache {
-        OverLimitCache {
-            entries: Cache::builder()
-                .max_capacity(capacity)
-                .expire_after(UntilExpiry)
-                .build(),
+    /// A cache holding at most `capacity` buckets, counting evictions in `metrics` (if any).
+    pub fn new(capacity: u64, metrics: Option<Arc<Metrics>>) -> OverLimitCache {
+        let mut builder = Cache::builder()
+            .max_capacity(capacity)
+            .expire_after(UntilExpiry);
+        if let Some(metrics) = metrics {
+            builder = builder.eviction_listener(move |_key, _value, cause| {
+                // Expiry and invalidation are the entry's natural end; only `Size` is the
+                // bound at work (moka also reports a new entry it declined to admit so).
+                if cause == RemovalCause::Size {
+                    metrics.record_local_cache_evictions(1);
+                }
+            });
         }
+        OverLimitCache {
+            entries: builder.build(),
+        }
+    }
+
+    /// How many buckets it holds, once pending evictions have run (moka applies its bound
+    /// in batches, so the raw count may briefly exceed the capacity).
+    pub fn len(&self) -> u64 {
+        self.entries.run_pending_tasks();
+        self.entries.entry_count()
+    }
+
+    /// True when it holds no bucket.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// When every op of the request is known to deny at `now`, the answer Redis would give
@@ -190,7 +215,7 @@ mod tests {
     /// A denial is remembered for its cost and above, until its retry time, and no longer.
     #[test]
     fn remembers_denial_until_retry_time() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         cache.learn(&[op(b"a", 2)], &denied(1_000), sent);
         assert!(cache.answer(&[op(b"a", 2)], sent).is_some());
@@ -213,7 +238,7 @@ mod tests {
     /// Checks, refunds and shadow ops never get a cached denial.
     #[test]
     fn only_enforcing_debits_are_answered() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
         assert!(cache.answer(&[op(b"a", 0)], sent).is_none());
@@ -226,7 +251,7 @@ mod tests {
     /// Overdraft debits always reach the store: a denial is neither learned nor answered.
     #[test]
     fn overdraft_ops_are_never_cached() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         let mut overdraft = op(b"a", 1);
         overdraft.params.overdraft = true;
@@ -239,7 +264,7 @@ mod tests {
     /// A committed refund through this replica forgets the bucket.
     #[test]
     fn refund_invalidates() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
         let refund = Applied {
@@ -262,7 +287,7 @@ mod tests {
     /// deny is answered with Redis's own retry and reset times.
     #[test]
     fn answers_only_when_every_bucket_is_known() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         let mut redis = denied(5_000);
         redis.buckets[0].view.reset_us = 60_000_000;
@@ -277,7 +302,7 @@ mod tests {
     /// A cost that can never pass (no retry time) teaches nothing.
     #[test]
     fn impossible_cost_is_not_cached() {
-        let cache = OverLimitCache::new(100);
+        let cache = OverLimitCache::new(100, None);
         let sent = Instant::now();
         let mut never = denied(0);
         never.buckets[0].retry_after_us = None;

@@ -13,10 +13,11 @@
 //! - `deny`: every enforcing bucket denies (OVER_LIMIT), nothing debited anywhere.
 //! - `local`: an in-process memory store stands in, per replica, until Redis is back.
 //!
-//! A background probe pings Redis while the breaker is open, or while nothing has succeeded
-//! for the quiet period: it closes the breaker on the first success and counts failures like
-//! requests do, so neither recovery nor noticing an outage (Redis down at start-up, an idle
-//! replica) needs traffic — a pod marked not-ready gets none.
+//! A background probe ([`RedisStore::probe`]: the script with no bucket, so a Redis that answers
+//! `PING` but holds scripts counts as down) runs while the breaker is open, or while nothing
+//! has succeeded for the quiet period: it closes the breaker on the first success and counts
+//! failures like requests do, so neither recovery nor noticing an outage (Redis down at
+//! start-up, an idle replica) needs traffic — a pod marked not-ready gets none.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -62,8 +63,9 @@ pub struct ResilientStore {
     redis: Arc<dyn RemoteStore>,
     /// Opens after consecutive transient failures.
     breaker: CircuitBreaker,
-    /// Buckets known to deny for a while; `None` when disabled.
-    cache: Option<OverLimitCache>,
+    /// Buckets known to deny for a while; `None` when disabled. Shared with the metrics
+    /// sampler that publishes its size.
+    cache: Option<Arc<OverLimitCache>>,
     /// The answer while Redis is unusable.
     policy: FailurePolicy,
     /// The stand-in store for policy `local`.
@@ -95,12 +97,30 @@ impl ResilientStore {
         fallback: Option<Arc<MemoryStore>>,
         metrics: Arc<Metrics>,
     ) -> ResilientStore {
-        metrics.set_store_available(true);
+        let breaker = CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period);
+        // Read from the breaker at every scrape: set at call sites, a request that succeeded
+        // as the breaker opened could close it again and leave the gauge at 0 for good.
+        let available = breaker.subscribe();
+        metrics.sample_before_encode(move |metrics| {
+            metrics.set_store_available(*available.borrow());
+        });
+        let cache = (resilience.cache_capacity > 0).then(|| {
+            let cache = Arc::new(OverLimitCache::new(
+                resilience.cache_capacity,
+                Some(metrics.clone()),
+            ));
+            let weak = Arc::downgrade(&cache);
+            metrics.sample_before_encode(move |metrics| {
+                if let Some(cache) = weak.upgrade() {
+                    metrics.set_local_cache_entries(cache.len());
+                }
+            });
+            cache
+        });
         ResilientStore {
             redis,
-            breaker: CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period),
-            cache: (resilience.cache_capacity > 0)
-                .then(|| OverLimitCache::new(resilience.cache_capacity)),
+            breaker,
+            cache,
             policy: resilience.policy,
             fallback,
             metrics,
@@ -120,7 +140,7 @@ impl ResilientStore {
         }
     }
 
-    /// Starts the recovery probe: every `interval`, while the breaker is open, ping Redis and
+    /// Starts the recovery probe: every `interval`, while the breaker is open, probe Redis and
     /// close the breaker on success. Ends when the store is dropped.
     pub fn spawn_probe(self: &Arc<Self>, interval: Duration) -> tokio::task::JoinHandle<()> {
         let weak: Weak<ResilientStore> = Arc::downgrade(self);
@@ -133,15 +153,9 @@ impl ResilientStore {
                 if store.breaker.is_closed() && !store.breaker.is_idle() {
                     continue;
                 }
-                match store.redis.ping().await {
-                    Ok(()) => {
-                        store.breaker.record_success();
-                        store.metrics.set_store_available(true);
-                    }
-                    Err(error) => {
-                        store.breaker.record_failure(&error);
-                        store.metrics.set_store_available(store.breaker.is_closed());
-                    }
+                match store.redis.probe().await {
+                    Ok(()) => store.breaker.record_success(),
+                    Err(error) => store.breaker.record_failure(&error),
                 }
             }
         })
@@ -227,9 +241,6 @@ impl Store for ResilientStore {
                 Err(error) if error.is_transient() => {
                     self.metrics.record_store_error(&error);
                     self.breaker.record_failure(&error);
-                    if !self.breaker.is_closed() {
-                        self.metrics.set_store_available(false);
-                    }
                     self.degraded(ops, error)
                 }
                 Err(error) => {

@@ -39,3 +39,10 @@ pub async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&str>
 pub async fn post_json(addr: SocketAddr, body: &str) -> HttpResponse {
     call(addr, "POST", "/json", Some(body)).await
 }
+
+/// The value of the unlabelled or fully labelled series `series` on `GET /metrics`.
+pub async fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
+    let body = call(addr, "GET", "/metrics", None).await.body;
+    body.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}

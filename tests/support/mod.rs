@@ -35,7 +35,9 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 pub mod certs;
+pub mod configmap;
 pub mod http;
+pub mod load;
 pub mod process;
 pub mod redis;
 pub mod tls;
@@ -497,6 +499,24 @@ pub fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimit
         descriptors,
         hits_addend: 0,
     }
+}
+
+/// The rate-limit service's gRPC health status at `grpc` (a `ServingStatus` as i32).
+pub async fn health(grpc: SocketAddr) -> i32 {
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let channel = Channel::from_shared(format!("http://{grpc}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
 }
 
 /// A request with one single-entry descriptor.

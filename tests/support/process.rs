@@ -3,6 +3,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// A running `floodgate serve`. Terminated (SIGKILL) on drop if still running.
@@ -10,7 +11,9 @@ pub struct Floodgate {
     pub child: Child,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
-    log: Option<JoinHandle<Vec<String>>>,
+    /// Every log line so far (the reader thread appends until the process exits).
+    lines: Arc<Mutex<Vec<String>>>,
+    log: Option<JoinHandle<()>>,
 }
 
 impl Floodgate {
@@ -65,14 +68,18 @@ impl Floodgate {
             }
             seen.push(line);
         };
+        let shared = Arc::new(Mutex::new(seen));
+        let reader = shared.clone();
         let log = std::thread::spawn(move || {
-            seen.extend(lines.map_while(Result::ok));
-            seen
+            for line in lines.map_while(Result::ok) {
+                reader.lock().unwrap().push(line);
+            }
         });
         Floodgate {
             child,
             grpc,
             http,
+            lines: shared,
             log: Some(log),
         }
     }
@@ -88,15 +95,32 @@ impl Floodgate {
     }
 
     /// Sends SIGTERM and waits for exit; returns the status and the whole log.
-    pub fn terminate(mut self) -> (ExitStatus, String) {
+    pub fn terminate(self) -> (ExitStatus, String) {
+        self.sigterm();
+        self.wait()
+    }
+
+    /// Sends SIGTERM without waiting (see [`Floodgate::wait`]).
+    pub fn sigterm(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());
+    }
+
+    /// Waits for exit (blocking); returns the status and the whole log.
+    pub fn wait(mut self) -> (ExitStatus, String) {
         let exit = self.child.wait().unwrap();
-        let log = self.log.take().unwrap().join().unwrap().join("\n");
+        self.log.take().unwrap().join().unwrap();
+        let log = self.lines.lock().unwrap().join("\n");
         (exit, log)
+    }
+
+    /// How many log lines so far contain `text`.
+    pub fn log_count(&self, text: &str) -> usize {
+        let lines = self.lines.lock().unwrap();
+        lines.iter().filter(|line| line.contains(text)).count()
     }
 }
 

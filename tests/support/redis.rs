@@ -1,4 +1,5 @@
-//! A real `redis-server` for a test: on an ephemeral loopback port, nothing persisted, killed
+//! A real `redis-server` for a test: on an ephemeral loopback port, nothing persisted unless
+//! the test asks ([`RedisServer::start_args`]), killed
 //! when dropped. Readiness is read from its log ("Ready to accept connections"), never slept
 //! for; a port that turns out to be taken is retried with another. Variants: TLS only
 //! ([`RedisServer::start_tls`]), a replica ([`RedisServer::start_replica_of`]), a whole
@@ -82,6 +83,13 @@ impl RedisServer {
         RedisServer::start_with(|_| args.clone(), master.tls.clone())
     }
 
+    /// Starts a server on a free port with extra arguments (e.g. persistence options), which
+    /// override the defaults (`--save "" --appendonly no`) and are kept for restarts.
+    pub fn start_args(args: &[&str]) -> RedisServer {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        RedisServer::start_with(|_| args.clone(), None)
+    }
+
     /// Starts a server on a free port with the arguments `extra(port)` gives (TLS only with
     /// `tls`), working in a directory of its own.
     fn start_with(extra: impl Fn(u16) -> Vec<String>, tls: Option<TlsFiles>) -> RedisServer {
@@ -158,7 +166,21 @@ impl RedisServer {
         client.get_multiplexed_async_connection().await.ok()
     }
 
-    /// Kills the server (no data survives: nothing is persisted) and waits for it to exit.
+    /// Runs one command (e.g. `CLIENT PAUSE 1000 WRITE`) on a new connection; panics on an
+    /// error reply.
+    pub async fn command(&self, args: &[&str]) {
+        let mut command = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            command.arg(*arg);
+        }
+        let () = command
+            .query_async(&mut self.connection().await)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits for it to exit. Only what it
+    /// had persisted (nothing, by default) survives.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -166,7 +188,9 @@ impl RedisServer {
         }
     }
 
-    /// Stops the server and starts an empty one on the same port, for outage tests.
+    /// Stops the server and starts it again on the same port with the same arguments (empty,
+    /// unless it persisted), for outage tests. Returns once it accepts connections, i.e. has
+    /// loaded what it persisted.
     pub fn restart(&mut self) {
         self.stop();
         // The port was ours a moment ago; redis-server binds with SO_REUSEADDR, so only a
@@ -229,6 +253,7 @@ fn spawn(port: u16, tls: bool, args: &[String]) -> Option<Child> {
             "--repl-diskless-sync-delay",
             "0",
         ])
+        // Later arguments win: the test's own.
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

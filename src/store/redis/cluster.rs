@@ -137,15 +137,19 @@ impl ClusterStore {
         self
     }
 
-    /// `PING` every master within the command timeout: is every slot served now?
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    /// Runs the script with no bucket on every master within the command timeout: is every
+    /// slot served, and taking writes, now? (See [`RemoteStore::probe`] for why not `PING`.)
+    /// Sent as `EVAL` with the source, so a master that never ran it needs no second call.
+    pub async fn probe(&self) -> Result<(), StoreError> {
         let mut conn = self.conn.clone();
         let every_master = RoutingInfo::MultiNode((
             MultipleNodeRoutingInfo::AllMasters,
             Some(ResponsePolicy::AllSucceeded),
         ));
+        let mut eval = redis::cmd("EVAL");
+        eval.arg(script::SOURCE).arg(0).arg("");
         deadline(self.command_timeout, async move {
-            conn.route_command(redis::cmd("PING"), every_master)
+            conn.route_command(eval, every_master)
                 .await
                 .map(drop)
                 .map_err(|e| classify(&e))
@@ -340,8 +344,8 @@ impl Store for ClusterStore {
 
 #[async_trait]
 impl RemoteStore for ClusterStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        ClusterStore::ping(self).await
+    async fn probe(&self) -> Result<(), StoreError> {
+        ClusterStore::probe(self).await
     }
 }
 

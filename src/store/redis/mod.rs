@@ -221,17 +221,6 @@ impl RedisStore {
         self
     }
 
-    /// `PING` within the command timeout: is Redis usable now?
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.with_deadline(async {
-            let mut lent = self.lend().await?;
-            let result: Result<String, RedisError> =
-                redis::cmd("PING").query_async(&mut lent.conn).await;
-            result.map(drop).map_err(|e| classify_on(&lent, e))
-        })
-        .await
-    }
-
     /// A handle on a live pooled connection, with the pool's guard already returned: bb8
     /// lends connections exclusively, but a multiplexed connection carries many concurrent
     /// calls, so holding the guard across a call would cap in-flight calls at the pool size.
@@ -368,8 +357,10 @@ impl Store for RedisStore {
 
 #[async_trait]
 impl RemoteStore for RedisStore {
-    async fn ping(&self) -> Result<(), StoreError> {
-        RedisStore::ping(self).await
+    /// Runs the script with no bucket: exactly what a request needs (see
+    /// [`RemoteStore::probe`]).
+    async fn probe(&self) -> Result<(), StoreError> {
+        self.apply(&[]).await.map(drop)
     }
 }
 
