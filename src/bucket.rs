@@ -42,6 +42,14 @@ pub enum KeyValue<'a> {
     Shared(&'a str),
 }
 
+/// The first component of every bucket key of `domain`, encoded once per configured domain
+/// (see [`BucketKey::in_domain`]).
+pub fn encode_domain(domain: &str) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(domain.len());
+    push_component(&mut out, domain.as_bytes());
+    out.into_boxed_slice()
+}
+
 impl BucketKey {
     /// Encodes a bucket identity. `entries` are the request's entries as matched.
     pub fn new<'a>(
@@ -50,8 +58,19 @@ impl BucketKey {
         algorithm: Algorithm,
         period_us: u64,
     ) -> BucketKey {
+        BucketKey::in_domain(&encode_domain(domain), entries, algorithm, period_us)
+    }
+
+    /// [`BucketKey::new`] with the domain already encoded by [`encode_domain`]: the request
+    /// path encodes only the request's entries.
+    pub fn in_domain<'a>(
+        encoded_domain: &[u8],
+        entries: impl IntoIterator<Item = (&'a [u8], KeyValue<'a>)>,
+        algorithm: Algorithm,
+        period_us: u64,
+    ) -> BucketKey {
         let mut out = Vec::with_capacity(64);
-        push_component(&mut out, domain.as_bytes());
+        out.extend_from_slice(encoded_domain);
         for (key, value) in entries {
             out.push(b':');
             push_component(&mut out, key);
@@ -70,7 +89,7 @@ impl BucketKey {
             Algorithm::FixedWindow => b"fw",
             Algorithm::SlidingWindow => b"sw",
         });
-        out.extend_from_slice((period_us / 1_000_000).to_string().as_bytes());
+        push_decimal(&mut out, period_us / 1_000_000);
         BucketKey(out.into_boxed_slice())
     }
 
@@ -80,7 +99,7 @@ impl BucketKey {
     pub fn with_override_rate(self, rate: u32) -> BucketKey {
         let mut bytes = self.0.into_vec();
         bytes.push(b'o');
-        bytes.extend_from_slice(rate.to_string().as_bytes());
+        push_decimal(&mut bytes, u64::from(rate));
         BucketKey(bytes.into_boxed_slice())
     }
 
@@ -119,6 +138,22 @@ fn push_component(out: &mut Vec<u8>, raw: &[u8]) {
             push_hex(out, b);
         }
     }
+}
+
+/// Appends `n` in decimal, without the `String` that `to_string` would allocate per key.
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 fn push_hex(out: &mut Vec<u8>, b: u8) {
@@ -331,6 +366,29 @@ mod tests {
         let (applied, store) = settle(&ops, &evaluations);
         assert!(!applied.committed);
         assert_eq!(store, [false, false]);
+    }
+
+    /// A key built from the pre-encoded domain is the key built from the domain name, and
+    /// periods and override rates are written in decimal.
+    #[test]
+    fn in_domain_matches_new() {
+        let e = [(&b"k"[..], KeyValue::Value(b"v"))];
+        for (domain, period_us) in [("edge", 0), ("d{x}", 1_000_000), ("d", u64::MAX)] {
+            assert_eq!(
+                BucketKey::in_domain(
+                    &encode_domain(domain),
+                    e,
+                    Algorithm::SlidingWindow,
+                    period_us
+                ),
+                BucketKey::new(domain, e, Algorithm::SlidingWindow, period_us)
+            );
+        }
+        let key = BucketKey::new("d", e, Algorithm::TokenBucket, u64::MAX).with_override_rate(0);
+        assert_eq!(key.as_bytes(), b"d:k=v|tb18446744073709o0");
+        let key = BucketKey::new("d", e, Algorithm::TokenBucket, 3_600_000_000)
+            .with_override_rate(u32::MAX);
+        assert_eq!(key.as_bytes(), b"d:k=v|tb3600o4294967295");
     }
 
     /// Algorithm and period are part of the identity.

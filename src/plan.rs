@@ -9,6 +9,7 @@
 //! descriptor in request order, never `UNKNOWN`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use prost_types::Duration;
 
@@ -91,14 +92,14 @@ enum LimitSource<'c> {
 }
 
 /// A matched limit before `replaces` is applied: (source, metric path, enforce, quota, key).
-type MatchedLimit<'c> = (LimitSource<'c>, String, bool, bool, BucketKey);
+type MatchedLimit<'c> = (LimitSource<'c>, Arc<str>, bool, bool, BucketKey);
 
 #[derive(Debug)]
 struct PlannedLimit<'c> {
     source: LimitSource<'c>,
-    /// Metric path of the rule (from configuration; request values only where the rule opts
-    /// in with `detailed_metric` / `value_to_metric`).
-    rule: String,
+    /// Metric path of the rule (shared with the configuration; built per request only where
+    /// the rule opts in with `detailed_metric` / `value_to_metric`).
+    rule: Arc<str>,
     /// Index into [`Plan::ops`].
     op: usize,
     /// Not in shadow mode (per rule or global).
@@ -112,7 +113,7 @@ enum DescriptorPlan<'c> {
     /// Unknown domain, no matching rule, or every matched limit replaced.
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
-    Unlimited { rule: String },
+    Unlimited { rule: Arc<str> },
     /// One or more limits, each backed by a bucket op.
     Limited(Vec<PlannedLimit<'c>>),
 }
@@ -120,7 +121,8 @@ enum DescriptorPlan<'c> {
 /// What a request asks of the store, and how to answer it afterwards.
 #[derive(Debug)]
 pub struct Plan<'c> {
-    domain: String,
+    /// The domain's metric label; `None` for an unknown domain (which has no tallies).
+    domain: Option<Arc<str>>,
     /// Each descriptor's cost (signed, summed into ops).
     costs: Vec<Cost>,
     descriptors: Vec<DescriptorPlan<'c>>,
@@ -133,8 +135,8 @@ pub struct Plan<'c> {
 /// How one limit of one descriptor fared, for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tally {
-    /// The rule's metric path (`domain.key_value.key`).
-    pub rule: String,
+    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
+    pub rule: Arc<str>,
     /// Hits the descriptor asked for (0 for check-only and refunds).
     pub hits: u64,
     /// The verdict for this limit.
@@ -161,8 +163,9 @@ pub enum Verdict {
 pub struct Outcome {
     /// The answer for Envoy.
     pub response: RateLimitResponse,
-    /// The request's domain.
-    pub domain: String,
+    /// The request's domain as a metric label; `None` when no domain is configured by that
+    /// name (then there are no tallies).
+    pub domain: Option<Arc<str>>,
     /// One tally per evaluated limit.
     pub tallies: Vec<Tally>,
 }
@@ -216,8 +219,8 @@ impl<'c> Plan<'c> {
                 params.validate().map_err(|reason| {
                     InvalidRequest(format!("descriptors[{i}].limit: {reason}"))
                 })?;
-                let key = BucketKey::new(
-                    &request.domain,
+                let key = BucketKey::in_domain(
+                    domain.key_prefix(),
                     entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
                     params.algorithm,
                     params.period_us,
@@ -228,7 +231,7 @@ impl<'c> Plan<'c> {
                 let enforce = !options.shadow_mode;
                 limits.push((
                     source,
-                    format!("{}.override", request.domain),
+                    Arc::clone(domain.override_path()),
                     enforce,
                     false,
                     key,
@@ -237,12 +240,12 @@ impl<'c> Plan<'c> {
                 let rule = found.rule;
                 // The rule's path, or with request values where the rule opted in
                 // (detailed_metric / value_to_metric).
-                let metric = found.metric_key(&entries).into_owned();
+                let metric = found.metric_key(&entries);
                 let enforce = !(rule.shadow_mode || options.shadow_mode);
                 for limit in &rule.limits {
                     let params = limit.params();
-                    let key = BucketKey::new(
-                        &request.domain,
+                    let key = BucketKey::in_domain(
+                        domain.key_prefix(),
                         entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
                             let value = match step {
                                 Step::Wildcard {
@@ -258,7 +261,7 @@ impl<'c> Plan<'c> {
                     );
                     limits.push((
                         LimitSource::Configured(limit),
-                        metric.clone(),
+                        Arc::clone(&metric),
                         enforce,
                         rule.quota_mode,
                         key,
@@ -336,7 +339,7 @@ impl<'c> Plan<'c> {
         }
 
         Ok(Plan {
-            domain: request.domain.clone(),
+            domain: domain.map(|d| Arc::clone(d.metric_label())),
             costs,
             descriptors,
             ops,
@@ -898,7 +901,7 @@ descriptors:
         let outcome = plan.respond(&answer(&plan, false, 0, 1), &options());
         assert_eq!(outcome.response.overall_code, Code::Ok as i32);
         assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
-        assert_eq!(outcome.tallies[0].rule, "d.b");
+        assert_eq!(&*outcome.tallies[0].rule, "d.b");
     }
 
     /// The reported reset of a non-divisible token bucket rate uses the configured rate.
