@@ -306,15 +306,7 @@ impl<'c> Plan<'c> {
                     }
                     LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
                 };
-                let op = *op_index.entry(key.clone()).or_insert_with(|| {
-                    ops.push(BucketOp {
-                        key,
-                        params,
-                        cost: 0,
-                        enforce: false,
-                    });
-                    ops.len() - 1
-                });
+                let op = op_slot(&mut ops, &mut op_index, key, params);
                 ops[op].cost = ops[op].cost.saturating_add(cost);
                 // `overdraft` is not part of the key: if any limit reaching the bucket asks
                 // for it, debits of this bucket always apply.
@@ -633,6 +625,42 @@ fn near_limit_hits(op: &BucketOp, remaining: u64, hits: u64, ratio: f32) -> u64 
     (after - threshold.max(before)).min(hits)
 }
 
+/// Up to this many ops, a repeated bucket is found by comparing keys, which is cheaper than
+/// hashing them (a request rarely has more than a few); beyond it, by a hash index.
+const LINEAR_OPS: usize = 16;
+
+/// The index in `ops` of the op for `key`, pushed (cost 0, not enforcing) if there is none.
+/// `index` maps keys to op indices once `ops` outgrows [`LINEAR_OPS`]: it always holds
+/// `ops[..index.len()]` and catches up here before it is read.
+fn op_slot(
+    ops: &mut Vec<BucketOp>,
+    index: &mut HashMap<BucketKey, usize>,
+    key: BucketKey,
+    params: LimitParams,
+) -> usize {
+    let found = if ops.len() <= LINEAR_OPS {
+        ops.iter().position(|op| op.key == key)
+    } else {
+        let indexed = index.len();
+        index.extend(
+            ops.iter()
+                .enumerate()
+                .skip(indexed)
+                .map(|(i, op)| (op.key.clone(), i)),
+        );
+        index.get(&key).copied()
+    };
+    found.unwrap_or_else(|| {
+        ops.push(BucketOp {
+            key,
+            params,
+            cost: 0,
+            enforce: false,
+        });
+        ops.len() - 1
+    })
+}
+
 fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) -> LimitParams {
     LimitParams {
         algorithm: options.default_algorithm,
@@ -796,6 +824,21 @@ descriptors:
         assert_eq!(plan.ops.len(), 1);
         assert_eq!(plan.ops[0].cost, 4);
         assert!(plan.ops[0].enforce);
+    }
+
+    /// Past the linear scan's reach, repeated buckets still fold into one op each.
+    #[test]
+    fn repeated_buckets_fold_beyond_the_linear_scan() {
+        // More distinct buckets than the linear scan covers, each reached twice.
+        let n = LINEAR_OPS + 8;
+        let values: Vec<String> = (0..n).chain(0..n).map(|i| i.to_string()).collect();
+        let config = config();
+        let req = request(values.iter().map(|v| descriptor("a", v)).collect());
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        assert_eq!(plan.ops.len(), n);
+        assert!(plan.ops.iter().all(|op| op.cost == 2));
+        let keys: std::collections::HashSet<_> = plan.ops.iter().map(|op| &op.key).collect();
+        assert_eq!(keys.len(), n);
     }
 
     /// Different values of a bare key are different buckets.
