@@ -60,10 +60,14 @@ struct Shard {
 }
 
 impl Shard {
-    /// Drops expired entries; returns how many.
+    /// Drops expired entries, and gives back the table's memory when it is mostly empty
+    /// (`retain` keeps the capacity a flood of keys grew it to); returns how many it dropped.
     fn sweep(&mut self, now: i64) -> usize {
         let before = self.map.len();
         self.map.retain(|_, e| e.expires_at_us > now);
+        if self.map.len() < self.map.capacity() / 4 {
+            self.map.shrink_to_fit();
+        }
         self.earliest_expiry_us = self
             .map
             .values()
@@ -192,6 +196,12 @@ impl MemoryStore {
     /// Number of stored buckets (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Buckets the shards' tables can hold without growing.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.capacity()).sum()
     }
 
     /// True when no bucket is stored.
@@ -410,6 +420,26 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(admitted, 100);
+    }
+
+    /// Once a flood of buckets has expired, the sweep gives the tables' memory back.
+    #[test]
+    fn sweep_after_a_flood_shrinks_the_tables() {
+        let (clock, store) = store();
+        for i in 0..20_000 {
+            store.apply_now(&[op(&format!("flood-{i}"), Algorithm::TokenBucket, 10, 1)]);
+        }
+        let grown = store.capacity();
+        assert!(grown >= 20_000);
+        clock.advance(60_000_000);
+        store.apply_now(&[op("survivor", Algorithm::TokenBucket, 10, 1)]);
+        assert_eq!(store.sweep(), 20_000);
+        assert_eq!(store.len(), 1);
+        assert!(
+            store.capacity() < grown / 10,
+            "{grown} → {}",
+            store.capacity()
+        );
     }
 
     /// A random-key flood keeps the store within its bound, counting every eviction.
