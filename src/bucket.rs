@@ -42,6 +42,27 @@ pub enum KeyValue<'a> {
     Shared(&'a str),
 }
 
+/// The first component of every bucket key of `domain`, encoded once per configured domain
+/// (see [`BucketKey::in_domain`]).
+pub fn encode_domain(domain: &str) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(domain.len());
+    push_component(&mut out, domain.as_bytes());
+    out.into_boxed_slice()
+}
+
+/// `domain` encoded as a Redis Cluster hash tag, `{<encoded domain>}`, to pass to
+/// [`BucketKey::in_domain`]: every key of the domain then hashes to the same slot (a domain's
+/// `redis_hash_tag: true`). Encoded components never contain braces, so the tag is exactly the
+/// encoded domain, and a tagged key (the only kind starting with `{`) never equals an untagged
+/// one.
+pub fn hash_tagged_domain(domain: &str) -> Box<[u8]> {
+    let mut out = Vec::with_capacity(domain.len() + 2);
+    out.push(b'{');
+    push_component(&mut out, domain.as_bytes());
+    out.push(b'}');
+    out.into_boxed_slice()
+}
+
 impl BucketKey {
     /// Encodes a bucket identity. `entries` are the request's entries as matched.
     pub fn new<'a>(
@@ -50,8 +71,19 @@ impl BucketKey {
         algorithm: Algorithm,
         period_us: u64,
     ) -> BucketKey {
+        BucketKey::in_domain(&encode_domain(domain), entries, algorithm, period_us)
+    }
+
+    /// [`BucketKey::new`] with the domain already encoded by [`encode_domain`]: the request
+    /// path encodes only the request's entries.
+    pub fn in_domain<'a>(
+        encoded_domain: &[u8],
+        entries: impl IntoIterator<Item = (&'a [u8], KeyValue<'a>)>,
+        algorithm: Algorithm,
+        period_us: u64,
+    ) -> BucketKey {
         let mut out = Vec::with_capacity(64);
-        push_component(&mut out, domain.as_bytes());
+        out.extend_from_slice(encoded_domain);
         for (key, value) in entries {
             out.push(b':');
             push_component(&mut out, key);
@@ -70,7 +102,7 @@ impl BucketKey {
             Algorithm::FixedWindow => b"fw",
             Algorithm::SlidingWindow => b"sw",
         });
-        out.extend_from_slice((period_us / 1_000_000).to_string().as_bytes());
+        push_decimal(&mut out, period_us / 1_000_000);
         BucketKey(out.into_boxed_slice())
     }
 
@@ -80,27 +112,8 @@ impl BucketKey {
     pub fn with_override_rate(self, rate: u32) -> BucketKey {
         let mut bytes = self.0.into_vec();
         bytes.push(b'o');
-        bytes.extend_from_slice(rate.to_string().as_bytes());
+        push_decimal(&mut bytes, u64::from(rate));
         BucketKey(bytes.into_boxed_slice())
-    }
-
-    /// The key with its domain as a Redis Cluster hash tag, `{<domain>}:…|…`: every key of
-    /// the domain then hashes to the same slot (a domain's `redis_hash_tag: true`). Escaped
-    /// components never contain braces, so the tag is exactly the escaped domain, and a
-    /// tagged key (the only kind starting with `{`) never equals an untagged one.
-    pub fn with_hash_tag(self) -> BucketKey {
-        let bytes = self.0;
-        // The escaped domain ends at the first separator (escaped bytes contain none).
-        let end = bytes
-            .iter()
-            .position(|&b| b == b':' || b == b'|')
-            .unwrap_or(bytes.len());
-        let mut out = Vec::with_capacity(bytes.len() + 2);
-        out.push(b'{');
-        out.extend_from_slice(&bytes[..end]);
-        out.push(b'}');
-        out.extend_from_slice(&bytes[end..]);
-        BucketKey(out.into_boxed_slice())
     }
 
     /// The encoded key.
@@ -138,6 +151,22 @@ fn push_component(out: &mut Vec<u8>, raw: &[u8]) {
             push_hex(out, b);
         }
     }
+}
+
+/// Appends `n` in decimal, without the `String` that `to_string` would allocate per key.
+fn push_decimal(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 fn push_hex(out: &mut Vec<u8>, b: u8) {
@@ -357,23 +386,50 @@ mod tests {
     #[test]
     fn hash_tag_wraps_the_domain() {
         let e = [(&b"k"[..], KeyValue::Value(b"v{x}"))];
-        let tagged = BucketKey::new("ed{ge", e, Algorithm::TokenBucket, 1_000_000);
-        assert_eq!(
-            tagged.clone().with_hash_tag().as_bytes(),
-            b"{ed%7Bge}:k=v%7Bx%7D|tb1"
-        );
-        let bare = BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000);
-        assert_eq!(bare.clone().with_hash_tag().as_bytes(), b"{d}|fw60");
-        assert_ne!(bare.clone().with_hash_tag(), bare);
-        let overridden = bare.clone().with_override_rate(3).with_hash_tag();
-        assert_eq!(overridden.as_bytes(), b"{d}|fw60o3");
+        let tagged = |domain: &str, entries: &[(&[u8], KeyValue)], algorithm, period_us| {
+            BucketKey::in_domain(
+                &hash_tagged_domain(domain),
+                entries.iter().copied(),
+                algorithm,
+                period_us,
+            )
+        };
+        let key = tagged("ed{ge", &e, Algorithm::TokenBucket, 1_000_000);
+        assert_eq!(key.as_bytes(), b"{ed%7Bge}:k=v%7Bx%7D|tb1");
+        let bare = tagged("d", &[], Algorithm::FixedWindow, 60_000_000);
+        assert_eq!(bare.as_bytes(), b"{d}|fw60");
+        assert_ne!(bare, BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000));
+        assert_eq!(bare.with_override_rate(3).as_bytes(), b"{d}|fw60o3");
         let long = "x".repeat(200);
-        let hashed = BucketKey::new(&long, e, Algorithm::TokenBucket, 1_000_000).with_hash_tag();
+        let hashed = tagged(&long, &e, Algorithm::TokenBucket, 1_000_000);
         let text = String::from_utf8(hashed.as_bytes().to_vec()).unwrap();
         assert!(
             text.starts_with("{#") && text[1..].find('}') == Some(33),
             "{text}"
         );
+    }
+
+    /// A key built from the pre-encoded domain is the key built from the domain name, and
+    /// periods and override rates are written in decimal.
+    #[test]
+    fn in_domain_matches_new() {
+        let e = [(&b"k"[..], KeyValue::Value(b"v"))];
+        for (domain, period_us) in [("edge", 0), ("d{x}", 1_000_000), ("d", u64::MAX)] {
+            assert_eq!(
+                BucketKey::in_domain(
+                    &encode_domain(domain),
+                    e,
+                    Algorithm::SlidingWindow,
+                    period_us
+                ),
+                BucketKey::new(domain, e, Algorithm::SlidingWindow, period_us)
+            );
+        }
+        let key = BucketKey::new("d", e, Algorithm::TokenBucket, u64::MAX).with_override_rate(0);
+        assert_eq!(key.as_bytes(), b"d:k=v|tb18446744073709o0");
+        let key = BucketKey::new("d", e, Algorithm::TokenBucket, 3_600_000_000)
+            .with_override_rate(u32::MAX);
+        assert_eq!(key.as_bytes(), b"d:k=v|tb3600o4294967295");
     }
 
     /// Algorithm and period are part of the identity.

@@ -52,12 +52,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::plan::{Outcome, Verdict};
+use crate::plan::{Outcome, Tally, Verdict};
 
+/// Shared strings from the configuration: building the labels of a request's tally copies
+/// no bytes (a label set is needed to look a series up, not only to create it).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
-    domain: String,
-    rule: String,
+    domain: Arc<str>,
+    rule: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -364,30 +366,37 @@ impl Metrics {
 
     /// Counts a planned request's per-rule verdicts and its result.
     pub fn record_outcome(&self, outcome: &Outcome, result: RequestResult) {
-        for tally in &outcome.tallies {
-            let labels = RuleLabels {
-                domain: outcome.domain.clone(),
-                rule: tally.rule.clone(),
-            };
-            self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
-            let family = match tally.verdict {
-                Verdict::WithinLimit => &self.rule_within_limit,
-                Verdict::OverLimit => &self.rule_over_limit,
-                Verdict::ShadowOverLimit => &self.rule_shadow_mode,
-            };
-            family.get_or_create(&labels).inc_by(tally.hits);
-            if tally.local_cache && tally.verdict == Verdict::OverLimit {
-                self.rule_over_limit_local_cache
-                    .get_or_create(&labels)
-                    .inc_by(tally.hits);
-            }
-            if tally.near_limit > 0 {
-                self.rule_near_limit
-                    .get_or_create(&labels)
-                    .inc_by(tally.near_limit);
+        // Tallies exist only for a configured domain.
+        if let Some(domain) = &outcome.domain {
+            for tally in &outcome.tallies {
+                self.record_tally(domain, tally);
             }
         }
         self.record_request(result);
+    }
+
+    fn record_tally(&self, domain: &Arc<str>, tally: &Tally) {
+        let labels = RuleLabels {
+            domain: Arc::clone(domain),
+            rule: Arc::clone(&tally.rule),
+        };
+        self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
+        let family = match tally.verdict {
+            Verdict::WithinLimit => &self.rule_within_limit,
+            Verdict::OverLimit => &self.rule_over_limit,
+            Verdict::ShadowOverLimit => &self.rule_shadow_mode,
+        };
+        family.get_or_create(&labels).inc_by(tally.hits);
+        if tally.local_cache && tally.verdict == Verdict::OverLimit {
+            self.rule_over_limit_local_cache
+                .get_or_create(&labels)
+                .inc_by(tally.hits);
+        }
+        if tally.near_limit > 0 {
+            self.rule_near_limit
+                .get_or_create(&labels)
+                .inc_by(tally.near_limit);
+        }
     }
 
     /// Counts a ShouldRateLimit call by result.

@@ -9,6 +9,7 @@
 //! descriptor in request order, never `UNKNOWN`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use prost_types::Duration;
 
@@ -91,14 +92,14 @@ enum LimitSource<'c> {
 }
 
 /// A matched limit before `replaces` is applied: (source, metric path, enforce, quota, key).
-type MatchedLimit<'c> = (LimitSource<'c>, String, bool, bool, BucketKey);
+type MatchedLimit<'c> = (LimitSource<'c>, Arc<str>, bool, bool, BucketKey);
 
 #[derive(Debug)]
 struct PlannedLimit<'c> {
     source: LimitSource<'c>,
-    /// Metric path of the rule (from configuration; request values only where the rule opts
-    /// in with `detailed_metric` / `value_to_metric`).
-    rule: String,
+    /// Metric path of the rule (shared with the configuration; built per request only where
+    /// the rule opts in with `detailed_metric` / `value_to_metric`).
+    rule: Arc<str>,
     /// Index into [`Plan::ops`].
     op: usize,
     /// Not in shadow mode (per rule or global).
@@ -112,7 +113,7 @@ enum DescriptorPlan<'c> {
     /// Unknown domain, no matching rule, or every matched limit replaced.
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
-    Unlimited { rule: String },
+    Unlimited { rule: Arc<str> },
     /// One or more limits, each backed by a bucket op.
     Limited(Vec<PlannedLimit<'c>>),
 }
@@ -120,7 +121,8 @@ enum DescriptorPlan<'c> {
 /// What a request asks of the store, and how to answer it afterwards.
 #[derive(Debug)]
 pub struct Plan<'c> {
-    domain: String,
+    /// The domain's metric label; `None` for an unknown domain (which has no tallies).
+    domain: Option<Arc<str>>,
     /// Each descriptor's cost (signed, summed into ops).
     costs: Vec<Cost>,
     descriptors: Vec<DescriptorPlan<'c>>,
@@ -133,8 +135,8 @@ pub struct Plan<'c> {
 /// How one limit of one descriptor fared, for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tally {
-    /// The rule's metric path (`domain.key_value.key`).
-    pub rule: String,
+    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
+    pub rule: Arc<str>,
     /// Hits the descriptor asked for (0 for check-only and refunds).
     pub hits: u64,
     /// The verdict for this limit.
@@ -161,8 +163,9 @@ pub enum Verdict {
 pub struct Outcome {
     /// The answer for Envoy.
     pub response: RateLimitResponse,
-    /// The request's domain.
-    pub domain: String,
+    /// The request's domain as a metric label; `None` when no domain is configured by that
+    /// name (then there are no tallies).
+    pub domain: Option<Arc<str>>,
     /// One tally per evaluated limit.
     pub tallies: Vec<Tally>,
 }
@@ -216,21 +219,19 @@ impl<'c> Plan<'c> {
                 params.validate().map_err(|reason| {
                     InvalidRequest(format!("descriptors[{i}].limit: {reason}"))
                 })?;
-                let key = domain.key(
-                    BucketKey::new(
-                        &request.domain,
-                        entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
-                        params.algorithm,
-                        params.period_us,
-                    )
-                    .with_override_rate(limit.requests_per_unit),
-                );
+                let key = BucketKey::in_domain(
+                    domain.key_prefix(),
+                    entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
+                    params.algorithm,
+                    params.period_us,
+                )
+                .with_override_rate(limit.requests_per_unit);
                 // Never shadow per rule (the reference's choice), but the global switch covers
                 // overrides too: in shadow mode nothing denies.
                 let enforce = !options.shadow_mode;
                 limits.push((
                     source,
-                    format!("{}.override", request.domain),
+                    Arc::clone(domain.override_path()),
                     enforce,
                     false,
                     key,
@@ -239,12 +240,12 @@ impl<'c> Plan<'c> {
                 let rule = found.rule;
                 // The rule's path, or with request values where the rule opted in
                 // (detailed_metric / value_to_metric).
-                let metric = found.metric_key(&entries).into_owned();
+                let metric = found.metric_key(&entries);
                 let enforce = !(rule.shadow_mode || options.shadow_mode);
                 for limit in &rule.limits {
                     let params = limit.params();
-                    let key = domain.key(BucketKey::new(
-                        &request.domain,
+                    let key = BucketKey::in_domain(
+                        domain.key_prefix(),
                         entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
                             let value = match step {
                                 Step::Wildcard {
@@ -257,10 +258,10 @@ impl<'c> Plan<'c> {
                         }),
                         params.algorithm,
                         params.period_us,
-                    ));
+                    );
                     limits.push((
                         LimitSource::Configured(limit),
-                        metric.clone(),
+                        Arc::clone(&metric),
                         enforce,
                         rule.quota_mode,
                         key,
@@ -305,15 +306,7 @@ impl<'c> Plan<'c> {
                     }
                     LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
                 };
-                let op = *op_index.entry(key.clone()).or_insert_with(|| {
-                    ops.push(BucketOp {
-                        key,
-                        params,
-                        cost: 0,
-                        enforce: false,
-                    });
-                    ops.len() - 1
-                });
+                let op = op_slot(&mut ops, &mut op_index, key, params);
                 ops[op].cost = ops[op].cost.saturating_add(cost);
                 // `overdraft` is not part of the key: if any limit reaching the bucket asks
                 // for it, debits of this bucket always apply.
@@ -338,7 +331,7 @@ impl<'c> Plan<'c> {
         }
 
         Ok(Plan {
-            domain: request.domain.clone(),
+            domain: domain.map(|d| Arc::clone(d.metric_label())),
             costs,
             descriptors,
             ops,
@@ -632,6 +625,42 @@ fn near_limit_hits(op: &BucketOp, remaining: u64, hits: u64, ratio: f32) -> u64 
     (after - threshold.max(before)).min(hits)
 }
 
+/// Up to this many ops, a repeated bucket is found by comparing keys, which is cheaper than
+/// hashing them (a request rarely has more than a few); beyond it, by a hash index.
+const LINEAR_OPS: usize = 16;
+
+/// The index in `ops` of the op for `key`, pushed (cost 0, not enforcing) if there is none.
+/// `index` maps keys to op indices once `ops` outgrows [`LINEAR_OPS`]: it always holds
+/// `ops[..index.len()]` and catches up here before it is read.
+fn op_slot(
+    ops: &mut Vec<BucketOp>,
+    index: &mut HashMap<BucketKey, usize>,
+    key: BucketKey,
+    params: LimitParams,
+) -> usize {
+    let found = if ops.len() <= LINEAR_OPS {
+        ops.iter().position(|op| op.key == key)
+    } else {
+        let indexed = index.len();
+        index.extend(
+            ops.iter()
+                .enumerate()
+                .skip(indexed)
+                .map(|(i, op)| (op.key.clone(), i)),
+        );
+        index.get(&key).copied()
+    };
+    found.unwrap_or_else(|| {
+        ops.push(BucketOp {
+            key,
+            params,
+            cost: 0,
+            enforce: false,
+        });
+        ops.len() - 1
+    })
+}
+
 fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) -> LimitParams {
     LimitParams {
         algorithm: options.default_algorithm,
@@ -829,6 +858,21 @@ descriptors:
         assert!(plan.ops[0].enforce);
     }
 
+    /// Past the linear scan's reach, repeated buckets still fold into one op each.
+    #[test]
+    fn repeated_buckets_fold_beyond_the_linear_scan() {
+        // More distinct buckets than the linear scan covers, each reached twice.
+        let n = LINEAR_OPS + 8;
+        let values: Vec<String> = (0..n).chain(0..n).map(|i| i.to_string()).collect();
+        let config = config();
+        let req = request(values.iter().map(|v| descriptor("a", v)).collect());
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        assert_eq!(plan.ops.len(), n);
+        assert!(plan.ops.iter().all(|op| op.cost == 2));
+        let keys: std::collections::HashSet<_> = plan.ops.iter().map(|op| &op.key).collect();
+        assert_eq!(keys.len(), n);
+    }
+
     /// Different values of a bare key are different buckets.
     #[test]
     fn distinct_values_are_distinct_buckets() {
@@ -932,7 +976,7 @@ descriptors:
         let outcome = plan.respond(&answer(&plan, false, 0, 1), &options());
         assert_eq!(outcome.response.overall_code, Code::Ok as i32);
         assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
-        assert_eq!(outcome.tallies[0].rule, "d.b");
+        assert_eq!(&*outcome.tallies[0].rule, "d.b");
     }
 
     /// The reported reset of a non-divisible token bucket rate uses the configured rate.

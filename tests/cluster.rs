@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ::redis::cluster_routing::Slot;
-use floodgate::bucket::{BucketKey, KeyValue};
+use floodgate::bucket::{BucketKey, KeyValue, hash_tagged_domain};
 use floodgate::limiter::Algorithm;
 use floodgate::metrics::Metrics;
 use floodgate::proto::rls::rate_limit_response::Code;
@@ -435,13 +435,12 @@ descriptors:
     let keys: Vec<Vec<u8>> = values
         .iter()
         .map(|v| {
-            let bucket = BucketKey::new(
-                "h",
+            let bucket = BucketKey::in_domain(
+                &hash_tagged_domain("h"),
                 [(&b"a"[..], KeyValue::Value(v.as_bytes()))],
                 Algorithm::TokenBucket,
                 60_000_000,
-            )
-            .with_hash_tag();
+            );
             [&b"fg:"[..], bucket.as_bytes()].concat()
         })
         .collect();

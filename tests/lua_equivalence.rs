@@ -763,39 +763,55 @@ async fn now_is_clamped_like_the_limiter() {
     }
 }
 
-/// A call that does not follow the KEYS/ARGV layout is an error reply, not a guess.
+/// Packs one op's numbers as `script::command` does: five little-endian f64s.
+fn packed(numbers: [f64; 5]) -> Vec<u8> {
+    numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+}
+
+/// A call that does not follow the KEYS/ARGV layout is an error reply, not a guess, and
+/// writes nothing.
 #[tokio::test]
 async fn malformed_call_is_an_error() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let mut call = script::script().prepare_invoke();
-    call.key("k").arg("").arg("0");
-    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
-    assert!(err.to_string().contains("floodgate apply.lua"), "{err}");
-    let mut call = script::script().prepare_invoke();
-    call.key("k")
-        .arg("")
-        .arg("9")
-        .arg("1")
-        .arg("1")
-        .arg("1")
-        .arg("1")
-        .arg("1")
-        .arg("0");
-    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
-    assert!(err.to_string().contains("unknown algorithm"), "{err}");
-    let mut call = script::script().prepare_invoke();
-    call.key("k")
-        .arg("")
-        .arg("0")
-        .arg("1")
-        .arg("1000000")
-        .arg("1")
-        .arg("1")
-        .arg("1")
-        .arg("2");
-    let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
-    assert!(err.to_string().contains("malformed arguments"), "{err}");
+    // (flags, rate, period, cost, burst), what the error says
+    let good = [4.0, 1.0, 1e6, 1.0, 1.0];
+    let cases: [([f64; 5], &str); 7] = [
+        ([3.0, 1.0, 1e6, 1.0, 1.0], "unknown algorithm"),
+        ([16.0, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
+        ([4.5, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
+        ([4.0, 1.5, 1e6, 1.0, 1.0], "malformed arguments"),
+        ([4.0, 1.0, -1e6, 1.0, 1.0], "malformed arguments"),
+        ([4.0, 1.0, 1e6, f64::NAN, 1.0], "malformed arguments"),
+        ([4.0, 1.0, 1e6, 1.0, f64::INFINITY], "malformed arguments"),
+    ];
+    let mut calls: Vec<(Vec<Vec<u8>>, &str)> = cases
+        .into_iter()
+        .map(|(numbers, message)| (vec![Vec::new(), packed(numbers)], message))
+        .collect();
+    calls.push((vec![Vec::new()], "expected 2 arguments, got 1"));
+    calls.push((
+        vec![Vec::new(), packed(good), Vec::new()],
+        "expected 2 arguments, got 3",
+    ));
+    calls.push((
+        vec![Vec::new(), packed(good)[..39].to_vec()],
+        "expected 40 bytes of operations for 1 keys, got 39",
+    ));
+    calls.push((vec![b"x".to_vec(), packed(good)], "now is not an integer"));
+    for (args, message) in calls {
+        let mut call = script::script().prepare_invoke();
+        call.key("k");
+        for arg in &args {
+            call.arg(arg.as_slice());
+        }
+        let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
+        let err = err.to_string();
+        assert!(err.contains("floodgate apply.lua"), "{args:?}: {err}");
+        assert!(err.contains(message), "{args:?}: {err} lacks {message:?}");
+    }
+    let count: i64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(count, 0, "a malformed call wrote something");
 }
 
 /// The script is reloaded transparently (EVALSHA, then SCRIPT LOAD on NOSCRIPT) after Redis

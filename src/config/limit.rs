@@ -1,6 +1,7 @@
 //! What a matched rule carries: [`Rule`], its [`Limit`]s and their [`Unit`].
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::limiter::{Algorithm, LimitParams};
 
@@ -195,7 +196,8 @@ impl Limit {
 pub struct Rule {
     /// Reference-style metric key: domain, then each level's `key` or `key_value`, joined by
     /// dots (`edge.key1_value1.key2`); wildcard levels keep their pattern (`edge.path_/api/*`).
-    pub path: String,
+    /// Shared, so each request's metric labels are a reference count, not a copy.
+    pub path: Arc<str>,
     /// The limits, in file order. Never empty: a node without limits is not a rule.
     pub limits: Vec<Limit>,
     /// `shadow_mode`: evaluated and counted, never denies.

@@ -13,9 +13,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::limit::Rule;
-use crate::bucket::BucketKey;
 
 /// The limits of one domain, compiled for matching.
 #[derive(Debug)]
@@ -23,9 +23,15 @@ pub struct Domain {
     /// The domain name (`domain:` in the file, `domain` in the request).
     pub name: String,
     /// `redis_hash_tag: true`: every bucket key of the domain carries the domain as a Redis
-    /// Cluster hash tag ([`crate::bucket::BucketKey::with_hash_tag`]), so one request's
+    /// Cluster hash tag ([`crate::bucket::hash_tagged_domain`]), so one request's
     /// buckets all live in one slot and are applied by one atomic script.
     pub hash_tag: bool,
+    /// The name as the `domain` label of per-rule metrics (shared: no copy per request).
+    metric_label: Arc<str>,
+    /// The metric path of descriptor `limit` overrides: `<domain>.override`.
+    override_path: Arc<str>,
+    /// The domain as the first component of its bucket keys, escaped once here.
+    key_prefix: Box<[u8]>,
     root: Children,
 }
 
@@ -69,10 +75,11 @@ impl<'a> Match<'a> {
     ///   and matched bare or by an unshared wildcard shows the request's value (`key_value`, or
     ///   `key` if the value is empty).
     ///
-    /// Non-UTF-8 bytes are replaced by U+FFFD. Borrows [`Rule::path`] when nothing differs.
-    pub fn metric_key(&self, entries: &[(&[u8], &[u8])]) -> Cow<'a, str> {
+    /// Non-UTF-8 bytes are replaced by U+FFFD. Shares [`Rule::path`] when nothing differs;
+    /// only rules that opt in build a string per request.
+    pub fn metric_key(&self, entries: &[(&[u8], &[u8])]) -> Arc<str> {
         if !self.rule.detailed_metric && self.value_to_metric.is_empty() {
-            return Cow::Borrowed(&self.rule.path);
+            return Arc::clone(&self.rule.path);
         }
         let any_shared = self
             .steps
@@ -104,26 +111,41 @@ impl<'a> Match<'a> {
                 key.push_str(&shown);
             }
         }
-        Cow::Owned(key)
+        key.into()
     }
 }
 
 impl Domain {
     pub(crate) fn new(name: String, root: Children, hash_tag: bool) -> Domain {
         Domain {
+            metric_label: name.as_str().into(),
+            override_path: format!("{name}.override").into(),
+            key_prefix: if hash_tag {
+                crate::bucket::hash_tagged_domain(&name)
+            } else {
+                crate::bucket::encode_domain(&name)
+            },
             name,
             hash_tag,
             root,
         }
     }
 
-    /// A bucket key of this domain as stored: hash-tagged when the domain asks for it.
-    pub fn key(&self, key: BucketKey) -> BucketKey {
-        if self.hash_tag {
-            key.with_hash_tag()
-        } else {
-            key
-        }
+    /// The `domain` label of this domain's per-rule metrics.
+    pub fn metric_label(&self) -> &Arc<str> {
+        &self.metric_label
+    }
+
+    /// The metric path of a descriptor `limit` override in this domain (`<domain>.override`).
+    pub fn override_path(&self) -> &Arc<str> {
+        &self.override_path
+    }
+
+    /// The encoded first component of this domain's bucket keys, hash-tagged when the domain
+    /// asks for it
+    /// (see [`crate::bucket::BucketKey::in_domain`]).
+    pub fn key_prefix(&self) -> &[u8] {
+        &self.key_prefix
     }
 
     /// Walks the tree for one request descriptor (its entries as raw `(key, value)` bytes).

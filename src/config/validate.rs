@@ -104,7 +104,7 @@ impl Builder<'_> {
             (None, None) => Vec::new(),
         };
         let rule = (!limits.is_empty()).then(|| Rule {
-            path: path.to_owned(),
+            path: path.into(),
             limits,
             shadow_mode: model.shadow_mode.unwrap_or(false),
             detailed_metric: model.detailed_metric.unwrap_or(false),

@@ -43,11 +43,67 @@ pub const SHARDS: usize = 64;
 /// Entries of a full shard compared to choose the one to evict.
 pub const EVICTION_SAMPLE: usize = 8;
 
-#[derive(Debug)]
+/// One stored bucket in 24 bytes. `limiter::State` is 32 (three words for the sliding window
+/// plus its tag) and the expiry 8 more; with the 16-byte key and hashbrown's control byte a
+/// table slot was 57 bytes, and tables are sized in powers of two, so a million buckets took
+/// 2 M slots (114 MB). Packed, a slot is 41 bytes.
+#[derive(Debug, Clone, Copy)]
 struct Entry {
-    state: State,
-    /// µs since the epoch at which `state` becomes equivalent to absent.
-    expires_at_us: i64,
+    /// `tat_us` of a token bucket, or the window index of a window.
+    time: i64,
+    /// The (current) window's count. The limiter caps counts at `limiter::MAX_COUNT`
+    /// (`u32::MAX`), so 32 bits hold any count it stores.
+    count: u32,
+    /// The previous window's count (sliding window).
+    previous: u32,
+    /// The expiry (µs since the epoch at which the state becomes equivalent to absent) in the
+    /// low 62 bits, sign-extended; the state's kind in the top two.
+    expiry_and_kind: u64,
+}
+
+/// Expiries are kept within 62 signed bits: ±2^61 µs is ±73,000 years.
+const EXPIRY_LIMIT: i64 = 1 << 61;
+
+impl Entry {
+    fn new(state: State, expires_at_us: i64) -> Entry {
+        let (kind, time, count, previous) = match state {
+            State::TokenBucket { tat_us } => (0u64, tat_us, 0, 0),
+            State::FixedWindow { window, count } => (1, window, count, 0),
+            State::SlidingWindow {
+                window,
+                current,
+                previous,
+            } => (2, window, current, previous),
+        };
+        let narrow = |n: u64| u32::try_from(n.min(limiter::MAX_COUNT)).unwrap_or(u32::MAX);
+        let expiry = expires_at_us.clamp(-EXPIRY_LIMIT, EXPIRY_LIMIT - 1);
+        Entry {
+            time,
+            count: narrow(count),
+            previous: narrow(previous),
+            expiry_and_kind: (expiry as u64 & (u64::MAX >> 2)) | kind << 62,
+        }
+    }
+
+    /// µs since the epoch at which the state becomes equivalent to absent.
+    fn expires_at_us(&self) -> i64 {
+        ((self.expiry_and_kind << 2) as i64) >> 2
+    }
+
+    fn state(&self) -> State {
+        match self.expiry_and_kind >> 62 {
+            0 => State::TokenBucket { tat_us: self.time },
+            1 => State::FixedWindow {
+                window: self.time,
+                count: u64::from(self.count),
+            },
+            _ => State::SlidingWindow {
+                window: self.time,
+                current: u64::from(self.count),
+                previous: u64::from(self.previous),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -60,14 +116,18 @@ struct Shard {
 }
 
 impl Shard {
-    /// Drops expired entries; returns how many.
+    /// Drops expired entries, and gives back the table's memory when it is mostly empty
+    /// (`retain` keeps the capacity a flood of keys grew it to); returns how many it dropped.
     fn sweep(&mut self, now: i64) -> usize {
         let before = self.map.len();
-        self.map.retain(|_, e| e.expires_at_us > now);
+        self.map.retain(|_, e| e.expires_at_us() > now);
+        if self.map.len() < self.map.capacity() / 4 {
+            self.map.shrink_to_fit();
+        }
         self.earliest_expiry_us = self
             .map
             .values()
-            .map(|e| e.expires_at_us)
+            .map(|e| e.expires_at_us())
             .min()
             .unwrap_or(i64::MAX);
         before - self.map.len()
@@ -90,7 +150,7 @@ impl Shard {
                 .iter()
                 .filter(|(key, _)| !in_use.iter().any(|op| &op.key == *key))
                 .take(EVICTION_SAMPLE)
-                .min_by_key(|(_, e)| e.expires_at_us)
+                .min_by_key(|(_, e)| e.expires_at_us())
                 .map(|(key, _)| key.clone());
             // Only the request's own buckets are left: let the shard exceed its capacity by
             // them rather than lose a debit mid-request.
@@ -185,13 +245,19 @@ impl MemoryStore {
         shard
             .map
             .get(key)
-            .filter(|e| e.expires_at_us > now)
-            .map(|e| (e.state, e.expires_at_us))
+            .filter(|e| e.expires_at_us() > now)
+            .map(|e| (e.state(), e.expires_at_us()))
     }
 
     /// Number of stored buckets (expired ones not yet swept included).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Buckets the shards' tables can hold without growing.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.shards.iter().map(|s| lock(s).map.capacity()).sum()
     }
 
     /// True when no bucket is stored.
@@ -222,9 +288,9 @@ impl MemoryStore {
                 let map = &guards[guard_index(shard)].1.map;
                 let state = map
                     .get(&op.key)
-                    .filter(|e| e.expires_at_us > now)
-                    .map(|e| &e.state);
-                limiter::evaluate(&op.params, state, now, op.cost)
+                    .filter(|e| e.expires_at_us() > now)
+                    .map(Entry::state);
+                limiter::evaluate(&op.params, state.as_ref(), now, op.cost)
             })
             .collect();
 
@@ -246,14 +312,9 @@ impl MemoryStore {
                 if !shard.map.contains_key(&op.key) {
                     evicted += shard.make_room(self.shard_capacity, now, ops);
                 }
-                shard.earliest_expiry_us = shard.earliest_expiry_us.min(expires_at_us);
-                shard.map.insert(
-                    op.key.clone(),
-                    Entry {
-                        state,
-                        expires_at_us,
-                    },
-                );
+                let entry = Entry::new(state, expires_at_us);
+                shard.earliest_expiry_us = shard.earliest_expiry_us.min(entry.expires_at_us());
+                shard.map.insert(op.key.clone(), entry);
             }
         }
         drop(guards);
@@ -410,6 +471,67 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(admitted, 100);
+    }
+
+    /// An entry is 24 bytes and gives back the state and expiry it was given, at the edges
+    /// of every field.
+    #[test]
+    fn entries_are_packed_without_loss() {
+        assert_eq!(std::mem::size_of::<Entry>(), 24);
+        let max = limiter::MAX_COUNT;
+        let states = [
+            State::TokenBucket { tat_us: i64::MIN },
+            State::TokenBucket { tat_us: i64::MAX },
+            State::FixedWindow {
+                window: -1,
+                count: max,
+            },
+            State::FixedWindow {
+                window: i64::MAX,
+                count: 0,
+            },
+            State::SlidingWindow {
+                window: 7,
+                current: max,
+                previous: 1,
+            },
+            State::SlidingWindow {
+                window: 0,
+                current: 0,
+                previous: max,
+            },
+        ];
+        for state in states {
+            for expiry in [NOW, 0, -1, EXPIRY_LIMIT - 1, -EXPIRY_LIMIT] {
+                let entry = Entry::new(state, expiry);
+                assert_eq!((entry.state(), entry.expires_at_us()), (state, expiry));
+            }
+            // Beyond 62 bits an expiry is clamped: still ~73,000 years away.
+            assert_eq!(
+                Entry::new(state, i64::MAX).expires_at_us(),
+                EXPIRY_LIMIT - 1
+            );
+        }
+    }
+
+    /// Once a flood of buckets has expired, the sweep gives the tables' memory back.
+    #[test]
+    fn sweep_after_a_flood_shrinks_the_tables() {
+        let (clock, store) = store();
+        for i in 0..20_000 {
+            store.apply_now(&[op(&format!("flood-{i}"), Algorithm::TokenBucket, 10, 1)]);
+        }
+        let grown = store.capacity();
+        assert!(grown >= 20_000);
+        clock.advance(60_000_000);
+        store.apply_now(&[op("survivor", Algorithm::TokenBucket, 10, 1)]);
+        assert_eq!(store.sweep(), 20_000);
+        assert_eq!(store.len(), 1);
+        assert!(
+            store.capacity() < grown / 10,
+            "{grown} → {}",
+            store.capacity()
+        );
     }
 
     /// A random-key flood keeps the store within its bound, counting every eviction.

@@ -133,7 +133,7 @@ descriptors:
 ",
     );
     let domain = config.domain("d").unwrap();
-    let found = |k: &[u8], v: &[u8]| domain.find(&[(k, v)]).map(|m| m.rule.path.clone());
+    let found = |k: &[u8], v: &[u8]| domain.find(&[(k, v)]).map(|m| m.rule.path.to_string());
     assert_eq!(found(b"k", b"\xff\xfe").unwrap(), "d.k");
     assert_eq!(found(b"w", b"ab\xff").unwrap(), "d.w_ab*");
     assert_eq!(found(b"e", "é".as_bytes()).unwrap(), "d.e_é");
@@ -174,7 +174,7 @@ fn metric(config: &Config, entries: &[(&str, &str)]) -> String {
         .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
         .collect();
     let found = config.domain("d").unwrap().find(&entries).unwrap();
-    found.metric_key(&entries).into_owned()
+    found.metric_key(&entries).to_string()
 }
 
 /// share_threshold marks the step shared and keeps the pattern in the metric key.

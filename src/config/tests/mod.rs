@@ -51,7 +51,7 @@ pub(super) fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> O
     config
         .domain(domain)?
         .find(&entries)
-        .map(|m| m.rule.path.clone())
+        .map(|m| m.rule.path.to_string())
 }
 
 pub(super) fn steps<'a>(config: &'a Config, entries: &[(&[u8], &[u8])]) -> Vec<Step<'a>> {

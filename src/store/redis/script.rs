@@ -9,8 +9,9 @@
 //!
 //! ```text
 //! KEYS   prefix + BucketKey, one per op
-//! ARGV   now_us ("" = Redis TIME), then per op: algorithm, requests_per_period, period_us,
-//!        burst, cost, enforce, overdraft
+//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, five little-endian f64s
+//!        flags (algorithm + 4·enforce + 8·overdraft), requests_per_period, period_us, cost,
+//!        burst
 //! reply  committed, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
 //! ```
 
@@ -28,11 +29,15 @@ use crate::store::StoreError;
 /// The script's source.
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
-/// ARGV values per op, after ARGV\[1\] (now).
-pub const ARGS_PER_OP: usize = 7;
-
 /// Reply values per op, after the leading `committed`.
 pub const REPLY_PER_OP: usize = 4;
+
+/// Bytes per op in ARGV\[2\]: five little-endian `f64`s.
+pub const OP_BYTES: usize = 40;
+
+/// The flags value of an op: the algorithm in the low two bits, then one bit each.
+const ENFORCE: u8 = 4;
+const OVERDRAFT: u8 = 8;
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
@@ -68,20 +73,52 @@ impl ToRedisArgs for FullKey<'_> {
     }
 }
 
+/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (five little-endian
+/// `f64`s per op), written straight into the command's buffer.
+struct PackedOps<'a>(&'a [BucketOp]);
+
+impl ToRedisArgs for PackedOps<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        for op in self.0 {
+            let params = &op.params;
+            let flags = match params.algorithm {
+                Algorithm::TokenBucket => 0,
+                Algorithm::FixedWindow => 1,
+                Algorithm::SlidingWindow => 2,
+            } | if op.enforce { ENFORCE } else { 0 }
+                | if params.overdraft { OVERDRAFT } else { 0 };
+            // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
+            // double, exactly as the script's tonumber rounded the decimal string it once got.
+            let numbers = [
+                f64::from(flags),
+                params.requests_per_period as f64,
+                params.period_us as f64,
+                op.cost as f64,
+                params.burst as f64,
+            ];
+            for number in numbers {
+                // Writes into the command's Vec<u8>, which cannot fail.
+                let _ = arg.write_all(&number.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// The script call for `ops` (all of which must live in one Redis Cluster slot):
-/// `EVALSHA <sha> <#ops> KEYS… ARGV…`, sent with [`call`], then [`decode`]d.
+/// `EVALSHA <sha> <#ops> KEYS… now ops`, sent with [`call`], then [`decode`]d.
 ///
 /// ARGV is `now_us` (`None` = empty: let Redis `TIME` decide, the production choice so
-/// replicas agree; `Some` only for tests), then [`ARGS_PER_OP`] decimal integers per op.
-/// Everything is written once into the command's single buffer: integers straight from their
-/// binary form, keys as prefix + key bytes, no per-value allocation.
+/// replicas agree; `Some` only for tests), then every op's numbers packed into one binary
+/// string ([`OP_BYTES`] per op; the layout is documented in `lua/apply.lua`): the script
+/// decodes each op with one `struct.unpack` instead of parsing a decimal string per value.
+/// Everything is written once into the command's single buffer, with no per-value allocation.
 pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
-    // Per op: the key, and seven integers of at most 20 digits (usually far fewer).
     let bytes: usize = ops
         .iter()
-        .map(|op| prefix.len() + op.key.as_bytes().len() + 48)
+        .map(|op| prefix.len() + op.key.as_bytes().len() + OP_BYTES)
         .sum();
-    let mut cmd = Cmd::with_capacity(4 + (1 + ARGS_PER_OP) * ops.len(), 80 + bytes);
+    let mut cmd = Cmd::with_capacity(5 + ops.len(), 80 + bytes);
     cmd.arg("EVALSHA").arg(script().get_hash()).arg(ops.len());
     for op in ops {
         cmd.arg(FullKey(prefix, &op.key));
@@ -90,21 +127,7 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
-    let flag = |on: bool| if on { "1" } else { "0" };
-    for op in ops {
-        let algorithm = match op.params.algorithm {
-            Algorithm::TokenBucket => "0",
-            Algorithm::FixedWindow => "1",
-            Algorithm::SlidingWindow => "2",
-        };
-        cmd.arg(algorithm)
-            .arg(op.params.requests_per_period)
-            .arg(op.params.period_us)
-            .arg(op.params.burst)
-            .arg(op.cost)
-            .arg(flag(op.enforce))
-            .arg(flag(op.params.overdraft));
-    }
+    cmd.arg(PackedOps(ops));
     cmd
 }
 
@@ -223,18 +246,39 @@ mod tests {
         assert_eq!(full_key(b"", &ops[0].key), ops[0].key.as_bytes());
     }
 
-    /// The command's words as strings.
-    fn words(cmd: &Cmd) -> Vec<String> {
-        cmd.args_iter()
+    /// The command's words as strings, except the last (the packed ops), returned apart.
+    fn words(cmd: &Cmd) -> (Vec<String>, Vec<u8>) {
+        let mut words: Vec<Vec<u8>> = cmd
+            .args_iter()
             .map(|arg| match arg {
-                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
                 _ => panic!("only plain arguments in a script call"),
+            })
+            .collect();
+        let packed = words.pop().unwrap();
+        let words = words
+            .into_iter()
+            .map(|w| String::from_utf8(w).unwrap())
+            .collect();
+        (words, packed)
+    }
+
+    /// The packed ops, decoded as the script's `struct.unpack('<ddddd')` does.
+    fn unpack(packed: &[u8]) -> Vec<[f64; 5]> {
+        packed
+            .chunks_exact(OP_BYTES)
+            .map(|op| {
+                let mut numbers = [0.0; 5];
+                for (n, bytes) in numbers.iter_mut().zip(op.chunks_exact(8)) {
+                    *n = f64::from_le_bytes(bytes.try_into().unwrap());
+                }
+                numbers
             })
             .collect()
     }
 
     /// `EVALSHA <sha> <#keys>`, the KEYS (prefix + bucket key), then ARGV: now (empty = Redis
-    /// TIME) and seven decimal integers per op.
+    /// TIME) and the packed ops: flags, rate, period, cost and burst per op.
     #[test]
     fn command_layout() {
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
@@ -244,30 +288,6 @@ mod tests {
             overdraft,
             op(Algorithm::SlidingWindow, i64::MIN, true),
         ];
-        let expected: Vec<&str> = vec![
-            "",
-            "0",
-            "7",
-            "60000000",
-            "9",
-            "3",
-            "1",
-            "0",
-            "1",
-            "7",
-            "60000000",
-            "9",
-            "-2",
-            "0",
-            "1",
-            "2",
-            "7",
-            "60000000",
-            "9",
-            "-9223372036854775808",
-            "1",
-            "0",
-        ];
         let sha = script().get_hash().to_owned();
         let keys: Vec<String> = keys(b"fg:", &ops)
             .into_iter()
@@ -275,30 +295,37 @@ mod tests {
             .collect();
         let mut whole = vec!["EVALSHA".to_owned(), sha.clone(), "3".to_owned()];
         whole.extend(keys.iter().cloned());
-        whole.extend(expected.iter().map(|s| s.to_string()));
-        assert_eq!(words(&command(b"fg:", &ops, None)), whole);
+        whole.push(String::new());
+        let (words_now, packed) = words(&command(b"fg:", &ops, None));
+        assert_eq!(words_now, whole);
+        assert_eq!(
+            unpack(&packed),
+            [
+                // token bucket (0) + enforce (4)
+                [4.0, 7.0, 60_000_000.0, 3.0, 9.0],
+                // fixed window (1) + overdraft (8), shadow
+                [9.0, 7.0, 60_000_000.0, -2.0, 9.0],
+                // sliding window (2) + enforce (4); i64::MIN is a power of two, exact
+                [6.0, 7.0, 60_000_000.0, -9_223_372_036_854_775_808.0, 9.0],
+            ]
+        );
         assert_eq!(keys[0], "fg:edge:ip=10.0.0.1|tb60");
         assert_eq!(
-            words(&command(b"fg:", &ops, Some(1_750_000_000_123_456)))[6],
+            words(&command(b"fg:", &ops, Some(1_750_000_000_123_456))).0[6],
             "1750000000123456"
         );
-        assert_eq!(
-            words(&command(b"", &[], Some(5))),
-            ["EVALSHA", &sha, "0", "5"]
-        );
-        assert_eq!(
-            words(&command(b"", &ops, None)).len(),
-            3 + ops.len() + 1 + ARGS_PER_OP * ops.len()
-        );
+        let (empty, packed) = words(&command(b"", &[], Some(5)));
+        assert_eq!(empty, ["EVALSHA", &sha, "0", "5"]);
+        assert!(packed.is_empty());
     }
 
     /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).
     #[test]
     fn script_is_the_lua_source() {
         assert_eq!(script().get_hash(), Script::new(SOURCE).get_hash());
-        assert!(SOURCE.contains("KEYS[i]") && SOURCE.contains("ARGV[1]"));
+        assert!(SOURCE.contains("KEYS[i]") && SOURCE.contains("ARGV[2]"));
         let call = command(b"p:", &[op(Algorithm::TokenBucket, 1, true)], None);
-        assert_eq!(words(&call)[1], script().get_hash());
+        assert_eq!(words(&call).0[1], script().get_hash());
     }
 
     /// A well-formed reply decodes into the results settle() would give.
