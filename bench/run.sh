@@ -280,7 +280,7 @@ echo "10 descriptors / 1 descriptor, time per request (inverse req/s; target ≤
 
 # --- Memory store holding many live buckets; expiry gives the memory back ---------------
 # Every key of domain `fill` once (each bucket then lives 2 minutes), then the RSS, then wait
-# until the buckets gauge (refreshed every 10 s) falls back once they have expired.
+# until the buckets gauge falls back once they have expired (the sweeper runs every 10 s).
 start_floodgate memory-fill --memory-max-buckets $((2 * FILL_KEYS))
 rss_empty=$(rss_mib)
 "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain fill --keys "$FILL_KEYS" \

@@ -239,8 +239,27 @@ fn remote_store(
     };
     let settings_error = |e: &dyn std::fmt::Display| ServerError::Settings(e.to_string());
     if !settings.redis_cluster.is_empty() {
-        let certificates = crate::store::redis::tls::certificates(&tls)
-            .map_err(|e| settings_error(&e))?;
+        // redis-rs turns TLS on for every node once certificates are given, whatever the
+        // seeds say: refuse plain or mixed seeds here, as the standalone and Sentinel paths do.
+        let tls_seeds = settings
+            .redis_cluster
+            .iter()
+            .filter(|seed| seed.starts_with("rediss://"))
+            .count();
+        if tls_seeds != 0 && tls_seeds != settings.redis_cluster.len() {
+            return Err(ServerError::Settings(
+                "--redis-cluster mixes rediss:// and plain seeds: a cluster is all TLS or none"
+                    .into(),
+            ));
+        }
+        if tls.is_set() && tls_seeds == 0 {
+            return Err(ServerError::Settings(
+                "Redis TLS files are set, but the --redis-cluster seeds do not use rediss://"
+                    .into(),
+            ));
+        }
+        let certificates =
+            crate::store::redis::tls::certificates(&tls).map_err(|e| settings_error(&e))?;
         let cluster = ClusterStore::new(
             &ClusterSettings {
                 seeds: settings.redis_cluster.clone(),

@@ -113,7 +113,7 @@ fn many(n: usize) -> floodgate::proto::rls::RateLimitRequest {
 
 /// What Redis receives from clients (not from inside scripts) while `work` runs, as seen by
 /// `MONITOR`: one line per command, script-internal ones marked `[.. lua]` and left out, and
-/// so are the breaker's probes (the script with no key: `"EVALSHA" "<sha>" "0" ""`), which
+/// so are the breaker's probes (the script with no key: `"EVALSHA" "<sha>" "0" "" ""`), which
 /// run whenever no call succeeded for the (test's 50 ms) quiet period and are no request's.
 async fn client_commands<F: Future<Output = ()>>(redis: &RedisServer, work: F) -> Vec<String> {
     use std::io::{BufRead, BufReader};

@@ -9,9 +9,9 @@ use std::process::Command;
 
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use support::certs::{Pki, arg};
 use support::process::Floodgate;
 use support::redis::RedisServer;
-use support::certs::{Pki, arg};
 use support::*;
 
 const OK: i32 = Code::Ok as i32;
@@ -143,7 +143,7 @@ fn unusable_tls_files_exit_64() {
     let missing = limits.path().join("missing.pem");
     let tls_url = ["--redis-url", "rediss://127.0.0.1:1"];
     let ca = ["--redis-tls-ca-file", arg(&pki.ca)];
-    let cases: [(Vec<&str>, String); 7] = [
+    let cases: [(Vec<&str>, String); 9] = [
         (
             ca.to_vec(),
             "Redis TLS files are set, but no Redis is".to_string(),
@@ -164,6 +164,17 @@ fn unusable_tls_files_exit_64() {
             ]
             .concat(),
             "neither --redis-url nor the sentinel URLs use rediss://".to_string(),
+        ),
+        (
+            [&["--redis-cluster", "redis://127.0.0.1:1"][..], &ca].concat(),
+            "the --redis-cluster seeds do not use rediss://".to_string(),
+        ),
+        (
+            vec![
+                "--redis-cluster",
+                "rediss://127.0.0.1:1,redis://127.0.0.1:2",
+            ],
+            "mixes rediss:// and plain seeds".to_string(),
         ),
         (
             vec!["--redis-tls-ca-file", arg(&missing)],
@@ -198,8 +209,8 @@ fn unusable_tls_files_exit_64() {
         command
             .args(["serve", "--config", limits.path().to_str().unwrap()])
             .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"]);
-        // The first three cases choose their Redis themselves; the others get a TLS one.
-        if i >= 3 {
+        // The first five cases choose their Redis themselves; the others get a TLS one.
+        if i >= 5 {
             command.args(tls_url);
         }
         let out = command

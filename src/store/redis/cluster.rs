@@ -146,11 +146,12 @@ impl ClusterStore {
             MultipleNodeRoutingInfo::AllMasters,
             Some(ResponsePolicy::AllSucceeded),
         ));
-        let mut eval = redis::cmd("EVAL");
-        eval.arg(script::SOURCE).arg(0).arg("");
+        let probe = eval(&script::command(&self.prefix, &[], None));
         deadline(self.command_timeout, async move {
-            conn.route_command(eval, every_master)
+            // A fan-out's replies come back as values: a node's error reply is one of them.
+            conn.route_command(probe, every_master)
                 .await
+                .and_then(redis::Value::extract_error)
                 .map(drop)
                 .map_err(|e| classify(&e))
         })
