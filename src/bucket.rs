@@ -398,7 +398,10 @@ mod tests {
         assert_eq!(key.as_bytes(), b"{ed%7Bge}:k=v%7Bx%7D|tb1");
         let bare = tagged("d", &[], Algorithm::FixedWindow, 60_000_000);
         assert_eq!(bare.as_bytes(), b"{d}|fw60");
-        assert_ne!(bare, BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000));
+        assert_ne!(
+            bare,
+            BucketKey::new("d", [], Algorithm::FixedWindow, 60_000_000)
+        );
         assert_eq!(bare.with_override_rate(3).as_bytes(), b"{d}|fw60o3");
         let long = "x".repeat(200);
         let hashed = tagged(&long, &e, Algorithm::TokenBucket, 1_000_000);

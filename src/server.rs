@@ -239,8 +239,8 @@ fn remote_store(
     };
     let settings_error = |e: &dyn std::fmt::Display| ServerError::Settings(e.to_string());
     if !settings.redis_cluster.is_empty() {
-        let certificates = crate::store::redis::tls::certificates(&tls)
-            .map_err(|e| settings_error(&e))?;
+        let certificates =
+            crate::store::redis::tls::certificates(&tls).map_err(|e| settings_error(&e))?;
         let cluster = ClusterStore::new(
             &ClusterSettings {
                 seeds: settings.redis_cluster.clone(),

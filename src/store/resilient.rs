@@ -13,7 +13,7 @@
 //! - `deny`: every enforcing bucket denies (OVER_LIMIT), nothing debited anywhere.
 //! - `local`: an in-process memory store stands in, per replica, until Redis is back.
 //!
-//! A background probe ([`RedisStore::probe`]: the script with no bucket, so a Redis that answers
+//! A background probe ([`RemoteStore::probe`]: the script with no bucket, so a Redis that answers
 //! `PING` but holds scripts counts as down) runs while the breaker is open, or while nothing
 //! has succeeded for the quiet period: it closes the breaker on the first success and counts
 //! failures like requests do, so neither recovery nor noticing an outage (Redis down at

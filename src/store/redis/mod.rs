@@ -380,7 +380,8 @@ mod tests {
     /// busy or full does not, so they never turn into a reconnect per request.
     #[test]
     fn only_transport_failures_and_readonly_retire_the_connection() {
-        let retires = |error: RedisError| (retires_connection(&error), classify(&error).is_transient());
+        let retires =
+            |error: RedisError| (retires_connection(&error), classify(&error).is_transient());
         assert_eq!(
             retires(server_error(
                 "READONLY You can't write against a read only replica."
