@@ -1,17 +1,21 @@
 //! TLS to Redis: the real binary against a TLS-only redis-server whose certificates are
 //! generated at test time — the CA file, a client certificate when the server requires one,
-//! a wrong CA answered by the failure policy, and unusable files refused at start-up.
+//! a wrong CA answered by the failure policy, and unusable files refused at start-up — and
+//! against a TLS-only Sentinel set-up and a TLS-only Redis Cluster.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use std::process::Command;
 
+use floodgate::bucket::{BucketKey, KeyValue};
+use floodgate::limiter::Algorithm;
+use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::certs::{Pki, arg};
 use support::process::Floodgate;
-use support::redis::RedisServer;
+use support::redis::{RedisCluster, RedisServer};
 use support::*;
 
 const OK: i32 = Code::Ok as i32;
@@ -32,19 +36,26 @@ async fn serve(
     limits: &tempfile::TempDir,
     extra: &[&str],
 ) -> (Floodgate, RateLimitServiceClient<tonic::transport::Channel>) {
-    let url = redis.url();
+    serve_on(&["--redis-url", &redis.url()], limits, extra).await
+}
+
+/// Starts the binary with the Redis flags `store` and `extra` flags; returns it and a
+/// connected client.
+async fn serve_on(
+    store: &[&str],
+    limits: &tempfile::TempDir,
+    extra: &[&str],
+) -> (Floodgate, RateLimitServiceClient<tonic::transport::Channel>) {
     // Generous deadlines: TLS handshakes in a debug build on a loaded machine can take longer
     // than the 250 ms default connect timeout.
-    let mut args = vec![
-        "--config",
-        limits.path().to_str().unwrap(),
-        "--redis-url",
-        &url,
+    let mut args = vec!["--config", limits.path().to_str().unwrap()];
+    args.extend_from_slice(store);
+    args.extend_from_slice(&[
         "--redis-timeout-ms",
         "2000",
         "--redis-connect-timeout-ms",
         "2000",
-    ];
+    ]);
     args.extend_from_slice(extra);
     let floodgate = Floodgate::start(&args);
     let client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
@@ -57,8 +68,16 @@ async fn serve(
 async fn ask(
     client: &mut RateLimitServiceClient<tonic::transport::Channel>,
 ) -> Result<i32, tonic::Code> {
+    ask_for(client, simple("t", "k", "v")).await
+}
+
+/// The overall code of `request`, or the gRPC error code.
+async fn ask_for(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    request: RateLimitRequest,
+) -> Result<i32, tonic::Code> {
     client
-        .should_rate_limit(simple("t", "k", "v"))
+        .should_rate_limit(request)
         .await
         .map(|r| r.into_inner().overall_code)
         .map_err(|status| status.code())
@@ -267,4 +286,129 @@ async fn sentinel_and_master_over_tls() {
         .await
         .unwrap();
     assert_eq!(keys.len(), 1, "{keys:?}");
+}
+
+/// The Redis key of descriptor `k=value` of domain `t` (one hour, token bucket).
+fn bucket(value: &str) -> Vec<u8> {
+    let key = BucketKey::new(
+        "t",
+        [(&b"k"[..], KeyValue::Value(value.as_bytes()))],
+        Algorithm::TokenBucket,
+        3_600_000_000,
+    );
+    [&b"fg:"[..], key.as_bytes()].concat()
+}
+
+/// A request with one `k=value` descriptor per value.
+fn several(values: &[String]) -> RateLimitRequest {
+    request(
+        "t",
+        values.iter().map(|v| descriptor(&[("k", v)])).collect(),
+    )
+}
+
+/// Redis Cluster over TLS, through the settings, the server and the cluster store of the real
+/// binary: three masters serving TLS only to clients and on the cluster bus, requiring client
+/// certificates. Given `rediss://` seeds, the CA and the client certificate, floodgate admits
+/// a request whose buckets live on every master (each stored on its own master), then denies
+/// it; a denial across masters refunds the other master's debit. Without the client
+/// certificate, or trusting another CA, the failure policy answers: no hang, no panic.
+#[tokio::test]
+async fn cluster_over_tls() {
+    let pki = Pki::generate();
+    let other = Pki::generate();
+    let cluster = RedisCluster::start_tls(3, 0, &pki.server_files(), true);
+    let seeds = cluster.seeds().join(",");
+    assert!(seeds.starts_with("rediss://"), "{seeds}");
+    let limits = limits();
+    // One value per master: each bucket's slot is served by a master no earlier value's is.
+    let mut owners = Vec::new();
+    let values: Vec<String> = (0..)
+        .map(|i| format!("v{i}"))
+        .filter(|v| {
+            let port = cluster.owner(&bucket(v)).port();
+            let new = !owners.contains(&port);
+            owners.push(port);
+            new
+        })
+        .take(3)
+        .collect();
+    let client_files = [
+        "--redis-tls-cert-file",
+        arg(&pki.client_cert),
+        "--redis-tls-key-file",
+        arg(&pki.client_key),
+    ];
+    let (floodgate, mut client) = serve_on(
+        &["--redis-cluster", &seeds],
+        &limits,
+        &[&["--redis-tls-ca-file", arg(&pki.ca)][..], &client_files].concat(),
+    )
+    .await;
+    assert_eq!(ask_for(&mut client, several(&values)).await, Ok(OK));
+    for value in &values {
+        let key = bucket(value);
+        let exists: i64 = cluster
+            .owner(&key)
+            .query(::redis::cmd("EXISTS").arg(&key))
+            .unwrap();
+        assert_eq!(exists, 1, "{value}: not on its master");
+    }
+    assert_eq!(ask_for(&mut client, several(&values)).await, Ok(OVER));
+    assert_eq!(cluster.key_count(), 3);
+
+    // values[0] is spent: a request with it and a fresh bucket on another master is denied,
+    // and the fresh bucket's debit refunded, so it still admits once on its own.
+    let first_owner = cluster.owner(&bucket(&values[0])).port();
+    let fresh = (0..)
+        .map(|i| format!("w{i}"))
+        .find(|w| cluster.owner(&bucket(w)).port() != first_owner)
+        .unwrap();
+    let mixed = several(&[values[0].clone(), fresh.clone()]);
+    assert_eq!(ask_for(&mut client, mixed).await, Ok(OVER));
+    let alone = several(std::slice::from_ref(&fresh));
+    assert_eq!(ask_for(&mut client, alone.clone()).await, Ok(OK));
+    assert_eq!(ask_for(&mut client, alone).await, Ok(OVER));
+    let log = floodgate.stop().await;
+    assert!(!log.contains("panicked"), "{log}");
+
+    // A bucket never used: a connected floodgate would admit it.
+    let unused = several(&["unused".to_string()]);
+    let refused = [
+        // No client certificate: the nodes refuse the handshake. Default policy: UNAVAILABLE.
+        (
+            vec!["--redis-tls-ca-file", arg(&pki.ca)],
+            Err(tonic::Code::Unavailable),
+        ),
+        // The nodes' certificates are not signed by the CA trusted: deny answers OVER_LIMIT.
+        (
+            [
+                &[
+                    "--redis-tls-ca-file",
+                    arg(&other.ca),
+                    "--on-store-error",
+                    "deny",
+                ][..],
+                &client_files,
+            ]
+            .concat(),
+            Ok(OVER),
+        ),
+    ];
+    for (flags, answer) in refused {
+        let (floodgate, mut client) = serve_on(&["--redis-cluster", &seeds], &limits, &flags).await;
+        assert_eq!(
+            ask_for(&mut client, unused.clone()).await,
+            answer,
+            "{flags:?}"
+        );
+        assert_eq!(
+            ask_for(&mut client, unused.clone()).await,
+            answer,
+            "{flags:?}"
+        );
+        let log = floodgate.stop().await;
+        assert!(!log.contains("panicked"), "{flags:?}: {log}");
+    }
+    assert_eq!(cluster.key_count(), 4);
 }

@@ -111,6 +111,8 @@ impl Pki {
             cert: self.server_cert.clone(),
             key: self.server_key.clone(),
             ca: self.ca.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! for; a port that turns out to be taken is retried with another. Variants: TLS only
 //! ([`RedisServer::start_tls`]), a replica ([`RedisServer::start_replica_of`]), a whole
 //! Sentinel set-up ([`sentinel::SentinelSetup`]), and [`RedisCluster`]: a real Redis Cluster
-//! of such servers, created with `redis-cli --cluster create`, torn down when dropped.
+//! of such servers (plain, or TLS only: [`RedisCluster::start_tls`]), created with
+//! `redis-cli --cluster create`, torn down when dropped.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -38,23 +39,64 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// The CA that signs client certificates (`--tls-ca-cert-file`), and the server's.
     pub ca: PathBuf,
+    /// A client certificate signed by `ca`, and its key: what the tests' own clients present,
+    /// and what a server presents to the servers it connects to (replication, cluster bus),
+    /// which ask for one with `tls-auth-clients yes`. The server certificate cannot stand in:
+    /// its extended key usage is server authentication only, which OpenSSL refuses for a
+    /// client.
+    pub client_cert: PathBuf,
+    /// Its key.
+    pub client_key: PathBuf,
 }
 
 impl TlsFiles {
     /// `redis-server` arguments serving these files (`tls-replication` aside).
     pub fn server_args(&self, auth_clients: bool) -> Vec<String> {
-        let path = |p: &PathBuf| p.to_str().unwrap().to_string();
         vec![
             "--tls-cert-file".into(),
             path(&self.cert),
             "--tls-key-file".into(),
             path(&self.key),
+            "--tls-client-cert-file".into(),
+            path(&self.client_cert),
+            "--tls-client-key-file".into(),
+            path(&self.client_key),
             "--tls-ca-cert-file".into(),
             path(&self.ca),
             "--tls-auth-clients".into(),
             if auth_clients { "yes" } else { "no" }.into(),
         ]
     }
+
+    /// `redis-cli` arguments to talk TLS with these files' CA and client certificate.
+    pub fn cli_args(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            "--cacert".into(),
+            path(&self.ca),
+            "--cert".into(),
+            path(&self.client_cert),
+            "--key".into(),
+            path(&self.client_key),
+        ]
+    }
+
+    /// redis-rs's form: the CA, and the client certificate.
+    fn certificates(&self) -> redis::TlsCertificates {
+        let read = |p: &PathBuf| std::fs::read(p).unwrap();
+        redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read(&self.client_cert),
+                client_key: read(&self.client_key),
+            }),
+            root_cert: Some(read(&self.ca)),
+        }
+    }
+}
+
+/// A path as an argument.
+fn path(p: &Path) -> String {
+    p.to_str().unwrap().to_string()
 }
 
 impl RedisServer {
@@ -121,8 +163,7 @@ impl RedisServer {
 
     /// A new blocking connection (for fixtures and assertions outside the runtime).
     pub fn blocking(&self) -> ::redis::Connection {
-        ::redis::Client::open(self.url())
-            .unwrap()
+        client(&self.url(), self.tls.as_ref())
             .get_connection_with_timeout(Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", self.url()))
     }
@@ -161,8 +202,7 @@ impl RedisServer {
 
     /// A new multiplexed connection, or `None` if the server does not answer.
     pub async fn try_connection(&self) -> Option<redis::aio::MultiplexedConnection> {
-        let ca = self.tls.as_ref().map(|files| files.ca.as_path());
-        let client = client(&self.url(), ca);
+        let client = client(&self.url(), self.tls.as_ref());
         client.get_multiplexed_async_connection().await.ok()
     }
 
@@ -211,18 +251,11 @@ impl Drop for RedisServer {
     }
 }
 
-/// A client for `url`; for `rediss://`, trusting the CA file `ca`.
-pub(crate) fn client(url: &str, ca: Option<&std::path::Path>) -> redis::Client {
-    match ca {
+/// A client for `url`; for `rediss://`, with the CA and client certificate of `tls`.
+pub(crate) fn client(url: &str, tls: Option<&TlsFiles>) -> redis::Client {
+    match tls {
         None => redis::Client::open(url).unwrap(),
-        Some(ca) => redis::Client::build_with_tls(
-            url,
-            redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(std::fs::read(ca).unwrap()),
-            },
-        )
-        .unwrap(),
+        Some(files) => redis::Client::build_with_tls(url, files.certificates()).unwrap(),
     }
 }
 
@@ -311,11 +344,40 @@ impl RedisCluster {
     /// Starts `masters` masters with `replicas` replicas each and waits until the cluster is
     /// usable. Panics (with redis-cli's output) if it cannot be formed.
     pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        RedisCluster::start_with(masters, replicas, None)
+    }
+
+    /// Like [`RedisCluster::start`], every node serving TLS only with `files`, to clients,
+    /// on the cluster bus (`tls-cluster`) and for replication; with `auth_clients`, every
+    /// node requires a client certificate signed by `files.ca` (the nodes present
+    /// `files.client_cert` to each other). The fixture's own clients use the same files.
+    pub fn start_tls(
+        masters: usize,
+        replicas: usize,
+        files: &TlsFiles,
+        auth_clients: bool,
+    ) -> RedisCluster {
+        RedisCluster::start_with(masters, replicas, Some((files, auth_clients)))
+    }
+
+    fn start_with(masters: usize, replicas: usize, tls: Option<(&TlsFiles, bool)>) -> RedisCluster {
         let dir = tempfile::tempdir().unwrap();
+        let args = |port: u16| {
+            let mut args = cluster_args(dir.path(), port);
+            if let Some((files, auth_clients)) = tls {
+                args.extend(files.server_args(auth_clients));
+                args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+            }
+            args
+        };
+        let files = tls.map(|(files, _)| files.clone());
         let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
-            .map(|_| RedisServer::start_with(|port| cluster_args(dir.path(), port), None))
+            .map(|_| RedisServer::start_with(args, files.clone()))
             .collect();
         let mut create = Command::new("redis-cli");
+        if let Some(files) = &files {
+            create.args(files.cli_args());
+        }
         create.arg("--cluster").arg("create");
         create.args(nodes.iter().map(RedisServer::address));
         create.args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"]);

@@ -9,8 +9,6 @@ use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use std::path::Path;
-
 use super::{ATTEMPTS, RedisServer, TlsFiles, client, free_port, wait_ready};
 
 /// The master's name in the sentinels' configuration.
@@ -121,8 +119,7 @@ impl SentinelSetup {
 
     /// A connection to the sentinel on `port`, or `None` if it does not answer.
     async fn connect(&self, port: u16) -> Option<redis::aio::MultiplexedConnection> {
-        let ca: Option<&Path> = self.tls.as_ref().map(|files| files.ca.as_path());
-        let client = client(&self.sentinel_url(port), ca);
+        let client = client(&self.sentinel_url(port), self.tls.as_ref());
         client.get_multiplexed_async_connection().await.ok()
     }
 
