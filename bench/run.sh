@@ -181,6 +181,9 @@ PY
 # h2load_run BODY [CONNECTIONS STREAMS] : one h2load run against GRPC_PORT.
 h2load_run() {
     local body=$1 c=${2:-$CONNECTIONS} m=${3:-$STREAMS}
+    # h2load appends to its log file: each run starts a fresh one, or its percentiles would
+    # mix in every earlier row's requests.
+    rm -f "$WORK/h2.log"
     h2load --warm-up-time="$WARMUP" -D "$SECONDS_PER_RUN" -c "$c" -m "$m" -t 1 \
         --data "$body" -H 'content-type: application/grpc' -H 'te: trailers' \
         --log-file "$WORK/h2.log" \
