@@ -425,8 +425,9 @@ async fn redis_writes_paused_policy_deny() {
 }
 
 /// SIGTERM with a request in flight on every worker's connection (held in Redis by a write
-/// pause; the workers hold back for a moment so that every next request is sent after it): new connections are refused at once, every in-flight request completes OK once
-/// Redis resumes, requests sent after are refused cleanly, and the process exits 0.
+/// pause; the workers hold back for a moment so that every next request is sent after it):
+/// new connections are refused at once, every in-flight request completes OK once Redis
+/// resumes, requests sent after are refused cleanly, and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_under_load_drains_in_flight_requests() {
     let redis = RedisServer::start();
@@ -479,10 +480,14 @@ async fn sigterm_under_load_drains_in_flight_requests() {
         .iter()
         .filter(|o| o.started >= terminating)
         .collect();
+    // Refused, never answered: UNAVAILABLE (GOAWAY, or no connection), or CANCELLED for a
+    // request whose stream the closing connection reset as the process exited (a rare race,
+    // seen in CI); Envoy treats both as a failed call (failure_mode_deny decides).
     assert!(
-        later
-            .iter()
-            .all(|o| o.result == Err(tonic::Code::Unavailable)),
+        later.iter().all(|o| matches!(
+            o.result,
+            Err(tonic::Code::Unavailable | tonic::Code::Cancelled)
+        )),
         "{:?}",
         tally(later.iter().copied())
     );
