@@ -35,6 +35,37 @@ async fn ask(
         .map_err(|status| status.code())
 }
 
+/// The real binary serving LIMITS through `setup`'s sentinels (2 s Redis deadlines: a
+/// failover may be under way), with a client: the limits directory and process live as long
+/// as the returned values.
+async fn serve_through(
+    setup: &SentinelSetup,
+) -> (
+    tempfile::TempDir,
+    Floodgate,
+    RateLimitServiceClient<Channel>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+    let nodes = setup.node_urls().join(",");
+    let floodgate = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        &nodes,
+        "--redis-timeout-ms",
+        "2000",
+        "--redis-connect-timeout-ms",
+        "2000",
+    ]);
+    let client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
+        .await
+        .unwrap();
+    (dir, floodgate, client)
+}
+
 /// Keys on the server at `port` that contain `part`.
 async fn keys_with(port: u16, part: &str) -> Vec<String> {
     let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
@@ -61,24 +92,7 @@ async fn follows_a_failover_without_restart() {
         .await
         .unwrap();
 
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
-    let nodes = setup.node_urls().join(",");
-    let floodgate = Floodgate::start(&[
-        "--config",
-        dir.path().to_str().unwrap(),
-        "--redis-sentinel",
-        MASTER_NAME,
-        "--redis-sentinel-nodes",
-        &nodes,
-        "--redis-timeout-ms",
-        "2000",
-        "--redis-connect-timeout-ms",
-        "2000",
-    ]);
-    let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
-        .await
-        .unwrap();
+    let (_dir, floodgate, mut client) = serve_through(&setup).await;
     assert_eq!(ask(&mut client, "before").await, Ok(OK));
     assert_eq!(keys_with(setup.master.port(), "before").await.len(), 1);
 
@@ -142,24 +156,7 @@ async fn follows_a_failover_without_restart() {
 async fn follows_a_manual_failover_to_a_live_replica() {
     let setup = SentinelSetup::start(3).await;
     setup.wait_failover_ready().await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
-    let nodes = setup.node_urls().join(",");
-    let floodgate = Floodgate::start(&[
-        "--config",
-        dir.path().to_str().unwrap(),
-        "--redis-sentinel",
-        MASTER_NAME,
-        "--redis-sentinel-nodes",
-        &nodes,
-        "--redis-timeout-ms",
-        "2000",
-        "--redis-connect-timeout-ms",
-        "2000",
-    ]);
-    let mut client = RateLimitServiceClient::connect(format!("http://{}", floodgate.grpc))
-        .await
-        .unwrap();
+    let (_dir, floodgate, mut client) = serve_through(&setup).await;
     assert_eq!(ask(&mut client, "before").await, Ok(OK));
 
     let sentinel = ::redis::Client::open(setup.node_urls()[0].as_str()).unwrap();
