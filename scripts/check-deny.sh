@@ -7,6 +7,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# `--frozen` forbids the network, and cargo deny reads the manifest of every crate in
+# Cargo.lock, the Windows- and macOS-only ones included, which a Linux build never downloads.
+# `cargo fetch` (no --target: every platform) brings them into the cargo home first.
+cargo fetch --locked --quiet
+
 passed=0
 failed=0
 for check in licenses bans sources; do
