@@ -20,7 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-use support::http::call;
+use support::http::{call, metric};
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::{descriptor, request, simple, with_hits, with_override};
@@ -121,6 +121,8 @@ async fn reference_environment_gets_reference_answers() {
             ("LOG_FORMAT", "text"),
         ],
     );
+    // As a readiness probe would: no traffic before Redis has answered.
+    eventually("health SERVING", || health_is(server.grpc, server.http, true)).await;
     let mut client = Client(
         RateLimitServiceClient::connect(format!("http://{}", server.grpc))
             .await
@@ -287,29 +289,33 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 500}
 "#;
 
-/// ...and a per-minute one with nesting, `replaces`, a zero limit, shadow mode and unlimited.
+/// ...and one with nesting, `replaces`, a zero limit, a per-second limit, shadow mode and
+/// unlimited. The example's minutes are hours here, so that a test never straddles a window
+/// boundary in practice, whichever algorithm is the default.
 const EXAMPLE_RL: &str = r#"
 domain: rl
 descriptors:
   - key: category
     value: account
     rate_limit:
-      unit: minute
+      unit: hour
       requests_per_unit: 4
       replaces: [{name: bkthomps}]
   - key: foo
-    rate_limit: {unit: minute, requests_per_unit: 2}
+    rate_limit: {unit: hour, requests_per_unit: 2}
     descriptors:
       - key: bar
         value: bkthomps
-        rate_limit: {name: bkthomps, unit: minute, requests_per_unit: 1}
+        rate_limit: {name: bkthomps, unit: hour, requests_per_unit: 1}
       - key: bar
         value: banned
-        rate_limit: {name: banned_limit, unit: minute, requests_per_unit: 0}
+        rate_limit: {name: banned_limit, unit: hour, requests_per_unit: 0}
+      - key: baz
+        rate_limit: {unit: second, requests_per_unit: 1}
       - key: baz
         value: shady
         shadow_mode: true
-        rate_limit: {unit: minute, requests_per_unit: 3}
+        rate_limit: {unit: hour, requests_per_unit: 3}
       - key: bay
         rate_limit: {unlimited: true}
 "#;
@@ -368,14 +374,22 @@ async fn health_is(grpc: SocketAddr, http: SocketAddr, serving: bool) -> bool {
     status == if serving { 200 } else { 503 }
 }
 
-/// Keys of `redis` containing `part`.
-async fn keys_with(redis: &RedisServer, part: &str) -> Vec<String> {
+/// How many key lookups `redis` has served (`keyspace_hits` + `keyspace_misses`): a
+/// request's script reads its buckets' keys, the store's health probe reads none. (Keys
+/// themselves may already have expired: a full token bucket is an absent key.)
+async fn lookups(redis: &RedisServer) -> u64 {
     let mut connection = redis.connection().await;
-    redis::cmd("KEYS")
-        .arg(format!("*{part}*"))
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
         .query_async(&mut connection)
         .await
-        .unwrap()
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "keyspace_hits" | "keyspace_misses").then(|| value.parse::<u64>().unwrap())
+        })
+        .sum()
 }
 
 /// Opens a bare HTTP/2 connection to `addr`, answers the server's SETTINGS and PINGs, and
@@ -467,16 +481,23 @@ async fn reference_example_deployment() {
     .await;
     let mut client = Client(RateLimitServiceClient::new(tcp_channel(server.grpc).await));
 
-    // Per second: 500 per second, one used.
+    // Per second: 500 per second, one used, counted in the per-second Redis only
+    // (REDIS_PERSECOND).
+    let before = (lookups(&redis).await, lookups(&per_second).await);
     let users = client.ask(simple("mongo_cps", "database", "users")).await;
+    assert_eq!(lookups(&redis).await, before.0, "per-second bucket read in the main Redis");
+    assert_eq!(lookups(&per_second).await, before.1 + 1);
     assert_eq!(users.overall_code, OK);
     let limit = users.statuses[0].current_limit.clone().unwrap();
     assert_eq!((limit.requests_per_unit, limit.unit), (500, Unit::Second as i32));
     assert_eq!(users.statuses[0].limit_remaining, 499);
 
-    // Per minute: 4, one used.
+    // Per hour: 4, one used, counted in the main Redis only.
     let account = || simple("rl", "category", "account");
+    let before = (lookups(&redis).await, lookups(&per_second).await);
     assert_eq!(client.one(account()).await, (OK, 3));
+    assert_eq!(lookups(&redis).await, before.0 + 1);
+    assert_eq!(lookups(&per_second).await, before.1, "minute bucket read in the per-second Redis");
     // Nested: foo + bar=bkthomps, 1 per minute: the second is over the limit.
     let bkthomps = |foo: &str| request("rl", vec![descriptor(&[("foo", foo), ("bar", "bkthomps")])]);
     assert_eq!(client.one(bkthomps("f1")).await, (OK, 0));
@@ -512,11 +533,33 @@ async fn reference_example_deployment() {
     assert!(unlimited.statuses[0].current_limit.is_none());
     assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
 
-    // REDIS_PERSECOND: the per-second counters are in their own Redis, the others are not.
-    assert!(!keys_with(&per_second, "mongo_cps").await.is_empty());
-    assert!(keys_with(&per_second, "account").await.is_empty());
-    assert!(!keys_with(&redis, "account").await.is_empty());
-    assert!(keys_with(&redis, "mongo_cps").await.is_empty());
+    // A request with a per-second and a per-hour limit goes to both Redis, once each...
+    let mixed = |baz_hits: u64| {
+        request(
+            "rl",
+            vec![
+                descriptor(&[("category", "account")]),
+                with_hits(descriptor(&[("foo", "f6"), ("baz", "any")]), baz_hits),
+            ],
+        )
+    };
+    let before = (lookups(&redis).await, lookups(&per_second).await);
+    let both = client.ask(mixed(1)).await;
+    assert_eq!(both.overall_code, OK);
+    assert_eq!(both.statuses[0].limit_remaining, 1, "account: 4 − 3");
+    assert_eq!(lookups(&redis).await, before.0 + 1);
+    assert_eq!(lookups(&per_second).await, before.1 + 1);
+    // ...and is all or nothing across them: denied by the per-second limit (2 hits where one
+    // fits), it leaves account's debit refunded in the main Redis.
+    let denied = client.ask(mixed(2)).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert_eq!(denied.statuses[0].code, OK);
+    assert_eq!(denied.statuses[0].limit_remaining, 1, "refunded");
+    assert_eq!(client.one(account()).await, (OK, 0));
+    assert_eq!(
+        metric(server.http, "floodgate_per_second_refunds_total{result=\"ok\"}").await,
+        Some(1.0)
+    );
 
     // GRPC_MAX_CONNECTION_AGE=1s (±10%): an idle connection is sent GOAWAY after about 1 s.
     let age = tokio::time::timeout(Duration::from_secs(10), time_to_goaway(server.grpc))
