@@ -46,8 +46,8 @@ pub mod health;
 pub mod listener;
 mod remote;
 
-pub use listener::GrpcListener;
 use listener::Aged;
+pub use listener::GrpcListener;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -217,27 +217,28 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         });
         memory
     };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) = match remote::remote_store(&settings, &metrics)? {
-        None => {
-            let memory = memory_store();
-            (memory.clone(), Some(memory), None)
-        }
-        Some(remote) => {
-            let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
-            let resilient = Arc::new(ResilientStore::new(
-                remote,
-                Resilience {
-                    policy: settings.on_store_error,
-                    cache_capacity: settings.local_cache_size,
-                    failure_threshold: settings.redis_failure_threshold,
-                    quiet_period: BREAKER_QUIET_PERIOD,
-                },
-                fallback.clone(),
-                metrics.clone(),
-            ));
-            (resilient.clone(), fallback, Some(resilient))
-        }
-    };
+    let (store, memory, redis): (Arc<dyn Store>, _, _) =
+        match remote::remote_store(&settings, &metrics)? {
+            None => {
+                let memory = memory_store();
+                (memory.clone(), Some(memory), None)
+            }
+            Some(remote) => {
+                let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
+                let resilient = Arc::new(ResilientStore::new(
+                    remote,
+                    Resilience {
+                        policy: settings.on_store_error,
+                        cache_capacity: settings.local_cache_size,
+                        failure_threshold: settings.redis_failure_threshold,
+                        quiet_period: BREAKER_QUIET_PERIOD,
+                    },
+                    fallback.clone(),
+                    metrics.clone(),
+                ));
+                (resilient.clone(), fallback, Some(resilient))
+            }
+        };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -422,7 +423,10 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let grpc = grpc.into();
     let grpc_addr = match &grpc {
-        GrpcListener::Tcp(listener) => listener.local_addr().map_err(ServerError::Http)?.to_string(),
+        GrpcListener::Tcp(listener) => listener
+            .local_addr()
+            .map_err(ServerError::Http)?
+            .to_string(),
         GrpcListener::Unix(socket) => format!("unix:{}", socket.path.display()),
     };
     let http_addr = match &http {

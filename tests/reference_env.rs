@@ -14,16 +14,16 @@ use floodgate::proto::rls::rate_limit_response::{Code, DescriptorStatus, rate_li
 use floodgate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_client::RateLimitServiceClient,
 };
+use support::http::{call, metric};
+use support::process::Floodgate;
+use support::redis::RedisServer;
+use support::{descriptor, request, simple, with_hits, with_override};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::{
     HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
 };
-use support::http::{call, metric};
-use support::process::Floodgate;
-use support::redis::RedisServer;
-use support::{descriptor, request, simple, with_hits, with_override};
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -122,7 +122,10 @@ async fn reference_environment_gets_reference_answers() {
         ],
     );
     // As a readiness probe would: no traffic before Redis has answered.
-    eventually("health SERVING", || health_is(server.grpc, server.http, true)).await;
+    eventually("health SERVING", || {
+        health_is(server.grpc, server.http, true)
+    })
+    .await;
     let mut client = Client(
         RateLimitServiceClient::connect(format!("http://{}", server.grpc))
             .await
@@ -334,7 +337,11 @@ where
 }
 
 /// Every name health is reported under: the server's, the reference's, the service's.
-const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+const HEALTH_NAMES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
 
 /// The gRPC health status of `service` over `channel`.
 async fn health_of(channel: Channel, service: &str) -> i32 {
@@ -387,7 +394,8 @@ async fn lookups(redis: &RedisServer) -> u64 {
     info.lines()
         .filter_map(|line| {
             let (name, value) = line.trim().split_once(':')?;
-            matches!(name, "keyspace_hits" | "keyspace_misses").then(|| value.parse::<u64>().unwrap())
+            matches!(name, "keyspace_hits" | "keyspace_misses")
+                .then(|| value.parse::<u64>().unwrap())
         })
         .sum()
 }
@@ -411,7 +419,10 @@ async fn time_to_goaway(addr: SocketAddr) -> Duration {
         match kind {
             7 => return started.elapsed(),
             // SETTINGS: acknowledge.
-            4 if !ack => stream.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.unwrap(),
+            4 if !ack => stream
+                .write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0])
+                .await
+                .unwrap(),
             // PING: answer with the same payload.
             6 if !ack => {
                 let mut pong = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
@@ -426,7 +437,11 @@ async fn time_to_goaway(addr: SocketAddr) -> Duration {
 /// The environment of the reference's example deployment (its docker-compose example's
 /// `ratelimit` service, plus its README's two-Redis set-up and health and keepalive
 /// variables), with loopback ports and the test's Redis servers.
-fn example_environment(root: &Path, redis: &RedisServer, per_second: &RedisServer) -> Vec<(String, String)> {
+fn example_environment(
+    root: &Path,
+    redis: &RedisServer,
+    per_second: &RedisServer,
+) -> Vec<(String, String)> {
     [
         ("USE_STATSD", "true"),
         ("STATSD_HOST", "statsd"),
@@ -439,7 +454,10 @@ fn example_environment(root: &Path, redis: &RedisServer, per_second: &RedisServe
         ("RUNTIME_WATCH_ROOT", "false"),
         ("CONFIG_TYPE", "FILE"),
         ("CONFIG_GRPC_XDS_NODE_ID", "test-node-id"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", "ratelimit-xds-config-server:18000"),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            "ratelimit-xds-config-server:18000",
+        ),
         ("REDIS_PERSECOND", "true"),
         ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
         ("REDIS_PERSECOND_URL", &per_second.address()),
@@ -485,11 +503,18 @@ async fn reference_example_deployment() {
     // (REDIS_PERSECOND).
     let before = (lookups(&redis).await, lookups(&per_second).await);
     let users = client.ask(simple("mongo_cps", "database", "users")).await;
-    assert_eq!(lookups(&redis).await, before.0, "per-second bucket read in the main Redis");
+    assert_eq!(
+        lookups(&redis).await,
+        before.0,
+        "per-second bucket read in the main Redis"
+    );
     assert_eq!(lookups(&per_second).await, before.1 + 1);
     assert_eq!(users.overall_code, OK);
     let limit = users.statuses[0].current_limit.clone().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (500, Unit::Second as i32));
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (500, Unit::Second as i32)
+    );
     assert_eq!(users.statuses[0].limit_remaining, 499);
 
     // Per hour: 4, one used, counted in the main Redis only.
@@ -497,9 +522,14 @@ async fn reference_example_deployment() {
     let before = (lookups(&redis).await, lookups(&per_second).await);
     assert_eq!(client.one(account()).await, (OK, 3));
     assert_eq!(lookups(&redis).await, before.0 + 1);
-    assert_eq!(lookups(&per_second).await, before.1, "minute bucket read in the per-second Redis");
+    assert_eq!(
+        lookups(&per_second).await,
+        before.1,
+        "minute bucket read in the per-second Redis"
+    );
     // Nested: foo + bar=bkthomps, 1 per minute: the second is over the limit.
-    let bkthomps = |foo: &str| request("rl", vec![descriptor(&[("foo", foo), ("bar", "bkthomps")])]);
+    let bkthomps =
+        |foo: &str| request("rl", vec![descriptor(&[("foo", foo), ("bar", "bkthomps")])]);
     assert_eq!(client.one(bkthomps("f1")).await, (OK, 0));
     assert_eq!(client.one(bkthomps("f1")).await.0, OVER);
     // replaces: with category=account in the same request, bkthomps's limit is dropped.
@@ -527,7 +557,10 @@ async fn reference_example_deployment() {
         assert_eq!(client.ask(shady).await.overall_code, OK);
     }
     let unlimited = client
-        .ask(request("rl", vec![descriptor(&[("foo", "f5"), ("bay", "x")])]))
+        .ask(request(
+            "rl",
+            vec![descriptor(&[("foo", "f5"), ("bay", "x")])],
+        ))
         .await;
     assert_eq!(unlimited.overall_code, OK);
     assert!(unlimited.statuses[0].current_limit.is_none());
@@ -557,7 +590,11 @@ async fn reference_example_deployment() {
     assert_eq!(denied.statuses[0].limit_remaining, 1, "refunded");
     assert_eq!(client.one(account()).await, (OK, 0));
     assert_eq!(
-        metric(server.http, "floodgate_per_second_refunds_total{result=\"ok\"}").await,
+        metric(
+            server.http,
+            "floodgate_per_second_refunds_total{result=\"ok\"}"
+        )
+        .await,
         Some(1.0)
     );
 
@@ -698,12 +735,17 @@ async fn grpc_on_a_unix_socket() {
         );
     }
     let mut client = Client(RateLimitServiceClient::new(channel));
-    let first = client.ask(simple("edge", "remote_address", "10.0.0.9")).await;
+    let first = client
+        .ask(simple("edge", "remote_address", "10.0.0.9"))
+        .await;
     assert_eq!(first.overall_code, OK);
     assert!(first.statuses[0].current_limit.is_some());
     let log = server.stop().await;
     assert!(!socket.exists(), "socket file left behind");
-    assert!(log.contains("GRPC_PORT (gRPC is served on the GRPC_UDS socket)"), "{log}");
+    assert!(
+        log.contains("GRPC_PORT (gRPC is served on the GRPC_UDS socket)"),
+        "{log}"
+    );
 }
 
 /// What floodgate cannot honour stops start-up with exit code 64, naming the variable,

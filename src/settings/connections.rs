@@ -79,11 +79,26 @@ mod tests {
             grpc_max_connection_age: Some(Duration::from_secs(100)),
             ..Default::default()
         };
-        assert_eq!(settings.jittered_max_age(0.0), Some(Duration::from_secs(100)));
-        assert_eq!(settings.jittered_max_age(1.0), Some(Duration::from_secs(110)));
-        assert_eq!(settings.jittered_max_age(-1.0), Some(Duration::from_secs(90)));
-        assert_eq!(settings.jittered_max_age(7.0), Some(Duration::from_secs(110)));
-        assert_eq!(GrpcConnectionSettings::default().jittered_max_age(0.5), None);
+        assert_eq!(
+            settings.jittered_max_age(0.0),
+            Some(Duration::from_secs(100))
+        );
+        assert_eq!(
+            settings.jittered_max_age(1.0),
+            Some(Duration::from_secs(110))
+        );
+        assert_eq!(
+            settings.jittered_max_age(-1.0),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(
+            settings.jittered_max_age(7.0),
+            Some(Duration::from_secs(110))
+        );
+        assert_eq!(
+            GrpcConnectionSettings::default().jittered_max_age(0.5),
+            None
+        );
     }
 
     /// Ages are positive seconds.

@@ -6,10 +6,14 @@
 //! (the process environment in `main`, a literal map in tests) and fills in every setting that
 //! floodgate's own flag or `FLOODGATE_*` variable did not set: floodgate's own always win.
 //!
-//! Variables that floodgate accepts but cannot honour, or that change nothing, are listed in
-//! the [`ReferenceReport`] (logged once at start-up); a value that cannot be parsed is a
-//! [`SettingsError`], which `main` turns into exit code 64 before any port is bound.
-//! Variables set to the empty string count as unset (a Kubernetes `value: ""`).
+//! Every variable of the reference's settings ([`REFERENCE_VARIABLES`]) that is set is
+//! applied, or listed in the [`ReferenceReport`] as having no effect with the reason (logged
+//! once at start-up), or refused: what floodgate cannot honour (a memcache store, limits from
+//! xDS) and values it cannot parse are a [`SettingsError`], which `main` turns into exit code
+//! 64 before any port is bound. The mappings live here and in `redis` (both Redis: main and
+//! per-second) and `serving` (listener, health, store and config kinds); `catalogue` decides
+//! the variables no mapping reads. Variables set to the empty string count as unset (a
+//! Kubernetes `value: ""`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};

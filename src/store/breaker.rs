@@ -137,7 +137,10 @@ mod tests {
     fn publishes_transitions() {
         let breaker = CircuitBreaker::new(1, Duration::ZERO);
         let mut rx = breaker.subscribe();
-        assert!(!*rx.borrow_and_update(), "not usable before anything succeeded");
+        assert!(
+            !*rx.borrow_and_update(),
+            "not usable before anything succeeded"
+        );
         breaker.record_success();
         assert!(*rx.borrow_and_update());
         breaker.record_failure(&"down");

@@ -44,9 +44,12 @@ where
     F: Fn(usize, Vec<BucketOp>) -> Fut,
     Fut: Future<Output = GroupAnswer>,
 {
-    let answers: Vec<GroupAnswer> = join_all(groups.iter().enumerate().map(|(g, members)| {
-        run(g, members.iter().map(|&i| ops[i].clone()).collect())
-    }))
+    let answers: Vec<GroupAnswer> = join_all(
+        groups
+            .iter()
+            .enumerate()
+            .map(|(g, members)| run(g, members.iter().map(|&i| ops[i].clone()).collect())),
+    )
     .await;
     // Each op's result from its group's answer; a failed group's ops keep a placeholder
     // (the call then fails as a whole).

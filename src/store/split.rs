@@ -184,7 +184,12 @@ mod tests {
         assert_eq!(per_second.memory.len(), 2);
         assert_eq!(main.memory.len(), 1);
         // Results come back in request order, each from its own store.
-        assert!(applied.buckets.iter().all(|b| b.admitted && b.view.remaining == 4));
+        assert!(
+            applied
+                .buckets
+                .iter()
+                .all(|b| b.admitted && b.view.remaining == 4)
+        );
         // A request touching one side only is that side's call alone.
         store.apply(&[op("d", 60, 5)]).await.unwrap();
         assert_eq!((main.memory.len(), per_second.memory.len()), (2, 2));
@@ -226,7 +231,10 @@ mod tests {
         assert!(error.is_transient());
         per_second.down.store(false, Ordering::SeqCst);
         let check = store.apply(&[op("minute", 60, 10)]).await.unwrap();
-        assert_eq!(check.buckets[0].view.remaining, 9, "the failed request left no debit");
+        assert_eq!(
+            check.buckets[0].view.remaining, 9,
+            "the failed request left no debit"
+        );
         // The probe needs both sides.
         assert!(store.probe().await.is_ok());
         main.down.store(true, Ordering::SeqCst);

@@ -66,7 +66,17 @@ mod tests {
         ] {
             assert_eq!(parse_go_duration(text), Some(expected), "{text}");
         }
-        for bad in ["", "10", "-1s", "1d", "s", "1..5s", "1.2.3s", "ten seconds", "5m x"] {
+        for bad in [
+            "",
+            "10",
+            "-1s",
+            "1d",
+            "s",
+            "1..5s",
+            "1.2.3s",
+            "ten seconds",
+            "5m x",
+        ] {
             assert_eq!(parse_go_duration(bad), None, "{bad}");
         }
     }

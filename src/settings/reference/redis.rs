@@ -156,11 +156,7 @@ impl<'a> Mapping<'a> {
             .iter()
             .any(|id| self.own(id))
             || self.get(MAIN.url).is_some();
-        self.redis_tls_files(
-            settings,
-            redis,
-            parsed.tls == Some(true) || per_second_tls,
-        )?;
+        self.redis_tls_files(settings, redis, parsed.tls == Some(true) || per_second_tls)?;
         for (id, flag) in [
             ("redis_url", "--redis-url"),
             ("redis_sentinel", "--redis-sentinel"),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::duration::parse_go_duration;
-use super::{Mapping, SettingsError, ServeSettings, bad};
+use super::{Mapping, ServeSettings, SettingsError, bad};
 
 /// The reference's `GRPC_MAX_CONNECTION_AGE` default, which applies when only the grace is
 /// given.

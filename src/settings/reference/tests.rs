@@ -682,7 +682,11 @@ fn what_cannot_be_honoured_is_refused() {
     for (name, value, why) in [
         ("BACKEND_TYPE", "memcache", "no memcache store"),
         ("MEMCACHE_HOST_PORT", "memcached:11211", "no memcache store"),
-        ("MEMCACHE_SRV", "_memcache._tcp.example", "no memcache store"),
+        (
+            "MEMCACHE_SRV",
+            "_memcache._tcp.example",
+            "no memcache store",
+        ),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW", "xDS"),
     ] {
         let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
@@ -696,7 +700,10 @@ fn what_cannot_be_honoured_is_refused() {
     }
     for (name, value) in [("BACKEND_TYPE", "etcd"), ("CONFIG_TYPE", "HTTP")] {
         let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
-        assert!(matches!(error, SettingsError::BadReferenceValue { .. }), "{error}");
+        assert!(
+            matches!(error, SettingsError::BadReferenceValue { .. }),
+            "{error}"
+        );
     }
     // The docker-compose example sets xDS variables with CONFIG_TYPE=FILE: no effect.
     let (_, report) = apply(
@@ -770,7 +777,12 @@ fn server_variables_reach_the_flags() {
     );
     assert!(s.health_requires_limits);
     assert_eq!(s.grpc_addr, addr("0.0.0.0:8081"), "GRPC_PORT not applied");
-    assert!(report.no_effect.iter().any(|e| e.starts_with("GRPC_PORT (")));
+    assert!(
+        report
+            .no_effect
+            .iter()
+            .any(|e| e.starts_with("GRPC_PORT ("))
+    );
     // The grace alone applies to the reference's default age, 24 h.
     let (s, _) = apply(
         &["--config", "x"],
