@@ -404,8 +404,9 @@ impl<'a> Mapping<'a> {
     }
 
     /// `REDIS_TYPE=sentinel`: the URL variable is `<master name>,<sentinel host:port>[,…]`,
-    /// as the reference reads it. `REDIS_AUTH` and `REDIS_TLS` are the master's;
-    /// `REDIS_SENTINEL_AUTH` (`password` or `user:password`) the sentinels'.
+    /// as the reference reads it. `REDIS_AUTH` is the master's, `REDIS_SENTINEL_AUTH`
+    /// (`password` or `user:password`) the sentinels'; `REDIS_TLS` applies to both, as the
+    /// reference dials its sentinels with the master's TLS settings.
     fn sentinel(
         &mut self,
         vars: &RedisVars,
@@ -413,14 +414,15 @@ impl<'a> Mapping<'a> {
         tls: bool,
     ) -> Result<Target, SettingsError> {
         let sentinel_auth = userinfo(self.auth(vars.sentinel_auth));
+        let scheme = if tls { "rediss" } else { "redis" };
         let mut parts = raw.split(',').map(str::trim);
         let master = parts.next().unwrap_or_default();
         let nodes: Vec<String> = parts
             .filter(|n| !n.is_empty())
             .map(|node| match node {
                 n if n.contains("://") => n.to_string(),
-                n if n.contains(':') => format!("redis://{sentinel_auth}{n}"),
-                n => format!("redis://{sentinel_auth}{n}:26379"),
+                n if n.contains(':') => format!("{scheme}://{sentinel_auth}{n}"),
+                n => format!("{scheme}://{sentinel_auth}{n}:26379"),
             })
             .collect();
         if master.is_empty() || master.contains(['/', ':', '@']) || nodes.is_empty() {
@@ -431,7 +433,6 @@ impl<'a> Mapping<'a> {
                  (REDIS_TYPE=sentinel)",
             ));
         }
-        let scheme = if tls { "rediss" } else { "redis" };
         let url = format!("{scheme}://{}{master}", userinfo(self.auth(vars.auth)));
         self.apply_present(&vars.location());
         Ok(Target::Sentinel {

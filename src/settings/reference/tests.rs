@@ -260,9 +260,10 @@ fn sentinel_translation() {
     )
     .unwrap();
     assert_eq!(s.redis_sentinel.as_deref(), Some("mymaster"));
+    // REDIS_TLS: TLS to the sentinels too, as the reference dials them.
     assert_eq!(
         s.redis_sentinel_nodes,
-        ["redis://s1:26380", "redis://s2:26379"]
+        ["rediss://s1:26380", "rediss://s2:26379"]
     );
     assert_eq!(s.redis_url.as_deref(), Some("rediss://:p%40ss@mymaster"));
     assert!(
