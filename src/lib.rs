@@ -16,7 +16,8 @@
 //!
 //! Each layer imports only the layers below it.
 //!
-//! - [`server`]: binds gRPC and HTTP, serves health and reflection, shuts down gracefully.
+//! - [`server`]: binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
+//!   shuts down gracefully.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
@@ -24,8 +25,10 @@
 //! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
 //!   script per request) and the Redis Cluster store (one per slot touched, in parallel,
-//!   refunded across slots on denial), behind the local over-limit cache, the circuit breaker
-//!   and the failure policy (`store::resilient`).
+//!   refunded across slots on denial), optionally split with a second Redis for per-second
+//!   buckets (`store::split`, refunded across the two the same way: `store::fanout`), behind
+//!   the local over-limit cache, the circuit breaker and the failure policy
+//!   (`store::resilient`).
 //! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
 //!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
 //!   service reads).

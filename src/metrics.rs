@@ -28,6 +28,7 @@
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
 //! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
+//! | `floodgate_per_second_refunds_total` | result | `--redis-per-second-*`: refunds of one Redis's debits after the other denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
@@ -161,6 +162,7 @@ pub struct Metrics {
     tls_last_load_ok: Gauge,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     cluster_refunds: Family<ResultLabels, Counter>,
+    per_second_refunds: Family<ResultLabels, Counter>,
     local_cache_entries: Gauge,
     local_cache_evictions: Counter,
     requests_in_flight: Gauge,
@@ -211,6 +213,7 @@ impl Metrics {
         let tls_last_load_ok = Gauge::default();
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
         let cluster_refunds = Family::<ResultLabels, Counter>::default();
+        let per_second_refunds = Family::<ResultLabels, Counter>::default();
         let local_cache_entries = Gauge::default();
         let local_cache_evictions = Counter::default();
         let requests_in_flight = Gauge::default();
@@ -316,6 +319,12 @@ impl Metrics {
             cluster_refunds.clone(),
         );
         registry.register(
+            "floodgate_per_second_refunds",
+            "Refunds of one Redis's debits after the other (per-second or main) denied or \
+             failed, by result (failed: the debit stays until the bucket refills)",
+            per_second_refunds.clone(),
+        );
+        registry.register(
             "floodgate_local_cache_entries",
             "Buckets the local over-limit cache holds",
             local_cache_entries.clone(),
@@ -352,6 +361,7 @@ impl Metrics {
             tls_last_load_ok,
             tls_handshake_failures,
             cluster_refunds,
+            per_second_refunds,
             local_cache_entries,
             local_cache_evictions,
             requests_in_flight,
@@ -477,6 +487,15 @@ impl Metrics {
     /// succeeded.
     pub fn record_cluster_refund(&self, ok: bool) {
         self.cluster_refunds
+            .get_or_create(&ResultLabels {
+                result: if ok { "ok" } else { "failed" },
+            })
+            .inc();
+    }
+
+    /// Counts one refund across the per-second split (`ok` or `failed`).
+    pub fn record_per_second_refund(&self, ok: bool) {
+        self.per_second_refunds
             .get_or_create(&ResultLabels {
                 result: if ok { "ok" } else { "failed" },
             })

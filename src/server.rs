@@ -8,22 +8,26 @@
 //! (unless `--watch-config=false`) and the TLS files (when TLS is on), and run until SIGTERM
 //! or SIGINT.
 //!
+//! gRPC listens on a TCP address or a unix socket ([`listener`]); what health reports is
+//! [`health`]'s; which Redis (or two: per-second limits apart) is `remote`'s.
+//!
 //! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
 //! stop accepting connections and drain in-flight requests, and after the grace period any
 //! straggler is cut off.
 
 use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
 use std::io;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic_health::ServingStatus;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 
 use crate::clock::SystemClock;
 use crate::config::reload;
@@ -35,13 +39,15 @@ use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
-use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
-use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
-use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
+use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 use crate::tls::{GrpcTls, TlsError};
 
-/// Name under which the rate-limit service reports health (besides the server-wide "").
-const RLS_SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
+pub mod health;
+pub mod listener;
+mod remote;
+
+use listener::Aged;
+pub use listener::GrpcListener;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -80,6 +86,14 @@ pub enum ServerError {
         /// The cause.
         source: io::Error,
     },
+    /// The gRPC unix socket could not be bound.
+    #[error("cannot listen on unix socket {path}: {source}")]
+    BindUnix {
+        /// The socket's path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
     /// The gRPC server failed.
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
@@ -103,17 +117,30 @@ pub struct RunOptions {
     pub json_endpoint: bool,
     /// TLS on the gRPC port; `None`: plaintext.
     pub tls: Option<GrpcTls>,
+    /// Whether limits are loaded, with `--health-requires-limits` (false: NOT_SERVING).
+    pub limits_health: Option<watch::Receiver<bool>>,
+    /// gRPC connections get `GOAWAY` at this age (already jittered); `None`: never.
+    pub max_connection_age: Option<Duration>,
+    /// ...and are cut this long after that; `None`: they close when their calls finish.
+    pub max_connection_age_grace: Option<Duration>,
+    /// HTTP/2 PING interval on idle gRPC connections; `None`: none sent.
+    pub keepalive_interval: Option<Duration>,
 }
 
 impl RunOptions {
     /// The options `prepared` asks for.
     pub fn from_prepared(prepared: &Prepared) -> RunOptions {
         let settings = &prepared.settings;
+        let connections = &settings.grpc_connections;
         RunOptions {
             grace: settings.shutdown_grace,
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
             json_endpoint: settings.json_endpoint,
             tls: prepared.tls.clone(),
+            limits_health: prepared.limits_loaded.as_ref().map(|tx| tx.subscribe()),
+            max_connection_age: connections.jittered_max_age(jitter()),
+            max_connection_age_grace: connections.grpc_max_connection_age_grace,
+            keepalive_interval: connections.grpc_keepalive_interval,
         }
     }
 }
@@ -130,6 +157,9 @@ pub struct Prepared {
     pub redis: Option<Arc<ResilientStore>>,
     /// TLS on the gRPC port, loaded, when configured.
     pub tls: Option<GrpcTls>,
+    /// With `--health-requires-limits`: whether the limits in force have a domain; hot
+    /// reload updates it.
+    pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -154,6 +184,16 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         domains = config.domains().count(),
         "limits loaded"
     );
+    let limits_loaded = settings.health_requires_limits.then(|| {
+        let loaded = has_domains(&config);
+        if !loaded {
+            tracing::warn!(
+                path = %path.display(),
+                "no domain loaded: NOT_SERVING until one is (--health-requires-limits)"
+            );
+        }
+        Arc::new(watch::Sender::new(loaded))
+    });
     let tls = match settings.grpc_tls.files() {
         Some(files) => {
             let tls = GrpcTls::load(files, metrics.clone())?;
@@ -177,27 +217,28 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         });
         memory
     };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) = match remote_store(&settings, &metrics)? {
-        None => {
-            let memory = memory_store();
-            (memory.clone(), Some(memory), None)
-        }
-        Some(remote) => {
-            let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
-            let resilient = Arc::new(ResilientStore::new(
-                remote,
-                Resilience {
-                    policy: settings.on_store_error,
-                    cache_capacity: settings.local_cache_size,
-                    failure_threshold: settings.redis_failure_threshold,
-                    quiet_period: BREAKER_QUIET_PERIOD,
-                },
-                fallback.clone(),
-                metrics.clone(),
-            ));
-            (resilient.clone(), fallback, Some(resilient))
-        }
-    };
+    let (store, memory, redis): (Arc<dyn Store>, _, _) =
+        match remote::remote_store(&settings, &metrics)? {
+            None => {
+                let memory = memory_store();
+                (memory.clone(), Some(memory), None)
+            }
+            Some(remote) => {
+                let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
+                let resilient = Arc::new(ResilientStore::new(
+                    remote,
+                    Resilience {
+                        policy: settings.on_store_error,
+                        cache_capacity: settings.local_cache_size,
+                        failure_threshold: settings.redis_failure_threshold,
+                        quiet_period: BREAKER_QUIET_PERIOD,
+                    },
+                    fallback.clone(),
+                    metrics.clone(),
+                ));
+                (resilient.clone(), fallback, Some(resilient))
+            }
+        };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -221,101 +262,23 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         memory,
         redis,
         tls,
+        limits_loaded,
         settings,
     })
 }
 
-/// The remote store the settings name: a Redis Cluster (`--redis-cluster`), or a standalone or
-/// Sentinel-managed Redis; `None` for the memory store. The `--redis-tls-*` files apply to
-/// each of them.
-fn remote_store(
-    settings: &ServeSettings,
-    metrics: &Arc<Metrics>,
-) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
-    let tls = RedisTls {
-        ca_file: settings.redis_tls_ca_file.clone(),
-        cert_file: settings.redis_tls_cert_file.clone(),
-        key_file: settings.redis_tls_key_file.clone(),
-    };
-    let settings_error = |e: &dyn std::fmt::Display| ServerError::Settings(e.to_string());
-    if !settings.redis_cluster.is_empty() {
-        // redis-rs turns TLS on for every node once certificates are given, whatever the
-        // seeds say: refuse plain or mixed seeds here, as the standalone and Sentinel paths do.
-        let tls_seeds = settings
-            .redis_cluster
-            .iter()
-            .filter(|seed| seed.starts_with("rediss://"))
-            .count();
-        if tls_seeds != 0 && tls_seeds != settings.redis_cluster.len() {
-            return Err(ServerError::Settings(
-                "--redis-cluster mixes rediss:// and plain seeds: a cluster is all TLS or none"
-                    .into(),
-            ));
-        }
-        if tls.is_set() && tls_seeds == 0 {
-            return Err(ServerError::Settings(
-                "Redis TLS files are set, but the --redis-cluster seeds do not use rediss://"
-                    .into(),
-            ));
-        }
-        let certificates =
-            crate::store::redis::tls::certificates(&tls).map_err(|e| settings_error(&e))?;
-        let cluster = ClusterStore::new(
-            &ClusterSettings {
-                seeds: settings.redis_cluster.clone(),
-                key_prefix: settings.redis_key_prefix.clone(),
-                connect_timeout: settings.redis_connect_timeout_ms,
-                command_timeout: settings.redis_timeout_ms,
-            },
-            metrics.clone(),
-            certificates,
-        )
-        .map_err(|e| settings_error(&e))?;
-        return Ok(Some(Arc::new(cluster)));
-    }
-    match redis_settings(settings, tls)? {
-        None => Ok(None),
-        Some(redis) => {
-            let store = RedisStore::new(&redis).map_err(|e| settings_error(&e))?;
-            Ok(Some(Arc::new(store)))
-        }
-    }
+/// Whether `config` has at least one domain (what `--health-requires-limits` asks).
+fn has_domains(config: &Config) -> bool {
+    config.domains().next().is_some()
 }
 
-/// The Redis store's settings, or `None` for the memory store.
-fn redis_settings(
-    settings: &ServeSettings,
-    tls: RedisTls,
-) -> Result<Option<RedisSettings>, ServerError> {
-    let sentinel = settings
-        .redis_sentinel
-        .as_ref()
-        .map(|master_name| SentinelSettings {
-            master_name: master_name.clone(),
-            nodes: settings.redis_sentinel_nodes.clone(),
-        });
-    let url = match (&settings.redis_url, &sentinel) {
-        (Some(url), _) => url.clone(),
-        // The master's address comes from the sentinels; plain TCP, no credentials.
-        (None, Some(sentinel)) => format!("redis://{}", sentinel.master_name),
-        (None, None) if tls.is_set() => {
-            return Err(ServerError::Settings(
-                "Redis TLS files are set, but no Redis is (--redis-url, --redis-sentinel or \
-                 --redis-cluster)"
-                    .into(),
-            ));
-        }
-        (None, None) => return Ok(None),
-    };
-    Ok(Some(RedisSettings {
-        url,
-        sentinel,
-        tls,
-        key_prefix: settings.redis_key_prefix.clone(),
-        pool_size: settings.redis_pool_size,
-        connect_timeout: settings.redis_connect_timeout_ms,
-        command_timeout: settings.redis_timeout_ms,
-    }))
+/// A number in [-1, 1], different in every process: spreads the connection age of replicas
+/// started together (std's hasher keys are random per process).
+fn jitter() -> f64 {
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (random as f64 / u64::MAX as f64) * 2.0 - 1.0
 }
 
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
@@ -326,7 +289,22 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
             .await
             .map_err(|source| ServerError::Bind { addr, source })
     };
-    let grpc = bind(settings.grpc_addr).await?;
+    let grpc = match &settings.grpc_connections.grpc_uds {
+        Some(path) => {
+            if prepared.tls.is_some() {
+                return Err(ServerError::Settings(
+                    "TLS on a unix socket is not supported: serve TLS on --grpc-addr, or \
+                     plaintext on --grpc-uds"
+                        .into(),
+                ));
+            }
+            GrpcListener::bind_unix(path).map_err(|source| ServerError::BindUnix {
+                path: path.clone(),
+                source,
+            })?
+        }
+        None => GrpcListener::Tcp(bind(settings.grpc_addr).await?),
+    };
     let http = if settings.no_http {
         None
     } else {
@@ -389,10 +367,18 @@ fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
     // prepare() loaded the limits from this path, so it is known.
     let path = settings.limits_path().ok()?;
     let redis = prepared.redis.clone();
-    let on_reload = move |_: &Config| {
+    let limits_loaded = prepared.limits_loaded.clone();
+    let on_reload = move |config: &Config| {
         // Denials cached under the old limits may be wrong under the new ones.
         if let Some(redis) = &redis {
             redis.clear_cache();
+        }
+        if let Some(loaded) = &limits_loaded {
+            let now = has_domains(config);
+            if !now {
+                tracing::warn!("no domain loaded: NOT_SERVING until one is");
+            }
+            loaded.send_replace(now);
         }
     };
     match reload::spawn(
@@ -422,29 +408,37 @@ fn watch_tls(tls: &GrpcTls) -> Option<FileWatch> {
     }
 }
 
-/// Serves gRPC on `grpc` and admin HTTP on `http` (none: no admin HTTP at all) until
-/// `shutdown` completes, then drains: health goes NOT_SERVING, both servers stop accepting and
-/// finish in-flight requests, for at most `options.grace`. While `store_health` (if given) says false, health reports
-/// NOT_SERVING.
+/// Serves gRPC on `grpc` (a TCP listener or a [`GrpcListener`]) and admin HTTP on `http`
+/// (none: no admin HTTP at all) until `shutdown` completes, then drains: health goes
+/// NOT_SERVING, both servers stop accepting and finish in-flight requests, for at most
+/// `options.grace`. While `store_health` (if given) or `options.limits_health` (if given) says
+/// false, health reports NOT_SERVING.
 pub async fn run(
-    grpc: TcpListener,
+    grpc: impl Into<GrpcListener>,
     http: Option<TcpListener>,
     limiter: Arc<RateLimiter>,
     options: RunOptions,
     store_health: Option<watch::Receiver<bool>>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let grpc_addr = grpc.local_addr().map_err(ServerError::Http)?;
+    let grpc = grpc.into();
+    let grpc_addr = match &grpc {
+        GrpcListener::Tcp(listener) => listener
+            .local_addr()
+            .map_err(ServerError::Http)?
+            .to_string(),
+        GrpcListener::Unix(socket) => format!("unix:{}", socket.path.display()),
+    };
     let http_addr = match &http {
         Some(http) => Some(http.local_addr().map_err(ServerError::Http)?),
         None => None,
     };
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health.set_service_status("", ServingStatus::Serving).await;
-    health
-        .set_service_status(RLS_SERVICE_NAME, ServingStatus::Serving)
-        .await;
+    let limits_health = options.limits_health.clone();
+    let initially = health::initially_serving(store_health.as_ref(), limits_health.as_ref());
+    let serving = Arc::new(AtomicBool::new(initially));
+    health::publish(&health, &serving, initially).await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -454,11 +448,11 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
-    let serving = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mirror = store_health.map(|store_health| {
-        tokio::spawn(mirror_store_health(
+    let mirror = (store_health.is_some() || limits_health.is_some()).then(|| {
+        tokio::spawn(health::mirror(
             store_health,
+            limits_health,
             health.clone(),
             serving.clone(),
         ))
@@ -472,7 +466,19 @@ pub async fn run(
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    let grpc_router = tonic::transport::Server::builder()
+    let mut builder =
+        tonic::transport::Server::builder().http2_keepalive_interval(options.keepalive_interval);
+    if let Some(age) = options.max_connection_age {
+        // Graceful only (GOAWAY, calls finish): tonic's own grace would replace the GOAWAY by
+        // a hard close, so the grace is [`Aged`]'s.
+        builder = builder.max_connection_age(age);
+    }
+    // A connection is cut at age + grace; without a grace it lives until its calls end.
+    let lifetime = options
+        .max_connection_age
+        .zip(options.max_connection_age_grace)
+        .map(|(age, grace)| age + grace);
+    let grpc_router = builder
         .add_service(rls)
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -483,19 +489,39 @@ pub async fn run(
         Some(tls) if tls.is_mutual() => "mutual",
         Some(_) => "on",
     };
-    let mut grpc_task = match options.tls {
-        None => {
+    let mut grpc_task = match (grpc, options.tls) {
+        (GrpcListener::Tcp(grpc), None) => {
             // Envoy multiplexes many requests on few connections: answer each small message
             // at once.
-            let incoming = TcpListenerStream::new(grpc).map(|stream| {
-                stream.inspect(|s| {
+            let incoming = TcpListenerStream::new(grpc).map(move |stream| {
+                stream.map(|s| {
                     let _ = s.set_nodelay(true);
+                    Aged::new(s, lifetime)
                 })
             });
             tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
         }
-        Some(tls) => {
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(tls.incoming(grpc), grpc_stopped))
+        (GrpcListener::Tcp(grpc), Some(tls)) => {
+            let incoming = tls
+                .incoming(grpc)
+                .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
+            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
+        }
+        (GrpcListener::Unix(mut socket), _) => {
+            // serve() refuses TLS on a socket before binding; a test passing both gets
+            // plaintext, as the socket's only use here.
+            let Some(listener) = socket.listener.take() else {
+                return Err(ServerError::Settings("unix socket already served".into()));
+            };
+            let incoming = UnixListenerStream::new(listener)
+                .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
+            let serve = grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped);
+            tokio::spawn(async move {
+                let served = serve.await;
+                // The socket file goes with the server.
+                drop(socket);
+                served
+            })
         }
     };
     let mut http_task = match http {
@@ -514,9 +540,14 @@ pub async fn run(
             Ok(())
         }),
     };
+    let grpc_max_connection_age = options.max_connection_age.map(|age| format!("{age:.0?}"));
     match http_addr {
-        Some(http_addr) => tracing::info!(%grpc_addr, grpc_tls, %http_addr, "listening"),
-        None => tracing::info!(%grpc_addr, grpc_tls, http_addr = "off", "listening"),
+        Some(http_addr) => tracing::info!(
+            %grpc_addr, grpc_tls, %http_addr, ?grpc_max_connection_age, "listening"
+        ),
+        None => tracing::info!(
+            %grpc_addr, grpc_tls, http_addr = "off", ?grpc_max_connection_age, "listening"
+        ),
     }
 
     tokio::select! {
@@ -531,13 +562,7 @@ pub async fn run(
         mirror.abort();
         let _ = mirror.await;
     }
-    serving.store(false, Ordering::SeqCst);
-    health
-        .set_service_status("", ServingStatus::NotServing)
-        .await;
-    health
-        .set_service_status(RLS_SERVICE_NAME, ServingStatus::NotServing)
-        .await;
+    health::publish(&health, &serving, false).await;
     let _ = stop_tx.send(true);
 
     let grace = options.grace;
@@ -554,29 +579,6 @@ pub async fn run(
             grpc_task.abort();
             http_task.abort();
             Ok(())
-        }
-    }
-}
-
-/// Reports the store's availability through gRPC health and `/healthcheck` (until aborted
-/// at shutdown).
-async fn mirror_store_health(
-    mut store: watch::Receiver<bool>,
-    health: tonic_health::server::HealthReporter,
-    serving: Arc<AtomicBool>,
-) {
-    loop {
-        let usable = *store.borrow_and_update();
-        let status = if usable {
-            ServingStatus::Serving
-        } else {
-            ServingStatus::NotServing
-        };
-        serving.store(usable, Ordering::SeqCst);
-        health.set_service_status("", status).await;
-        health.set_service_status(RLS_SERVICE_NAME, status).await;
-        if store.changed().await.is_err() {
-            return;
         }
     }
 }

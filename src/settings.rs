@@ -19,8 +19,12 @@ use crate::limiter::Algorithm;
 use crate::plan::RequestLimits;
 use crate::store::FailurePolicy;
 
+pub mod connections;
+pub mod per_second;
 pub mod reference;
 
+pub use connections::GrpcConnectionSettings;
+pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
 /// floodgate: a global rate-limit server for Envoy (RLS v3).
@@ -64,6 +68,10 @@ pub struct ServeSettings {
     /// TLS on the gRPC port.
     #[command(flatten)]
     pub grpc_tls: GrpcTlsSettings,
+
+    /// A unix socket instead of TCP, connection age and keepalive on the gRPC port.
+    #[command(flatten)]
+    pub grpc_connections: GrpcConnectionSettings,
 
     /// Address for HTTP: /healthcheck, /json, /metrics, /rlconfig.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -156,6 +164,10 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_failure_threshold: u32,
 
+    /// A second Redis for per-second limits.
+    #[command(flatten)]
+    pub redis_per_second: PerSecondRedisSettings,
+
     /// What to answer while Redis is unusable: error (gRPC UNAVAILABLE, so Envoy's
     /// failure_mode_deny decides), allow, deny, or local (in-memory buckets until Redis is back).
     #[arg(long, env = "FLOODGATE_ON_STORE_ERROR", value_enum, default_value_t = FailurePolicy::Error)]
@@ -172,6 +184,12 @@ pub struct ServeSettings {
     /// Evaluate and count every limit, but never answer OVER_LIMIT.
     #[arg(long, env = "FLOODGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
+
+    /// Report NOT_SERVING (gRPC health and /healthcheck) while the limits in force have no
+    /// domain, as the reference does with HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED: a replica
+    /// whose ConfigMap is empty or unreadable takes no traffic.
+    #[arg(long, env = "FLOODGATE_HEALTH_REQUIRES_LIMITS")]
+    pub health_requires_limits: bool,
 
     /// Log line format.
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -475,6 +493,7 @@ impl fmt::Debug for ServeSettings {
             .field("watch_config", &self.watch_config)
             .field("grpc_addr", &self.grpc_addr)
             .field("grpc_tls", &self.grpc_tls)
+            .field("grpc_connections", &self.grpc_connections)
             .field("http_addr", &self.http_addr)
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
@@ -497,10 +516,12 @@ impl fmt::Debug for ServeSettings {
             .field("redis_connect_timeout_ms", &self.redis_connect_timeout_ms)
             .field("redis_timeout_ms", &self.redis_timeout_ms)
             .field("redis_failure_threshold", &self.redis_failure_threshold)
+            .field("redis_per_second", &self.redis_per_second)
             .field("on_store_error", &self.on_store_error)
             .field("local_cache_size", &self.local_cache_size)
             .field("default_algorithm", &self.algorithm.value)
             .field("shadow_mode", &self.shadow_mode)
+            .field("health_requires_limits", &self.health_requires_limits)
             .field("log_format", &self.log_format)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)

@@ -251,10 +251,11 @@ async fn survives_script_flush() {
 async fn outage_then_recovery_under_policy_error() {
     let Setup { mut redis, server } = setup().await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
-    assert_eq!(
-        health(server.grpc_addr).await,
-        ServingStatus::Serving as i32
-    );
+    // SERVING once Redis has answered (the health task follows the store asynchronously).
+    eventually("health SERVING", || async {
+        health(server.grpc_addr).await == ServingStatus::Serving as i32
+    })
+    .await;
     redis.stop();
     // Traffic keeps failing fast; once nothing has succeeded for the quiet period the breaker
     // opens and health turns NOT_SERVING.

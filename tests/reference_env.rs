@@ -5,16 +5,31 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
 use floodgate::proto::rls::rate_limit_response::{Code, DescriptorStatus, rate_limit::Unit};
 use floodgate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_client::RateLimitServiceClient,
 };
+use support::http::{call, metric};
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::{descriptor, request, simple, with_hits, with_override};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+/// The per-request Redis deadline of the tests that use Redis: on a loaded 2-core test machine
+/// opening a pooled connection can take longer than the 10 ms production default, which
+/// would fail a first request with UNAVAILABLE. Not a reference variable: the deadline is
+/// floodgate's own (REDIS_TIMEOUT never lengthens it).
+const LOADED_MACHINE_DEADLINE_MS: &str = "250";
 
 const OK: i32 = Code::Ok as i32;
 const OVER: i32 = Code::OverLimit as i32;
@@ -92,7 +107,12 @@ async fn reference_environment_gets_reference_answers() {
     runtime_tree(&root);
     let redis_url = format!("127.0.0.1:{}", redis.port());
     let server = Floodgate::start_with_env(
-        &["--default-algorithm", "fixed_window"],
+        &[
+            "--default-algorithm",
+            "fixed_window",
+            "--redis-timeout-ms",
+            LOADED_MACHINE_DEADLINE_MS,
+        ],
         &[
             ("RUNTIME_ROOT", root.to_str().unwrap()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
@@ -112,6 +132,11 @@ async fn reference_environment_gets_reference_answers() {
             ("LOG_FORMAT", "text"),
         ],
     );
+    // As a readiness probe would: no traffic before Redis has answered.
+    eventually("health SERVING", || {
+        health_is(server.grpc, server.http, true)
+    })
+    .await;
     let mut client = Client(
         RateLimitServiceClient::connect(format!("http://{}", server.grpc))
             .await
@@ -261,4 +286,509 @@ async fn reference_environment_gets_reference_answers() {
         assert!(warnings[0].contains(name), "{name}: {}", warnings[0]);
     }
     assert!(log.contains("ratelimit/config"), "{log}");
+}
+
+// ---- The reference's own example deployment ----
+
+/// The reference's example limits (`examples/ratelimit/config/`), rewritten from its
+/// documented format: a per-second domain for a database...
+const EXAMPLE_MONGO_CPS: &str = r#"
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit: {unit: second, requests_per_unit: 500}
+  - key: database
+    value: default
+    rate_limit: {unit: second, requests_per_unit: 500}
+"#;
+
+/// ...and one with nesting, `replaces`, a zero limit, a per-second limit, shadow mode and
+/// unlimited. The example's minutes are hours here, so that a test never straddles a window
+/// boundary in practice, whichever algorithm is the default.
+const EXAMPLE_RL: &str = r#"
+domain: rl
+descriptors:
+  - key: category
+    value: account
+    rate_limit:
+      unit: hour
+      requests_per_unit: 4
+      replaces: [{name: bkthomps}]
+  - key: foo
+    rate_limit: {unit: hour, requests_per_unit: 2}
+    descriptors:
+      - key: bar
+        value: bkthomps
+        rate_limit: {name: bkthomps, unit: hour, requests_per_unit: 1}
+      - key: bar
+        value: banned
+        rate_limit: {name: banned_limit, unit: hour, requests_per_unit: 0}
+      - key: baz
+        rate_limit: {unit: second, requests_per_unit: 1}
+      - key: baz
+        value: shady
+        shadow_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 3}
+      - key: bay
+        rate_limit: {unlimited: true}
+"#;
+
+/// Polls `check` every 20 ms until it holds, for at most 10 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < deadline, "never happened: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every name health is reported under: the server's, the reference's, the service's.
+const HEALTH_NAMES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
+
+/// The gRPC health status of `service` over `channel`.
+async fn health_of(channel: Channel, service: &str) -> i32 {
+    HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+}
+
+/// A channel to a TCP gRPC address.
+async fn tcp_channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Whether every health name and `/healthcheck` say `serving`.
+async fn health_is(grpc: SocketAddr, http: SocketAddr, serving: bool) -> bool {
+    let want = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    } as i32;
+    let channel = tcp_channel(grpc).await;
+    for name in HEALTH_NAMES {
+        if health_of(channel.clone(), name).await != want {
+            return false;
+        }
+    }
+    let status = call(http, "GET", "/healthcheck", None).await.status;
+    status == if serving { 200 } else { 503 }
+}
+
+/// How many key lookups `redis` has served (`keyspace_hits` + `keyspace_misses`): a
+/// request's script reads its buckets' keys, the store's health probe reads none. (Keys
+/// themselves may already have expired: a full token bucket is an absent key.)
+async fn lookups(redis: &RedisServer) -> u64 {
+    let mut connection = redis.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.trim().split_once(':')?;
+            matches!(name, "keyspace_hits" | "keyspace_misses")
+                .then(|| value.parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+/// Opens a bare HTTP/2 connection to `addr`, answers the server's SETTINGS and PINGs, and
+/// returns how long the server took to send GOAWAY on it.
+async fn time_to_goaway(addr: SocketAddr) -> Duration {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let mut header = [0u8; 9];
+        stream.read_exact(&mut header).await.unwrap();
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; length];
+        stream.read_exact(&mut payload).await.unwrap();
+        let (kind, ack) = (header[3], header[4] & 1 == 1);
+        match kind {
+            7 => return started.elapsed(),
+            // SETTINGS: acknowledge.
+            4 if !ack => stream
+                .write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0])
+                .await
+                .unwrap(),
+            // PING: answer with the same payload.
+            6 if !ack => {
+                let mut pong = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+                pong.extend_from_slice(&payload);
+                stream.write_all(&pong).await.unwrap();
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The environment of the reference's example deployment (its docker-compose example's
+/// `ratelimit` service, plus its README's two-Redis set-up and health and keepalive
+/// variables), with loopback ports and the test's Redis servers.
+fn example_environment(
+    root: &Path,
+    redis: &RedisServer,
+    per_second: &RedisServer,
+) -> Vec<(String, String)> {
+    [
+        ("USE_STATSD", "true"),
+        ("STATSD_HOST", "statsd"),
+        ("STATSD_PORT", "9125"),
+        ("LOG_LEVEL", "debug"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", &redis.address()),
+        ("RUNTIME_ROOT", root.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("CONFIG_TYPE", "FILE"),
+        ("CONFIG_GRPC_XDS_NODE_ID", "test-node-id"),
+        (
+            "CONFIG_GRPC_XDS_SERVER_URL",
+            "ratelimit-xds-config-server:18000",
+        ),
+        ("REDIS_PERSECOND", "true"),
+        ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+        ("REDIS_PERSECOND_URL", &per_second.address()),
+        ("REDIS_PERSECOND_POOL_SIZE", "2"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ("GRPC_MAX_CONNECTION_AGE", "1s"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1s"),
+        ("REDIS_TIMEOUT", "10s"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// The binary started with only the reference example's environment: healthy once Redis
+/// answered, the example limits answered as the reference documents them, per-second
+/// counters in the per-second Redis and the rest in the main one, connections closed at
+/// GRPC_MAX_CONNECTION_AGE, and every variable without effect named in the start-up warning.
+#[tokio::test]
+async fn reference_example_deployment() {
+    let redis = RedisServer::start();
+    let per_second = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("data");
+    let config = root.join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("config.yaml"), EXAMPLE_MONGO_CPS).unwrap();
+    std::fs::write(config.join("example.yaml"), EXAMPLE_RL).unwrap();
+    let env = example_environment(&root, &redis, &per_second);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server =
+        Floodgate::start_with_env(&["--redis-timeout-ms", LOADED_MACHINE_DEADLINE_MS], &env);
+    eventually("health SERVING once Redis answered", || {
+        health_is(server.grpc, server.http, true)
+    })
+    .await;
+    let mut client = Client(RateLimitServiceClient::new(tcp_channel(server.grpc).await));
+
+    // Per second: 500 per second, one used, counted in the per-second Redis only
+    // (REDIS_PERSECOND).
+    let before = (lookups(&redis).await, lookups(&per_second).await);
+    let users = client.ask(simple("mongo_cps", "database", "users")).await;
+    assert_eq!(
+        lookups(&redis).await,
+        before.0,
+        "per-second bucket read in the main Redis"
+    );
+    assert_eq!(lookups(&per_second).await, before.1 + 1);
+    assert_eq!(users.overall_code, OK);
+    let limit = users.statuses[0].current_limit.clone().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (500, Unit::Second as i32)
+    );
+    assert_eq!(users.statuses[0].limit_remaining, 499);
+
+    // Per hour: 4, one used, counted in the main Redis only.
+    let account = || simple("rl", "category", "account");
+    let before = (lookups(&redis).await, lookups(&per_second).await);
+    assert_eq!(client.one(account()).await, (OK, 3));
+    assert_eq!(lookups(&redis).await, before.0 + 1);
+    assert_eq!(
+        lookups(&per_second).await,
+        before.1,
+        "minute bucket read in the per-second Redis"
+    );
+    // Nested: foo + bar=bkthomps, 1 per minute: the second is over the limit.
+    let bkthomps =
+        |foo: &str| request("rl", vec![descriptor(&[("foo", foo), ("bar", "bkthomps")])]);
+    assert_eq!(client.one(bkthomps("f1")).await, (OK, 0));
+    assert_eq!(client.one(bkthomps("f1")).await.0, OVER);
+    // replaces: with category=account in the same request, bkthomps's limit is dropped.
+    let both = request(
+        "rl",
+        vec![
+            descriptor(&[("category", "account")]),
+            descriptor(&[("foo", "f2"), ("bar", "bkthomps")]),
+        ],
+    );
+    let replaced = client.ask(both).await;
+    assert_eq!(replaced.overall_code, OK);
+    assert_eq!(
+        replaced.statuses[1],
+        DescriptorStatus {
+            code: OK,
+            ..Default::default()
+        }
+    );
+    // A zero limit denies at once; shadow mode never does; unlimited has no limit.
+    let banned = request("rl", vec![descriptor(&[("foo", "f3"), ("bar", "banned")])]);
+    assert_eq!(client.one(banned).await.0, OVER);
+    for _ in 0..4 {
+        let shady = request("rl", vec![descriptor(&[("foo", "f4"), ("baz", "shady")])]);
+        assert_eq!(client.ask(shady).await.overall_code, OK);
+    }
+    let unlimited = client
+        .ask(request(
+            "rl",
+            vec![descriptor(&[("foo", "f5"), ("bay", "x")])],
+        ))
+        .await;
+    assert_eq!(unlimited.overall_code, OK);
+    assert!(unlimited.statuses[0].current_limit.is_none());
+    assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
+
+    // A request with a per-second and a per-hour limit goes to both Redis, once each...
+    let mixed = |baz_hits: u64| {
+        request(
+            "rl",
+            vec![
+                descriptor(&[("category", "account")]),
+                with_hits(descriptor(&[("foo", "f6"), ("baz", "any")]), baz_hits),
+            ],
+        )
+    };
+    let before = (lookups(&redis).await, lookups(&per_second).await);
+    let both = client.ask(mixed(1)).await;
+    assert_eq!(both.overall_code, OK);
+    assert_eq!(both.statuses[0].limit_remaining, 1, "account: 4 − 3");
+    assert_eq!(lookups(&redis).await, before.0 + 1);
+    assert_eq!(lookups(&per_second).await, before.1 + 1);
+    // ...and is all or nothing across them: denied by the per-second limit (2 hits where one
+    // fits), it leaves account's debit refunded in the main Redis.
+    let denied = client.ask(mixed(2)).await;
+    assert_eq!(denied.overall_code, OVER);
+    assert_eq!(denied.statuses[0].code, OK);
+    assert_eq!(denied.statuses[0].limit_remaining, 1, "refunded");
+    assert_eq!(client.one(account()).await, (OK, 0));
+    assert_eq!(
+        metric(
+            server.http,
+            "floodgate_per_second_refunds_total{result=\"ok\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+
+    // GRPC_MAX_CONNECTION_AGE=1s (±10%): an idle connection is sent GOAWAY after about 1 s.
+    let age = tokio::time::timeout(Duration::from_secs(10), time_to_goaway(server.grpc))
+        .await
+        .expect("no GOAWAY within 10 s");
+    assert!(age >= Duration::from_millis(850), "{age:?}");
+
+    let log = server.stop().await;
+    let warning = log
+        .lines()
+        .find(|l| l.contains("accepted without effect"))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    for name in [
+        "USE_STATSD",
+        "STATSD_HOST",
+        "STATSD_PORT",
+        "RUNTIME_WATCH_ROOT",
+        "CONFIG_GRPC_XDS_NODE_ID",
+        "CONFIG_GRPC_XDS_SERVER_URL",
+    ] {
+        assert!(warning.contains(name), "{name}: {warning}");
+    }
+    let applied = log
+        .lines()
+        .find(|l| l.contains("reference environment variables") && l.contains("applied"))
+        .unwrap();
+    for name in [
+        "REDIS_PERSECOND_URL",
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        "GRPC_MAX_CONNECTION_AGE_GRACE",
+        "CONFIG_TYPE",
+        "REDIS_TIMEOUT",
+    ] {
+        assert!(applied.contains(name), "{name}: {applied}");
+    }
+}
+
+/// Health is NOT_SERVING under every name until Redis has answered once, then SERVING.
+#[tokio::test]
+async fn health_waits_for_redis() {
+    let mut redis = RedisServer::start();
+    redis.stop();
+    let tmp = tempfile::tempdir().unwrap();
+    runtime_tree(tmp.path());
+    let address = redis.address();
+    let server = Floodgate::start_with_env(
+        &[],
+        &[
+            ("RUNTIME_ROOT", tmp.path().to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &address),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+        ],
+    );
+    assert!(health_is(server.grpc, server.http, false).await);
+    redis.restart();
+    eventually("health SERVING after Redis answered", || {
+        health_is(server.grpc, server.http, true)
+    })
+    .await;
+    server.stop().await;
+}
+
+/// With HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, no domain loaded is NOT_SERVING; a limits
+/// file appearing makes it SERVING, and its removal NOT_SERVING again.
+#[tokio::test]
+async fn health_requires_a_domain_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    let server = Floodgate::start_with_env(
+        &[],
+        &[
+            ("RUNTIME_ROOT", tmp.path().to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", "0"),
+        ],
+    );
+    assert!(health_is(server.grpc, server.http, false).await);
+    std::fs::write(config.join("edge.yaml"), EDGE).unwrap();
+    eventually("SERVING once a domain is loaded", || {
+        health_is(server.grpc, server.http, true)
+    })
+    .await;
+    std::fs::remove_file(config.join("edge.yaml")).unwrap();
+    eventually("NOT_SERVING once no domain is left", || {
+        health_is(server.grpc, server.http, false)
+    })
+    .await;
+    server.stop().await;
+}
+
+/// GRPC_UDS: gRPC (rate limits and health) is served on the unix socket, and the socket file
+/// is removed at exit.
+#[tokio::test]
+async fn grpc_on_a_unix_socket() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime_tree(tmp.path());
+    let socket = tmp.path().join("ratelimit.sock");
+    let server = Floodgate::start_with_env(
+        &[],
+        &[
+            ("RUNTIME_ROOT", tmp.path().to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("GRPC_UDS", socket.to_str().unwrap()),
+            ("GRPC_PORT", "8081"),
+            ("HOST", "127.0.0.1"),
+            ("PORT", "0"),
+        ],
+    );
+    let path = socket.clone();
+    let channel = Endpoint::try_from("http://[::]:1")
+        .unwrap()
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap();
+    for name in HEALTH_NAMES {
+        assert_eq!(
+            health_of(channel.clone(), name).await,
+            ServingStatus::Serving as i32
+        );
+    }
+    let mut client = Client(RateLimitServiceClient::new(channel));
+    let first = client
+        .ask(simple("edge", "remote_address", "10.0.0.9"))
+        .await;
+    assert_eq!(first.overall_code, OK);
+    assert!(first.statuses[0].current_limit.is_some());
+    let log = server.stop().await;
+    assert!(!socket.exists(), "socket file left behind");
+    assert!(
+        log.contains("GRPC_PORT (gRPC is served on the GRPC_UDS socket)"),
+        "{log}"
+    );
+}
+
+/// What floodgate cannot honour stops start-up with exit code 64, naming the variable,
+/// before any port is bound.
+#[test]
+fn unsupported_reference_variables_exit_64() {
+    let tmp = tempfile::tempdir().unwrap();
+    runtime_tree(tmp.path());
+    for (name, value) in [
+        ("BACKEND_TYPE", "memcache"),
+        ("MEMCACHE_HOST_PORT", "memcached:11211"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("REDIS_PERSECOND", "true"),
+        ("GRPC_MAX_CONNECTION_AGE", "forever"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .env_clear()
+            .env("RUNTIME_ROOT", tmp.path())
+            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
+            .env("GRPC_PORT", "0")
+            .env("PORT", "0")
+            .env(name, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{name}: {stderr}");
+        assert!(stderr.contains(name), "{name}: {stderr}");
+        assert!(
+            !String::from_utf8_lossy(&output.stdout).contains("listening"),
+            "{name}"
+        );
+    }
 }

@@ -610,7 +610,7 @@ async fn malformed_requests_are_invalid_argument(backend: Backend) {
     server.stop().await;
 }
 
-/// Health reports SERVING for the server and the rate-limit service.
+/// Health reports SERVING for the server, the rate-limit service and the reference's name.
 async fn health_reports_serving(backend: Backend) {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
@@ -622,7 +622,12 @@ async fn health_reports_serving(backend: Backend) {
         .await
         .unwrap();
     let mut health = HealthClient::new(channel);
-    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+    // "ratelimit": the name the reference server registers.
+    for service in [
+        "",
+        "envoy.service.ratelimit.v3.RateLimitService",
+        "ratelimit",
+    ] {
         let status = health
             .check(HealthCheckRequest {
                 service: service.into(),

@@ -6,10 +6,14 @@
 //! (the process environment in `main`, a literal map in tests) and fills in every setting that
 //! floodgate's own flag or `FLOODGATE_*` variable did not set: floodgate's own always win.
 //!
-//! Variables that floodgate accepts but cannot honour, or that change nothing, are listed in
-//! the [`ReferenceReport`] (logged once at start-up); a value that cannot be parsed is a
-//! [`SettingsError`], which `main` turns into exit code 64 before any port is bound.
-//! Variables set to the empty string count as unset (a Kubernetes `value: ""`).
+//! Every variable of the reference's settings ([`REFERENCE_VARIABLES`]) that is set is
+//! applied, or listed in the [`ReferenceReport`] as having no effect with the reason (logged
+//! once at start-up), or refused: what floodgate cannot honour (a memcache store, limits from
+//! xDS) and values it cannot parse are a [`SettingsError`], which `main` turns into exit code
+//! 64 before any port is bound. The mappings live here and in `redis` (both Redis: main and
+//! per-second) and `serving` (listener, health, store and config kinds); `catalogue` decides
+//! the variables no mapping reads. Variables set to the empty string count as unset (a
+//! Kubernetes `value: ""`).
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -44,6 +48,16 @@ pub enum SettingsError {
         value: String,
         /// What was expected.
         reason: String,
+    },
+    /// A reference environment variable asks for something floodgate cannot do.
+    #[error("environment variable {name}={value:?} is not supported: {why}")]
+    Refused {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// Why, and what to do instead.
+        why: String,
     },
     /// Neither `--config` nor the reference's `RUNTIME_*` variables say where the limits are.
     #[error(
@@ -117,13 +131,17 @@ pub fn apply_reference_env(
         matches,
         report: ReferenceReport::default(),
     };
+    mapping.refused()?;
     mapping.limits(settings)?;
+    mapping.serving(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
     mapping.redis(settings)?;
+    mapping.per_second(settings)?;
     mapping.store(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
+    mapping.without_effect();
     if settings.config.is_none() {
         return Err(SettingsError::NoLimits);
     }
@@ -305,6 +323,12 @@ impl<'a> Mapping<'a> {
                 self.override_by(&[host, port], flag);
                 continue;
             }
+            if id == "grpc_addr" && settings.grpc_connections.grpc_uds.is_some() {
+                for name in self.present(&[host, port]) {
+                    self.no_effect(name, "gRPC is served on the GRPC_UDS socket");
+                }
+                continue;
+            }
             let addr = match id {
                 "http_addr" => &mut settings.http_addr,
                 _ => &mut settings.grpc_addr,
@@ -350,6 +374,10 @@ impl<'a> Mapping<'a> {
             return Ok(());
         }
         if enabled != Some(true) {
+            if enabled == Some(false) {
+                // Plaintext, as floodgate serves by default.
+                self.applied("GRPC_SERVER_USE_TLS");
+            }
             for name in self.present(&VARS[1..]) {
                 self.no_effect(name, "GRPC_SERVER_USE_TLS is not true");
             }
@@ -379,258 +407,6 @@ impl<'a> Mapping<'a> {
         tls.grpc_tls_client_ca_file = self.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from);
         for name in self.present(&VARS[..4]) {
             self.applied(name);
-        }
-        Ok(())
-    }
-
-    /// `REDIS_URL` and its companions → `--redis-url` (and, with `REDIS_TYPE=sentinel`,
-    /// `--redis-sentinel` / `--redis-sentinel-nodes`); `REDIS_POOL_SIZE` →
-    /// `--redis-pool-size`; the `REDIS_TLS_*` files → `--redis-tls-*-file`.
-    fn redis(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
-        const URL_VARS: [&str; 5] = [
-            "REDIS_URL",
-            "REDIS_SOCKET_TYPE",
-            "REDIS_TYPE",
-            "REDIS_AUTH",
-            "REDIS_TLS",
-        ];
-        // Parse everything first: a bad value is an error even when it would be ignored.
-        let socket = self
-            .get("REDIS_SOCKET_TYPE")
-            .map(|v| match v.to_ascii_lowercase().as_str() {
-                "tcp" => Ok(Socket::Tcp),
-                "unix" => Ok(Socket::Unix),
-                _ => Err(bad("REDIS_SOCKET_TYPE", v, "tcp or unix")),
-            })
-            .transpose()?;
-        let kind = self
-            .get("REDIS_TYPE")
-            .map(|v| match v.to_ascii_lowercase().as_str() {
-                "single" => Ok(RedisType::Single),
-                "sentinel" => Ok(RedisType::Sentinel),
-                "cluster" => Ok(RedisType::Cluster),
-                _ => Err(bad("REDIS_TYPE", v, "single, sentinel or cluster")),
-            })
-            .transpose()?;
-        let tls = self.parse_bool("REDIS_TLS")?;
-        let pool_size = self
-            .get("REDIS_POOL_SIZE")
-            .map(|v| {
-                v.parse::<u32>()
-                    .ok()
-                    .filter(|n| (1..=1024).contains(n))
-                    .ok_or_else(|| bad("REDIS_POOL_SIZE", v, "a number from 1 to 1024"))
-            })
-            .transpose()?;
-
-        if self.own("redis_pool_size") {
-            self.override_by(&["REDIS_POOL_SIZE"], "--redis-pool-size");
-        } else if let Some(size) = pool_size {
-            settings.redis_pool_size = size;
-            self.applied("REDIS_POOL_SIZE");
-        }
-
-        let redis = ["redis_url", "redis_sentinel", "redis_cluster"]
-            .iter()
-            .any(|id| self.own(id))
-            || self.get("REDIS_URL").is_some();
-        self.redis_tls_files(settings, redis, tls == Some(true))?;
-        for (id, flag) in [
-            ("redis_url", "--redis-url"),
-            ("redis_sentinel", "--redis-sentinel"),
-            ("redis_cluster", "--redis-cluster"),
-        ] {
-            if self.own(id) {
-                self.override_by(&URL_VARS, flag);
-                return Ok(());
-            }
-        }
-        let Some(raw) = self.get("REDIS_URL") else {
-            for name in self.present(&URL_VARS[1..]) {
-                self.no_effect(name, "no REDIS_URL: the in-memory store is used");
-            }
-            return Ok(());
-        };
-        let auth = self.auth();
-        if kind == Some(RedisType::Cluster) {
-            // The reference's form: REDIS_URL=host1:port,host2:port (full URLs accepted too).
-            if socket == Some(Socket::Unix) {
-                return Err(bad(
-                    "REDIS_SOCKET_TYPE",
-                    "unix",
-                    "tcp: Redis Cluster nodes are reached over TCP",
-                ));
-            }
-            let seeds = raw
-                .split(',')
-                .map(str::trim)
-                .filter(|seed| !seed.is_empty())
-                .map(|seed| match seed.contains("://") {
-                    true => Ok(seed.to_string()),
-                    false => tcp_url(seed, tls == Some(true), auth),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            if seeds.is_empty() {
-                return Err(bad("REDIS_URL", raw, "host:port[,host:port...]"));
-            }
-            settings.redis_cluster = seeds;
-            for name in self.present(&URL_VARS) {
-                self.applied(name);
-            }
-            return Ok(());
-        }
-        let raw = raw.trim().to_string();
-        if kind == Some(RedisType::Sentinel) {
-            if socket == Some(Socket::Unix) {
-                return Err(bad(
-                    "REDIS_SOCKET_TYPE",
-                    "unix",
-                    "tcp (REDIS_TYPE=sentinel)",
-                ));
-            }
-            return self.sentinel(settings, &raw, tls == Some(true));
-        }
-        if raw.contains("://") {
-            // Already a URL: it says everything itself.
-            for name in self.present(&["REDIS_SOCKET_TYPE", "REDIS_AUTH", "REDIS_TLS"]) {
-                self.no_effect(name, "REDIS_URL is a full URL");
-            }
-            settings.redis_url = Some(raw);
-            self.applied("REDIS_URL");
-            if kind.is_some() {
-                self.applied("REDIS_TYPE");
-            }
-            return Ok(());
-        }
-        let address = raw;
-        let socket = socket.unwrap_or(if address.starts_with('/') {
-            Socket::Unix
-        } else {
-            Socket::Tcp
-        });
-        let url = match socket {
-            Socket::Tcp => tcp_url(&address, tls == Some(true), auth)?,
-            Socket::Unix => {
-                if tls == Some(true) {
-                    self.no_effect("REDIS_TLS", "no TLS over a unix socket");
-                }
-                let mut url = format!("redis+unix://{address}");
-                if let Some((user, password)) = auth {
-                    url.push_str(&format!("?pass={}", encode(password)));
-                    if let Some(user) = user {
-                        url.push_str(&format!("&user={}", encode(user)));
-                    }
-                }
-                url
-            }
-        };
-        settings.redis_url = Some(url);
-        for name in self.present(&URL_VARS) {
-            self.applied(name);
-        }
-        Ok(())
-    }
-
-    /// `REDIS_AUTH` as (user, password).
-    fn auth(&self) -> Option<(Option<&'a str>, &'a str)> {
-        self.get("REDIS_AUTH").map(|a| match a.split_once(':') {
-            Some((user, password)) => (Some(user), password),
-            None => (None, a),
-        })
-    }
-
-    /// `REDIS_TYPE=sentinel`: `REDIS_URL` is `<master name>,<sentinel host:port>[,…]`, as the
-    /// reference reads it. `REDIS_AUTH` and `REDIS_TLS` are the master's (the reference
-    /// connects to its sentinels in plain TCP, without credentials).
-    fn sentinel(
-        &mut self,
-        settings: &mut ServeSettings,
-        raw: &str,
-        tls: bool,
-    ) -> Result<(), SettingsError> {
-        let mut parts = raw.split(',').map(str::trim);
-        let master = parts.next().unwrap_or_default();
-        let nodes: Vec<String> = parts
-            .filter(|n| !n.is_empty())
-            .map(|node| match node {
-                n if n.contains("://") => n.to_string(),
-                n if n.contains(':') => format!("redis://{n}"),
-                n => format!("redis://{n}:26379"),
-            })
-            .collect();
-        if master.is_empty() || master.contains(['/', ':', '@']) || nodes.is_empty() {
-            return Err(bad(
-                "REDIS_URL",
-                raw,
-                "<master name>,<sentinel host:port>[,<sentinel host:port>…] \
-                 (REDIS_TYPE=sentinel)",
-            ));
-        }
-        let scheme = if tls { "rediss" } else { "redis" };
-        settings.redis_url = Some(format!("{scheme}://{}{master}", userinfo(self.auth())));
-        settings.redis_sentinel = Some(master.to_string());
-        settings.redis_sentinel_nodes = nodes;
-        for name in self.present(&[
-            "REDIS_URL",
-            "REDIS_SOCKET_TYPE",
-            "REDIS_TYPE",
-            "REDIS_AUTH",
-            "REDIS_TLS",
-        ]) {
-            self.applied(name);
-        }
-        Ok(())
-    }
-
-    /// `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`, `REDIS_TLS_CLIENT_KEY` →
-    /// `--redis-tls-ca-file`, `--redis-tls-cert-file`, `--redis-tls-key-file`; the reference
-    /// reads them only with `REDIS_TLS=true`, and so does floodgate.
-    fn redis_tls_files(
-        &mut self,
-        settings: &mut ServeSettings,
-        redis: bool,
-        tls: bool,
-    ) -> Result<(), SettingsError> {
-        if self.parse_bool("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")? == Some(true) {
-            self.no_effect(
-                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
-                "floodgate always verifies the Redis host name: give the server certificate \
-                 the name or IP address floodgate connects to",
-            );
-        }
-        for (name, id, flag) in [
-            (
-                "REDIS_TLS_CACERT",
-                "redis_tls_ca_file",
-                "--redis-tls-ca-file",
-            ),
-            (
-                "REDIS_TLS_CLIENT_CERT",
-                "redis_tls_cert_file",
-                "--redis-tls-cert-file",
-            ),
-            (
-                "REDIS_TLS_CLIENT_KEY",
-                "redis_tls_key_file",
-                "--redis-tls-key-file",
-            ),
-        ] {
-            let Some(path) = self.get(name) else { continue };
-            if self.own(id) {
-                self.override_by(&[name], flag);
-            } else if !redis {
-                self.no_effect(name, "no REDIS_URL: the in-memory store is used");
-            } else if !tls {
-                self.no_effect(name, "REDIS_TLS is not true (the reference ignores it too)");
-            } else {
-                let slot = match id {
-                    "redis_tls_ca_file" => &mut settings.redis_tls_ca_file,
-                    "redis_tls_cert_file" => &mut settings.redis_tls_cert_file,
-                    _ => &mut settings.redis_tls_key_file,
-                };
-                *slot = Some(PathBuf::from(path));
-                self.applied(name);
-            }
         }
         Ok(())
     }
@@ -750,62 +526,14 @@ impl<'a> Mapping<'a> {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Socket {
-    Tcp,
-    Unix,
-}
-
-/// `REDIS_TYPE`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum RedisType {
-    Single,
-    Sentinel,
-    Cluster,
-}
-
-/// The URL of a TCP `host[:port]` (port 6379 by default), with the reference's `REDIS_TLS`
-/// and `REDIS_AUTH` (`password` or `user:password`).
-fn tcp_url(
-    address: &str,
-    tls: bool,
-    auth: Option<(Option<&str>, &str)>,
-) -> Result<String, SettingsError> {
-    if address.is_empty() || address.contains('/') {
-        return Err(bad(
-            "REDIS_URL",
-            address,
-            "host:port (REDIS_SOCKET_TYPE=tcp)",
-        ));
-    }
-    let scheme = if tls { "rediss" } else { "redis" };
-    let address = if address.contains(':') {
-        address.to_string()
-    } else {
-        format!("{address}:6379")
-    };
-    Ok(format!("{scheme}://{}{address}", userinfo(auth)))
-}
-
-/// `user:password@` for a URL (each percent-encoded), or nothing without `REDIS_AUTH`.
-fn userinfo(auth: Option<(Option<&str>, &str)>) -> String {
-    match auth {
-        Some((user, password)) => format!(
-            "{}:{}@",
-            user.map(encode).unwrap_or_default(),
-            encode(password)
-        ),
-        None => String::new(),
-    }
-}
-
 /// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.
 fn limits_dir(root: &str, subdirectory: &str, app: &str) -> PathBuf {
     Path::new(root).join(subdirectory).join(app)
 }
 
 fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
-    let value = if name == "REDIS_AUTH" {
+    // REDIS_AUTH, REDIS_SENTINEL_AUTH and their per-second twins hold passwords.
+    let value = if name.ends_with("_AUTH") {
         "***".to_string()
     } else {
         value.to_string()
@@ -858,6 +586,14 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+mod catalogue;
+mod duration;
+mod redis;
+mod serving;
+
+pub use catalogue::REFERENCE_VARIABLES;
+pub use duration::parse_go_duration;
 
 #[cfg(test)]
 mod tests;

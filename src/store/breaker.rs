@@ -9,7 +9,10 @@
 //! Redis; the first successful probe or request closes it again.
 //!
 //! Every transition is logged once and published on a `watch` channel (true = usable), which
-//! drives the health service and the `floodgate_store_available` gauge.
+//! drives the health service and the `floodgate_store_available` gauge. Until the first
+//! success the store is not known to be usable, so it is published as not usable (requests
+//! still go to it): health starts NOT_SERVING and turns SERVING once Redis has answered, as
+//! the reference's does.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -32,7 +35,7 @@ pub struct CircuitBreaker {
     threshold: u32,
     /// How long without any success before failures may open the circuit.
     quiet: Duration,
-    /// Publishes availability on every transition.
+    /// Publishes availability on every transition; false until the first success.
     available: watch::Sender<bool>,
 }
 
@@ -47,7 +50,7 @@ impl CircuitBreaker {
             }),
             threshold: threshold.max(1),
             quiet,
-            available: watch::Sender::new(true),
+            available: watch::Sender::new(false),
         }
     }
 
@@ -64,7 +67,7 @@ impl CircuitBreaker {
             .is_none_or(|at| at.elapsed() >= self.quiet)
     }
 
-    /// Availability updates: true while closed.
+    /// Availability updates: true while closed, once a call has succeeded.
     pub fn subscribe(&self) -> watch::Receiver<bool> {
         self.available.subscribe()
     }
@@ -74,6 +77,9 @@ impl CircuitBreaker {
         let mut state = self.lock();
         if state.failures.is_none() {
             tracing::info!("Redis is reachable again: circuit closed, requests go to Redis");
+            self.available.send_replace(true);
+        } else if state.last_success.is_none() {
+            tracing::info!("Redis answered: the store is usable");
             self.available.send_replace(true);
         }
         state.failures = Some(0);
@@ -131,6 +137,11 @@ mod tests {
     fn publishes_transitions() {
         let breaker = CircuitBreaker::new(1, Duration::ZERO);
         let mut rx = breaker.subscribe();
+        assert!(
+            !*rx.borrow_and_update(),
+            "not usable before anything succeeded"
+        );
+        breaker.record_success();
         assert!(*rx.borrow_and_update());
         breaker.record_failure(&"down");
         assert!(rx.has_changed().unwrap());

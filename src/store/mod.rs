@@ -7,6 +7,8 @@
 //! - [`memory`]: buckets in process memory (the embedded default).
 //! - [`redis`]: buckets in Redis, one `EVALSHA` per request; in Redis Cluster
 //!   ([`redis::cluster`]), one `EVALSHA` per hash slot touched, sent concurrently.
+//! - [`split`]: per-second buckets in a second Redis, the rest in the main one; with
+//!   [`fanout`], the all-or-nothing across stores (or slots) that cannot share one script.
 //! - [`resilient`]: Redis (either kind, a [`RemoteStore`]) behind [`overlimit`] (local over-limit cache) and [`breaker`]
 //!   (circuit breaker), answering by the failure policy while Redis is unusable.
 
@@ -15,10 +17,12 @@ use async_trait::async_trait;
 use crate::bucket::{Applied, BucketOp};
 
 pub mod breaker;
+pub mod fanout;
 pub mod memory;
 pub mod overlimit;
 pub mod redis;
 pub mod resilient;
+pub mod split;
 
 pub use memory::MemoryStore;
 pub use resilient::{FailurePolicy, Resilience, ResilientStore};

@@ -295,6 +295,10 @@ impl TestServer {
                 grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
                 json_endpoint: !tuning.no_json_endpoint,
                 tls: tuning.tls.clone(),
+                limits_health: None,
+                max_connection_age: None,
+                max_connection_age_grace: None,
+                keepalive_interval: None,
             },
             store_health,
             async move {

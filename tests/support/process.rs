@@ -49,14 +49,14 @@ impl Floodgate {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        // A gRPC unix socket (`grpc_addr=unix:/path`) has no address: 0.0.0.0:0 stands in.
         let field = |line: &str, name: &str| -> SocketAddr {
             let start = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
-            line[start..]
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap()
+            let value = line[start..].split_whitespace().next().unwrap();
+            if value.starts_with("unix:") {
+                return SocketAddr::from(([0, 0, 0, 0], 0));
+            }
+            value.parse().unwrap()
         };
         let mut seen = Vec::new();
         let (grpc, http) = loop {

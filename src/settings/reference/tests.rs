@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches};
 
@@ -259,9 +260,10 @@ fn sentinel_translation() {
     )
     .unwrap();
     assert_eq!(s.redis_sentinel.as_deref(), Some("mymaster"));
+    // REDIS_TLS: TLS to the sentinels too, as the reference dials them.
     assert_eq!(
         s.redis_sentinel_nodes,
-        ["redis://s1:26380", "redis://s2:26379"]
+        ["rediss://s1:26380", "rediss://s2:26379"]
     );
     assert_eq!(s.redis_url.as_deref(), Some("rediss://:p%40ss@mymaster"));
     assert!(
@@ -585,4 +587,395 @@ fn grpc_tls_variables_refused() {
         refused(&[("GRPC_SERVER_USE_TLS", "yes")]),
         "GRPC_SERVER_USE_TLS"
     );
+}
+
+/// A plausible value for each reference variable, for the tests that set them all.
+fn sample(name: &str) -> &'static str {
+    match name {
+        "HOST" | "GRPC_HOST" | "DEBUG_HOST" => "127.0.0.1",
+        "PORT" | "GRPC_PORT" | "DEBUG_PORT" | "STATSD_PORT" => "1234",
+        "GRPC_UDS" => "/tmp/ratelimit.sock",
+        "LOG_LEVEL" => "warn",
+        "LOG_FORMAT" => "json",
+        "CONFIG_TYPE" => "FILE",
+        "BACKEND_TYPE" => "redis",
+        "REDIS_SOCKET_TYPE" | "REDIS_PERSECOND_SOCKET_TYPE" => "tcp",
+        "REDIS_TYPE" | "REDIS_PERSECOND_TYPE" => "single",
+        "REDIS_URL" => "redis:6379",
+        "REDIS_PERSECOND_URL" => "redis-per-second:6379",
+        "REDIS_POOL_SIZE" | "REDIS_PERSECOND_POOL_SIZE" => "5",
+        "LOCAL_CACHE_SIZE_IN_BYTES" => "1024",
+        "NEAR_LIMIT_RATIO" => "0.5",
+        "LIMIT_LIMIT_HEADER" | "LIMIT_REMAINING_HEADER" | "LIMIT_RESET_HEADER" => "X-Header",
+        "RUNTIME_ROOT" => "/data",
+        "RUNTIME_SUBDIRECTORY" => "ratelimit",
+        "RUNTIME_APPDIRECTORY" => "config",
+        "CACHE_KEY_PREFIX" => "rl_",
+        name if name.ends_with("_TIMEOUT")
+            || name.starts_with("GRPC_MAX_CONNECTION_AGE")
+            || name.ends_with("_INTERVAL")
+            || name.ends_with("_WINDOW")
+            || name.ends_with("_ELAPSED_TIME")
+            || name.ends_with("_DURATION")
+            || name.ends_with("_REFRESH") =>
+        {
+            "30s"
+        }
+        name if name.ends_with("_AUTH") => "secret",
+        name if name.ends_with("_CERT")
+            || name.ends_with("_KEY")
+            || name.ends_with("_CACERT")
+            || name.ends_with("_YAML") =>
+        {
+            "/etc/file.pem"
+        }
+        _ => "true",
+    }
+}
+
+/// Every variable of the reference's settings, set, is applied, reported without effect
+/// (with a reason) or refused by name: none is ignored silently.
+#[test]
+fn every_reference_variable_is_decided() {
+    for name in REFERENCE_VARIABLES {
+        // The Redis variables come with the Redis they belong to; per-second with its switch.
+        let mut pairs = vec![("REDIS_URL", "redis:6379")];
+        if name.starts_with("REDIS_PERSECOND") {
+            pairs.push(("REDIS_PERSECOND", "true"));
+            pairs.push(("REDIS_PERSECOND_URL", "redis-per-second:6379"));
+        }
+        pairs.push((name, sample(name)));
+        match apply(&["--config", "x"], &pairs) {
+            Ok((_, report)) => {
+                let all: Vec<&String> = report
+                    .applied
+                    .iter()
+                    .chain(&report.no_effect)
+                    .chain(&report.overridden)
+                    .collect();
+                assert!(
+                    all.iter()
+                        .any(|entry| *entry == name || entry.starts_with(&format!("{name} "))),
+                    "{name} is set but not reported: {report:?}"
+                );
+            }
+            Err(error) => assert!(error.to_string().contains(name), "{name}: {error}"),
+        }
+    }
+}
+
+/// docs/migration.md's table has one row per reference variable.
+#[test]
+fn the_migration_table_lists_every_variable() {
+    let doc = include_str!("../../../docs/migration.md");
+    for name in REFERENCE_VARIABLES {
+        assert!(
+            doc.contains(&format!("| `{name}` |")),
+            "{name} has no row in docs/migration.md"
+        );
+    }
+}
+
+/// Memcache, and limits from xDS, are refused by name: serving from memory or with no
+/// limits instead would change the answers without a word.
+#[test]
+fn what_cannot_be_honoured_is_refused() {
+    for (name, value, why) in [
+        ("BACKEND_TYPE", "memcache", "no memcache store"),
+        ("MEMCACHE_HOST_PORT", "memcached:11211", "no memcache store"),
+        (
+            "MEMCACHE_SRV",
+            "_memcache._tcp.example",
+            "no memcache store",
+        ),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW", "xDS"),
+    ] {
+        let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            matches!(error, SettingsError::Refused { .. })
+                && message.contains(name)
+                && message.contains(why),
+            "{message}"
+        );
+    }
+    for (name, value) in [("BACKEND_TYPE", "etcd"), ("CONFIG_TYPE", "HTTP")] {
+        let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
+        assert!(
+            matches!(error, SettingsError::BadReferenceValue { .. }),
+            "{error}"
+        );
+    }
+    // The docker-compose example sets xDS variables with CONFIG_TYPE=FILE: no effect.
+    let (_, report) = apply(
+        &["--config", "x"],
+        &[
+            ("CONFIG_TYPE", "FILE"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "test-node-id"),
+            ("BACKEND_TYPE", "redis"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(report.applied, ["CONFIG_TYPE"]);
+    assert!(report.no_effect[0].starts_with("BACKEND_TYPE (no REDIS_URL"));
+    assert!(report.no_effect[1].starts_with("CONFIG_GRPC_XDS_NODE_ID (read only with"));
+}
+
+/// USE_STATSD: unset says nothing, false is what floodgate does, true warns that no statsd
+/// is sent; the other statsd, Prometheus-exporter, tracing and debug-port variables are
+/// reported as not yet supported.
+#[test]
+fn statsd_and_friends_are_reported() {
+    let (_, quiet) = apply(&["--config", "x"], &[]).unwrap();
+    assert!(quiet.no_effect.is_empty() && quiet.applied.is_empty());
+    let (_, off) = apply(&["--config", "x"], &[("USE_STATSD", "false")]).unwrap();
+    assert_eq!(off.applied, ["USE_STATSD"]);
+    let (_, on) = apply(
+        &["--config", "x"],
+        &[
+            ("USE_STATSD", "true"),
+            ("STATSD_HOST", "statsd"),
+            ("TRACING_ENABLED", "true"),
+            ("DEBUG_PORT", "6070"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(on.no_effect.len(), 4, "{:?}", on.no_effect);
+    assert!(
+        on.no_effect
+            .iter()
+            .all(|entry| entry.contains("not yet supported, no effect")),
+        "{:?}",
+        on.no_effect
+    );
+    assert!(apply(&["--config", "x"], &[("USE_STATSD", "yes")]).is_err());
+}
+
+/// GRPC_UDS, the connection age and grace, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED reach
+/// their flags; with a socket, GRPC_HOST/GRPC_PORT have no effect.
+#[test]
+fn server_variables_reach_the_flags() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("GRPC_UDS", "/run/rl.sock"),
+            ("GRPC_PORT", "9000"),
+            ("GRPC_MAX_CONNECTION_AGE", "1h30m"),
+            ("GRPC_MAX_CONNECTION_AGE_GRACE", "10s"),
+            ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+        ],
+    )
+    .unwrap();
+    let connections = &s.grpc_connections;
+    assert_eq!(connections.grpc_uds, Some(PathBuf::from("/run/rl.sock")));
+    assert_eq!(
+        connections.grpc_max_connection_age,
+        Some(Duration::from_secs(5400))
+    );
+    assert_eq!(
+        connections.grpc_max_connection_age_grace,
+        Some(Duration::from_secs(10))
+    );
+    assert!(s.health_requires_limits);
+    assert_eq!(s.grpc_addr, addr("0.0.0.0:8081"), "GRPC_PORT not applied");
+    assert!(
+        report
+            .no_effect
+            .iter()
+            .any(|e| e.starts_with("GRPC_PORT ("))
+    );
+    // The grace alone applies to the reference's default age, 24 h.
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[("GRPC_MAX_CONNECTION_AGE_GRACE", "5m")],
+    )
+    .unwrap();
+    assert_eq!(
+        s.grpc_connections.grpc_max_connection_age,
+        Some(Duration::from_secs(86_400))
+    );
+    // floodgate's own flag wins.
+    let (s, report) = apply(
+        &["--config", "x", "--grpc-max-connection-age", "60"],
+        &[("GRPC_MAX_CONNECTION_AGE", "1h")],
+    )
+    .unwrap();
+    assert_eq!(
+        s.grpc_connections.grpc_max_connection_age,
+        Some(Duration::from_secs(60))
+    );
+    assert_eq!(report.overridden.len(), 1);
+    for (name, value) in [
+        ("GRPC_MAX_CONNECTION_AGE", "24"),
+        ("GRPC_MAX_CONNECTION_AGE_GRACE", "1 hour"),
+        ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "yes"),
+        ("REDIS_TIMEOUT", "-1s"),
+    ] {
+        let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
+        assert!(error.to_string().contains(name), "{error}");
+    }
+}
+
+/// REDIS_TIMEOUT is the connect timeout; the per-request deadline only gets shorter.
+#[test]
+fn redis_timeout_mapping() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "r:1"), ("REDIS_TIMEOUT", "10s")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_connect_timeout_ms, Duration::from_secs(10));
+    assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
+    assert!(
+        report
+            .applied
+            .iter()
+            .any(|e| e.starts_with("REDIS_TIMEOUT (connect timeout 10s")),
+        "{report:?}"
+    );
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "r:1"), ("REDIS_TIMEOUT", "5ms")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_connect_timeout_ms, Duration::from_millis(5));
+    assert_eq!(s.redis_timeout_ms, Duration::from_millis(5));
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "r:1"), ("REDIS_TIMEOUT", "0")],
+    )
+    .unwrap();
+    assert_eq!(s.redis_connect_timeout_ms, Duration::from_millis(250));
+    assert!(report.no_effect[0].starts_with("REDIS_TIMEOUT ("));
+}
+
+/// REDIS_SENTINEL_AUTH gives the sentinels their credentials; the master's stay REDIS_AUTH's.
+#[test]
+fn sentinel_auth() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_TYPE", "sentinel"),
+            ("REDIS_URL", "mymaster,s1:26380,s2"),
+            ("REDIS_AUTH", "master-pw"),
+            ("REDIS_SENTINEL_AUTH", "user:sentinel pw"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        s.redis_sentinel_nodes,
+        [
+            "redis://user:sentinel%20pw@s1:26380",
+            "redis://user:sentinel%20pw@s2:26379"
+        ]
+    );
+    assert_eq!(s.redis_url.as_deref(), Some("redis://:master-pw@mymaster"));
+    assert!(report.applied.contains(&"REDIS_SENTINEL_AUTH".to_string()));
+    assert!(!format!("{s:?}").contains("sentinel pw"));
+    // Not a sentinel setup: no effect.
+    let (_, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "r:1"), ("REDIS_SENTINEL_AUTH", "pw")],
+    )
+    .unwrap();
+    assert!(report.no_effect[0].starts_with("REDIS_SENTINEL_AUTH (only for"));
+}
+
+/// REDIS_PERSECOND=true with its own variables configures the per-second Redis, in any
+/// topology; without the switch they have no effect; the switch needs both URLs.
+#[test]
+fn per_second_redis() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_URL", "persecond:6380"),
+            ("REDIS_PERSECOND_AUTH", "pw"),
+            ("REDIS_PERSECOND_TLS", "true"),
+            ("REDIS_PERSECOND_POOL_SIZE", "3"),
+            ("REDIS_PERSECOND_TIMEOUT", "2s"),
+        ],
+    )
+    .unwrap();
+    let per_second = &s.redis_per_second;
+    assert_eq!(s.redis_url.as_deref(), Some("redis://main:6379"));
+    assert_eq!(
+        per_second.redis_per_second_url.as_deref(),
+        Some("rediss://:pw@persecond:6380")
+    );
+    assert_eq!(per_second.redis_per_second_pool_size, 3);
+    assert_eq!(
+        per_second.redis_per_second_connect_timeout_ms,
+        Duration::from_secs(2)
+    );
+    assert!(report.no_effect.is_empty(), "{report:?}");
+    assert_eq!(report.applied.len(), 8, "{:?}", report.applied);
+
+    // Cluster and sentinel per-second stores.
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "cluster"),
+            ("REDIS_PERSECOND_URL", "a:1,b:2"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(
+        s.redis_per_second.redis_per_second_cluster,
+        ["redis://a:1", "redis://b:2"]
+    );
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_TYPE", "sentinel"),
+            ("REDIS_PERSECOND_URL", "ps,s1:26379"),
+            ("REDIS_PERSECOND_SENTINEL_AUTH", "spw"),
+        ],
+    )
+    .unwrap();
+    let per_second = &s.redis_per_second;
+    assert_eq!(per_second.redis_per_second_sentinel.as_deref(), Some("ps"));
+    assert_eq!(
+        per_second.redis_per_second_sentinel_nodes,
+        ["redis://:spw@s1:26379"]
+    );
+
+    // Without the switch: no effect, named.
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[("REDIS_URL", "main:6379"), ("REDIS_PERSECOND_URL", "p:1")],
+    )
+    .unwrap();
+    assert!(!s.redis_per_second.is_set());
+    assert_eq!(
+        report.no_effect,
+        ["REDIS_PERSECOND_URL (REDIS_PERSECOND is not true)"]
+    );
+    // The switch without a per-second URL, or without a main Redis, is refused.
+    for pairs in [
+        &[("REDIS_URL", "main:6379"), ("REDIS_PERSECOND", "true")][..],
+        &[("REDIS_PERSECOND", "true"), ("REDIS_PERSECOND_URL", "p:1")][..],
+    ] {
+        let error = apply(&["--config", "x"], pairs).unwrap_err();
+        assert!(error.to_string().contains("REDIS_PERSECOND"), "{error}");
+    }
+    // Secrets stay out of errors.
+    let error = apply(
+        &["--config", "x"],
+        &[
+            ("REDIS_URL", "main:6379"),
+            ("REDIS_PERSECOND", "true"),
+            ("REDIS_PERSECOND_URL", "a/b:1"),
+            ("REDIS_PERSECOND_SOCKET_TYPE", "tcp"),
+            ("REDIS_PERSECOND_AUTH", "hunter2"),
+        ],
+    )
+    .unwrap_err();
+    assert!(!error.to_string().contains("hunter2"), "{error}");
 }

@@ -5,22 +5,11 @@
 //! atomic script per request" becomes "one atomic script per slot touched, in parallel": a
 //! request costs one round trip per node it touches, all concurrent, so its latency is that of
 //! the slowest node rather than the sum. Each group is all-or-nothing inside its script, as in
-//! standalone. Across groups the end state is all-or-nothing too, by compensation:
-//!
-//! 1. every group's [`script::command`] is sent concurrently (each with its own deadline);
-//! 2. if every group committed, that is the answer;
-//! 3. otherwise every group that committed is sent its refund — the same operations with the
-//!    cost negated, for exactly the operations whose debit was stored (cost > 0, and admitted
-//!    or overdraft, as [`crate::bucket::settle`] stores them) — concurrently, and the request
-//!    is answered denied (or failed, if a group failed) with each refunded bucket's view after
-//!    its refund: what a standalone store reports for a denied request (the view without the
-//!    request's debit).
-//!
-//! Between steps 1 and 3 another request can see a debit that is then refunded (one round
-//! trip); a refund that fails is logged and counted (`floodgate_cluster_refunds_total{result=
-//! "failed"}`) and leaves that request's cost debited until the bucket refills. A credit
-//! (`is_negative_hits`) stored by a committed group of a denied request stays stored: taking
-//! it back could over-debit a bucket the credit filled to capacity. A domain with
+//! standalone. Across groups the end state is all-or-nothing too, by compensation: if any
+//! group denies, the groups that debited are refunded ([`crate::store::fanout`], shared with
+//! the per-second split). A refund that fails is logged and counted
+//! (`floodgate_cluster_refunds_total{result="failed"}`) and leaves that request's cost debited
+//! until the bucket refills. A domain with
 //! `redis_hash_tag: true` keeps every key in one slot, hence one group: strictly atomic.
 //! docs/cluster.md has the operator's view.
 //!
@@ -34,17 +23,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::future::join_all;
 use redis::cluster::{ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
 use super::{classify, deadline, script};
-use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::bucket::{Applied, BucketOp};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::settings::redact_url;
+use crate::store::fanout::apply_groups;
 use crate::store::{RemoteStore, Store, StoreError};
 
 /// How to reach a Redis Cluster.
@@ -168,61 +157,6 @@ impl ClusterStore {
         })
         .await
     }
-
-    /// Refunds what the groups flagged in `debited_groups` (those that committed) debited
-    /// (see the module docs) and writes each refunded bucket's view after its refund into
-    /// `buckets`.
-    async fn refund(
-        &self,
-        ops: &[BucketOp],
-        groups: &[(Slot, Vec<usize>)],
-        debited_groups: &[bool],
-        buckets: &mut [BucketResult],
-        now: Option<i64>,
-    ) {
-        let refunds: Vec<(Vec<usize>, Vec<BucketOp>)> = groups
-            .iter()
-            .zip(debited_groups)
-            .filter(|(_, debited)| **debited)
-            .filter_map(|((_, members), _)| {
-                let debited: Vec<usize> = members
-                    .iter()
-                    .copied()
-                    .filter(|&i| {
-                        ops[i].cost > 0 && (buckets[i].admitted || ops[i].params.overdraft)
-                    })
-                    .collect();
-                let undo = debited
-                    .iter()
-                    .map(|&i| BucketOp {
-                        cost: -ops[i].cost,
-                        ..ops[i].clone()
-                    })
-                    .collect::<Vec<_>>();
-                (!debited.is_empty()).then_some((debited, undo))
-            })
-            .collect();
-        let answers = join_all(refunds.iter().map(|(_, undo)| self.run(undo, now))).await;
-        for ((debited, _), answer) in refunds.iter().zip(answers) {
-            match answer {
-                Ok(refunded) => {
-                    self.metrics.record_cluster_refund(true);
-                    for (&i, after) in debited.iter().zip(&refunded.buckets) {
-                        buckets[i].view = after.view;
-                    }
-                }
-                Err(error) => {
-                    // The debit stays until the bucket refills: at most this request's cost.
-                    self.metrics.record_cluster_refund(false);
-                    tracing::warn!(
-                        %error,
-                        buckets = debited.len(),
-                        "Redis Cluster refund failed: a denied request stays debited"
-                    );
-                }
-            }
-        }
-    }
 }
 
 /// One slot group's answer.
@@ -286,56 +220,14 @@ impl Store for ClusterStore {
             [_] => return self.run(ops, now).await,
             _ => {}
         }
-        let group_ops: Vec<Vec<BucketOp>> = groups
-            .iter()
-            .map(|(_, members)| members.iter().map(|&i| ops[i].clone()).collect())
-            .collect();
-        let answers: Vec<Group> =
-            join_all(group_ops.iter().map(|group| self.run(group, now))).await;
-        // Each op's result from its group's answer; a failed group's ops keep a placeholder
-        // (the call then fails as a whole).
-        let mut buckets = vec![
-            BucketResult {
-                admitted: false,
-                view: crate::limiter::View {
-                    remaining: 0,
-                    reset_us: 0,
-                },
-                retry_after_us: None,
-            };
-            ops.len()
-        ];
-        let mut committed = true;
-        let mut failure = None;
-        let mut debited_groups = Vec::with_capacity(groups.len());
-        for ((_, members), answer) in groups.iter().zip(answers) {
-            match answer {
-                Ok(applied) => {
-                    committed &= applied.committed;
-                    debited_groups.push(applied.committed);
-                    for (&i, result) in members.iter().zip(&applied.buckets) {
-                        buckets[i] = *result;
-                    }
-                }
-                Err(error) => {
-                    committed = false;
-                    debited_groups.push(false);
-                    failure.get_or_insert(error);
-                }
-            }
-        }
-        if !committed {
-            self.refund(ops, &groups, &debited_groups, &mut buckets, now)
-                .await;
-        }
-        match failure {
-            Some(error) => Err(error),
-            None => Ok(Applied {
-                committed,
-                buckets,
-                from_local_cache: false,
-            }),
-        }
+        let groups: Vec<Vec<usize>> = groups.into_iter().map(|(_, members)| members).collect();
+        apply_groups(
+            ops,
+            &groups,
+            |_, group| async move { self.run(&group, now).await },
+            |ok| self.metrics.record_cluster_refund(ok),
+        )
+        .await
     }
 
     fn name(&self) -> &'static str {

@@ -1,0 +1,138 @@
+//! What health reports: gRPC `grpc.health.v1` and `/healthcheck` alike.
+//!
+//! SERVING only while every component is healthy, as in the reference:
+//! - the store: under failure policy `error`, NOT_SERVING from start-up until Redis has
+//!   answered once, and again while the circuit breaker is open (the other policies answer
+//!   without Redis, and the memory store cannot fail, so they do not take part);
+//! - the limits, with `--health-requires-limits`: NOT_SERVING while no domain is loaded;
+//! - shutdown: NOT_SERVING for good once it has begun.
+//!
+//! The status is published under the server-wide name `""`, the rate-limit service's full
+//! name, and `ratelimit`, the name the reference registers, so a probe written for either
+//! server gets the same answer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+/// The names under which health is reported.
+pub const SERVICE_NAMES: [&str; 3] = [
+    "",
+    "envoy.service.ratelimit.v3.RateLimitService",
+    // The reference server's health checker name.
+    "ratelimit",
+];
+
+/// One component's health, followed on a watch channel.
+struct Component {
+    /// `None` once the sender is gone: the last value then stands.
+    updates: Option<watch::Receiver<bool>>,
+    /// The last value seen.
+    healthy: bool,
+}
+
+impl Component {
+    fn new(updates: Option<watch::Receiver<bool>>) -> Component {
+        Component {
+            healthy: updates.as_ref().is_none_or(|rx| *rx.borrow()),
+            updates,
+        }
+    }
+
+    /// Reads the latest value, marking it seen.
+    fn refresh(&mut self) {
+        if let Some(rx) = &mut self.updates {
+            self.healthy = *rx.borrow_and_update();
+        }
+    }
+
+    /// Waits for the next change; pending forever once the sender is gone.
+    async fn changed(&mut self) {
+        match &mut self.updates {
+            Some(rx) => {
+                if rx.changed().await.is_err() {
+                    self.updates = None;
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// Publishes `serving` under every name and to `/healthcheck`.
+pub async fn publish(health: &HealthReporter, http: &AtomicBool, serving: bool) {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    http.store(serving, Ordering::SeqCst);
+    for name in SERVICE_NAMES {
+        health.set_service_status(name, status).await;
+    }
+}
+
+/// Whether the components say SERVING now (shutdown aside).
+pub fn initially_serving(
+    store: Option<&watch::Receiver<bool>>,
+    limits: Option<&watch::Receiver<bool>>,
+) -> bool {
+    store.is_none_or(|rx| *rx.borrow()) && limits.is_none_or(|rx| *rx.borrow())
+}
+
+/// Mirrors the store's and the limits' health (either may be absent: always healthy) into
+/// gRPC health and `/healthcheck`, until aborted at shutdown.
+pub async fn mirror(
+    store: Option<watch::Receiver<bool>>,
+    limits: Option<watch::Receiver<bool>>,
+    health: HealthReporter,
+    http: Arc<AtomicBool>,
+) {
+    let mut store = Component::new(store);
+    let mut limits = Component::new(limits);
+    loop {
+        store.refresh();
+        limits.refresh();
+        publish(&health, &http, store.healthy && limits.healthy).await;
+        tokio::select! {
+            () = store.changed() => {}
+            () = limits.changed() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every component must be healthy; an absent one counts as healthy.
+    #[test]
+    fn all_components_must_be_healthy() {
+        let (_up_tx, up) = watch::channel(true);
+        let (_down_tx, down) = watch::channel(false);
+        assert!(initially_serving(None, None));
+        assert!(initially_serving(Some(&up), None));
+        assert!(initially_serving(Some(&up), Some(&up)));
+        assert!(!initially_serving(Some(&down), Some(&up)));
+        assert!(!initially_serving(None, Some(&down)));
+    }
+
+    /// A component whose sender is gone keeps its last value.
+    #[tokio::test]
+    async fn a_closed_component_keeps_its_last_value() {
+        let (tx, rx) = watch::channel(true);
+        let mut component = Component::new(Some(rx));
+        tx.send_replace(false);
+        drop(tx);
+        component.refresh();
+        assert!(!component.healthy);
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(20), component.changed()).await;
+        assert!(waited.is_err(), "a closed channel never changes again");
+        assert!(!component.healthy && component.updates.is_none());
+    }
+}

@@ -1,0 +1,149 @@
+//! The remote store the settings name: a Redis Cluster, a Sentinel-managed or standalone
+//! Redis, and optionally a second one of any kind for per-second buckets
+//! ([`crate::store::split`]); `None` for the memory store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::ServerError;
+use crate::metrics::Metrics;
+use crate::settings::ServeSettings;
+use crate::store::RemoteStore;
+use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
+use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
+use crate::store::split::SplitStore;
+
+/// Where one Redis is and how to reach it: the main one's flags or the per-second one's.
+struct Target<'a> {
+    /// Which flags these are, for messages: `--redis` or `--redis-per-second`.
+    flags: &'static str,
+    url: Option<&'a String>,
+    cluster: &'a [String],
+    sentinel: Option<&'a String>,
+    sentinel_nodes: &'a [String],
+    pool_size: u32,
+    connect_timeout: Duration,
+}
+
+/// The remote store of `settings`, or `None` for the memory store.
+pub(super) fn remote_store(
+    settings: &ServeSettings,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
+    let main = Target {
+        flags: "--redis",
+        url: settings.redis_url.as_ref(),
+        cluster: &settings.redis_cluster,
+        sentinel: settings.redis_sentinel.as_ref(),
+        sentinel_nodes: &settings.redis_sentinel_nodes,
+        pool_size: settings.redis_pool_size,
+        connect_timeout: settings.redis_connect_timeout_ms,
+    };
+    let main = one_store(settings, &main, metrics)?;
+    let per_second = &settings.redis_per_second;
+    if !per_second.is_set() {
+        return Ok(main);
+    }
+    let Some(main) = main else {
+        return Err(ServerError::Settings(
+            "--redis-per-second-* needs a main Redis too (--redis-url, --redis-sentinel or \
+             --redis-cluster): without one the other limits would be counted per replica"
+                .into(),
+        ));
+    };
+    let target = Target {
+        flags: "--redis-per-second",
+        url: per_second.redis_per_second_url.as_ref(),
+        cluster: &per_second.redis_per_second_cluster,
+        sentinel: per_second.redis_per_second_sentinel.as_ref(),
+        sentinel_nodes: &per_second.redis_per_second_sentinel_nodes,
+        pool_size: per_second.redis_per_second_pool_size,
+        connect_timeout: per_second.redis_per_second_connect_timeout_ms,
+    };
+    let Some(per_second) = one_store(settings, &target, metrics)? else {
+        return Ok(Some(main));
+    };
+    tracing::info!("per-second limits in their own Redis (--redis-per-second-*)");
+    Ok(Some(Arc::new(SplitStore::new(
+        main,
+        per_second,
+        metrics.clone(),
+    ))))
+}
+
+/// The store `target` names, or `None` if it names none. The `--redis-tls-*` files apply to
+/// every store.
+fn one_store(
+    settings: &ServeSettings,
+    target: &Target<'_>,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
+    let tls = RedisTls {
+        ca_file: settings.redis_tls_ca_file.clone(),
+        cert_file: settings.redis_tls_cert_file.clone(),
+        key_file: settings.redis_tls_key_file.clone(),
+    };
+    let settings_error = |e: &dyn std::fmt::Display| ServerError::Settings(e.to_string());
+    let flags = target.flags;
+    if !target.cluster.is_empty() {
+        // redis-rs turns TLS on for every node once certificates are given, whatever the
+        // seeds say: refuse plain or mixed seeds here, as the standalone and Sentinel paths do.
+        let tls_seeds = target
+            .cluster
+            .iter()
+            .filter(|seed| seed.starts_with("rediss://"))
+            .count();
+        if tls_seeds != 0 && tls_seeds != target.cluster.len() {
+            return Err(ServerError::Settings(format!(
+                "{flags}-cluster mixes rediss:// and plain seeds: a cluster is all TLS or none"
+            )));
+        }
+        if tls.is_set() && tls_seeds == 0 {
+            return Err(ServerError::Settings(format!(
+                "Redis TLS files are set, but the {flags}-cluster seeds do not use rediss://"
+            )));
+        }
+        let certificates =
+            crate::store::redis::tls::certificates(&tls).map_err(|e| settings_error(&e))?;
+        let cluster = ClusterStore::new(
+            &ClusterSettings {
+                seeds: target.cluster.to_vec(),
+                key_prefix: settings.redis_key_prefix.clone(),
+                connect_timeout: target.connect_timeout,
+                command_timeout: settings.redis_timeout_ms,
+            },
+            metrics.clone(),
+            certificates,
+        )
+        .map_err(|e| settings_error(&e))?;
+        return Ok(Some(Arc::new(cluster)));
+    }
+    let sentinel = target.sentinel.map(|master_name| SentinelSettings {
+        master_name: master_name.clone(),
+        nodes: target.sentinel_nodes.to_vec(),
+    });
+    let url = match (target.url, &sentinel) {
+        (Some(url), _) => url.clone(),
+        // The master's address comes from the sentinels; plain TCP, no credentials.
+        (None, Some(sentinel)) => format!("redis://{}", sentinel.master_name),
+        (None, None) if tls.is_set() && flags == "--redis" => {
+            return Err(ServerError::Settings(
+                "Redis TLS files are set, but no Redis is (--redis-url, --redis-sentinel or \
+                 --redis-cluster)"
+                    .into(),
+            ));
+        }
+        (None, None) => return Ok(None),
+    };
+    let redis = RedisSettings {
+        url,
+        sentinel,
+        tls,
+        key_prefix: settings.redis_key_prefix.clone(),
+        pool_size: target.pool_size,
+        connect_timeout: target.connect_timeout,
+        command_timeout: settings.redis_timeout_ms,
+    };
+    let store = RedisStore::new(&redis).map_err(|e| settings_error(&e))?;
+    Ok(Some(Arc::new(store)))
+}

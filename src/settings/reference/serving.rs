@@ -1,0 +1,181 @@
+//! The reference's server-wide variables: the gRPC listener (`GRPC_UDS`, connection age),
+//! health (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), which store and which config source
+//! (`BACKEND_TYPE`, `CONFIG_TYPE`), statsd (`USE_STATSD`) and counting while over the limit
+//! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::duration::parse_go_duration;
+use super::{Mapping, ServeSettings, SettingsError, bad};
+
+/// The reference's `GRPC_MAX_CONNECTION_AGE` default, which applies when only the grace is
+/// given.
+const REFERENCE_MAX_CONNECTION_AGE: Duration = Duration::from_secs(24 * 3600);
+
+impl Mapping<'_> {
+    /// Every variable of this module.
+    pub(super) fn serving(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        self.backend_type(settings)?;
+        self.config_type()?;
+        self.grpc_listener(settings)?;
+        self.health(settings)?;
+        self.statsd()?;
+        if let Some(stop) = self.parse_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
+            let why = if stop {
+                "floodgate never debits a denied request: what this asks, and more"
+            } else {
+                "floodgate never debits a denied request (no counter pollution)"
+            };
+            self.no_effect("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", why);
+        }
+        Ok(())
+    }
+
+    /// `BACKEND_TYPE`: `redis` is what floodgate does with `REDIS_URL`; `memcache` cannot be
+    /// honoured, and serving from memory instead would make every replica count alone.
+    fn backend_type(&mut self, settings: &ServeSettings) -> Result<(), SettingsError> {
+        let Some(value) = self.get("BACKEND_TYPE") else {
+            return Ok(());
+        };
+        match value.to_ascii_lowercase().as_str() {
+            "redis" => {
+                let redis = settings.redis_url.is_some()
+                    || settings.redis_sentinel.is_some()
+                    || !settings.redis_cluster.is_empty()
+                    || self.get("REDIS_URL").is_some();
+                if redis {
+                    self.applied("BACKEND_TYPE");
+                } else {
+                    self.no_effect("BACKEND_TYPE", "no REDIS_URL: the in-memory store is used");
+                }
+                Ok(())
+            }
+            "memcache" => Err(SettingsError::Refused {
+                name: "BACKEND_TYPE",
+                value: value.to_string(),
+                why: "floodgate has no memcache store; serving from memory instead would make \
+                      every replica count on its own. Keep the counters in Redis \
+                      (BACKEND_TYPE=redis, REDIS_URL)"
+                    .into(),
+            }),
+            _ => Err(bad("BACKEND_TYPE", value, "redis or memcache")),
+        }
+    }
+
+    /// `CONFIG_TYPE`: `FILE` is floodgate's way; limits from an xDS control plane are not
+    /// served yet, and starting with none would admit everything.
+    fn config_type(&mut self) -> Result<(), SettingsError> {
+        let Some(value) = self.get("CONFIG_TYPE") else {
+            return Ok(());
+        };
+        match value.to_ascii_uppercase().as_str() {
+            "FILE" => {
+                self.applied("CONFIG_TYPE");
+                Ok(())
+            }
+            "GRPC_XDS_SOTW" => Err(SettingsError::Refused {
+                name: "CONFIG_TYPE",
+                value: value.to_string(),
+                why: "limits from an xDS control plane are not supported yet; give them as \
+                      files (CONFIG_TYPE=FILE and the RUNTIME_* directory)"
+                    .into(),
+            }),
+            _ => Err(bad("CONFIG_TYPE", value, "FILE or GRPC_XDS_SOTW")),
+        }
+    }
+
+    /// `GRPC_UDS` → `--grpc-uds`; `GRPC_MAX_CONNECTION_AGE` / `_GRACE` →
+    /// `--grpc-max-connection-age` / `-grace`.
+    fn grpc_listener(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        let connections = &mut settings.grpc_connections;
+        if let Some(path) = self.get("GRPC_UDS") {
+            if self.own("grpc_uds") {
+                self.override_by(&["GRPC_UDS"], "--grpc-uds");
+            } else if self.own("grpc_addr") {
+                self.override_by(&["GRPC_UDS"], "--grpc-addr");
+            } else {
+                connections.grpc_uds = Some(PathBuf::from(path));
+                self.applied("GRPC_UDS");
+            }
+        }
+        let age = self.go_duration("GRPC_MAX_CONNECTION_AGE")?;
+        let grace = self.go_duration("GRPC_MAX_CONNECTION_AGE_GRACE")?;
+        if self.own("grpc_max_connection_age") {
+            self.override_by(
+                &["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"],
+                "--grpc-max-connection-age",
+            );
+            return Ok(());
+        }
+        if age.is_none() && grace.is_none() {
+            return Ok(());
+        }
+        // Zero means "infinity" for grpc-go; the grace alone applies to the reference's 24 h.
+        let age = age.unwrap_or(REFERENCE_MAX_CONNECTION_AGE);
+        if age.is_zero() {
+            for name in self.present(&["GRPC_MAX_CONNECTION_AGE", "GRPC_MAX_CONNECTION_AGE_GRACE"])
+            {
+                self.no_effect(name, "a zero age means connections are never closed");
+            }
+            return Ok(());
+        }
+        connections.grpc_max_connection_age = Some(age);
+        self.applied("GRPC_MAX_CONNECTION_AGE");
+        if let Some(grace) = grace {
+            if grace.is_zero() {
+                self.no_effect(
+                    "GRPC_MAX_CONNECTION_AGE_GRACE",
+                    "zero: an old connection stays open until its calls finish",
+                );
+            } else {
+                connections.grpc_max_connection_age_grace = Some(grace);
+                self.applied("GRPC_MAX_CONNECTION_AGE_GRACE");
+            }
+        }
+        Ok(())
+    }
+
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED` → `--health-requires-limits`.
+    fn health(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const NAME: &str = "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED";
+        let Some(on) = self.parse_bool(NAME)? else {
+            return Ok(());
+        };
+        if self.own("health_requires_limits") {
+            self.override_by(&[NAME], "--health-requires-limits");
+        } else {
+            settings.health_requires_limits = on;
+            self.applied(NAME);
+        }
+        Ok(())
+    }
+
+    /// `USE_STATSD`, which the reference turns on by default. Unset, floodgate says nothing
+    /// (its metrics are at `/metrics`); set to true, it warns that no statsd is sent; false is
+    /// what floodgate does.
+    fn statsd(&mut self) -> Result<(), SettingsError> {
+        match self.parse_bool("USE_STATSD")? {
+            None => {}
+            Some(true) => self.no_effect(
+                "USE_STATSD",
+                "not yet supported, no effect: floodgate sends no statsd; its metrics are \
+                 Prometheus, served at /metrics on the HTTP port",
+            ),
+            Some(false) => self.applied("USE_STATSD"),
+        }
+        Ok(())
+    }
+
+    /// A Go duration variable.
+    pub(super) fn go_duration(
+        &self,
+        name: &'static str,
+    ) -> Result<Option<Duration>, SettingsError> {
+        self.get(name)
+            .map(|v| {
+                parse_go_duration(v).ok_or_else(|| bad(name, v, "a Go duration such as 30s or 1h"))
+            })
+            .transpose()
+    }
+}

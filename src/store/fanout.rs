@@ -1,0 +1,156 @@
+//! One request's bucket operations applied as several groups, each all-or-nothing on its
+//! own, sent at once, and made all-or-nothing together by refunds.
+//!
+//! A store that cannot run every bucket of a request in one atomic script — the Redis Cluster
+//! store (one script per hash slot), the per-second split ([`super::split`]: one Redis for
+//! one-second buckets, another for the rest) — splits the operations into groups and hands
+//! them to [`apply_groups`] with a function that runs one group:
+//!
+//! 1. every group runs concurrently;
+//! 2. if every group committed, that is the answer;
+//! 3. otherwise every group that committed is sent its refund — the same operations with the
+//!    cost negated, for exactly the operations whose debit was stored (cost > 0, and admitted
+//!    or overdraft, as [`crate::bucket::settle`] stores them) — concurrently, and the request
+//!    is answered denied (or failed, if a group failed) with each refunded bucket's view after
+//!    its refund: what a single atomic store reports for a denied request.
+//!
+//! Between steps 1 and 3 another request can see a debit that is then refunded (one round
+//! trip); a refund that fails is logged, reported to the caller's `on_refund` (for its
+//! metric), and leaves that request's cost debited until the bucket refills. A credit
+//! (`is_negative_hits`) stored by a committed group of a denied request stays stored: taking
+//! it back could over-debit a bucket the credit filled to capacity.
+
+use std::future::Future;
+
+use futures_util::future::join_all;
+
+use super::StoreError;
+use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::limiter::View;
+
+/// One group's answer.
+pub type GroupAnswer = Result<Applied, StoreError>;
+
+/// Applies `ops` as `groups` (indices into `ops`; each op in exactly one group):
+/// `run(g, ops of group g)` for every group at once, then refunds as the module docs say.
+/// `on_refund(ok)` is told the outcome of every refund sent.
+pub async fn apply_groups<F, Fut>(
+    ops: &[BucketOp],
+    groups: &[Vec<usize>],
+    run: F,
+    on_refund: impl Fn(bool),
+) -> Result<Applied, StoreError>
+where
+    F: Fn(usize, Vec<BucketOp>) -> Fut,
+    Fut: Future<Output = GroupAnswer>,
+{
+    let answers: Vec<GroupAnswer> = join_all(
+        groups
+            .iter()
+            .enumerate()
+            .map(|(g, members)| run(g, members.iter().map(|&i| ops[i].clone()).collect())),
+    )
+    .await;
+    // Each op's result from its group's answer; a failed group's ops keep a placeholder
+    // (the call then fails as a whole).
+    let mut buckets = vec![
+        BucketResult {
+            admitted: false,
+            view: View {
+                remaining: 0,
+                reset_us: 0,
+            },
+            retry_after_us: None,
+        };
+        ops.len()
+    ];
+    let mut committed = true;
+    let mut failure = None;
+    let mut debited_groups = Vec::with_capacity(groups.len());
+    for (members, answer) in groups.iter().zip(answers) {
+        match answer {
+            Ok(applied) => {
+                committed &= applied.committed;
+                debited_groups.push(applied.committed);
+                for (&i, result) in members.iter().zip(&applied.buckets) {
+                    buckets[i] = *result;
+                }
+            }
+            Err(error) => {
+                committed = false;
+                debited_groups.push(false);
+                failure.get_or_insert(error);
+            }
+        }
+    }
+    if !committed {
+        refund(ops, groups, &debited_groups, &mut buckets, &run, &on_refund).await;
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Applied {
+            committed,
+            buckets,
+            from_local_cache: false,
+        }),
+    }
+}
+
+/// Refunds what the groups flagged in `debited_groups` (those that committed) debited, and
+/// writes each refunded bucket's view after its refund into `buckets`.
+async fn refund<F, Fut>(
+    ops: &[BucketOp],
+    groups: &[Vec<usize>],
+    debited_groups: &[bool],
+    buckets: &mut [BucketResult],
+    run: &F,
+    on_refund: &impl Fn(bool),
+) where
+    F: Fn(usize, Vec<BucketOp>) -> Fut,
+    Fut: Future<Output = GroupAnswer>,
+{
+    let refunds: Vec<(usize, Vec<usize>)> = groups
+        .iter()
+        .enumerate()
+        .zip(debited_groups)
+        .filter(|(_, debited)| **debited)
+        .filter_map(|((g, members), _)| {
+            let debited: Vec<usize> = members
+                .iter()
+                .copied()
+                .filter(|&i| ops[i].cost > 0 && (buckets[i].admitted || ops[i].params.overdraft))
+                .collect();
+            (!debited.is_empty()).then_some((g, debited))
+        })
+        .collect();
+    let answers = join_all(refunds.iter().map(|(g, debited)| {
+        let undo = debited
+            .iter()
+            .map(|&i| BucketOp {
+                cost: -ops[i].cost,
+                ..ops[i].clone()
+            })
+            .collect();
+        run(*g, undo)
+    }))
+    .await;
+    for ((_, debited), answer) in refunds.iter().zip(answers) {
+        match answer {
+            Ok(refunded) => {
+                on_refund(true);
+                for (&i, after) in debited.iter().zip(&refunded.buckets) {
+                    buckets[i].view = after.view;
+                }
+            }
+            Err(error) => {
+                // The debit stays until the bucket refills: at most this request's cost.
+                on_refund(false);
+                tracing::warn!(
+                    %error,
+                    buckets = debited.len(),
+                    "refund failed: a denied request stays debited until its buckets refill"
+                );
+            }
+        }
+    }
+}
