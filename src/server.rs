@@ -33,6 +33,7 @@ use crate::http::{self, AdminState};
 use crate::metrics::Metrics;
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
+use crate::runtime::{self, GrpcListeners};
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
@@ -326,7 +327,12 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
             .await
             .map_err(|source| ServerError::Bind { addr, source })
     };
-    let grpc = bind(settings.grpc_addr).await?;
+    let grpc = GrpcListeners::bind(settings.grpc_addr, settings.grpc_thread_count())
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: settings.grpc_addr,
+            source,
+        })?;
     let http = if settings.no_http {
         None
     } else {
@@ -427,7 +433,7 @@ fn watch_tls(tls: &GrpcTls) -> Option<FileWatch> {
 /// finish in-flight requests, for at most `options.grace`. While `store_health` (if given) says false, health reports
 /// NOT_SERVING.
 pub async fn run(
-    grpc: TcpListener,
+    grpc: GrpcListeners,
     http: Option<TcpListener>,
     limiter: Arc<RateLimiter>,
     options: RunOptions,
@@ -435,6 +441,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     let grpc_addr = grpc.local_addr().map_err(ServerError::Http)?;
+    let grpc_threads = grpc.threads();
     let http_addr = match &http {
         Some(http) => Some(http.local_addr().map_err(ServerError::Http)?),
         None => None,
@@ -463,41 +470,52 @@ pub async fn run(
             serving.clone(),
         ))
     });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        // An Err means the sender is gone, which only happens once we are stopping anyway.
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-
     // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    let grpc_router = tonic::transport::Server::builder()
-        .add_service(rls)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
-    let grpc_stopped = stopped(stop_rx.clone());
+    // One router per serving thread, all over the same services and state.
+    let grpc_router = || {
+        tonic::transport::Server::builder()
+            .add_service(rls.clone())
+            .add_service(health_service.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+    };
     let grpc_tls = match &options.tls {
         None => "off",
         Some(tls) if tls.is_mutual() => "mutual",
         Some(_) => "on",
     };
-    let mut grpc_task = match options.tls {
-        None => {
-            // Envoy multiplexes many requests on few connections: answer each small message
-            // at once.
-            let incoming = TcpListenerStream::new(grpc).map(|stream| {
-                stream.inspect(|s| {
-                    let _ = s.set_nodelay(true);
-                })
-            });
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
-        }
-        Some(tls) => {
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(tls.incoming(grpc), grpc_stopped))
-        }
-    };
+    let GrpcListeners { primary, extra } = grpc;
+    let mut threads = Vec::with_capacity(extra.len());
+    for (index, listener) in extra.into_iter().enumerate() {
+        let router = grpc_router();
+        let tls = options.tls.clone();
+        let stop = stop_rx.clone();
+        let thread = runtime::spawn_runtime_thread(
+            format!("floodgate-grpc-{}", index + 1),
+            move || async move {
+                // Registered with this thread's runtime, so its connections are served here.
+                let listener = TcpListener::from_std(listener).map_err(ServerError::Http)?;
+                serve_grpc(router, listener, tls, stopped(stop)).await
+            },
+        )
+        .map_err(ServerError::Http)?;
+        threads.push(thread);
+    }
+    let primary = serve_grpc(
+        grpc_router(),
+        primary,
+        options.tls.clone(),
+        stopped(stop_rx.clone()),
+    );
+    let mut grpc_task = tokio::spawn(async move {
+        let others = futures_util::future::try_join_all(threads.into_iter().map(join_thread));
+        futures_util::future::try_join(primary, others)
+            .await
+            .map(|_| ())
+    });
     let mut http_task = match http {
         Some(http) => {
             let admin = http::router(AdminState {
@@ -515,13 +533,15 @@ pub async fn run(
         }),
     };
     match http_addr {
-        Some(http_addr) => tracing::info!(%grpc_addr, grpc_tls, %http_addr, "listening"),
-        None => tracing::info!(%grpc_addr, grpc_tls, http_addr = "off", "listening"),
+        Some(http_addr) => {
+            tracing::info!(%grpc_addr, grpc_threads, grpc_tls, %http_addr, "listening");
+        }
+        None => tracing::info!(%grpc_addr, grpc_threads, grpc_tls, http_addr = "off", "listening"),
     }
 
     tokio::select! {
         () = shutdown => {}
-        result = &mut grpc_task => return flatten(result.map(|r| r.map_err(ServerError::from))),
+        result = &mut grpc_task => return flatten(result),
         result = &mut http_task => return flatten(result),
     }
 
@@ -542,7 +562,7 @@ pub async fn run(
 
     let grace = options.grace;
     let drained = tokio::time::timeout(grace, async {
-        let grpc = flatten((&mut grpc_task).await.map(|r| r.map_err(ServerError::from)));
+        let grpc = flatten((&mut grpc_task).await);
         let http = flatten((&mut http_task).await);
         grpc.and(http)
     })
@@ -555,6 +575,57 @@ pub async fn run(
             http_task.abort();
             Ok(())
         }
+    }
+}
+
+/// Completes once `stop` says true (or its sender is gone, which only happens once the
+/// server is stopping anyway).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Serves gRPC on `listener`, plaintext or TLS, until `stopped` completes and the
+/// connections have drained.
+async fn serve_grpc(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    tls: Option<GrpcTls>,
+    stopped: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    match tls {
+        None => {
+            // Envoy multiplexes many requests on few connections: answer each small message
+            // at once.
+            let incoming = TcpListenerStream::new(listener).map(|stream| {
+                stream.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            });
+            router
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await?;
+        }
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(tls.incoming(listener), stopped)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits, off the runtime's thread, for a gRPC serving thread to end, and hands back its
+/// result.
+async fn join_thread(
+    thread: std::thread::JoinHandle<io::Result<Result<(), ServerError>>>,
+) -> Result<(), ServerError> {
+    match tokio::task::spawn_blocking(move || thread.join()).await {
+        Ok(Ok(Ok(served))) => served,
+        Ok(Ok(Err(runtime))) => Err(ServerError::Http(runtime)),
+        // A panic in a serving thread is a defect: re-raise it rather than hide it.
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // The blocking pool is shutting down: so is the server.
+        Err(_) => Ok(()),
     }
 }
 

@@ -287,7 +287,7 @@ impl TestServer {
         let http = (!tuning.no_http).then_some(http);
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(server::run(
-            grpc,
+            grpc.into(),
             http,
             limiter,
             server::RunOptions {
