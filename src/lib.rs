@@ -18,6 +18,8 @@
 //!
 //! - [`server`]: binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
 //!   shuts down gracefully.
+//! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
+//!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
@@ -53,6 +55,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod plan;
 pub mod proto;
+pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;

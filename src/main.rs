@@ -53,7 +53,8 @@ fn main() -> ExitCode {
             };
             init_tracing(settings.log_format, report.overrides.log_filter.as_deref());
             report.log();
-            let runtime = match tokio::runtime::Runtime::new() {
+            // Single-threaded; gRPC gets one such runtime per CPU (floodgate::runtime).
+            let runtime = match floodgate::runtime::main_runtime() {
                 Ok(runtime) => runtime,
                 Err(e) => {
                     eprintln!("floodgate: cannot start the runtime: {e}");

@@ -37,6 +37,7 @@ use crate::http::{self, AdminState};
 use crate::metrics::Metrics;
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
+use crate::runtime;
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::ServeSettings;
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
@@ -46,8 +47,8 @@ pub mod health;
 pub mod listener;
 mod remote;
 
-use listener::Aged;
 pub use listener::GrpcListener;
+use listener::{Aged, TcpListeners};
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -303,7 +304,14 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
                 source,
             })?
         }
-        None => GrpcListener::Tcp(bind(settings.grpc_addr).await?),
+        None => GrpcListener::Tcp(
+            TcpListeners::bind(settings.grpc_addr, settings.grpc_thread_count())
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: settings.grpc_addr,
+                    source,
+                })?,
+        ),
     };
     let http = if settings.no_http {
         None
@@ -423,7 +431,7 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let grpc = grpc.into();
     let grpc_addr = match &grpc {
-        GrpcListener::Tcp(listener) => listener
+        GrpcListener::Tcp(listeners) => listeners
             .local_addr()
             .map_err(ServerError::Http)?
             .to_string(),
@@ -457,57 +465,76 @@ pub async fn run(
             serving.clone(),
         ))
     });
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        // An Err means the sender is gone, which only happens once we are stopping anyway.
-        let _ = rx.wait_for(|stop| *stop).await;
-    };
-
     // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    let mut builder =
-        tonic::transport::Server::builder().http2_keepalive_interval(options.keepalive_interval);
-    if let Some(age) = options.max_connection_age {
-        // Graceful only (GOAWAY, calls finish): tonic's own grace would replace the GOAWAY by
-        // a hard close, so the grace is [`Aged`]'s.
-        builder = builder.max_connection_age(age);
-    }
+    let (keepalive_interval, max_connection_age) =
+        (options.keepalive_interval, options.max_connection_age);
+    // One router per serving thread, over the same services and state.
+    let grpc_router = || {
+        let mut builder =
+            tonic::transport::Server::builder().http2_keepalive_interval(keepalive_interval);
+        if let Some(age) = max_connection_age {
+            // Graceful only (GOAWAY, calls finish): tonic's own grace would replace the GOAWAY
+            // by a hard close, so the grace is [`Aged`]'s.
+            builder = builder.max_connection_age(age);
+        }
+        builder
+            .add_service(rls.clone())
+            .add_service(health_service.clone())
+            .add_service(reflection_v1.clone())
+            .add_service(reflection_v1alpha.clone())
+    };
     // A connection is cut at age + grace; without a grace it lives until its calls end.
     let lifetime = options
         .max_connection_age
         .zip(options.max_connection_age_grace)
         .map(|(age, grace)| age + grace);
-    let grpc_router = builder
-        .add_service(rls)
-        .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha);
     let grpc_stopped = stopped(stop_rx.clone());
     let grpc_tls = match &options.tls {
         None => "off",
         Some(tls) if tls.is_mutual() => "mutual",
         Some(_) => "on",
     };
-    let mut grpc_task = match (grpc, options.tls) {
-        (GrpcListener::Tcp(grpc), None) => {
-            // Envoy multiplexes many requests on few connections: answer each small message
-            // at once.
-            let incoming = TcpListenerStream::new(grpc).map(move |stream| {
-                stream.map(|s| {
-                    let _ = s.set_nodelay(true);
-                    Aged::new(s, lifetime)
-                })
-            });
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
+    let mut grpc_threads = 1;
+    let mut grpc_task = match grpc {
+        GrpcListener::Tcp(TcpListeners { primary, extra }) => {
+            grpc_threads += extra.len();
+            let mut threads = Vec::with_capacity(extra.len());
+            for (index, listener) in extra.into_iter().enumerate() {
+                let router = grpc_router();
+                let tls = options.tls.clone();
+                let stop = stop_rx.clone();
+                let thread = runtime::spawn_runtime_thread(
+                    format!("floodgate-grpc-{}", index + 1),
+                    move || async move {
+                        // Registered with this thread's runtime: its connections are served
+                        // here.
+                        let listener =
+                            TcpListener::from_std(listener).map_err(ServerError::Http)?;
+                        serve_tcp(router, listener, tls, lifetime, stopped(stop)).await
+                    },
+                )
+                .map_err(ServerError::Http)?;
+                threads.push(thread);
+            }
+            let primary = serve_tcp(
+                grpc_router(),
+                primary,
+                options.tls.clone(),
+                lifetime,
+                grpc_stopped,
+            );
+            tokio::spawn(async move {
+                let others =
+                    futures_util::future::try_join_all(threads.into_iter().map(join_thread));
+                futures_util::future::try_join(primary, others)
+                    .await
+                    .map(|_| ())
+            })
         }
-        (GrpcListener::Tcp(grpc), Some(tls)) => {
-            let incoming = tls
-                .incoming(grpc)
-                .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
-        }
-        (GrpcListener::Unix(mut socket), _) => {
+        GrpcListener::Unix(mut socket) => {
             // serve() refuses TLS on a socket before binding; a test passing both gets
             // plaintext, as the socket's only use here.
             let Some(listener) = socket.listener.take() else {
@@ -515,12 +542,12 @@ pub async fn run(
             };
             let incoming = UnixListenerStream::new(listener)
                 .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
-            let serve = grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped);
+            let serve = grpc_router().serve_with_incoming_shutdown(incoming, grpc_stopped);
             tokio::spawn(async move {
                 let served = serve.await;
                 // The socket file goes with the server.
                 drop(socket);
-                served
+                served.map_err(ServerError::from)
             })
         }
     };
@@ -543,16 +570,17 @@ pub async fn run(
     let grpc_max_connection_age = options.max_connection_age.map(|age| format!("{age:.0?}"));
     match http_addr {
         Some(http_addr) => tracing::info!(
-            %grpc_addr, grpc_tls, %http_addr, ?grpc_max_connection_age, "listening"
+            %grpc_addr, grpc_threads, grpc_tls, %http_addr, ?grpc_max_connection_age, "listening"
         ),
         None => tracing::info!(
-            %grpc_addr, grpc_tls, http_addr = "off", ?grpc_max_connection_age, "listening"
+            %grpc_addr, grpc_threads, grpc_tls, http_addr = "off", ?grpc_max_connection_age,
+            "listening"
         ),
     }
 
     tokio::select! {
         () = shutdown => {}
-        result = &mut grpc_task => return flatten(result.map(|r| r.map_err(ServerError::from))),
+        result = &mut grpc_task => return flatten(result),
         result = &mut http_task => return flatten(result),
     }
 
@@ -567,7 +595,7 @@ pub async fn run(
 
     let grace = options.grace;
     let drained = tokio::time::timeout(grace, async {
-        let grpc = flatten((&mut grpc_task).await.map(|r| r.map_err(ServerError::from)));
+        let grpc = flatten((&mut grpc_task).await);
         let http = flatten((&mut http_task).await);
         grpc.and(http)
     })
@@ -580,6 +608,62 @@ pub async fn run(
             http_task.abort();
             Ok(())
         }
+    }
+}
+
+/// Completes once `stop` says true (or its sender is gone, which only happens once the
+/// server is stopping anyway).
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+/// Serves gRPC on a TCP `listener`, plaintext or TLS, each connection cut after `lifetime`
+/// (if any), until `stopped` completes and the connections have drained.
+async fn serve_tcp(
+    router: tonic::transport::server::Router,
+    listener: TcpListener,
+    tls: Option<GrpcTls>,
+    lifetime: Option<Duration>,
+    stopped: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    match tls {
+        None => {
+            // Envoy multiplexes many requests on few connections: answer each small message
+            // at once.
+            let incoming = TcpListenerStream::new(listener).map(move |stream| {
+                stream.map(|s| {
+                    let _ = s.set_nodelay(true);
+                    Aged::new(s, lifetime)
+                })
+            });
+            router
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await?;
+        }
+        Some(tls) => {
+            let incoming = tls
+                .incoming(listener)
+                .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
+            router
+                .serve_with_incoming_shutdown(incoming, stopped)
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits, off the runtime's thread, for a gRPC serving thread to end, and hands back its
+/// result.
+async fn join_thread(
+    thread: std::thread::JoinHandle<io::Result<Result<(), ServerError>>>,
+) -> Result<(), ServerError> {
+    match tokio::task::spawn_blocking(move || thread.join()).await {
+        Ok(Ok(Ok(served))) => served,
+        Ok(Ok(Err(runtime))) => Err(ServerError::Http(runtime)),
+        // A panic in a serving thread is a defect: re-raise it rather than hide it.
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // The blocking pool is shutting down: so is the server.
+        Err(_) => Ok(()),
     }
 }
 

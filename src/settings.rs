@@ -72,6 +72,11 @@ pub struct ServeSettings {
     /// A unix socket instead of TCP, connection age and keepalive on the gRPC port.
     #[command(flatten)]
     pub grpc_connections: GrpcConnectionSettings,
+    /// Threads serving gRPC, each a single-threaded runtime with its own listener on the gRPC
+    /// address (SO_REUSEPORT: the kernel spreads connections over them). 0: one per CPU
+    /// available to the process (cgroup CPU quotas included).
+    #[arg(long, env = "FLOODGATE_GRPC_THREADS", default_value_t = 0)]
+    pub grpc_threads: u16,
 
     /// Address for HTTP: /healthcheck, /json, /metrics, /rlconfig.
     #[arg(long, env = "FLOODGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
@@ -240,6 +245,14 @@ pub struct ServeSettings {
 }
 
 impl ServeSettings {
+    /// How many threads serve gRPC: `--grpc-threads`, or one per available CPU when 0.
+    pub fn grpc_thread_count(&self) -> usize {
+        match self.grpc_threads {
+            0 => std::thread::available_parallelism().map_or(1, usize::from),
+            n => usize::from(n),
+        }
+    }
+
     /// The Redis Cluster seeds with their passwords redacted, for logs.
     pub fn redis_cluster_redacted(&self) -> Vec<String> {
         self.redis_cluster
@@ -526,6 +539,7 @@ impl fmt::Debug for ServeSettings {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)
             .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)
+            .field("grpc_threads", &self.grpc_threads)
             .field("memory_max_buckets", &self.memory_max_buckets)
             .field("max_descriptors", &self.max_descriptors)
             .field("max_entries", &self.max_entries)
@@ -559,6 +573,8 @@ mod tests {
         assert!(s.watch_config);
         assert_eq!(s.max_in_flight, 10_000);
         assert_eq!(s.grpc_max_message_bytes, 65_536);
+        assert_eq!(s.grpc_threads, 0);
+        assert!(s.grpc_thread_count() >= 1);
         assert_eq!(s.memory_max_buckets, 1_000_000);
         assert!(!s.no_http && s.json_endpoint);
         assert_eq!(s.request_limits(), RequestLimits::default());

@@ -14,24 +14,84 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::net::SocketAddr;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, UnixListener};
+
+use tokio::net::{TcpListener, TcpSocket, UnixListener};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 
 /// The gRPC listener.
 #[derive(Debug)]
 pub enum GrpcListener {
-    /// A TCP address (`--grpc-addr`).
-    Tcp(TcpListener),
+    /// A TCP address (`--grpc-addr`), one listener per serving thread.
+    Tcp(TcpListeners),
     /// A unix domain socket (`--grpc-uds`); the file is removed when the listener is dropped.
     Unix(UnixSocket),
 }
 
 impl From<TcpListener> for GrpcListener {
     fn from(listener: TcpListener) -> GrpcListener {
-        GrpcListener::Tcp(listener)
+        GrpcListener::Tcp(listener.into())
     }
+}
+
+/// Connections queued by the kernel before they are accepted, per listener (tokio's default).
+const BACKLOG: u32 = 1024;
+
+/// The gRPC TCP listeners: one per serving thread ([`crate::runtime`]), all on one address.
+#[derive(Debug)]
+pub struct TcpListeners {
+    /// Served on the caller's runtime.
+    pub primary: TcpListener,
+    /// Each served by a thread of its own (registered with no runtime until then).
+    pub extra: Vec<std::net::TcpListener>,
+}
+
+impl TcpListeners {
+    /// Binds `count` (at least one) listeners to `addr` with `SO_REUSEPORT`. Port 0 picks a
+    /// free port once; the others share it.
+    pub async fn bind(addr: SocketAddr, count: usize) -> io::Result<TcpListeners> {
+        let primary = reuseport_listener(addr)?;
+        let addr = primary.local_addr()?;
+        let extra = (1..count.max(1))
+            .map(|_| reuseport_listener(addr)?.into_std())
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok(TcpListeners { primary, extra })
+    }
+
+    /// The address every listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.primary.local_addr()
+    }
+
+    /// How many threads serve gRPC.
+    pub fn threads(&self) -> usize {
+        1 + self.extra.len()
+    }
+}
+
+/// One listener, served on the caller's runtime (what tests bind on `127.0.0.1:0`).
+impl From<TcpListener> for TcpListeners {
+    fn from(primary: TcpListener) -> TcpListeners {
+        TcpListeners {
+            primary,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// A listening socket on `addr` that others may share (`SO_REUSEPORT`, same user only).
+fn reuseport_listener(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_reuseport(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
 }
 
 /// A bound unix socket and its path.
@@ -165,6 +225,21 @@ impl<T: Connected> Connected for Aged<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every listener shares the one address, port 0 included.
+    #[tokio::test]
+    async fn listeners_share_one_port() {
+        let listeners = TcpListeners::bind("127.0.0.1:0".parse().unwrap(), 3)
+            .await
+            .unwrap();
+        let addr = listeners.local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
+        assert_eq!(listeners.threads(), 3);
+        for extra in &listeners.extra {
+            assert_eq!(extra.local_addr().unwrap(), addr);
+        }
+    }
+
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A connection works until its lifetime is over, then fails; without one it never does.
