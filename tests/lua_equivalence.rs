@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use floodgate::bucket::{Applied, BucketKey, BucketOp, KeyValue, settle};
 use floodgate::clock::{Clock, ManualClock, SystemClock};
-use floodgate::limiter::{self, Algorithm, LimitParams, State};
+use floodgate::limiter::{self, Algorithm, LimitParams, State, Tat};
 use floodgate::store::redis::script;
 use floodgate::store::{MemoryStore, Store};
 use proptest::prelude::*;
@@ -96,8 +96,9 @@ async fn redis_state(conn: &mut MultiplexedConnection, key: &[u8]) -> Option<Sta
     match kind.as_str() {
         "none" => None,
         "string" => {
-            let tat: i64 = conn.get(key).await.unwrap();
-            Some(State::TokenBucket { tat_us: tat })
+            let text: String = conn.get(key).await.unwrap();
+            let tat = Tat::parse(&text).unwrap_or_else(|| panic!("unreadable tat {text:?}"));
+            Some(State::TokenBucket { tat })
         }
         "hash" => {
             let h: HashMap<String, i64> = conn.hgetall(key).await.unwrap();
@@ -173,28 +174,41 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     ])
 }
 
+/// Rates from 0 to u32::MAX: small ones, round ones, and beyond one per µs of a 1 s period
+/// (where the token bucket's ticks get finer than a µs).
 fn rate() -> impl Strategy<Value = u64> {
     prop_oneof![
         5 => 0u64..=12,
         3 => prop::sample::select(vec![3u64, 7, 10, 60, 100, 1000]),
         1 => 0u64..=1_000_000,
+        1 => prop::sample::select(vec![999_999u64, 1_000_001, 4_000_000, 1_000_000_000]),
+        1 => 1_000_000u64..=u64::from(u32::MAX),
         1 => Just(u64::from(u32::MAX)),
     ]
 }
 
-/// Burst: the rate itself (the default), a small number, or twice the rate.
-fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
-    prop_oneof![Just(rate), 0u64..=20, Just(rate.saturating_mul(2))]
+/// Periods of every unit, with multipliers up to the longest (year × 2), mostly short ones.
+fn period_s() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => prop::sample::select(vec![1u64, 60, 3600]),
+        1 => prop::sample::select(vec![7, 86_400, 604_800, 2_592_000, 31_536_000, 63_072_000]),
+    ]
 }
 
-/// Mostly valid limits of 1 s, 1 min and 1 h; a few that config validation would refuse,
-/// which both sides must clamp the same way. About a third are `overdraft`.
+/// Burst: the rate itself (the default), a small number, twice the rate, or the largest.
+fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => Just(rate),
+        4 => 0u64..=20,
+        2 => Just(rate.saturating_mul(2)),
+        1 => Just(u64::from(u32::MAX)),
+    ]
+}
+
+/// Mostly valid limits, mostly of 1 s, 1 min and 1 h; a few that config validation would
+/// refuse, which both sides must clamp the same way. About a third are `overdraft`.
 fn limit_params() -> impl Strategy<Value = LimitParams> {
-    let valid = (
-        algorithm(),
-        rate(),
-        prop::sample::select(vec![1u64, 60, 3600]),
-    )
+    let valid = (algorithm(), rate(), period_s())
         .prop_flat_map(|(a, r, p)| burst_for(r).prop_map(move |b| params(a, r, p, b)));
     let refused = (
         algorithm(),
@@ -509,7 +523,7 @@ async fn denied_batch_changes_no_key() {
     let applied = lua(&mut conn, &batch, Some(NOW + 1000)).await;
     let states = [
         Some(State::TokenBucket {
-            tat_us: NOW + 24_000_000,
+            tat: Tat::from_us(NOW + 24_000_000),
         }),
         Some(State::FixedWindow {
             window: NOW / 60_000_000,
@@ -568,7 +582,7 @@ async fn overdraft_debits_apply_past_the_limit() {
     assert!(charge.committed && charge.buckets.iter().all(|b| !b.admitted));
     let states = [
         Some(State::TokenBucket {
-            tat_us: NOW + 150_000_000,
+            tat: Tat::from_us(NOW + 150_000_000),
         }),
         Some(State::FixedWindow {
             window: NOW / 60_000_000,
@@ -674,17 +688,26 @@ async fn garbage_state_is_absent_or_clamped() {
         (tb, Hash(&[("w", "1")]), None),
         (tb, Text("abc"), None),
         (tb, Text("1.5e15"), None),
+        (tb, Text("5."), None),
+        (tb, Text(".5"), None),
+        (tb, Text("5.0000000000"), None),
+        (tb, Text("5.-1"), None),
+        (tb, Text("5.1.2"), None),
         (tb, Text(""), None),
         (tb, List, None),
         (
             tb,
             Text("99999999999999999999999"),
-            Some(State::TokenBucket { tat_us: i64::MAX }),
+            Some(State::TokenBucket {
+                tat: Tat::from_us(i64::MAX),
+            }),
         ),
         (
             tb,
             Text("-99999999999999999999999"),
-            Some(State::TokenBucket { tat_us: i64::MIN }),
+            Some(State::TokenBucket {
+                tat: Tat::from_us(i64::MIN),
+            }),
         ),
         (fw, Text("12"), None),
         (fw, List, None),

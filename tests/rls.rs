@@ -783,6 +783,108 @@ async fn token_quota_pattern(backend: Backend) {
     server.stop().await;
 }
 
+/// Limits at the extremes of every algorithm: the fastest (`requests_per_unit` u32::MAX per
+/// second), the "practically unlimited" 10^9 per second, and the slowest (1 per year, 1 per
+/// `year × 2`), with bursts and `unit_multiplier`.
+const EXTREMES: &str = r#"
+domain: extremes
+descriptors:
+  - key: fastest_tb
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: fastest_fw
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: fixed_window}
+  - key: fastest_sw
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: sliding_window}
+  - key: billion
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: fast_small_burst
+    rate_limit: {unit: second, unit_multiplier: 7, requests_per_unit: 4294967295, burst: 5}
+  - key: yearly_tb
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: yearly_fw
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: fixed_window}
+  - key: yearly_sw
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: sliding_window}
+  - key: two_years_tb
+    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 1, burst: 2}
+  - key: two_years_fw
+    rate_limit:
+      {unit: year, unit_multiplier: 2, requests_per_unit: 4294967295, algorithm: fixed_window}
+  - key: two_years_sw
+    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 3, algorithm: sliding_window}
+"#;
+
+/// The answer to `hits` on the single descriptor `key=x` of the `extremes` domain: overall
+/// code and `limit_remaining`.
+async fn extreme(server: &TestServer, key: &str, hits: u64) -> (i32, u32) {
+    let request = request("extremes", vec![with_hits(descriptor(&[(key, "x")]), hits)]);
+    let response = server.ask(request).await;
+    (response.overall_code, remaining(&response))
+}
+
+/// Every `requests_per_unit` up to u32::MAX with every unit loads and counts exactly under
+/// every algorithm: u32::MAX hits per second pass at once and one more is over; the token
+/// bucket refills 4 294 tokens per µs at that rate and exactly 1 000 per µs at 10^9 per
+/// second; 1 per year (and per two years) admits its burst and then waits a whole period per
+/// token.
+async fn extreme_limits_every_algorithm(backend: Backend) {
+    let server = TestServer::start_on(backend, EXTREMES, options()).await;
+    let max = u64::from(u32::MAX);
+    // Fastest: the whole limit at once, in every algorithm, then nothing.
+    for key in ["fastest_tb", "fastest_fw", "fastest_sw"] {
+        assert_eq!(extreme(&server, key, max).await, (OK, 0), "{key}");
+        assert_eq!(extreme(&server, key, 1).await, (OVER, 0), "{key}");
+    }
+    // One µs later the token bucket has 10^9 / 232 831 (fs per token) = 4 294 tokens; the
+    // windows still deny (the fixed window until its second ends).
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "fastest_tb", 4_295).await, (OVER, 4_294));
+    assert_eq!(extreme(&server, "fastest_tb", 4_294).await, (OK, 0));
+    assert_eq!(extreme(&server, "fastest_fw", 1).await.0, OVER);
+    assert_eq!(extreme(&server, "fastest_sw", 1).await.0, OVER);
+    server.advance_ms(1_000);
+    assert_eq!(extreme(&server, "fastest_fw", max).await, (OK, 0));
+
+    // 10^9 per second: a token per ns, exactly.
+    assert_eq!(extreme(&server, "billion", 1_000_000_000).await, (OK, 0));
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "billion", 0).await, (OK, 1_000));
+    assert_eq!(extreme(&server, "billion", 1_001).await.0, OVER);
+    assert_eq!(extreme(&server, "billion", 1_000).await, (OK, 0));
+
+    // u32::MAX per 7 s with a burst of 5: 5 at once, then a µs refills the whole burst.
+    assert_eq!(extreme(&server, "fast_small_burst", 5).await, (OK, 0));
+    assert_eq!(extreme(&server, "fast_small_burst", 1).await.0, OVER);
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "fast_small_burst", 0).await, (OK, 5));
+
+    // Slowest: one a year, in every algorithm; the token bucket is full again in a year.
+    for key in ["yearly_tb", "yearly_fw", "yearly_sw"] {
+        assert_eq!(extreme(&server, key, 1).await, (OK, 0), "{key}");
+        assert_eq!(extreme(&server, key, 1).await.0, OVER, "{key}");
+    }
+    let yearly = server.ask(simple("extremes", "yearly_tb", "x")).await;
+    assert_eq!(reset_seconds(only(&yearly)), 31_536_000);
+
+    // Two years: a burst of 2, a fixed window of u32::MAX, a sliding window of 3.
+    assert_eq!(extreme(&server, "two_years_tb", 2).await, (OK, 0));
+    let third = server.ask(simple("extremes", "two_years_tb", "x")).await;
+    assert_eq!(third.overall_code, OVER);
+    // Full again when both tokens are back: two tokens of two years each.
+    assert_eq!(reset_seconds(only(&third)), 2 * 63_072_000);
+    assert_eq!(extreme(&server, "two_years_fw", max).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_fw", 1).await.0, OVER);
+    assert_eq!(extreme(&server, "two_years_sw", 3).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_sw", 1).await.0, OVER);
+    // Two years later one token is back, and only one.
+    server.clock.advance(63_072_000 * 1_000_000 - 1);
+    assert_eq!(extreme(&server, "two_years_tb", 1).await.0, OVER);
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "two_years_tb", 1).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_tb", 1).await.0, OVER);
+    server.stop().await;
+}
+
 /// Instantiates every scenario above once per store.
 macro_rules! behaviour_suite {
     ($($scenario:ident),* $(,)?) => {
@@ -852,4 +954,5 @@ behaviour_suite!(
     quota_mode_all_over_denies_and_debits_nothing,
     quota_mode_non_quota_limit_still_denies,
     token_quota_pattern,
+    extreme_limits_every_algorithm,
 );
