@@ -649,6 +649,59 @@ async fn redis_time_matches_memory_store() {
     }
 }
 
+/// Token buckets faster than one token per µs store their `tat` as a decimal with the
+/// limit's fraction digits, exactly as the specification computes it; a limit whose time per
+/// token is a whole number of µs stores the same integer as ever; and a `tat` written with
+/// other digits (the limit changed) reads as the specification reads it.
+#[tokio::test]
+async fn fine_ticks_are_stored_as_decimals() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let max = u64::from(u32::MAX);
+    let limits = [
+        (params(Algorithm::TokenBucket, max, 1, max), "1.000000000"),
+        (params(Algorithm::TokenBucket, 1_000_000_000, 1, 10), "1.000"),
+        (params(Algorithm::TokenBucket, 4_000_000, 1, 4_000_000), "1.00"),
+        (params(Algorithm::TokenBucket, max, 7, 5), "1.00000000"),
+        (params(Algorithm::TokenBucket, 3, 1, 3), "1.0"),
+        (params(Algorithm::TokenBucket, 10, 1, 10), "1"),
+        (params(Algorithm::TokenBucket, 1, 63_072_000, 2), "1"),
+    ];
+    for (i, (limit, form)) in limits.iter().enumerate() {
+        let digits = form.split_once('.').map_or(0, |(_, f)| f.len());
+        for (step, cost) in [3i64, 1, -1, 0, 7].into_iter().enumerate() {
+            let ops = vec![op(&format!("fine{i}"), *limit, cost, true)];
+            let key = &redis_keys(&ops)[0];
+            let before = redis_state(&mut conn, key).await;
+            let now = NOW + i64::try_from(step).unwrap();
+            let got = lua(&mut conn, &ops, Some(now)).await;
+            assert_eq!(got, spec(&ops, &[before], now), "limit {i} step {step}");
+            if let Some(State::TokenBucket { tat }) = redis_state(&mut conn, key).await {
+                assert_eq!(usize::from(tat.digits), digits, "limit {i}");
+                let text: String = conn.get(key).await.unwrap();
+                assert_eq!(Tat::parse(&text), Some(tat));
+            }
+        }
+    }
+    // Another limit's digits (more and fewer), and a plain integer from an older version.
+    let stored = [
+        format!("{}.123456789", NOW + 2),
+        format!("{}.5", NOW + 1),
+        format!("{}", NOW + 3),
+    ];
+    for (i, text) in stored.iter().enumerate() {
+        for (limit, _) in &limits {
+            let ops = vec![op(&format!("other{i}"), *limit, 1, true)];
+            let key = &redis_keys(&ops)[0];
+            let () = conn.set(key, text).await.unwrap();
+            let state = Some(State::TokenBucket {
+                tat: Tat::parse(text).unwrap(),
+            });
+            assert_eq!(lua(&mut conn, &ops, Some(NOW)).await, spec(&ops, &[state], NOW));
+        }
+    }
+}
+
 /// What a corrupted key holds before the script runs.
 enum Corrupt {
     Text(&'static str),
@@ -853,3 +906,4 @@ async fn script_reloads_after_restart() {
         spec(&ops, &[None, None, None], NOW)
     );
 }
+
