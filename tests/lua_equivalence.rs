@@ -660,8 +660,14 @@ async fn fine_ticks_are_stored_as_decimals() {
     let max = u64::from(u32::MAX);
     let limits = [
         (params(Algorithm::TokenBucket, max, 1, max), "1.000000000"),
-        (params(Algorithm::TokenBucket, 1_000_000_000, 1, 10), "1.000"),
-        (params(Algorithm::TokenBucket, 4_000_000, 1, 4_000_000), "1.00"),
+        (
+            params(Algorithm::TokenBucket, 1_000_000_000, 1, 10),
+            "1.000",
+        ),
+        (
+            params(Algorithm::TokenBucket, 4_000_000, 1, 4_000_000),
+            "1.00",
+        ),
         (params(Algorithm::TokenBucket, max, 7, 5), "1.00000000"),
         (params(Algorithm::TokenBucket, 3, 1, 3), "1.0"),
         (params(Algorithm::TokenBucket, 10, 1, 10), "1"),
@@ -697,7 +703,10 @@ async fn fine_ticks_are_stored_as_decimals() {
             let state = Some(State::TokenBucket {
                 tat: Tat::parse(text).unwrap(),
             });
-            assert_eq!(lua(&mut conn, &ops, Some(NOW)).await, spec(&ops, &[state], NOW));
+            assert_eq!(
+                lua(&mut conn, &ops, Some(NOW)).await,
+                spec(&ops, &[state], NOW)
+            );
         }
     }
 }
@@ -906,4 +915,3 @@ async fn script_reloads_after_restart() {
         spec(&ops, &[None, None, None], NOW)
     );
 }
-

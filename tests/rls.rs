@@ -10,8 +10,8 @@ mod support;
 use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
 use floodgate::proto::rls::rate_limit_response::{Code, DescriptorStatus, rate_limit::Unit};
 use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
-use support::*;
 use std::time::{Duration, Instant};
+use support::*;
 use tonic::Code as GrpcCode;
 
 const LIMITS: &str = r#"
@@ -818,7 +818,10 @@ descriptors:
 /// The answer to `hits` on the single descriptor `key=value` of the `extremes` domain:
 /// overall code and `limit_remaining`.
 async fn extreme_on(server: &TestServer, key: &str, value: &str, hits: u64) -> (i32, u32) {
-    let request = request("extremes", vec![with_hits(descriptor(&[(key, value)]), hits)]);
+    let request = request(
+        "extremes",
+        vec![with_hits(descriptor(&[(key, value)]), hits)],
+    );
     let response = server.ask(request).await;
     (response.overall_code, remaining(&response))
 }
@@ -878,7 +881,10 @@ async fn extreme_limits_every_algorithm(backend: Backend) {
     // full again (their keys expire) one real second after they were emptied: a run slower
     // than that (a stalled machine) is run again with fresh buckets.
     for attempt in 0.. {
-        assert!(attempt < 5, "every run of the fastest limits took over 500 ms");
+        assert!(
+            attempt < 5,
+            "every run of the fastest limits took over 500 ms"
+        );
         let (answers, took) = fastest_answers(&server, &format!("x{attempt}")).await;
         if took < Duration::from_millis(500) {
             assert_eq!(answers, expected);

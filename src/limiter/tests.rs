@@ -329,11 +329,24 @@ fn tat_stored_form() {
         assert_eq!(tat.to_string(), text);
     }
     for junk in [
-        "", "-", ".5", "5.", "5.0000000000", "1e5", "+5", "5.-1", "5.1.2", " 5", "x",
+        "",
+        "-",
+        ".5",
+        "5.",
+        "5.0000000000",
+        "1e5",
+        "+5",
+        "5.-1",
+        "5.1.2",
+        " 5",
+        "x",
     ] {
         assert_eq!(Tat::parse(junk), None, "{junk:?}");
     }
     let far = Tat::parse("99999999999999999999.5").map(|t| t.us);
     assert_eq!(far, Some(i64::MAX));
-    assert_eq!(Tat::parse("-99999999999999999999").map(|t| t.us), Some(i64::MIN));
+    assert_eq!(
+        Tat::parse("-99999999999999999999").map(|t| t.us),
+        Some(i64::MIN)
+    );
 }

@@ -142,7 +142,10 @@ impl Gcra {
 
     /// Ticks as whole µs, rounded up (times until something, so never early).
     fn micros(&self, ticks: i64) -> u64 {
-        ticks.max(0).unsigned_abs().div_ceil(self.scale.unsigned_abs())
+        ticks
+            .max(0)
+            .unsigned_abs()
+            .div_ceil(self.scale.unsigned_abs())
     }
 
     /// The bucket as seen from outside with this debt (ticks, ≥ 0).
@@ -301,15 +304,24 @@ mod tests {
         assert_eq!(e.next, Some((State::TokenBucket { tat }, 333_334)));
         assert_eq!(e.committed.remaining, 2); // floor((10 000 002 − 3 333 334) / 3 333 334)
         // Exact in whole µs: unchanged, one integer per bucket as ever.
-        assert_eq!((gcra(10, 1, 10).digits, gcra(10, 1, 10).interval), (0, 100_000));
+        assert_eq!(
+            (gcra(10, 1, 10).digits, gcra(10, 1, 10).interval),
+            (0, 100_000)
+        );
         assert_eq!(gcra(1, 31_536_000, 1).interval, 31_536_000_000_000);
         // Beyond one token per µs: 4 000 000 per second is 25 ticks of 10 ns, 10^9 per
         // second 1 tick of 1 ns, both exact; u32::MAX per second 232 831 ticks of 1 fs.
-        assert_eq!((gcra(4_000_000, 1, 1).digits, gcra(4_000_000, 1, 1).interval), (2, 25));
+        assert_eq!(
+            (gcra(4_000_000, 1, 1).digits, gcra(4_000_000, 1, 1).interval),
+            (2, 25)
+        );
         let g = gcra(1_000_000_000, 1, 1_000_000_000);
         assert_eq!((g.digits, g.interval), (3, 1));
         let g = gcra(u32::MAX.into(), 1, u32::MAX.into());
-        assert_eq!((g.digits, g.interval, g.burst), (9, 232_831, u32::MAX.into()));
+        assert_eq!(
+            (g.digits, g.interval, g.burst),
+            (9, 232_831, u32::MAX.into())
+        );
     }
 
     /// Rate and period are exact, or T is rounded up by less than 4 × 10^-5 of itself, for
@@ -328,7 +340,9 @@ mod tests {
             u64::from(u32::MAX) - 1,
             u64::from(u32::MAX),
         ];
-        let periods = [1, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000, 63_072_000];
+        let periods = [
+            1, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000, 63_072_000,
+        ];
         for rate in rates {
             for period_s in periods {
                 for burst in [1, rate, u64::from(u32::MAX)] {
@@ -414,13 +428,7 @@ mod tests {
                 reset_us: 550_000
             }
         );
-        assert_eq!(
-            e.next,
-            Some((
-                tb(NOW + 550_000),
-                550_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 550_000), 550_000)));
         let fresh = evaluate(&p, None, NOW, 0);
         assert_eq!(
             fresh.current,
@@ -477,13 +485,7 @@ mod tests {
         let p = params(10, 1, 10);
         let e = evaluate(&p, at(NOW + 500_000), NOW, -2);
         assert!(e.admitted);
-        assert_eq!(
-            e.next,
-            Some((
-                tb(NOW + 300_000),
-                300_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 300_000), 300_000)));
         assert_eq!(e.committed.remaining, 7);
         let e = evaluate(&p, at(NOW + 500_000), NOW, -9);
         assert_eq!(e.next, Some((tb(NOW), 0)));
@@ -545,13 +547,7 @@ mod tests {
         let p = overdraft(10, 1, 10); // T = 100 ms, tau = 1 s
         let e = evaluate(&p, at(NOW + 600_000), NOW, 7);
         assert!(!e.admitted);
-        assert_eq!(
-            e.next,
-            Some((
-                tb(NOW + 1_300_000),
-                1_300_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 1_300_000), 1_300_000)));
         assert_eq!(e.retry_after_us, Some(300_000));
         assert_eq!(
             e.committed,

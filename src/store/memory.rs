@@ -68,12 +68,9 @@ const EXPIRY_LIMIT: i64 = 1 << 61;
 impl Entry {
     fn new(state: State, expires_at_us: i64) -> Entry {
         let (kind, time, count, previous) = match state {
-            State::TokenBucket { tat } => (
-                0u64,
-                tat.us,
-                u64::from(tat.frac),
-                u64::from(tat.digits),
-            ),
+            State::TokenBucket { tat } => {
+                (0u64, tat.us, u64::from(tat.frac), u64::from(tat.digits))
+            }
             State::FixedWindow { window, count } => (1, window, count, 0),
             State::SlidingWindow {
                 window,
