@@ -12,7 +12,7 @@
 //! [`MAX_TAT_DIGITS`]) chosen per limit by [`Gcra::new`]: the fewest digits at which
 //! `T = ceil(period × 10^f / rate)` is exact or at least [`PRECISE_INTERVAL`] ticks (so
 //! rounding `T` up costs less than 10^-6 of the rate), as long as `period × 10^f ≤ 2^52` and
-//! `burst × T ≤ 2^50`. A limit of at most one token per µs whose `T` is a whole number of µs
+//! `burst × T ≤ 2^50`. A limit whose `T` is a whole number of µs, or at least a second,
 //! keeps `f = 0`: whole µs, as a bucket has always been stored. `tat` is stored as a decimal
 //! number of µs with `f` fraction digits ([`Tat`]); a stored `tat` with other digits (the
 //! limit changed) is converted to this limit's ticks, rounding a debt up.
