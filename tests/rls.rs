@@ -892,6 +892,33 @@ async fn extreme_limits_every_algorithm(backend: Backend) {
         }
     }
 
+    // Emptied at once, the fastest buckets report one second until full (the configured
+    // rate's, not the rounded ticks'); a descriptor `limit` override of u32::MAX per minute
+    // one minute.
+    for key in ["fastest_tb", "billion"] {
+        let hits = if key == "billion" {
+            1_000_000_000
+        } else {
+            u64::from(u32::MAX)
+        };
+        let request = request("extremes", vec![with_hits(descriptor(&[(key, "r")]), hits)]);
+        let emptied = server.ask(request).await;
+        assert_eq!(
+            (emptied.overall_code, remaining(&emptied)),
+            (OK, 0),
+            "{key}"
+        );
+        assert_eq!(reset_seconds(only(&emptied)), 1, "{key}");
+    }
+    let overridden = with_override(
+        with_hits(descriptor(&[("yearly_tb", "o")]), u64::from(u32::MAX)),
+        u32::MAX,
+        RateLimitUnit::Minute as i32,
+    );
+    let response = server.ask(request("extremes", vec![overridden])).await;
+    assert_eq!((response.overall_code, remaining(&response)), (OK, 0));
+    assert_eq!(reset_seconds(only(&response)), 60);
+
     // u32::MAX per 7 s with a burst of 5: 5 at once, never 6, and a µs refills the burst.
     assert_eq!(extreme(&server, "fast_small_burst", 5).await, (OK, 0));
     assert_eq!(extreme(&server, "fast_small_burst", 6).await.0, OVER);

@@ -27,7 +27,9 @@ mod sliding_window;
 mod token_bucket;
 mod window;
 
-pub use token_bucket::{MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL};
+pub use token_bucket::{
+    MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL, reset_at_configured_rate,
+};
 
 /// Which algorithm a limit uses (`algorithm:` in the limits file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -162,6 +162,27 @@ impl Gcra {
     }
 }
 
+/// `reset_us` (a token bucket's time until full, as [`View::reset_us`] reports it) at the
+/// configured rate rather than at `T` rounded up to a whole tick: scaled by
+/// `period × 10^f / (rate × T)` (at most 1) and rounded down, so a full bucket of the
+/// default burst reports exactly one period ("3 per second" says 1 s, not 2 s after the
+/// rounding of `T` and of the µs), but never to 0 while the bucket is not full. Unchanged
+/// when `T` is exact or the rate is 0.
+pub fn reset_at_configured_rate(params: &LimitParams, reset_us: u64) -> u64 {
+    let Some(gcra) = Gcra::new(params) else {
+        return reset_us;
+    };
+    let period = u128::from(super::period_us(params).unsigned_abs());
+    let scaled_period = period * u128::from(gcra.scale.unsigned_abs());
+    let actual = u128::from(super::limit(params)) * u128::from(gcra.interval.unsigned_abs());
+    if actual == scaled_period || actual == 0 {
+        return reset_us;
+    }
+    // reset_us < 2^51 and scaled_period ≤ 2^52: the product fits u128.
+    let scaled = u64::try_from(u128::from(reset_us) * scaled_period / actual).unwrap_or(reset_us);
+    scaled.max(reset_us.min(1))
+}
+
 /// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against stored theoretical arrival time `tat`.
 pub(super) fn evaluate(params: &LimitParams, tat: Option<Tat>, now: i64, cost: Cost) -> Evaluation {
     let Some(gcra) = Gcra::new(params) else {
@@ -407,6 +428,32 @@ mod tests {
             digits: 1,
         };
         assert_eq!(e.next, Some((State::TokenBucket { tat: full }, 0)));
+    }
+
+    /// The reported reset uses the configured rate: a full bucket of the default burst is
+    /// exactly one period, at every rate; an exact `T` is unchanged.
+    #[test]
+    fn reset_at_configured_rate_is_one_period_when_full() {
+        let max = u64::from(u32::MAX);
+        for (rate, period_s) in [
+            (3, 1),
+            (7, 60),
+            (999_999, 1),
+            (max, 1),
+            (max - 1, 7),
+            (10, 1),
+        ] {
+            let p = params(rate, period_s, rate);
+            let full = evaluate(&p, None, NOW, rate.cast_signed());
+            assert!(full.admitted);
+            let reported = reset_at_configured_rate(&p, full.committed.reset_us);
+            assert_eq!(reported, period_s * 1_000_000, "{rate} per {period_s} s");
+        }
+        assert_eq!(reset_at_configured_rate(&params(4, 1, 4), 750_000), 750_000);
+        assert_eq!(reset_at_configured_rate(&params(0, 1, 4), 5), 5);
+        // Not full is never reported as full.
+        assert_eq!(reset_at_configured_rate(&params(3, 1, 3), 1), 1);
+        assert_eq!(reset_at_configured_rate(&params(3, 1, 3), 0), 0);
     }
 
     /// Views report whole tokens left and the debt as time until full; TTL equals that debt.
