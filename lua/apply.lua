@@ -37,7 +37,10 @@ Reply    a flat array of integers, 1 + 4 * #KEYS long:
          A malformed call (argument count, blob length, a value that is not a whole number,
          unknown flags or algorithm) is an error reply starting "ERR floodgate".
 
-Storage  token bucket: a string, the theoretical arrival time in µs (SET key tat PX ttl).
+Storage  token bucket: a string, the theoretical arrival time as a decimal number of µs
+         since the epoch: "<us>" or "<us>.<f digits>", where f (0 to 9) is the precision of
+         the limit's ticks (limiter::Tat; f = 0, a plain integer, whenever the time per token
+         is a whole number of µs). SET key tat PX ttl.
          fixed window: a hash {w = window index, c = count}.
          sliding window: a hash {w = window index, c = current count, p = previous count}.
          Every write sets a TTL of ceil(ttl_us / 1000) ms — rounded up, so a key never expires
@@ -48,8 +51,10 @@ Storage  token bucket: a string, the theoretical arrival time in µs (SET key ta
 
 Numbers  Lua 5.1 computes in doubles, so every value stays below 2^53 (the Rust bounds:
          now clamped to [0, 2^52], period to [1 ms, 2^36 ms], counts to 2^32 - 1, token bucket
-         debt to 2^50) and only +, -, * and floor division of non-negative integers are used
-         (`fdiv`, which corrects the quotient). Values are written with string.format('%d'),
+         debt to 2^50 ticks, period * 10^f to 2^52) and only +, -, * and floor division of
+         non-negative integers are used (`fdiv`, which corrects the quotient). A token bucket's
+         absolute times are only ever formed in whole µs; its fraction is split off the stored
+         string, so a tat of 25 significant digits is never one double. Values are written with string.format('%d'),
          which is cheaper than letting Redis format a number argument ("%.17g").
 
 Cost     Every EVALSHA runs this whole chunk, so each `local function` below is a closure
@@ -63,14 +68,18 @@ write wins — exactly what the memory store does.
 
 local MAX_NOW = 4503599627370496 -- 2^52 µs, limiter::MAX_NOW_US
 local MAX_PERIOD = 68719476736000 -- 2^36 ms in µs, limiter::MAX_PERIOD_US
-local MAX_TOLERANCE = 1125899906842624 -- 2^50 µs, limiter::MAX_TOLERANCE_US
+local MAX_DEBT = 1125899906842624 -- 2^50 ticks, limiter::MAX_DEBT_TICKS
+local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
+local PRECISE_INTERVAL = 1000000 -- limiter::PRECISE_INTERVAL
+local MAX_SCALED_PERIOD = 4503599627370496 -- 2^52, token_bucket::MAX_SCALED_PERIOD
+local POW10 = { [0] = 1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000 }
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
 local ONE = 65536 -- fixed-point one of the sliding window's weight
 local OP_FORMAT, OP_BYTES = '<ddddd', 40 -- one operation's numbers in ARGV[2]
 
 -- Locals, not globals: every use of a global is a table lookup.
 local floor, min, max = math.floor, math.min, math.max
-local tonumber, find, type, format = tonumber, string.find, type, string.format
+local tonumber, find, match, type, format = tonumber, string.find, string.match, type, string.format
 local rcall, rpcall, unpack = redis.call, redis.pcall, struct.unpack
 
 -- Scripts that call TIME and then write must be replicated by effects (the default since
@@ -103,27 +112,30 @@ end
 -- An evaluation (limiter::Evaluation) is one flat table: admitted; retry (µs until the cost
 -- could pass, nil = never); the current view cr, cs and the committed view kr, ks
 -- (remaining, reset_us); and, when there is a state to write, its ttl (µs; 0 deletes) with
--- tat (token bucket) or w, c[, p] (windows).
+-- debt, digits, scale (token bucket: the new tat is `debt` ticks after now) or w, c[, p]
+-- (windows).
 
 ------------------------------------------------------------------------------------------
--- Token bucket (GCRA), limiter/token_bucket.rs. `tat` is the stored time or nil.
+-- Token bucket (GCRA), limiter/token_bucket.rs. The math runs in ticks of 10^-digits µs;
+-- `tat_us`, `tat_frac`, `tat_digits` are the stored time (nil when absent or unreadable).
 ------------------------------------------------------------------------------------------
--- The view of a bucket `d` µs in debt: whole tokens left, µs until full.
-local function tb_view(d, tolerance, interval)
+-- The view of a bucket `d` ticks in debt: whole tokens left, µs until full (rounded up).
+local function tb_view(d, tolerance, interval, scale)
+  local until_full = fdiv(d + scale - 1, scale)
   if d <= tolerance then
-    return fdiv(tolerance - d, interval), d
+    return fdiv(tolerance - d, interval), until_full
   end
-  return 0, d
+  return 0, until_full
 end
 
-local function token_bucket(rate, period, burst, overdraft, tat, now, cost)
+local function token_bucket(rate, period, burst, overdraft, tat_us, tat_frac, tat_digits, now, cost)
   -- limiter::period_us and limiter::limit, inline: a helper is a closure per call.
   if period < 1000 then
     period = 1000
   elseif period > MAX_PERIOD then
     period = MAX_PERIOD
   end
-  rate = min(rate, MAX_COUNT, period)
+  rate = min(rate, MAX_COUNT)
   if rate == 0 then
     -- Nothing passes; there is nothing to refill or refund.
     if cost > 0 then
@@ -131,50 +143,105 @@ local function token_bucket(rate, period, burst, overdraft, tat, now, cost)
     end
     return { admitted = true, retry = 0, cr = 0, cs = 0, kr = 0, ks = 0 }
   end
+  -- Gcra::new: finer ticks while T is neither exact nor precise and every bound holds.
+  burst = min(burst, MAX_COUNT)
+  local digits, scale = 0, 1
   local interval = fdiv(period + rate - 1, rate)
-  burst = min(burst, MAX_COUNT, fdiv(MAX_TOLERANCE, interval))
-  local tolerance = burst * interval
-  local debt = tat or now
-  if debt < now then
-    debt = now
-  elseif debt > now + MAX_TOLERANCE then
-    debt = now + MAX_TOLERANCE
+  while interval < PRECISE_INTERVAL and fdiv(period * scale, rate) * rate ~= period * scale
+    and digits < MAX_TAT_DIGITS
+  do
+    local finer = scale * 10
+    if period > fdiv(MAX_SCALED_PERIOD, finer) then
+      break
+    end
+    local finer_interval = fdiv(period * finer + rate - 1, rate)
+    if burst > fdiv(MAX_DEBT, finer_interval) then
+      break
+    end
+    digits, scale, interval = digits + 1, finer, finer_interval
   end
-  debt = debt - now
-  local cr, cs = tb_view(debt, tolerance, interval)
+  burst = min(burst, fdiv(MAX_DEBT, interval))
+  local tolerance = burst * interval
+  -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
+  local debt = 0
+  if tat_us and tat_us >= now then
+    if tat_us - now > fdiv(MAX_DEBT, scale) then
+      debt = MAX_DEBT
+    else
+      local frac = tat_frac
+      if tat_digits <= digits then
+        frac = frac * POW10[digits - tat_digits]
+      else
+        local unit = POW10[tat_digits - digits]
+        frac = fdiv(frac + unit - 1, unit)
+      end
+      debt = min((tat_us - now) * scale + frac, MAX_DEBT)
+    end
+  end
+  local cr, cs = tb_view(debt, tolerance, interval, scale)
   local new_debt
   if cost == 0 then
     if debt <= tolerance then
       return { admitted = true, retry = 0, cr = cr, cs = cs, kr = cr, ks = cs }
     end
-    return { admitted = false, retry = debt - tolerance, cr = cr, cs = cs, kr = cr, ks = cs }
+    local wait = fdiv(debt - tolerance + scale - 1, scale)
+    return { admitted = false, retry = wait, cr = cr, cs = cs, kr = cr, ks = cs }
   elseif cost > 0 then
     new_debt = debt + cost * interval
     if not (cost <= burst and new_debt <= tolerance) then
       if overdraft then
-        -- Into debt beyond tau, capped at 2^50 µs: whole tokens that fit under the cap.
-        if cost > fdiv(MAX_TOLERANCE - debt, interval) then
-          new_debt = MAX_TOLERANCE
+        -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap.
+        if cost > fdiv(MAX_DEBT - debt, interval) then
+          new_debt = MAX_DEBT
         end
-        local kr, ks = tb_view(new_debt, tolerance, interval)
+        local kr, ks = tb_view(new_debt, tolerance, interval, scale)
         return {
-          admitted = false, retry = max(new_debt - tolerance, 0), cr = cr, cs = cs, kr = kr,
-          ks = ks, tat = now + new_debt, ttl = new_debt,
+          admitted = false, retry = fdiv(max(new_debt - tolerance, 0) + scale - 1, scale),
+          cr = cr, cs = cs, kr = kr, ks = ks, debt = new_debt, digits = digits, scale = scale,
+          ttl = ks,
         }
       end
       if cost > burst then
         return { admitted = false, cr = cr, cs = cs, kr = cr, ks = cs }
       end
-      return { admitted = false, retry = new_debt - tolerance, cr = cr, cs = cs, kr = cr, ks = cs }
+      local wait = fdiv(new_debt - tolerance + scale - 1, scale)
+      return { admitted = false, retry = wait, cr = cr, cs = cs, kr = cr, ks = cs }
     end
   else
     new_debt = max(debt - min(-cost, burst) * interval, 0)
   end
-  local kr, ks = tb_view(new_debt, tolerance, interval)
+  local kr, ks = tb_view(new_debt, tolerance, interval, scale)
   return {
-    admitted = true, retry = 0, cr = cr, cs = cs, kr = kr, ks = ks, tat = now + new_debt,
-    ttl = new_debt,
+    admitted = true, retry = 0, cr = cr, cs = cs, kr = kr, ks = ks, debt = new_debt,
+    digits = digits, scale = scale, ttl = ks,
   }
+end
+
+-- The stored tat: "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); nil if unreadable.
+local function parse_tat(s)
+  if type(s) ~= 'string' then
+    return nil
+  end
+  local whole, fraction = match(s, '^(%-?%d+)%.(%d+)$')
+  if whole then
+    if #fraction > MAX_TAT_DIGITS then
+      return nil
+    end
+    return tonumber(whole), tonumber(fraction), #fraction
+  end
+  if find(s, '^%-?%d+$') then
+    return tonumber(s), 0, 0
+  end
+  return nil
+end
+
+-- The stored form of the tat `debt` ticks after `now` (limiter::Tat's Display).
+local function format_tat(now, debt, digits, scale)
+  local whole = fdiv(debt, scale)
+  if digits == 0 then
+    return format('%d', now + whole)
+  end
+  return format('%d.%0' .. digits .. 'd', now + whole, debt - whole * scale)
 end
 
 ------------------------------------------------------------------------------------------
@@ -493,7 +560,8 @@ for i = 1, n_ops do
   local e
   if algorithm == 0 then
     -- pcall: a key of another type answers WRONGTYPE, which must read as absent, not abort.
-    e = token_bucket(rate, period, burst, overdraft, parse_int(rpcall('GET', key)), now, cost)
+    local tat_us, tat_frac, tat_digits = parse_tat(rpcall('GET', key))
+    e = token_bucket(rate, period, burst, overdraft, tat_us, tat_frac, tat_digits, now, cost)
   elseif algorithm == 3 then
     return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
   else
@@ -527,7 +595,7 @@ for i = 1, n_ops do
     elseif ttl then
       local key, ttl_ms = keys[i], format('%d', fdiv(ttl + 999, 1000))
       if algorithms[i] == 0 then
-        rcall('SET', key, format('%d', e.tat), 'PX', ttl_ms)
+        rcall('SET', key, format_tat(now, e.debt, e.digits, e.scale), 'PX', ttl_ms)
       else
         -- DEL first: the key may hold another type or stray fields (only ever after
         -- corruption or a duplicate key in one call), and the hash must be exactly the state.

@@ -671,21 +671,14 @@ fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) ->
     }
 }
 
-/// The token bucket charges `ceil(period / rate)` µs per token (never faster than
-/// configured), so a full refill can take a few µs longer than the period. Report the time
+/// The token bucket charges `T` rounded up to a whole tick per token (never faster than
+/// configured), so a full refill can take a little longer than the period. Report the time
 /// at the configured rate so "3 per second" says 1 s, not 2 s after rounding up.
 fn reported_reset_us(params: &LimitParams, reset_us: u64) -> u64 {
-    if params.algorithm != Algorithm::TokenBucket || params.requests_per_period == 0 {
+    if params.algorithm != Algorithm::TokenBucket {
         return reset_us;
     }
-    let rate = u128::from(params.requests_per_period);
-    let period = u128::from(params.period_us);
-    let per_token = period.div_ceil(rate);
-    if per_token * rate == period {
-        return reset_us;
-    }
-    // Rounded up, like every reset we report: never tell a client to come back too early.
-    u64::try_from((u128::from(reset_us) * period).div_ceil(rate * per_token)).unwrap_or(reset_us)
+    crate::limiter::reset_at_configured_rate(params, reset_us)
 }
 
 fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), InvalidRequest> {
@@ -989,8 +982,9 @@ descriptors:
             burst: 3,
             overdraft: false,
         };
-        // Three tokens at 333_334 µs each: 1_000_002 µs of debt, reported as 1 s.
-        assert_eq!(reported_reset_us(&params, 1_000_002), 1_000_000);
+        // Three tokens at 3_333_334 ticks of 0.1 µs each: 1_000_001 µs of debt (rounded up),
+        // reported as 1 s.
+        assert_eq!(reported_reset_us(&params, 1_000_001), 1_000_000);
         let exact = LimitParams {
             requests_per_period: 4,
             burst: 4,

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use floodgate::bucket::{Applied, BucketKey, BucketOp, KeyValue, settle};
 use floodgate::clock::{Clock, ManualClock, SystemClock};
-use floodgate::limiter::{self, Algorithm, LimitParams, State};
+use floodgate::limiter::{self, Algorithm, LimitParams, State, Tat};
 use floodgate::store::redis::script;
 use floodgate::store::{MemoryStore, Store};
 use proptest::prelude::*;
@@ -96,8 +96,9 @@ async fn redis_state(conn: &mut MultiplexedConnection, key: &[u8]) -> Option<Sta
     match kind.as_str() {
         "none" => None,
         "string" => {
-            let tat: i64 = conn.get(key).await.unwrap();
-            Some(State::TokenBucket { tat_us: tat })
+            let text: String = conn.get(key).await.unwrap();
+            let tat = Tat::parse(&text).unwrap_or_else(|| panic!("unreadable tat {text:?}"));
+            Some(State::TokenBucket { tat })
         }
         "hash" => {
             let h: HashMap<String, i64> = conn.hgetall(key).await.unwrap();
@@ -173,28 +174,41 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     ])
 }
 
+/// Rates from 0 to u32::MAX: small ones, round ones, and beyond one per µs of a 1 s period
+/// (where the token bucket's ticks get finer than a µs).
 fn rate() -> impl Strategy<Value = u64> {
     prop_oneof![
         5 => 0u64..=12,
         3 => prop::sample::select(vec![3u64, 7, 10, 60, 100, 1000]),
         1 => 0u64..=1_000_000,
+        1 => prop::sample::select(vec![999_999u64, 1_000_001, 4_000_000, 1_000_000_000]),
+        1 => 1_000_000u64..=u64::from(u32::MAX),
         1 => Just(u64::from(u32::MAX)),
     ]
 }
 
-/// Burst: the rate itself (the default), a small number, or twice the rate.
-fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
-    prop_oneof![Just(rate), 0u64..=20, Just(rate.saturating_mul(2))]
+/// Periods of every unit, with multipliers up to the longest (year × 2), mostly short ones.
+fn period_s() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        6 => prop::sample::select(vec![1u64, 60, 3600]),
+        1 => prop::sample::select(vec![7, 86_400, 604_800, 2_592_000, 31_536_000, 63_072_000]),
+    ]
 }
 
-/// Mostly valid limits of 1 s, 1 min and 1 h; a few that config validation would refuse,
-/// which both sides must clamp the same way. About a third are `overdraft`.
+/// Burst: the rate itself (the default), a small number, twice the rate, or the largest.
+fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => Just(rate),
+        4 => 0u64..=20,
+        2 => Just(rate.saturating_mul(2)),
+        1 => Just(u64::from(u32::MAX)),
+    ]
+}
+
+/// Mostly valid limits, mostly of 1 s, 1 min and 1 h; a few that config validation would
+/// refuse, which both sides must clamp the same way. About a third are `overdraft`.
 fn limit_params() -> impl Strategy<Value = LimitParams> {
-    let valid = (
-        algorithm(),
-        rate(),
-        prop::sample::select(vec![1u64, 60, 3600]),
-    )
+    let valid = (algorithm(), rate(), period_s())
         .prop_flat_map(|(a, r, p)| burst_for(r).prop_map(move |b| params(a, r, p, b)));
     let refused = (
         algorithm(),
@@ -509,7 +523,7 @@ async fn denied_batch_changes_no_key() {
     let applied = lua(&mut conn, &batch, Some(NOW + 1000)).await;
     let states = [
         Some(State::TokenBucket {
-            tat_us: NOW + 24_000_000,
+            tat: Tat::from_us(NOW + 24_000_000),
         }),
         Some(State::FixedWindow {
             window: NOW / 60_000_000,
@@ -568,7 +582,7 @@ async fn overdraft_debits_apply_past_the_limit() {
     assert!(charge.committed && charge.buckets.iter().all(|b| !b.admitted));
     let states = [
         Some(State::TokenBucket {
-            tat_us: NOW + 150_000_000,
+            tat: Tat::from_us(NOW + 150_000_000),
         }),
         Some(State::FixedWindow {
             window: NOW / 60_000_000,
@@ -635,6 +649,68 @@ async fn redis_time_matches_memory_store() {
     }
 }
 
+/// Token buckets faster than one token per µs store their `tat` as a decimal with the
+/// limit's fraction digits, exactly as the specification computes it; a limit whose time per
+/// token is a whole number of µs stores the same integer as ever; and a `tat` written with
+/// other digits (the limit changed) reads as the specification reads it.
+#[tokio::test]
+async fn fine_ticks_are_stored_as_decimals() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let max = u64::from(u32::MAX);
+    let limits = [
+        (params(Algorithm::TokenBucket, max, 1, max), "1.000000000"),
+        (
+            params(Algorithm::TokenBucket, 1_000_000_000, 1, 10),
+            "1.000",
+        ),
+        (
+            params(Algorithm::TokenBucket, 4_000_000, 1, 4_000_000),
+            "1.00",
+        ),
+        (params(Algorithm::TokenBucket, max, 7, 5), "1.00000000"),
+        (params(Algorithm::TokenBucket, 3, 1, 3), "1.0"),
+        (params(Algorithm::TokenBucket, 10, 1, 10), "1"),
+        (params(Algorithm::TokenBucket, 1, 63_072_000, 2), "1"),
+    ];
+    for (i, (limit, form)) in limits.iter().enumerate() {
+        let digits = form.split_once('.').map_or(0, |(_, f)| f.len());
+        for (step, cost) in [3i64, 1, -1, 0, 7].into_iter().enumerate() {
+            let ops = vec![op(&format!("fine{i}"), *limit, cost, true)];
+            let key = &redis_keys(&ops)[0];
+            let before = redis_state(&mut conn, key).await;
+            let now = NOW + i64::try_from(step).unwrap();
+            let got = lua(&mut conn, &ops, Some(now)).await;
+            assert_eq!(got, spec(&ops, &[before], now), "limit {i} step {step}");
+            if let Some(State::TokenBucket { tat }) = redis_state(&mut conn, key).await {
+                assert_eq!(usize::from(tat.digits), digits, "limit {i}");
+                let text: String = conn.get(key).await.unwrap();
+                assert_eq!(Tat::parse(&text), Some(tat));
+            }
+        }
+    }
+    // Another limit's digits (more and fewer), and a plain integer from an older version.
+    let stored = [
+        format!("{}.123456789", NOW + 2),
+        format!("{}.5", NOW + 1),
+        format!("{}", NOW + 3),
+    ];
+    for (i, text) in stored.iter().enumerate() {
+        for (limit, _) in &limits {
+            let ops = vec![op(&format!("other{i}"), *limit, 1, true)];
+            let key = &redis_keys(&ops)[0];
+            let () = conn.set(key, text).await.unwrap();
+            let state = Some(State::TokenBucket {
+                tat: Tat::parse(text).unwrap(),
+            });
+            assert_eq!(
+                lua(&mut conn, &ops, Some(NOW)).await,
+                spec(&ops, &[state], NOW)
+            );
+        }
+    }
+}
+
 /// What a corrupted key holds before the script runs.
 enum Corrupt {
     Text(&'static str),
@@ -674,17 +750,26 @@ async fn garbage_state_is_absent_or_clamped() {
         (tb, Hash(&[("w", "1")]), None),
         (tb, Text("abc"), None),
         (tb, Text("1.5e15"), None),
+        (tb, Text("5."), None),
+        (tb, Text(".5"), None),
+        (tb, Text("5.0000000000"), None),
+        (tb, Text("5.-1"), None),
+        (tb, Text("5.1.2"), None),
         (tb, Text(""), None),
         (tb, List, None),
         (
             tb,
             Text("99999999999999999999999"),
-            Some(State::TokenBucket { tat_us: i64::MAX }),
+            Some(State::TokenBucket {
+                tat: Tat::from_us(i64::MAX),
+            }),
         ),
         (
             tb,
             Text("-99999999999999999999999"),
-            Some(State::TokenBucket { tat_us: i64::MIN }),
+            Some(State::TokenBucket {
+                tat: Tat::from_us(i64::MIN),
+            }),
         ),
         (fw, Text("12"), None),
         (fw, List, None),

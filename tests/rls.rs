@@ -10,6 +10,7 @@ mod support;
 use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
 use floodgate::proto::rls::rate_limit_response::{Code, DescriptorStatus, rate_limit::Unit};
 use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use std::time::{Duration, Instant};
 use support::*;
 use tonic::Code as GrpcCode;
 
@@ -788,6 +789,175 @@ async fn token_quota_pattern(backend: Backend) {
     server.stop().await;
 }
 
+/// Limits at the extremes of every algorithm: the fastest (`requests_per_unit` u32::MAX per
+/// second), the "practically unlimited" 10^9 per second, and the slowest (1 per year, 1 per
+/// `year × 2`), with bursts and `unit_multiplier`.
+const EXTREMES: &str = r#"
+domain: extremes
+descriptors:
+  - key: fastest_tb
+    rate_limit: {unit: second, requests_per_unit: 4294967295}
+  - key: fastest_fw
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: fixed_window}
+  - key: fastest_sw
+    rate_limit: {unit: second, requests_per_unit: 4294967295, algorithm: sliding_window}
+  - key: billion
+    rate_limit: {unit: second, requests_per_unit: 1000000000}
+  - key: fast_small_burst
+    rate_limit: {unit: second, unit_multiplier: 7, requests_per_unit: 4294967295, burst: 5}
+  - key: yearly_tb
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: yearly_fw
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: fixed_window}
+  - key: yearly_sw
+    rate_limit: {unit: year, requests_per_unit: 1, algorithm: sliding_window}
+  - key: two_years_tb
+    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 1, burst: 2}
+  - key: two_years_fw
+    rate_limit:
+      {unit: year, unit_multiplier: 2, requests_per_unit: 4294967295, algorithm: fixed_window}
+  - key: two_years_sw
+    rate_limit: {unit: year, unit_multiplier: 2, requests_per_unit: 3, algorithm: sliding_window}
+"#;
+
+/// The answer to `hits` on the single descriptor `key=value` of the `extremes` domain:
+/// overall code and `limit_remaining`.
+async fn extreme_on(server: &TestServer, key: &str, value: &str, hits: u64) -> (i32, u32) {
+    let request = request(
+        "extremes",
+        vec![with_hits(descriptor(&[(key, value)]), hits)],
+    );
+    let response = server.ask(request).await;
+    (response.overall_code, remaining(&response))
+}
+
+async fn extreme(server: &TestServer, key: &str, hits: u64) -> (i32, u32) {
+    extreme_on(server, key, "x", hits).await
+}
+
+/// One step of [`fastest_answers`]: µs the test clock moves first, descriptor key, hits.
+type Step = (i64, &'static str, u64);
+
+/// The fastest limits' steps and the answers they must get, in order: the whole limit at
+/// once in every algorithm, then nothing; a µs later the token bucket has 10^9 / 232 831
+/// (fs per token) = 4 294 tokens while the windows still deny; 10^9 per second refills
+/// exactly 1 000 per µs; the fixed window's next second admits the whole limit again.
+const FASTEST: [(Step, (i32, u32)); 15] = {
+    const MAX: u64 = u32::MAX as u64;
+    [
+        ((0, "fastest_tb", MAX), (OK, 0)),
+        ((0, "fastest_tb", 1), (OVER, 0)),
+        ((0, "fastest_fw", MAX), (OK, 0)),
+        ((0, "fastest_fw", 1), (OVER, 0)),
+        ((0, "fastest_sw", MAX), (OK, 0)),
+        ((0, "fastest_sw", 1), (OVER, 0)),
+        ((1, "fastest_tb", 4_295), (OVER, 4_294)),
+        ((0, "fastest_tb", 4_294), (OK, 0)),
+        ((0, "fastest_fw", 1), (OVER, 0)),
+        ((0, "fastest_sw", 1), (OVER, 0)),
+        ((0, "billion", 1_000_000_000), (OK, 0)),
+        ((1, "billion", 0), (OK, 1_000)),
+        ((0, "billion", 1_001), (OVER, 1_000)),
+        ((0, "billion", 1_000), (OK, 0)),
+        ((1_000_000, "fastest_fw", MAX), (OK, 0)),
+    ]
+};
+
+/// Runs [`FASTEST`] with descriptor value `value`; returns the answers and the real time the
+/// run took.
+async fn fastest_answers(server: &TestServer, value: &str) -> (Vec<(i32, u32)>, Duration) {
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for ((advance, key, hits), _) in FASTEST {
+        server.clock.advance(advance);
+        answers.push(extreme_on(server, key, value, hits).await);
+    }
+    (answers, started.elapsed())
+}
+
+/// Every `requests_per_unit` up to u32::MAX with every unit loads and counts exactly under
+/// every algorithm: u32::MAX hits per second pass at once and one more is over, the token
+/// bucket refills at its rate to the fs ([`FASTEST`]); a burst of 5 at u32::MAX per 7 s;
+/// 1 per year (and per two years) admits its burst and then waits a whole period per token.
+async fn extreme_limits_every_algorithm(backend: Backend) {
+    let server = TestServer::start_on(backend, EXTREMES, options()).await;
+    let expected: Vec<(i32, u32)> = FASTEST.iter().map(|(_, answer)| *answer).collect();
+    // The test clock is manual but Redis expires keys in real time, and these buckets are
+    // full again (their keys expire) one real second after they were emptied: a run slower
+    // than that (a stalled machine) is run again with fresh buckets.
+    for attempt in 0.. {
+        assert!(
+            attempt < 5,
+            "every run of the fastest limits took over 500 ms"
+        );
+        let (answers, took) = fastest_answers(&server, &format!("x{attempt}")).await;
+        if took < Duration::from_millis(500) {
+            assert_eq!(answers, expected);
+            break;
+        }
+    }
+
+    // Emptied at once, the fastest buckets report one second until full (the configured
+    // rate's, not the rounded ticks'); a descriptor `limit` override of u32::MAX per minute
+    // one minute.
+    for key in ["fastest_tb", "billion"] {
+        let hits = if key == "billion" {
+            1_000_000_000
+        } else {
+            u64::from(u32::MAX)
+        };
+        let request = request("extremes", vec![with_hits(descriptor(&[(key, "r")]), hits)]);
+        let emptied = server.ask(request).await;
+        assert_eq!(
+            (emptied.overall_code, remaining(&emptied)),
+            (OK, 0),
+            "{key}"
+        );
+        assert_eq!(reset_seconds(only(&emptied)), 1, "{key}");
+    }
+    let overridden = with_override(
+        with_hits(descriptor(&[("yearly_tb", "o")]), u64::from(u32::MAX)),
+        u32::MAX,
+        RateLimitUnit::Minute as i32,
+    );
+    let response = server.ask(request("extremes", vec![overridden])).await;
+    assert_eq!((response.overall_code, remaining(&response)), (OK, 0));
+    assert_eq!(reset_seconds(only(&response)), 60);
+
+    // u32::MAX per 7 s with a burst of 5: 5 at once, never 6, and a µs refills the burst.
+    assert_eq!(extreme(&server, "fast_small_burst", 5).await, (OK, 0));
+    assert_eq!(extreme(&server, "fast_small_burst", 6).await.0, OVER);
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "fast_small_burst", 0).await, (OK, 5));
+
+    // Slowest: one a year, in every algorithm; the token bucket is full again in a year.
+    for key in ["yearly_tb", "yearly_fw", "yearly_sw"] {
+        assert_eq!(extreme(&server, key, 1).await, (OK, 0), "{key}");
+        assert_eq!(extreme(&server, key, 1).await.0, OVER, "{key}");
+    }
+    let yearly = server.ask(simple("extremes", "yearly_tb", "x")).await;
+    assert_eq!(reset_seconds(only(&yearly)), 31_536_000);
+
+    // Two years: a burst of 2, a fixed window of u32::MAX, a sliding window of 3.
+    let max = u64::from(u32::MAX);
+    assert_eq!(extreme(&server, "two_years_tb", 2).await, (OK, 0));
+    let third = server.ask(simple("extremes", "two_years_tb", "x")).await;
+    assert_eq!(third.overall_code, OVER);
+    // Full again when both tokens are back: two tokens of two years each.
+    assert_eq!(reset_seconds(only(&third)), 2 * 63_072_000);
+    assert_eq!(extreme(&server, "two_years_fw", max).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_fw", 1).await.0, OVER);
+    assert_eq!(extreme(&server, "two_years_sw", 3).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_sw", 1).await.0, OVER);
+    // Two years later one token is back, and only one.
+    server.clock.advance(63_072_000 * 1_000_000 - 1);
+    assert_eq!(extreme(&server, "two_years_tb", 1).await.0, OVER);
+    server.clock.advance(1);
+    assert_eq!(extreme(&server, "two_years_tb", 1).await, (OK, 0));
+    assert_eq!(extreme(&server, "two_years_tb", 1).await.0, OVER);
+    server.stop().await;
+}
+
 /// Instantiates every scenario above once per store.
 macro_rules! behaviour_suite {
     ($($scenario:ident),* $(,)?) => {
@@ -857,4 +1027,5 @@ behaviour_suite!(
     quota_mode_all_over_denies_and_debits_nothing,
     quota_mode_non_quota_limit_still_denies,
     token_quota_pattern,
+    extreme_limits_every_algorithm,
 );

@@ -4,6 +4,7 @@
 //! script (`lua/`) must agree with it exactly (a randomized equivalence test drives both).
 //! Hence the rules followed everywhere here:
 //! - time is integer microseconds since the Unix epoch, passed in (never read from a clock);
+//!   the token bucket counts in finer integer ticks of its own (see `token_bucket`);
 //! - only `+`, `-`, `×` and floor division of non-negative integers, and every intermediate
 //!   value stays below 2^53 so that Lua's doubles compute the very same numbers (each file
 //!   notes its bounds; tests assert them through `exact`);
@@ -25,6 +26,10 @@ mod fixed_window;
 mod sliding_window;
 mod token_bucket;
 mod window;
+
+pub use token_bucket::{
+    MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL, reset_at_configured_rate,
+};
 
 /// Which algorithm a limit uses (`algorithm:` in the limits file).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,10 +64,10 @@ pub struct LimitParams {
 /// The stored state of one bucket. An absent state is a full bucket / an empty window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
-    /// GCRA theoretical arrival time, in µs.
+    /// GCRA theoretical arrival time.
     TokenBucket {
-        /// Theoretical arrival time (µs since the epoch).
-        tat_us: i64,
+        /// Theoretical arrival time (µs since the epoch, with a fraction).
+        tat: Tat,
     },
     /// Count of the window with index `window` (= floor(now / period)).
     FixedWindow {
@@ -80,6 +85,78 @@ pub enum State {
         /// Hits counted in the previous window.
         previous: u64,
     },
+}
+
+/// A token bucket's theoretical arrival time: `us + frac / 10^digits` µs since the epoch.
+///
+/// It is a decimal number of µs with `digits` fraction digits, which is exactly how the Redis
+/// script stores it (`1700000000000000` or `1700000000000000.250000000`, see [`Tat::parse`]);
+/// `digits` is the precision of the limit that wrote it (0 for a limit whose time per token is a
+/// whole number of µs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tat {
+    /// Whole µs since the epoch.
+    pub us: i64,
+    /// The fraction's digits as an integer, below `10^digits`.
+    pub frac: u32,
+    /// Fraction digits, 0 to [`MAX_TAT_DIGITS`].
+    pub digits: u8,
+}
+
+impl Tat {
+    /// A whole number of µs.
+    pub const fn from_us(us: i64) -> Tat {
+        Tat {
+            us,
+            frac: 0,
+            digits: 0,
+        }
+    }
+
+    /// Parses the stored form: an optionally negative decimal integer, optionally followed by
+    /// `.` and 1 to [`MAX_TAT_DIGITS`] digits. `None` for anything else, which the stores treat
+    /// as an absent bucket (the Redis script accepts exactly the same forms). An integer part
+    /// beyond `i64` saturates: far in the future (or past) either way, as the script reads it.
+    pub fn parse(text: &str) -> Option<Tat> {
+        let (whole, fraction) = match text.split_once('.') {
+            Some((whole, fraction)) => (whole, Some(fraction)),
+            None => (text, None),
+        };
+        let digits_only = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let unsigned = whole.strip_prefix('-').unwrap_or(whole);
+        if !digits_only(unsigned) {
+            return None;
+        }
+        let saturated = if unsigned.len() == whole.len() {
+            i64::MAX
+        } else {
+            i64::MIN
+        };
+        let us = whole.parse().unwrap_or(saturated);
+        let Some(fraction) = fraction else {
+            return Some(Tat::from_us(us));
+        };
+        if !digits_only(fraction) || fraction.len() > usize::from(MAX_TAT_DIGITS) {
+            return None;
+        }
+        Some(Tat {
+            us,
+            frac: fraction.parse().ok()?,
+            digits: u8::try_from(fraction.len()).ok()?,
+        })
+    }
+}
+
+impl std::fmt::Display for Tat {
+    /// The stored form: `us`, or `us.frac` with exactly `digits` fraction digits.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.digits == 0 {
+            write!(f, "{}", self.us)
+        } else {
+            let width = usize::from(self.digits);
+            write!(f, "{}.{:0width$}", self.us, self.frac)
+        }
+    }
 }
 
 /// Signed cost of one bucket operation: > 0 debit, < 0 refund, 0 = check only.
@@ -202,8 +279,9 @@ pub const MAX_NOW_US: i64 = 1 << 52;
 /// Longest period: 2^36 ms ≈ 795 days, so the sliding window's `W_ms × 65536` stays below 2^53.
 pub const MAX_PERIOD_US: u64 = (1 << 36) * 1000;
 
-/// Largest token bucket tolerance `burst × T`: 2^50 µs ≈ 35.7 years. Bounds the stored
-/// theoretical arrival time to `now + 2^50`, so `tat + cost × T` stays below 2^53.
+/// Largest token bucket tolerance `burst × T` accepted by [`LimitParams::validate`]: 2^50 µs
+/// ≈ 35.7 years (with `T` in whole µs, rounded up), so the tolerance fits [`MAX_DEBT_TICKS`]
+/// at the coarsest ticks.
 pub const MAX_TOLERANCE_US: u64 = 1 << 50;
 
 /// Largest `requests_per_period`, `burst` and stored counter (`u32::MAX`, what Envoy's
@@ -224,7 +302,7 @@ pub fn evaluate(
     match params.algorithm {
         Algorithm::TokenBucket => {
             let tat = match state {
-                Some(State::TokenBucket { tat_us }) => Some(*tat_us),
+                Some(State::TokenBucket { tat }) => Some(*tat),
                 _ => None,
             };
             token_bucket::evaluate(params, tat, now, cost)
@@ -285,14 +363,9 @@ impl LimitParams {
             ));
         }
         if self.algorithm == Algorithm::TokenBucket && self.requests_per_period > 0 {
+            // Any rate is representable (the token bucket's ticks get finer); only the time
+            // to refill `burst` is bounded.
             let rate = self.requests_per_period;
-            if rate > period {
-                return Err(format!(
-                    "token_bucket can grant at most one token per microsecond (requests_per_unit \
-                     {rate} per {}); use algorithm: fixed_window",
-                    describe_period(period)
-                ));
-            }
             let tolerance = u128::from(token_bucket::emission_interval_us(period, rate))
                 * u128::from(self.burst);
             if tolerance > u128::from(MAX_TOLERANCE_US) {

@@ -55,7 +55,11 @@ fn state_near(
         (4, _) => None,
         (3, Algorithm::TokenBucket) => Some(State::FixedWindow { window, count: a }),
         (3, _) | (_, Algorithm::TokenBucket) => Some(State::TokenBucket {
-            tat_us: now + offset,
+            tat: Tat {
+                us: now + offset,
+                frac: u32::try_from(b % 1_000_000_000).unwrap_or(0),
+                digits: u8::try_from(a % 10).unwrap_or(0),
+            },
         }),
         (_, Algorithm::FixedWindow) => Some(State::FixedWindow { window, count: a }),
         (_, Algorithm::SlidingWindow) => Some(State::SlidingWindow {
@@ -77,7 +81,7 @@ fn assert_lua_exact(e: &Evaluation) {
     if let Some((state, ttl)) = e.next {
         values.push(ttl);
         match state {
-            State::TokenBucket { tat_us } => values.push(tat_us.unsigned_abs()),
+            State::TokenBucket { tat } => values.push(tat.us.unsigned_abs()),
             State::FixedWindow { window, count } => values.extend([window.unsigned_abs(), count]),
             State::SlidingWindow {
                 window,
@@ -142,19 +146,18 @@ fn validate_rejects_huge_counts() {
     );
 }
 
-/// Token bucket: more than one token per µs, or a tolerance above 2^50 µs, is rejected with a
-/// message that says what to do.
+/// Token bucket: every rate up to u32::MAX per second is valid; a tolerance above 2^50 µs is
+/// rejected with a message that says what to do.
 #[test]
 fn validate_token_bucket_limits() {
-    let err = params(Algorithm::TokenBucket, 2_000_000, 1, 10).validate();
-    assert_eq!(
-        err,
-        Err(
-            "token_bucket can grant at most one token per microsecond (requests_per_unit \
-             2000000 per second); use algorithm: fixed_window"
-                .to_owned()
-        )
-    );
+    for rate in [2_000_000, 1_000_000_000, u64::from(u32::MAX)] {
+        for burst in [1, rate, u64::from(u32::MAX)] {
+            assert_eq!(
+                params(Algorithm::TokenBucket, rate, 1, burst).validate(),
+                Ok(())
+            );
+        }
+    }
     // 1 per 795 days with a burst of 2^32 − 1: tau ≈ 2^78 µs.
     let err = params(Algorithm::TokenBucket, 1, 68_719_476, u32::MAX.into()).validate();
     assert!(err.is_err_and(|m| m.contains("lower burst")));
@@ -172,7 +175,9 @@ fn validate_token_bucket_limits() {
 #[test]
 fn other_algorithms_state_is_absent() {
     let p = params(Algorithm::FixedWindow, 5, 60, 5);
-    let foreign = State::TokenBucket { tat_us: NOW + 1 };
+    let foreign = State::TokenBucket {
+        tat: Tat::from_us(NOW + 1),
+    };
     assert_eq!(
         evaluate(&p, Some(&foreign), NOW, 1),
         evaluate(&p, None, NOW, 1)
@@ -260,8 +265,8 @@ proptest! {
     ) {
         let mut p = LimitParams { overdraft, ..params(a, rate, period_s, burst) };
         if a == Algorithm::TokenBucket && rate > 0 {
-            // Bring the draw into the validated domain instead of rejecting most of them.
-            p.requests_per_period = rate.min(p.period_us);
+            // Bring the draw into the validated domain instead of rejecting most of them (any
+            // rate is valid; only burst × T is bounded).
             let interval = token_bucket::emission_interval_us(p.period_us, p.requests_per_period);
             p.burst = burst.min(MAX_TOLERANCE_US / interval);
         }
@@ -289,10 +294,59 @@ proptest! {
         let p = LimitParams { algorithm: a, requests_per_period: rate, period_us, burst, overdraft };
         let state = match kind {
             0 => None,
-            1 => Some(State::TokenBucket { tat_us: x }),
+            1 => Some(State::TokenBucket { tat: Tat { us: x, frac: y as u32, digits: (z % 12) as u8 } }),
             2 => Some(State::FixedWindow { window: x, count: y }),
             _ => Some(State::SlidingWindow { window: x, current: y, previous: z }),
         };
         assert_lua_exact(&evaluate(&p, state.as_ref(), now, cost));
     }
+}
+
+/// The stored form of a `tat` round-trips, and anything else is refused (read as absent).
+#[test]
+fn tat_stored_form() {
+    for (text, tat) in [
+        ("1700000000000000", Tat::from_us(1_700_000_000_000_000)),
+        ("-5", Tat::from_us(-5)),
+        (
+            "1700000000000000.000000250",
+            Tat {
+                us: 1_700_000_000_000_000,
+                frac: 250,
+                digits: 9,
+            },
+        ),
+        (
+            "12.5",
+            Tat {
+                us: 12,
+                frac: 5,
+                digits: 1,
+            },
+        ),
+    ] {
+        assert_eq!(Tat::parse(text), Some(tat), "{text}");
+        assert_eq!(tat.to_string(), text);
+    }
+    for junk in [
+        "",
+        "-",
+        ".5",
+        "5.",
+        "5.0000000000",
+        "1e5",
+        "+5",
+        "5.-1",
+        "5.1.2",
+        " 5",
+        "x",
+    ] {
+        assert_eq!(Tat::parse(junk), None, "{junk:?}");
+    }
+    let far = Tat::parse("99999999999999999999.5").map(|t| t.us);
+    assert_eq!(far, Some(i64::MAX));
+    assert_eq!(
+        Tat::parse("-99999999999999999999").map(|t| t.us),
+        Some(i64::MIN)
+    );
 }

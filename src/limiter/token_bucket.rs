@@ -1,29 +1,63 @@
 //! Token bucket as GCRA (generic cell rate algorithm): the whole bucket is one number, the
-//! theoretical arrival time `tat`, so the Redis script reads and writes a single integer and an
+//! theoretical arrival time `tat`, so the Redis script reads and writes a single value and an
 //! absent key is a full bucket (DESIGN §4).
 //!
-//! With `T` µs per token and tolerance `tau = burst × T`, the bucket's "debt" is
-//! `tat − now` (clamped ≥ 0): how far ahead of the steady rate it has been spent. A cost `n`
-//! passes iff `debt + n × T ≤ tau`; the debt drains by one µs per µs.
+//! With `T` per token and tolerance `tau = burst × T`, the bucket's "debt" is `tat − now`
+//! (clamped ≥ 0): how far ahead of the steady rate it has been spent. A cost `n` passes iff
+//! `debt + n × T ≤ tau`; the debt drains at the speed of time.
 //!
-//! Bounds (validated params, `now ≤ 2^52`): `T ≤ period < 2^47`, `tau ≤ 2^50` (validate), and
-//! the stored `tat` is trusted only up to `now + 2^50`, so `debt ≤ 2^50`,
-//! `debt + n × T ≤ 2^51` (because `n ≤ burst` is checked first) and `now + debt < 2^53`.
+//! # Ticks
+//!
+//! The math runs in integer *ticks* of 10^-f µs, `f` (the limit's `digits`, 0 to
+//! [`MAX_TAT_DIGITS`]) chosen per limit by [`Gcra::new`]: the fewest digits at which
+//! `T = ceil(period × 10^f / rate)` is exact or at least [`PRECISE_INTERVAL`] ticks (so
+//! rounding `T` up costs less than 10^-6 of the rate), as long as `period × 10^f ≤ 2^52` and
+//! `burst × T ≤ 2^50`. A limit whose `T` is a whole number of µs, or at least a second,
+//! keeps `f = 0`: whole µs, as a bucket has always been stored. `tat` is stored as a decimal
+//! number of µs with `f` fraction digits ([`Tat`]); a stored `tat` with other digits (the
+//! limit changed) is converted to this limit's ticks, rounding a debt up.
+//!
+//! Bounds (validated params, `now ≤ 2^52`): `period × 10^f ≤ 2^52`, so `T < 2^53`;
+//! `tau ≤ 2^50` ticks; the stored `tat` is trusted only up to `now + 2^50` ticks, so
+//! `debt ≤ 2^50`, `debt + n × T ≤ 2^51` (because `n ≤ burst` is checked first); absolute times
+//! are only ever formed in µs, `now + ceil(debt / 10^f) < 2^53`.
 
-use super::{Cost, Evaluation, LimitParams, MAX_COUNT, MAX_TOLERANCE_US, Op, State, View, exact};
+use super::{Cost, Evaluation, LimitParams, MAX_COUNT, Op, State, Tat, View, exact};
 
-/// `T`: µs per token, `ceil(period / rate)`. Rounded up so the effective rate never exceeds the
-/// configured one; exact when `rate` divides `period`. Lua: `floor((period + rate - 1) / rate)`.
+/// Most fraction digits of a token bucket's `tat` (and of its ticks): 10^-9 µs.
+pub const MAX_TAT_DIGITS: u8 = 9;
+
+/// Largest debt and tolerance, in ticks: keeps `debt + n × T` below 2^51.
+pub const MAX_DEBT_TICKS: u64 = 1 << 50;
+
+/// A `T` of at least this many ticks is precise enough: rounding it up to a whole tick lowers
+/// the rate by less than 10^-6.
+pub const PRECISE_INTERVAL: u64 = 1_000_000;
+
+/// Largest `period × 10^f`: `period × 10^f + rate − 1` (the rounded-up division) stays below
+/// 2^53.
+const MAX_SCALED_PERIOD: u64 = 1 << 52;
+
+/// `T` in whole µs, `ceil(period / rate)`: what the validation bound on `burst × T` uses.
 pub(super) fn emission_interval_us(period_us: u64, rate: u64) -> u64 {
     period_us.div_ceil(rate.max(1))
 }
 
+/// 10^digits (digits ≤ 18).
+fn pow10(digits: u8) -> u64 {
+    10u64.pow(u32::from(digits))
+}
+
 /// The GCRA constants of one limit (rate > 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Gcra {
-    /// `T`, µs per token.
+pub(super) struct Gcra {
+    /// Fraction digits of the ticks: a tick is 10^-digits µs.
+    digits: u8,
+    /// Ticks per µs, 10^digits.
+    scale: i64,
+    /// `T`, ticks per token.
     interval: i64,
-    /// `tau = burst × T`, µs.
+    /// `tau = burst × T`, ticks.
     tolerance: i64,
     /// Capacity in tokens.
     burst: i64,
@@ -32,25 +66,89 @@ struct Gcra {
 impl Gcra {
     /// The constants for `params`, or `None` when nothing is ever granted (rate 0).
     /// Invalid params are clamped into the validated domain (no-op for valid ones).
-    fn new(params: &LimitParams) -> Option<Self> {
+    pub(super) fn new(params: &LimitParams) -> Option<Self> {
         let period = super::period_us(params).unsigned_abs();
-        let rate = super::limit(params).min(period);
+        let rate = super::limit(params);
         if rate == 0 {
             return None;
         }
-        let interval = emission_interval_us(period, rate);
-        let burst = params.burst.min(MAX_COUNT).min(MAX_TOLERANCE_US / interval);
-        // interval ≤ 2^47 and burst ≤ 2^32, both fit i64 losslessly.
+        let wanted_burst = params.burst.min(MAX_COUNT);
+        let (mut digits, mut scale) = (0u8, 1u64);
+        let mut interval = period.div_ceil(rate);
+        // Finer ticks only while T is imprecise and the finer ones keep every bound; the
+        // products are compared through divisions so no step can overflow (nor, in Lua,
+        // round).
+        while interval < PRECISE_INTERVAL
+            && !(period * scale).is_multiple_of(rate)
+            && digits < MAX_TAT_DIGITS
+        {
+            let finer = scale * 10;
+            if period > MAX_SCALED_PERIOD / finer {
+                break;
+            }
+            let finer_interval = (period * finer).div_ceil(rate);
+            if wanted_burst > MAX_DEBT_TICKS / finer_interval {
+                break;
+            }
+            (digits, scale, interval) = (digits + 1, finer, finer_interval);
+        }
+        let burst = wanted_burst.min(MAX_DEBT_TICKS / interval);
+        // interval ≤ 2^52, scale ≤ 10^9 and burst ≤ 2^32: all fit i64 losslessly.
         let interval = i64::try_from(interval).ok()?;
         let burst = i64::try_from(burst).ok()?;
         Some(Gcra {
-            interval,
+            digits,
+            scale: i64::try_from(scale).ok()?,
+            interval: exact(interval),
             tolerance: exact(burst * interval),
             burst,
         })
     }
 
-    /// The bucket as seen from outside with this debt (µs, ≥ 0).
+    /// The debt in ticks of a bucket holding `tat` at `now`: `tat − now`, at least 0 and at
+    /// most 2^50 ticks (only corrupt state or a clock stepped back by years reach the cap).
+    /// A `tat` with more digits than this limit's ticks is rounded up to a whole tick.
+    fn debt(&self, tat: Option<Tat>, now: i64) -> i64 {
+        let max_debt = MAX_DEBT_TICKS.cast_signed();
+        let Some(tat) = tat else { return 0 };
+        // tat.us ≤ now − 1 and the fraction is below one µs: tat < now.
+        if tat.us < now {
+            return 0;
+        }
+        // now ≥ 0, so this cannot overflow.
+        let ahead_us = tat.us - now;
+        if ahead_us > max_debt / self.scale {
+            return max_debt;
+        }
+        let digits = tat.digits.min(MAX_TAT_DIGITS);
+        let frac = u64::from(tat.frac).min(pow10(digits) - 1);
+        let frac_ticks = if digits <= self.digits {
+            frac * pow10(self.digits - digits)
+        } else {
+            frac.div_ceil(pow10(digits - self.digits))
+        };
+        exact((ahead_us * self.scale + frac_ticks.cast_signed()).min(max_debt))
+    }
+
+    /// The theoretical arrival time `debt` ticks after `now`.
+    fn tat(&self, now: i64, debt: i64) -> Tat {
+        Tat {
+            us: exact(now + debt / self.scale),
+            // < 10^9 < 2^32.
+            frac: u32::try_from(debt % self.scale).unwrap_or(0),
+            digits: self.digits,
+        }
+    }
+
+    /// Ticks as whole µs, rounded up (times until something, so never early).
+    fn micros(&self, ticks: i64) -> u64 {
+        ticks
+            .max(0)
+            .unsigned_abs()
+            .div_ceil(self.scale.unsigned_abs())
+    }
+
+    /// The bucket as seen from outside with this debt (ticks, ≥ 0).
     fn view(&self, debt: i64) -> View {
         let remaining = if debt <= self.tolerance {
             (self.tolerance - debt) / self.interval
@@ -59,13 +157,34 @@ impl Gcra {
         };
         View {
             remaining: remaining.unsigned_abs(),
-            reset_us: debt.unsigned_abs(),
+            reset_us: self.micros(debt),
         }
     }
 }
 
+/// `reset_us` (a token bucket's time until full, as [`View::reset_us`] reports it) at the
+/// configured rate rather than at `T` rounded up to a whole tick: scaled by
+/// `period × 10^f / (rate × T)` (at most 1) and rounded down, so a full bucket of the
+/// default burst reports exactly one period ("3 per second" says 1 s, not 2 s after the
+/// rounding of `T` and of the µs), but never to 0 while the bucket is not full. Unchanged
+/// when `T` is exact or the rate is 0.
+pub fn reset_at_configured_rate(params: &LimitParams, reset_us: u64) -> u64 {
+    let Some(gcra) = Gcra::new(params) else {
+        return reset_us;
+    };
+    let period = u128::from(super::period_us(params).unsigned_abs());
+    let scaled_period = period * u128::from(gcra.scale.unsigned_abs());
+    let actual = u128::from(super::limit(params)) * u128::from(gcra.interval.unsigned_abs());
+    if actual == scaled_period || actual == 0 {
+        return reset_us;
+    }
+    // reset_us < 2^51 and scaled_period ≤ 2^52: the product fits u128.
+    let scaled = u64::try_from(u128::from(reset_us) * scaled_period / actual).unwrap_or(reset_us);
+    scaled.max(reset_us.min(1))
+}
+
 /// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against stored theoretical arrival time `tat`.
-pub(super) fn evaluate(params: &LimitParams, tat: Option<i64>, now: i64, cost: Cost) -> Evaluation {
+pub(super) fn evaluate(params: &LimitParams, tat: Option<Tat>, now: i64, cost: Cost) -> Evaluation {
     let Some(gcra) = Gcra::new(params) else {
         // requests_per_period 0: nothing passes, there is nothing to refill or refund.
         let view = View {
@@ -79,18 +198,18 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<i64>, now: i64, cost: C
     };
     // max(tat, now) forgets idle time (and clock steps back); the upper clamp only bites on
     // corrupt state or a clock that stepped back by decades, and bounds the arithmetic.
-    let max_debt = i64::try_from(MAX_TOLERANCE_US).unwrap_or(i64::MAX);
-    let debt = exact(tat.unwrap_or(now).clamp(now, now + max_debt) - now);
+    let max_debt = MAX_DEBT_TICKS.cast_signed();
+    let debt = gcra.debt(tat, now);
     let current = gcra.view(debt);
     let commit = |new_debt: i64| {
         let state = State::TokenBucket {
-            tat_us: exact(now + new_debt),
+            tat: gcra.tat(now, new_debt),
         };
-        Evaluation::commit(current, state, new_debt.unsigned_abs(), gcra.view(new_debt))
+        Evaluation::commit(current, state, gcra.micros(new_debt), gcra.view(new_debt))
     };
     match Op::of(cost) {
         Op::Check if debt <= gcra.tolerance => Evaluation::unchanged(current),
-        Op::Check => Evaluation::denied(current, Some((debt - gcra.tolerance).unsigned_abs())),
+        Op::Check => Evaluation::denied(current, Some(gcra.micros(debt - gcra.tolerance))),
         Op::Debit(n) => {
             // n ≤ burst, so n × T ≤ tau ≤ 2^50 (computed only then).
             let fitting = i64::try_from(n)
@@ -100,7 +219,7 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<i64>, now: i64, cost: C
             match fitting {
                 Some(new_debt) if new_debt <= gcra.tolerance => commit(new_debt),
                 _ if params.overdraft => {
-                    // Always debited: into debt beyond tau, up to the cap of 2^50 µs. Whole
+                    // Always debited: into debt beyond tau, up to the cap of 2^50 ticks. Whole
                     // tokens that fit under the cap: (2^50 − debt) / T, so n × T ≤ 2^50 − debt.
                     let room = ((max_debt - debt) / gcra.interval).unsigned_abs();
                     let new_debt = if n <= room {
@@ -109,17 +228,17 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<i64>, now: i64, cost: C
                         max_debt
                     };
                     let state = State::TokenBucket {
-                        tat_us: exact(now + new_debt),
+                        tat: gcra.tat(now, new_debt),
                     };
                     // Checks pass again once the debt has drained back to tau.
-                    let wait = (new_debt - gcra.tolerance).max(0).unsigned_abs();
-                    let ttl = new_debt.unsigned_abs();
+                    let wait = gcra.micros(new_debt - gcra.tolerance);
+                    let ttl = gcra.micros(new_debt);
                     Evaluation::overdrawn(current, state, ttl, gcra.view(new_debt), wait)
                 }
-                // At now + r the debt is new_debt − r − n×T + n×T = tau: the earliest pass.
+                // At now + r the debt is new_debt − r − n×T + n×T = tau: the earliest pass,
+                // rounded up to the µs (time moves in whole µs).
                 Some(new_debt) => {
-                    let wait = new_debt - gcra.tolerance;
-                    Evaluation::denied(current, Some(wait.unsigned_abs()))
+                    Evaluation::denied(current, Some(gcra.micros(new_debt - gcra.tolerance)))
                 }
                 // More than the capacity can never pass.
                 None => Evaluation::denied(current, None),
@@ -151,10 +270,21 @@ mod tests {
         }
     }
 
-    fn tat_of(e: &Evaluation) -> Option<i64> {
+    fn tat_of(e: &Evaluation) -> Option<Tat> {
         match e.next {
-            Some((State::TokenBucket { tat_us }, _)) => Some(tat_us),
+            Some((State::TokenBucket { tat }, _)) => Some(tat),
             _ => None,
+        }
+    }
+
+    /// A stored whole-µs `tat`.
+    fn at(us: i64) -> Option<Tat> {
+        Some(Tat::from_us(us))
+    }
+
+    fn tb(us: i64) -> State {
+        State::TokenBucket {
+            tat: Tat::from_us(us),
         }
     }
 
@@ -178,29 +308,159 @@ mod tests {
         assert!(evaluate(&p, tat, NOW + 100_000, 1).admitted);
     }
 
-    /// T is rounded up to a whole µs: 3 per second gives 333 334 µs per token.
+    /// T is rounded up to a whole tick, and the ticks get finer until T is exact or precise:
+    /// 3 per second is 3 333 334 ticks of 0.1 µs per token (a whole µs would be 333 334).
     #[test]
-    fn interval_rounds_up() {
+    fn ticks_get_finer_until_t_is_precise() {
         assert_eq!(emission_interval_us(1_000_000, 3), 333_334);
-        assert_eq!(emission_interval_us(1_000_000, 4), 250_000);
+        let gcra = |rate, period_s, burst| Gcra::new(&params(rate, period_s, burst)).unwrap();
+        let g = gcra(3, 1, 3);
+        assert_eq!((g.digits, g.interval), (1, 3_333_334));
         let e = evaluate(&params(3, 1, 3), None, NOW, 1);
+        let tat = Tat {
+            us: NOW + 333_333,
+            frac: 4,
+            digits: 1,
+        };
+        assert_eq!(e.next, Some((State::TokenBucket { tat }, 333_334)));
+        assert_eq!(e.committed.remaining, 2); // floor((10 000 002 − 3 333 334) / 3 333 334)
+        // Exact in whole µs: unchanged, one integer per bucket as ever.
         assert_eq!(
-            e.next,
-            Some((
-                State::TokenBucket {
-                    tat_us: NOW + 333_334
-                },
-                333_334
-            ))
+            (gcra(10, 1, 10).digits, gcra(10, 1, 10).interval),
+            (0, 100_000)
         );
-        assert_eq!(e.committed.remaining, 2); // floor((1 000 002 − 333 334) / 333 334)
+        assert_eq!(gcra(1, 31_536_000, 1).interval, 31_536_000_000_000);
+        // Beyond one token per µs: 4 000 000 per second is 25 ticks of 10 ns, 10^9 per
+        // second 1 tick of 1 ns, both exact; u32::MAX per second 232 831 ticks of 1 fs.
+        assert_eq!(
+            (gcra(4_000_000, 1, 1).digits, gcra(4_000_000, 1, 1).interval),
+            (2, 25)
+        );
+        let g = gcra(1_000_000_000, 1, 1_000_000_000);
+        assert_eq!((g.digits, g.interval), (3, 1));
+        let g = gcra(u32::MAX.into(), 1, u32::MAX.into());
+        assert_eq!(
+            (g.digits, g.interval, g.burst),
+            (9, 232_831, u32::MAX.into())
+        );
+    }
+
+    /// Rate and period are exact, or T is rounded up by less than 4 × 10^-5 of itself, for
+    /// every rate, the longest periods and the largest bursts validation accepts.
+    #[test]
+    fn every_rate_is_precise() {
+        let rates = [
+            1,
+            3,
+            7,
+            999_999,
+            1_000_001,
+            4_000_000,
+            123_456_789,
+            1_000_000_000,
+            u64::from(u32::MAX) - 1,
+            u64::from(u32::MAX),
+        ];
+        let periods = [
+            1, 60, 3_600, 86_400, 604_800, 2_592_000, 31_536_000, 63_072_000,
+        ];
+        for rate in rates {
+            for period_s in periods {
+                for burst in [1, rate, u64::from(u32::MAX)] {
+                    let p = params(rate, period_s, burst);
+                    if p.validate().is_err() {
+                        continue;
+                    }
+                    let g = Gcra::new(&p).unwrap();
+                    let scaled = u128::from(period_s) * 1_000_000 * 10u128.pow(g.digits.into());
+                    let t = u128::from(g.interval.unsigned_abs());
+                    let over = t * u128::from(rate) - scaled;
+                    assert!(
+                        over < u128::from(rate) && over * 25_000 < scaled,
+                        "{rate} per {period_s} s, burst {burst}: {g:?}"
+                    );
+                    assert_eq!(g.burst.unsigned_abs(), burst, "burst is never clamped");
+                    assert!(g.tolerance.unsigned_abs() <= MAX_DEBT_TICKS);
+                }
+            }
+        }
+    }
+
+    /// u32::MAX per second with a burst of u32::MAX: the whole burst at once, then a second
+    /// refills the rate to within 4 × 10^-5, and a µs refills about 4 295 tokens.
+    #[test]
+    fn fastest_limit_refills_at_its_rate() {
+        let max = u64::from(u32::MAX);
+        let p = params(max, 1, max);
+        let e = evaluate(&p, None, NOW, max.cast_signed());
+        assert!(e.admitted);
+        assert_eq!(e.committed.remaining, 0);
+        let tat = tat_of(&e);
+        assert!(!evaluate(&p, tat, NOW, 1).admitted);
+        let e = evaluate(&p, tat, NOW + 1, 0);
+        assert_eq!(e.current.remaining, 4_294); // floor(10^9 / 232 831)
+        let e = evaluate(&p, tat, NOW + 1_000_000, 0);
+        assert!(e.current.remaining >= max - max / 25_000);
+        assert!(e.current.remaining < max);
+    }
+
+    /// A stored tat with other digits than the limit's (the limit changed) is read exactly
+    /// when it has fewer, and rounded up to a whole tick (never less debt) when it has more.
+    #[test]
+    fn tat_of_other_digits_converts() {
+        let p = params(10, 1, 10); // whole µs: digits 0
+        let fine = Tat {
+            us: NOW + 100_000,
+            frac: 1,
+            digits: 9,
+        };
+        let e = evaluate(&p, Some(fine), NOW, 0);
+        assert_eq!(e.current.reset_us, 100_001);
+        assert_eq!(e.current.remaining, 8); // debt 100 001 µs > one token of 100 000
+        let p = params(3, 1, 3); // digits 1
+        let e = evaluate(&p, at(NOW + 333_333), NOW, 0);
+        assert_eq!(e.current.remaining, 2); // 3 333 330 ticks of debt
+        let e = evaluate(&p, Some(fine), NOW, -1);
+        // 1 000 001 ticks (rounded up from 1 000 000.00000001) − 3 333 334: floored at 0.
+        let full = Tat {
+            us: NOW,
+            frac: 0,
+            digits: 1,
+        };
+        assert_eq!(e.next, Some((State::TokenBucket { tat: full }, 0)));
+    }
+
+    /// The reported reset uses the configured rate: a full bucket of the default burst is
+    /// exactly one period, at every rate; an exact `T` is unchanged.
+    #[test]
+    fn reset_at_configured_rate_is_one_period_when_full() {
+        let max = u64::from(u32::MAX);
+        for (rate, period_s) in [
+            (3, 1),
+            (7, 60),
+            (999_999, 1),
+            (max, 1),
+            (max - 1, 7),
+            (10, 1),
+        ] {
+            let p = params(rate, period_s, rate);
+            let full = evaluate(&p, None, NOW, rate.cast_signed());
+            assert!(full.admitted);
+            let reported = reset_at_configured_rate(&p, full.committed.reset_us);
+            assert_eq!(reported, period_s * 1_000_000, "{rate} per {period_s} s");
+        }
+        assert_eq!(reset_at_configured_rate(&params(4, 1, 4), 750_000), 750_000);
+        assert_eq!(reset_at_configured_rate(&params(0, 1, 4), 5), 5);
+        // Not full is never reported as full.
+        assert_eq!(reset_at_configured_rate(&params(3, 1, 3), 1), 1);
+        assert_eq!(reset_at_configured_rate(&params(3, 1, 3), 0), 0);
     }
 
     /// Views report whole tokens left and the debt as time until full; TTL equals that debt.
     #[test]
     fn views_and_ttl() {
         let p = params(10, 1, 10);
-        let e = evaluate(&p, Some(NOW + 250_000), NOW, 3);
+        let e = evaluate(&p, at(NOW + 250_000), NOW, 3);
         assert_eq!(
             e.current,
             View {
@@ -215,15 +475,7 @@ mod tests {
                 reset_us: 550_000
             }
         );
-        assert_eq!(
-            e.next,
-            Some((
-                State::TokenBucket {
-                    tat_us: NOW + 550_000
-                },
-                550_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 550_000), 550_000)));
         let fresh = evaluate(&p, None, NOW, 0);
         assert_eq!(
             fresh.current,
@@ -247,11 +499,11 @@ mod tests {
     #[test]
     fn denied_retry_after_is_exact() {
         let p = params(10, 1, 10); // tau = 1 s
-        let e = evaluate(&p, Some(NOW + 900_000), NOW, 3);
+        let e = evaluate(&p, at(NOW + 900_000), NOW, 3);
         assert!(!e.admitted);
         assert_eq!(e.retry_after_us, Some(200_000)); // 900k + 300k − 1 000k
-        assert!(!evaluate(&p, Some(NOW + 900_000), NOW + 199_999, 3).admitted);
-        assert!(evaluate(&p, Some(NOW + 900_000), NOW + 200_000, 3).admitted);
+        assert!(!evaluate(&p, at(NOW + 900_000), NOW + 199_999, 3).admitted);
+        assert!(evaluate(&p, at(NOW + 900_000), NOW + 200_000, 3).admitted);
     }
 
     /// Check-only passes unless the bucket is overdrawn (debt > tau, e.g. after burst was
@@ -259,10 +511,10 @@ mod tests {
     #[test]
     fn check_only() {
         let p = params(10, 1, 10);
-        let e = evaluate(&p, Some(NOW + 1_000_000), NOW, 0);
+        let e = evaluate(&p, at(NOW + 1_000_000), NOW, 0);
         assert!(e.admitted && e.next.is_none());
         assert_eq!(e.current.remaining, 0);
-        let e = evaluate(&p, Some(NOW + 1_300_000), NOW, 0);
+        let e = evaluate(&p, at(NOW + 1_300_000), NOW, 0);
         assert!(!e.admitted && e.next.is_none());
         assert_eq!(e.retry_after_us, Some(300_000));
         assert_eq!(
@@ -278,40 +530,35 @@ mod tests {
     #[test]
     fn refund() {
         let p = params(10, 1, 10);
-        let e = evaluate(&p, Some(NOW + 500_000), NOW, -2);
+        let e = evaluate(&p, at(NOW + 500_000), NOW, -2);
         assert!(e.admitted);
-        assert_eq!(
-            e.next,
-            Some((
-                State::TokenBucket {
-                    tat_us: NOW + 300_000
-                },
-                300_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 300_000), 300_000)));
         assert_eq!(e.committed.remaining, 7);
-        let e = evaluate(&p, Some(NOW + 500_000), NOW, -9);
-        assert_eq!(e.next, Some((State::TokenBucket { tat_us: NOW }, 0)));
+        let e = evaluate(&p, at(NOW + 500_000), NOW, -9);
+        assert_eq!(e.next, Some((tb(NOW), 0)));
         // Refund clamp min(n, burst): an overdrawn bucket gets back at most a full bucket.
-        let e = evaluate(&p, Some(NOW + 3_000_000), NOW, i64::MIN);
-        assert_eq!(tat_of(&e), Some(NOW + 2_000_000));
+        let e = evaluate(&p, at(NOW + 3_000_000), NOW, i64::MIN);
+        assert_eq!(tat_of(&e), at(NOW + 2_000_000));
     }
 
     /// A tat in the past is a full bucket; a clock that steps back leaves the debt as is.
     #[test]
     fn idle_time_is_forgotten_and_clock_steps_back() {
         let p = params(10, 1, 10);
-        let e = evaluate(&p, Some(NOW - 5_000_000), NOW, 1);
-        assert_eq!(tat_of(&e), Some(NOW + 100_000));
-        let e = evaluate(&p, Some(NOW + 100_000), NOW - 50_000, 0);
+        let e = evaluate(&p, at(NOW - 5_000_000), NOW, 1);
+        assert_eq!(tat_of(&e), at(NOW + 100_000));
+        let e = evaluate(&p, at(NOW + 100_000), NOW - 50_000, 0);
         assert_eq!(e.current.reset_us, 150_000);
     }
 
     /// A tat beyond now + 2^50 (corrupt state) is treated as exactly 2^50 ahead.
     #[test]
     fn debt_is_capped() {
-        let e = evaluate(&params(10, 1, 10), Some(i64::MAX), NOW, 0);
-        assert_eq!(e.current.reset_us, MAX_TOLERANCE_US);
+        let e = evaluate(&params(10, 1, 10), at(i64::MAX), NOW, 0);
+        assert_eq!(e.current.reset_us, MAX_DEBT_TICKS);
+        // At 1 ns ticks the cap is 2^50 ns.
+        let e = evaluate(&params(1_000_000_000, 1, 10), at(i64::MAX), NOW, 0);
+        assert_eq!(e.current.reset_us, MAX_DEBT_TICKS.div_ceil(1_000));
     }
 
     /// requests_per_period 0: debits never pass, checks and refunds pass, nothing is stored.
@@ -345,17 +592,9 @@ mod tests {
     #[test]
     fn overdraft_goes_into_debt() {
         let p = overdraft(10, 1, 10); // T = 100 ms, tau = 1 s
-        let e = evaluate(&p, Some(NOW + 600_000), NOW, 7);
+        let e = evaluate(&p, at(NOW + 600_000), NOW, 7);
         assert!(!e.admitted);
-        assert_eq!(
-            e.next,
-            Some((
-                State::TokenBucket {
-                    tat_us: NOW + 1_300_000
-                },
-                1_300_000
-            ))
-        );
+        assert_eq!(e.next, Some((tb(NOW + 1_300_000), 1_300_000)));
         assert_eq!(e.retry_after_us, Some(300_000));
         assert_eq!(
             e.committed,
@@ -371,19 +610,19 @@ mod tests {
         assert!(evaluate(&p, None, NOW, 10).admitted);
     }
 
-    /// Overdraft: a cost above burst is stored too, and the debt is capped at 2^50 µs.
+    /// Overdraft: a cost above burst is stored too, and the debt is capped at 2^50 ticks.
     #[test]
     fn overdraft_above_burst_and_debt_cap() {
         let p = overdraft(10, 1, 5);
         let e = evaluate(&p, None, NOW, 6);
         assert!(!e.admitted);
-        assert_eq!(tat_of(&e), Some(NOW + 600_000));
+        assert_eq!(tat_of(&e), at(NOW + 600_000));
         assert_eq!(e.retry_after_us, Some(100_000));
-        let max = i64::try_from(MAX_TOLERANCE_US).unwrap_or(i64::MAX);
+        let max = MAX_DEBT_TICKS.cast_signed(); // whole µs for 10 per second
         let e = evaluate(&p, None, NOW, i64::MAX);
-        assert_eq!(tat_of(&e), Some(NOW + max));
-        let e = evaluate(&p, Some(NOW + max - 50_000), NOW, 1);
-        assert_eq!(tat_of(&e), Some(NOW + max));
+        assert_eq!(tat_of(&e), at(NOW + max));
+        let e = evaluate(&p, at(NOW + max - 50_000), NOW, 1);
+        assert_eq!(tat_of(&e), at(NOW + max));
         // Rate 0: nothing would ever repay a debt, so nothing is stored.
         assert_eq!(evaluate(&overdraft(0, 1, 5), None, NOW, 3).next, None);
     }
@@ -404,15 +643,15 @@ mod tests {
             steps in steps(),
         ) {
             let p = params(rate, 1, burst);
-            let interval = i64::try_from(emission_interval_us(1_000_000, rate)).unwrap_or(1);
-            let mut tat = Some(NOW + start_debt);
+            let g = Gcra::new(&p).unwrap();
+            let mut tat = at(NOW + start_debt);
             let mut now = NOW;
             let mut log: Vec<(i64, i64)> = Vec::new(); // (time, net tokens)
             for (dt, cost) in steps {
                 now += dt;
                 let e = evaluate(&p, tat, now, cost);
-                if let Some((State::TokenBucket { tat_us }, _)) = e.next {
-                    tat = Some(tat_us);
+                if let Some((State::TokenBucket { tat: next }, _)) = e.next {
+                    tat = Some(next);
                     let credited = if cost < 0 { -(-cost).min(i64::try_from(burst).unwrap_or(0)) } else { cost };
                     log.push((now, credited));
                 }
@@ -421,7 +660,8 @@ mod tests {
                 let mut net = 0;
                 for j in i..log.len() {
                     net += log[j].1;
-                    let bound = i64::try_from(burst).unwrap_or(0) + (log[j].0 - log[i].0) / interval;
+                    let elapsed = (log[j].0 - log[i].0) * g.scale;
+                    let bound = i64::try_from(burst).unwrap_or(0) + elapsed / g.interval;
                     prop_assert!(net <= bound, "net {net} > bound {bound} over [{i}, {j}]");
                 }
             }
@@ -429,7 +669,7 @@ mod tests {
 
         /// Overdraft: every debit is stored (debt grows by exactly cost × T, below the cap),
         /// and the debt is repaid at the configured rate: checks pass again exactly when the
-        /// debt has drained back to tau, i.e. after debt − tau µs.
+        /// debt has drained back to tau, i.e. after debt − tau (rounded up to the µs).
         #[test]
         fn overdraft_debits_always_apply_and_debt_repays_at_rate(
             rate in 1u64..1000,
@@ -439,39 +679,44 @@ mod tests {
             cost in 1i64..500,
         ) {
             let p = overdraft(rate, period_s, burst);
-            let interval = i64::try_from(emission_interval_us(period_s * 1_000_000, rate)).unwrap_or(1);
-            let tau = interval * i64::try_from(burst).unwrap_or(0);
-            let e = evaluate(&p, Some(NOW + debt), NOW, cost);
-            let new_tat = NOW + debt.max(0) + cost * interval;
+            let g = Gcra::new(&p).unwrap();
+            let e = evaluate(&p, at(NOW + debt), NOW, cost);
+            let new_debt = debt * g.scale + cost * g.interval;
+            let new_tat = g.tat(NOW, new_debt);
             prop_assert_eq!(tat_of(&e), Some(new_tat));
-            prop_assert_eq!(e.admitted, debt + cost * interval <= tau);
-            let over = new_tat - NOW - tau;
+            prop_assert_eq!(e.admitted, new_debt <= g.tolerance);
+            let over = i64::try_from(g.micros(new_debt - g.tolerance)).unwrap_or(i64::MAX);
             if over > 0 {
                 prop_assert_eq!(e.retry_after_us, Some(over.unsigned_abs()));
                 prop_assert!(!evaluate(&p, Some(new_tat), NOW + over - 1, 0).admitted);
             }
-            prop_assert!(evaluate(&p, Some(new_tat), NOW + over.max(0), 0).admitted);
+            prop_assert!(evaluate(&p, Some(new_tat), NOW + over, 0).admitted);
             // Fully repaid (a full bucket) once the whole debt has drained.
-            let full = evaluate(&p, Some(new_tat), new_tat, 0);
+            let paid = NOW + i64::try_from(g.micros(new_debt)).unwrap_or(i64::MAX);
+            let full = evaluate(&p, Some(new_tat), paid, 0);
             prop_assert_eq!(full.current.remaining, burst);
         }
 
-        /// retry_after is exact: the same cost passes at now + retry and not one µs earlier.
+        /// retry_after is exact: the same cost passes at now + retry and not one µs earlier,
+        /// at every rate (the ticks of fast limits are finer than a µs), for any debt below
+        /// the cap of 2^50 ticks (a debt beyond it can only come from another limit's state).
         #[test]
         fn retry_after_is_exact(
-            rate in 1u64..1000,
+            rate in prop_oneof![1u64..1000, 1_000_000u64..=u64::from(u32::MAX)],
             period_s in 1u64..100,
             burst in 1u64..50,
             debt in 0i64..200_000_000,
             cost in 0i64..50,
         ) {
             let p = params(rate, period_s, burst);
-            let e = evaluate(&p, Some(NOW + debt), NOW, cost);
+            let g = Gcra::new(&p).unwrap();
+            let debt = debt.min(MAX_DEBT_TICKS.cast_signed() / g.scale);
+            let e = evaluate(&p, at(NOW + debt), NOW, cost);
             if let (false, Some(r)) = (e.admitted, e.retry_after_us) {
                 let r = i64::try_from(r).unwrap_or(i64::MAX);
                 prop_assert!(r > 0);
-                prop_assert!(evaluate(&p, Some(NOW + debt), NOW + r, cost).admitted);
-                prop_assert!(!evaluate(&p, Some(NOW + debt), NOW + r - 1, cost).admitted);
+                prop_assert!(evaluate(&p, at(NOW + debt), NOW + r, cost).admitted);
+                prop_assert!(!evaluate(&p, at(NOW + debt), NOW + r - 1, cost).admitted);
             }
         }
     }

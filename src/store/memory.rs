@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use super::{Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, settle};
 use crate::clock::Clock;
-use crate::limiter::{self, State};
+use crate::limiter::{self, State, Tat};
 use crate::metrics::Metrics;
 
 /// Number of shards; a power of two well above the core count keeps lock contention low.
@@ -49,12 +49,13 @@ pub const EVICTION_SAMPLE: usize = 8;
 /// 2 M slots (114 MB). Packed, a slot is 41 bytes.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// `tat_us` of a token bucket, or the window index of a window.
+    /// The whole µs of a token bucket's `tat`, or the window index of a window.
     time: i64,
-    /// The (current) window's count. The limiter caps counts at `limiter::MAX_COUNT`
-    /// (`u32::MAX`), so 32 bits hold any count it stores.
+    /// The (current) window's count, or the fraction of a token bucket's `tat` (below 10^9).
+    /// The limiter caps counts at `limiter::MAX_COUNT` (`u32::MAX`), so 32 bits hold any
+    /// count it stores.
     count: u32,
-    /// The previous window's count (sliding window).
+    /// The previous window's count (sliding window), or the fraction digits of a `tat`.
     previous: u32,
     /// The expiry (µs since the epoch at which the state becomes equivalent to absent) in the
     /// low 62 bits, sign-extended; the state's kind in the top two.
@@ -67,7 +68,9 @@ const EXPIRY_LIMIT: i64 = 1 << 61;
 impl Entry {
     fn new(state: State, expires_at_us: i64) -> Entry {
         let (kind, time, count, previous) = match state {
-            State::TokenBucket { tat_us } => (0u64, tat_us, 0, 0),
+            State::TokenBucket { tat } => {
+                (0u64, tat.us, u64::from(tat.frac), u64::from(tat.digits))
+            }
             State::FixedWindow { window, count } => (1, window, count, 0),
             State::SlidingWindow {
                 window,
@@ -92,7 +95,13 @@ impl Entry {
 
     fn state(&self) -> State {
         match self.expiry_and_kind >> 62 {
-            0 => State::TokenBucket { tat_us: self.time },
+            0 => State::TokenBucket {
+                tat: Tat {
+                    us: self.time,
+                    frac: self.count,
+                    digits: u8::try_from(self.previous).unwrap_or(u8::MAX),
+                },
+            },
             1 => State::FixedWindow {
                 window: self.time,
                 count: u64::from(self.count),
@@ -480,8 +489,16 @@ mod tests {
         assert_eq!(std::mem::size_of::<Entry>(), 24);
         let max = limiter::MAX_COUNT;
         let states = [
-            State::TokenBucket { tat_us: i64::MIN },
-            State::TokenBucket { tat_us: i64::MAX },
+            State::TokenBucket {
+                tat: Tat::from_us(i64::MIN),
+            },
+            State::TokenBucket {
+                tat: Tat {
+                    us: i64::MAX,
+                    frac: 999_999_999,
+                    digits: 9,
+                },
+            },
             State::FixedWindow {
                 window: -1,
                 count: max,

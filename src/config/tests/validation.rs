@@ -303,15 +303,22 @@ fn limiter_bounds() {
         "descriptors[0].rate_limit.unit_multiplier",
         "period of 3 × year is too long: at most 2^36 ms (about 795 days)",
     );
-    config(&limit("unit: second, requests_per_unit: 1000000"));
-    assert_error(
-        &limit("unit: second, requests_per_unit: 1000001"),
-        "descriptors[0].rate_limit.requests_per_unit",
-        "1000001/second is more than one request per microsecond, which token_bucket cannot \
-         represent; use algorithm: fixed_window",
-    );
+    // Every rate up to u32::MAX with every unit, under every algorithm, with bursts and
+    // multipliers.
+    for algorithm in ["token_bucket", "fixed_window", "sliding_window"] {
+        for unit in ["second", "minute", "hour", "day", "week", "month", "year"] {
+            for rate in [1, 1_000_001, 4_000_000, 1_000_000_000, u32::MAX] {
+                config(&limit(&format!(
+                    "unit: {unit}, requests_per_unit: {rate}, algorithm: {algorithm}"
+                )));
+            }
+        }
+    }
     config(&limit(
-        "unit: second, requests_per_unit: 1000001, algorithm: fixed_window",
+        "unit: second, unit_multiplier: 7, requests_per_unit: 4294967295, burst: 4294967295",
+    ));
+    config(&limit(
+        "unit: year, unit_multiplier: 2, requests_per_unit: 4294967295, burst: 1",
     ));
     // One token a year (31 536 000 000 000 µs) with a burst of 36 spans > 2^50 µs.
     assert_error(
