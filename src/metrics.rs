@@ -41,10 +41,11 @@
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -58,8 +59,56 @@ use crate::plan::{Outcome, Tally, Verdict};
 /// no bytes (a label set is needed to look a series up, not only to create it).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
-    domain: Arc<str>,
-    rule: Arc<str>,
+    domain: LabelText,
+    rule: LabelText,
+}
+
+/// A label value that may hold request bytes (`detailed_metric`, `value_to_metric`),
+/// escaped as the Prometheus and OpenMetrics text formats require: a raw `"` or newline
+/// would end the value early and make the whole exposition unparseable (or forge series).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelText(Arc<str>);
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        use fmt::Write as _;
+        let text: &str = &self.0;
+        let mut rest = text;
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortLabels {
+    port: &'static str,
+}
+
+/// The listening port a connection metric is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    /// The gRPC port (rate-limit service, health, reflection).
+    Grpc,
+    /// The admin HTTP port.
+    Http,
+}
+
+impl Port {
+    /// The `port` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Port::Grpc => "grpc",
+            Port::Http => "http",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,15 +213,17 @@ pub struct Metrics {
     local_cache_entries: Gauge,
     local_cache_evictions: Counter,
     requests_in_flight: Gauge,
+    /// Connection bounds and label caps (`floodgate_connections_*`, the rule series cap).
+    abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
 #[derive(Debug)]
-pub struct InFlight<'a>(&'a Gauge);
+pub struct InFlight(Gauge);
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -330,6 +381,7 @@ impl Metrics {
             "ShouldRateLimit calls being answered now",
             requests_in_flight.clone(),
         );
+        let abuse = Abuse::register(&mut registry);
         Metrics {
             registry,
             rule_hits,
@@ -355,6 +407,7 @@ impl Metrics {
             local_cache_entries,
             local_cache_evictions,
             requests_in_flight,
+            abuse,
             samplers: Samplers::default(),
         }
     }
@@ -376,10 +429,18 @@ impl Metrics {
     }
 
     fn record_tally(&self, domain: &Arc<str>, tally: &Tally) {
-        let labels = RuleLabels {
-            domain: Arc::clone(domain),
-            rule: Arc::clone(&tally.rule),
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(&tally.rule)),
         };
+        // Paths with request values are as many as the values clients send: past the cap,
+        // new ones share one overflow series per domain.
+        if tally.detailed
+            && self.rule_hits.get(&labels).is_none()
+            && !self.abuse.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
@@ -484,9 +545,9 @@ impl Metrics {
     }
 
     /// Counts a request as in flight until the returned guard is dropped.
-    pub fn enter_request(&self) -> InFlight<'_> {
+    pub fn enter_request(&self) -> InFlight {
         self.requests_in_flight.inc();
-        InFlight(&self.requests_in_flight)
+        InFlight(self.requests_in_flight.clone())
     }
 
     /// Sets the number of buckets the local over-limit cache holds.
@@ -536,4 +597,123 @@ fn record_load(loads: &Family<ResultLabels, Counter>, last_ok: &Gauge, ok: bool)
         })
         .inc();
     last_ok.set(i64::from(ok));
+}
+
+/// The `rule` label of the series that `detailed_metric` / `value_to_metric` paths share once
+/// [`Metrics::set_max_detailed_series`] distinct ones exist.
+pub const OVERFLOW_RULE: &str = "_overflow";
+
+/// Default of [`Metrics::set_max_detailed_series`].
+pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
+
+/// Metrics of the bounds that keep one client from exhausting the server: connections per
+/// port, and the cap on rule series that carry request values.
+#[derive(Debug)]
+struct Abuse {
+    connections_open: Family<PortLabels, Gauge>,
+    connections_refused: Family<PortLabels, Counter>,
+    connections_idle_closed: Family<PortLabels, Counter>,
+    accept_errors: Family<PortLabels, Counter>,
+    /// Tallies counted under the overflow series because the cap was reached.
+    detailed_overflow: Counter,
+    /// Distinct detailed rule paths with their own series.
+    detailed_series: AtomicUsize,
+    /// The cap on `detailed_series`.
+    max_detailed_series: AtomicUsize,
+}
+
+impl Abuse {
+    fn register(registry: &mut Registry) -> Abuse {
+        let abuse = Abuse {
+            connections_open: Family::default(),
+            connections_refused: Family::default(),
+            connections_idle_closed: Family::default(),
+            accept_errors: Family::default(),
+            detailed_overflow: Counter::default(),
+            detailed_series: AtomicUsize::new(0),
+            max_detailed_series: AtomicUsize::new(DEFAULT_MAX_DETAILED_SERIES),
+        };
+        registry.register(
+            "floodgate_connections_open",
+            "Connections open now, by port (grpc, http)",
+            abuse.connections_open.clone(),
+        );
+        registry.register(
+            "floodgate_connections_refused",
+            "Connections closed at once because the port's connection limit was reached",
+            abuse.connections_refused.clone(),
+        );
+        registry.register(
+            "floodgate_connections_idle_closed",
+            "Connections closed because nothing was read from them for the idle timeout",
+            abuse.connections_idle_closed.clone(),
+        );
+        registry.register(
+            "floodgate_accept_errors",
+            "Failed accepts (e.g. out of file descriptors), by port",
+            abuse.accept_errors.clone(),
+        );
+        registry.register(
+            "floodgate_rule_series_overflow",
+            "Rule tallies with request values counted under the _overflow rule label \
+             because the cap on such series was reached",
+            abuse.detailed_overflow.clone(),
+        );
+        abuse
+    }
+
+    /// Whether one more detailed series may be created; counts an overflow if not.
+    fn admit_detailed_series(&self) -> bool {
+        let max = self.max_detailed_series.load(Ordering::Relaxed);
+        let admitted = self
+            .detailed_series
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.detailed_overflow.inc();
+        }
+        admitted
+    }
+}
+
+impl Metrics {
+    /// Caps the distinct rule series that carry request values (`detailed_metric`,
+    /// `value_to_metric`); past it, such tallies count under the rule label
+    /// [`OVERFLOW_RULE`] and in `floodgate_rule_series_overflow_total`.
+    pub fn set_max_detailed_series(&self, max: usize) {
+        self.abuse.max_detailed_series.store(max, Ordering::Relaxed);
+    }
+
+    /// The `floodgate_connections_open` gauge of `port` (connections count themselves).
+    pub fn connections_open(&self, port: Port) -> Gauge {
+        self.abuse
+            .connections_open
+            .get_or_create_owned(&PortLabels { port: port.label() })
+    }
+
+    /// Counts a connection refused because the port's limit was reached.
+    pub fn record_connection_refused(&self, port: Port) {
+        self.abuse
+            .connections_refused
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts a connection closed for being silent too long.
+    pub fn record_idle_close(&self, port: Port) {
+        self.abuse
+            .connections_idle_closed
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts a failed accept.
+    pub fn record_accept_error(&self, port: Port) {
+        self.abuse
+            .accept_errors
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
 }

@@ -21,8 +21,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::clock::SystemClock;
@@ -34,7 +32,10 @@ use crate::metrics::Metrics;
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
-use crate::settings::ServeSettings;
+use crate::admission::AdmissionLayer;
+use crate::listen::{Admission, ConnectionLimits};
+use crate::metrics::Port;
+use crate::settings::{BoundsSettings, ServeSettings};
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
 use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
@@ -51,6 +52,12 @@ const BREAKER_QUIET_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often a Redis behind an open circuit breaker is probed.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a gRPC connection may be quiet before the server pings it, and how long the
+/// answer may take: a dead peer is found within their sum, and a live one is never silent
+/// for the idle timeout.
+const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the memory store drops expired buckets.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -103,6 +110,58 @@ pub struct RunOptions {
     pub json_endpoint: bool,
     /// TLS on the gRPC port; `None`: plaintext.
     pub tls: Option<GrpcTls>,
+    /// Connection and stream bounds of both ports.
+    pub bounds: Bounds,
+}
+
+/// The bounds that keep one client from exhausting the server (docs/security.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections on the gRPC port.
+    pub grpc: ConnectionLimits,
+    /// Connections on the admin HTTP port.
+    pub http: ConnectionLimits,
+    /// HTTP/2 streams open at once on one gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Longest a gRPC call may take, its request body's arrival included.
+    pub grpc_request_timeout: Duration,
+}
+
+impl Default for Bounds {
+    /// The defaults of the `serve` flags.
+    fn default() -> Bounds {
+        Bounds {
+            grpc: ConnectionLimits {
+                max_connections: 1_000,
+                idle_timeout: Duration::from_secs(60),
+            },
+            http: ConnectionLimits {
+                max_connections: 100,
+                idle_timeout: Duration::from_secs(60),
+            },
+            grpc_max_concurrent_streams: 100,
+            grpc_request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Bounds {
+    /// The bounds `settings` ask for.
+    pub fn from_settings(settings: &BoundsSettings) -> Bounds {
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        Bounds {
+            grpc: ConnectionLimits {
+                max_connections: count(settings.grpc_max_connections),
+                idle_timeout: settings.grpc_idle_timeout,
+            },
+            http: ConnectionLimits {
+                max_connections: count(settings.http_max_connections),
+                idle_timeout: settings.http_idle_timeout,
+            },
+            grpc_max_concurrent_streams: settings.grpc_max_concurrent_streams,
+            grpc_request_timeout: settings.grpc_request_timeout,
+        }
+    }
 }
 
 impl RunOptions {
@@ -114,6 +173,7 @@ impl RunOptions {
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
             json_endpoint: settings.json_endpoint,
             tls: prepared.tls.clone(),
+            bounds: Bounds::from_settings(&settings.bounds),
         }
     }
 }
@@ -137,11 +197,14 @@ pub struct Prepared {
 /// Loads the limits and builds the request path; fails on anything an operator must fix.
 pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     let metrics = Metrics::shared();
+    metrics.set_max_detailed_series(
+        usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
+    );
     let defaults = defaults(&settings);
     let path = settings
         .limits_path()
         .map_err(|e| ServerError::Settings(e.to_string()))?;
-    let config = Config::load(path, &defaults).map_err(|errors| {
+    let config = Config::load_within(path, &defaults, crate::config::LOAD_DEADLINE).map_err(|errors| {
         metrics.record_config_load(false);
         ServerError::Config {
             path: path.display().to_string(),
@@ -321,6 +384,20 @@ fn redis_settings(
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
 pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     let settings = &prepared.settings;
+    let open_files = crate::listen::raise_fd_limit();
+    let bounds = Bounds::from_settings(&settings.bounds);
+    let wanted = bounds.grpc.max_connections + bounds.http.max_connections;
+    match open_files {
+        // Redis connections, limits files, watches and the listeners need descriptors too.
+        Some(limit) if limit < wanted as u64 + 64 => tracing::warn!(
+            open_files = limit,
+            connections = wanted,
+            "the open-files limit is below the connection limits; lower \
+             --grpc-max-connections / --http-max-connections or raise the limit"
+        ),
+        Some(limit) => tracing::info!(open_files = limit, "open-files limit"),
+        None => {}
+    }
     let bind = |addr| async move {
         TcpListener::bind(addr)
             .await
@@ -454,6 +531,7 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let metrics = limiter.metrics().clone();
     let serving = Arc::new(AtomicBool::new(true));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mirror = store_health.map(|store_health| {
@@ -472,7 +550,16 @@ pub async fn run(
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
+    let bounds = options.bounds;
     let grpc_router = tonic::transport::Server::builder()
+        // Bounded per connection (SETTINGS_MAX_CONCURRENT_STREAMS) and in total (every
+        // stream takes a --max-in-flight place from its first frame, crate::admission);
+        // the request timeout frees a stream whose body never comes.
+        .max_concurrent_streams(Some(bounds.grpc_max_concurrent_streams))
+        .timeout(bounds.grpc_request_timeout)
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
+        .layer(AdmissionLayer::new(limiter.clone()))
         .add_service(rls)
         .add_service(health_service)
         .add_service(reflection_v1)
@@ -483,17 +570,11 @@ pub async fn run(
         Some(tls) if tls.is_mutual() => "mutual",
         Some(_) => "on",
     };
+    let grpc = Admission::new(grpc, bounds.grpc, Port::Grpc, metrics.clone());
     let mut grpc_task = match options.tls {
-        None => {
-            // Envoy multiplexes many requests on few connections: answer each small message
-            // at once.
-            let incoming = TcpListenerStream::new(grpc).map(|stream| {
-                stream.inspect(|s| {
-                    let _ = s.set_nodelay(true);
-                })
-            });
-            tokio::spawn(grpc_router.serve_with_incoming_shutdown(incoming, grpc_stopped))
-        }
+        None => tokio::spawn(
+            grpc_router.serve_with_incoming_shutdown(grpc.into_stream(), grpc_stopped),
+        ),
         Some(tls) => {
             tokio::spawn(grpc_router.serve_with_incoming_shutdown(tls.incoming(grpc), grpc_stopped))
         }
@@ -505,6 +586,7 @@ pub async fn run(
                 serving: serving.clone(),
                 json_endpoint: options.json_endpoint,
             });
+            let http = Admission::new(http, bounds.http, Port::Http, metrics);
             let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
         }
