@@ -557,8 +557,9 @@ pub async fn run(
         // the request timeout frees a stream whose body never comes.
         .max_concurrent_streams(Some(bounds.grpc_max_concurrent_streams))
         .timeout(bounds.grpc_request_timeout)
-        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT))
+        // Pinged well within the idle timeout, a live peer is never closed as silent.
+        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL.min(bounds.grpc.idle_timeout / 3)))
+        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT.min(bounds.grpc.idle_timeout / 3)))
         .layer(AdmissionLayer::new(limiter.clone()))
         .add_service(rls)
         .add_service(health_service)

@@ -540,14 +540,18 @@ pub fn redact_url(url: &str) -> String {
 pub fn redact_in(text: &str, url: &str) -> String {
     let mut secrets: Vec<&str> = Vec::new();
     if let Some((_, rest)) = url.split_once("://") {
-        if let Some((userinfo, _)) = rest.rsplit_once('@') {
-            secrets.extend(userinfo.split_once(':').map(|(_, password)| password));
-            // A bare `redis://secret@host` may be a password too (older URL forms).
-            if !userinfo.contains(':') {
-                secrets.push(userinfo);
+        let location = match rest.rsplit_once('@') {
+            Some((userinfo, location)) => {
+                secrets.extend(userinfo.split_once(':').map(|(_, password)| password));
+                // A bare `redis://secret@host` may be a password too (older URL forms).
+                if !userinfo.contains(':') {
+                    secrets.push(userinfo);
+                }
+                location
             }
-        }
-        if let Some((_, query)) = rest.split_once('?') {
+            None => rest,
+        };
+        if let Some((_, query)) = location.split_once('?') {
             secrets.extend(query.split('&').filter_map(|pair| match pair.split_once('=') {
                 Some(("pass" | "password", value)) => Some(value),
                 _ => None,

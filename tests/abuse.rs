@@ -89,8 +89,10 @@ async fn bodiless_streams_on_one_connection_are_bounded() {
     let mut attacker = Attacker::connect(server.grpc).await;
     attacker.open_streams(20_000).await;
     let in_flight = "floodgate_requests_in_flight";
-    eventually("the streams are admitted", || async {
-        gauge(server.http, in_flight).await >= 1.0
+    // The server keeps its per-connection bound and refuses every stream beyond it.
+    let resets = || attacker.seen.resets.load(std::sync::atomic::Ordering::SeqCst);
+    eventually("100 streams held, 19,900 refused", || async {
+        gauge(server.http, in_flight).await == 100.0 && resets() == 19_900
     })
     .await;
     let held = gauge(server.http, in_flight).await;
@@ -313,7 +315,7 @@ async fn undecodable_request_is_invalid_argument() {
     let tcp = TcpStream::connect(server.grpc).await.unwrap();
     let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
-    let request = http::Request::builder()
+    let request = ::http::Request::builder()
         .method("POST")
         .uri(format!(
             "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",

@@ -296,6 +296,7 @@ impl TestServer {
                 grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
                 json_endpoint: !tuning.no_json_endpoint,
                 tls: tuning.tls.clone(),
+                bounds: server::Bounds::default(),
             },
             store_health,
             async move {
