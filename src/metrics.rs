@@ -3,7 +3,9 @@
 //! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
 //! configuration: per-rule series are labelled with the domain and the rule's path from the
 //! limits file (`domain.key_value.key`); request values appear only for rules that opt in with
-//! `detailed_metric` or `value_to_metric` (then one series per distinct value: use with care). Like the reference
+//! `detailed_metric` or `value_to_metric`: then one series per distinct value, at most
+//! `--metrics-max-detailed-series` of them (later values count under the rule label
+//! `_overflow`), every label value escaped as the text format requires. Like the reference
 //! server, rule counters add hits, not requests (a request with `hits_addend: 5` adds 5).
 //!
 //! | metric | labels | meaning |
@@ -30,7 +32,12 @@
 //! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
-//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
+//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`) |
+//! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
+//! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
+//! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
+//! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
 //! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
@@ -45,8 +52,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -378,7 +385,7 @@ impl Metrics {
         );
         registry.register(
             "floodgate_requests_in_flight",
-            "ShouldRateLimit calls being answered now",
+            "gRPC calls (from their first frame) and /json requests being answered now",
             requests_in_flight.clone(),
         );
         let abuse = Abuse::register(&mut registry);
@@ -715,5 +722,46 @@ impl Metrics {
             .accept_errors
             .get_or_create(&PortLabels { port: port.label() })
             .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(rule: &str, detailed: bool) -> Tally {
+        Tally {
+            rule: rule.into(),
+            detailed,
+            hits: 1,
+            verdict: Verdict::WithinLimit,
+            near_limit: 0,
+            local_cache: false,
+        }
+    }
+
+    /// Request bytes in a label value are escaped; past the cap, paths with request values
+    /// share the overflow series (counted), while configured paths are never capped.
+    #[test]
+    fn detailed_labels_are_escaped_and_capped() {
+        let metrics = Metrics::new();
+        metrics.set_max_detailed_series(2);
+        let domain: Arc<str> = "d".into();
+        for rule in ["d.user_a\"b", "d.user_x\ny", "d.user_back\\", "d.user_more"] {
+            metrics.record_tally(&domain, &tally(rule, true));
+        }
+        // Seen before the cap: still its own series.
+        metrics.record_tally(&domain, &tally("d.user_a\"b", true));
+        metrics.record_tally(&domain, &tally("d.k", false));
+        let text = metrics.encode();
+        assert!(text.contains(r#"rule="d.user_a\"b"} 2"#), "{text}");
+        assert!(text.contains(r#"rule="d.user_x\ny""#), "{text}");
+        assert!(text.contains(r#"rule="_overflow"} 2"#), "{text}");
+        assert!(text.contains(r#"rule="d.k""#), "{text}");
+        assert!(!text.contains("back"), "{text}");
+        assert!(
+            text.contains("floodgate_rule_series_overflow_total 2"),
+            "{text}"
+        );
     }
 }

@@ -23,18 +23,18 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 
+use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
+use crate::listen::{Admission, ConnectionLimits};
 use crate::metrics::Metrics;
+use crate::metrics::Port;
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::service::{RateLimiter, RlsService};
-use crate::admission::AdmissionLayer;
-use crate::listen::{Admission, ConnectionLimits};
-use crate::metrics::Port;
 use crate::settings::{BoundsSettings, ServeSettings};
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
@@ -204,13 +204,14 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     let path = settings
         .limits_path()
         .map_err(|e| ServerError::Settings(e.to_string()))?;
-    let config = Config::load_within(path, &defaults, crate::config::LOAD_DEADLINE).map_err(|errors| {
-        metrics.record_config_load(false);
-        ServerError::Config {
-            path: path.display().to_string(),
-            errors,
-        }
-    })?;
+    let config =
+        Config::load_within(path, &defaults, crate::config::LOAD_DEADLINE).map_err(|errors| {
+            metrics.record_config_load(false);
+            ServerError::Config {
+                path: path.display().to_string(),
+                errors,
+            }
+        })?;
     metrics.record_config_load(true);
     tracing::info!(
         path = %path.display(),
@@ -558,8 +559,12 @@ pub async fn run(
         .max_concurrent_streams(Some(bounds.grpc_max_concurrent_streams))
         .timeout(bounds.grpc_request_timeout)
         // Pinged well within the idle timeout, a live peer is never closed as silent.
-        .http2_keepalive_interval(Some(GRPC_KEEPALIVE_INTERVAL.min(bounds.grpc.idle_timeout / 3)))
-        .http2_keepalive_timeout(Some(GRPC_KEEPALIVE_TIMEOUT.min(bounds.grpc.idle_timeout / 3)))
+        .http2_keepalive_interval(Some(
+            GRPC_KEEPALIVE_INTERVAL.min(bounds.grpc.idle_timeout / 3),
+        ))
+        .http2_keepalive_timeout(Some(
+            GRPC_KEEPALIVE_TIMEOUT.min(bounds.grpc.idle_timeout / 3),
+        ))
         .layer(AdmissionLayer::new(limiter.clone()))
         .add_service(rls)
         .add_service(health_service)
@@ -573,9 +578,9 @@ pub async fn run(
     };
     let grpc = Admission::new(grpc, bounds.grpc, Port::Grpc, metrics.clone());
     let mut grpc_task = match options.tls {
-        None => tokio::spawn(
-            grpc_router.serve_with_incoming_shutdown(grpc.into_stream(), grpc_stopped),
-        ),
+        None => {
+            tokio::spawn(grpc_router.serve_with_incoming_shutdown(grpc.into_stream(), grpc_stopped))
+        }
         Some(tls) => {
             tokio::spawn(grpc_router.serve_with_incoming_shutdown(tls.incoming(grpc), grpc_stopped))
         }

@@ -292,7 +292,11 @@ pub struct BoundsSettings {
 
     /// Distinct rule series carrying request values (`detailed_metric`, `value_to_metric`)
     /// in /metrics; past it, new values count under the rule label `_overflow`.
-    #[arg(long, env = "FLOODGATE_METRICS_MAX_DETAILED_SERIES", default_value_t = 10_000)]
+    #[arg(
+        long,
+        env = "FLOODGATE_METRICS_MAX_DETAILED_SERIES",
+        default_value_t = 10_000
+    )]
     pub metrics_max_detailed_series: u32,
 }
 
@@ -552,10 +556,14 @@ pub fn redact_in(text: &str, url: &str) -> String {
             None => rest,
         };
         if let Some((_, query)) = location.split_once('?') {
-            secrets.extend(query.split('&').filter_map(|pair| match pair.split_once('=') {
-                Some(("pass" | "password", value)) => Some(value),
-                _ => None,
-            }));
+            secrets.extend(
+                query
+                    .split('&')
+                    .filter_map(|pair| match pair.split_once('=') {
+                        Some(("pass" | "password", value)) => Some(value),
+                        _ => None,
+                    }),
+            );
         }
     }
     let mut text = text.replace(url, &redact_url(url));

@@ -157,11 +157,7 @@ impl GrpcTls {
     }
 
     /// Completes one handshake, within [`HANDSHAKE_TIMEOUT`]; a failure is logged and counted.
-    async fn handshake(
-        &self,
-        stream: Guarded<TcpStream>,
-        peer: SocketAddr,
-    ) -> Option<Connection> {
+    async fn handshake(&self, stream: Guarded<TcpStream>, peer: SocketAddr) -> Option<Connection> {
         // The configuration current now serves this whole connection.
         let acceptor = TlsAcceptor::from(self.config.load_full());
         let failure = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {

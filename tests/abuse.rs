@@ -90,7 +90,12 @@ async fn bodiless_streams_on_one_connection_are_bounded() {
     attacker.open_streams(20_000).await;
     let in_flight = "floodgate_requests_in_flight";
     // The server keeps its per-connection bound and refuses every stream beyond it.
-    let resets = || attacker.seen.resets.load(std::sync::atomic::Ordering::SeqCst);
+    let resets = || {
+        attacker
+            .seen
+            .resets
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
     eventually("100 streams held, 19,900 refused", || async {
         gauge(server.http, in_flight).await == 100.0 && resets() == 19_900
     })
@@ -124,7 +129,12 @@ async fn bodiless_streams_count_against_max_in_flight() {
     }
     eventually("50 places held, 70 refused", || async {
         gauge(server.http, "floodgate_requests_in_flight").await == 50.0
-            && gauge(server.http, "floodgate_requests_total{result=\"overloaded\"}").await >= 70.0
+            && gauge(
+                server.http,
+                "floodgate_requests_total{result=\"overloaded\"}",
+            )
+            .await
+                >= 70.0
     })
     .await;
     let refused = legit(server.grpc).await.unwrap_err();
@@ -173,16 +183,32 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
     }
     eventually("20 admitted, 20 refused", || async {
         gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 20.0
-            && gauge(server.http, "floodgate_connections_refused_total{port=\"grpc\"}").await
+            && gauge(
+                server.http,
+                "floodgate_connections_refused_total{port=\"grpc\"}",
+            )
+            .await
                 >= 20.0
     })
     .await;
     // The admin port has its own bound: health stays reachable while gRPC is full.
-    assert_eq!(call(server.http, "GET", "/healthcheck", None).await.status, 200);
-    let closes: Vec<Duration> = futures_util::future::join_all(idle.into_iter().map(time_to_close)).await;
-    assert!(closes.iter().all(|t| *t < Duration::from_secs(5)), "{closes:?}");
+    assert_eq!(
+        call(server.http, "GET", "/healthcheck", None).await.status,
+        200
+    );
+    let closes: Vec<Duration> =
+        futures_util::future::join_all(idle.into_iter().map(time_to_close)).await;
+    assert!(
+        closes.iter().all(|t| *t < Duration::from_secs(5)),
+        "{closes:?}"
+    );
     eventually("idle connections closed and counted", || async {
-        gauge(server.http, "floodgate_connections_idle_closed_total{port=\"grpc\"}").await >= 20.0
+        gauge(
+            server.http,
+            "floodgate_connections_idle_closed_total{port=\"grpc\"}",
+        )
+        .await
+            >= 20.0
             && gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 0.0
     })
     .await;
@@ -192,9 +218,11 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
     preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     let mut request_line = TcpStream::connect(server.http).await.unwrap();
     request_line.write_all(b"GET /healthch").await.unwrap();
-    let (preface, request_line) =
-        tokio::join!(time_to_close(preface), time_to_close(request_line));
-    for (what, took) in [("half preface", preface), ("partial request line", request_line)] {
+    let (preface, request_line) = tokio::join!(time_to_close(preface), time_to_close(request_line));
+    for (what, took) in [
+        ("half preface", preface),
+        ("partial request line", request_line),
+    ] {
         assert!(
             took >= Duration::from_millis(500) && took < Duration::from_secs(5),
             "{what} closed after {took:?}"
@@ -224,7 +252,11 @@ async fn open_files_limit_is_raised_to_the_hard_limit() {
 fn well_formed(line: &str) -> bool {
     let name_end = line.find(['{', ' ']).unwrap_or(line.len());
     let name = &line[..name_end];
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    {
         return false;
     }
     let mut rest = &line[name_end..];
@@ -285,10 +317,16 @@ async fn metric_labels_are_escaped_and_capped() {
         assert_eq!(post_json(server.http, &json(value)).await.status, 200);
     }
     for i in 0..50 {
-        assert_eq!(post_json(server.http, &json(&format!("u{i}"))).await.status, 200);
+        assert_eq!(
+            post_json(server.http, &json(&format!("u{i}"))).await.status,
+            200
+        );
     }
     let body = call(server.http, "GET", "/metrics", None).await.body;
-    for line in body.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+    for line in body
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
         assert!(well_formed(line), "malformed line: {line:?}");
     }
     assert!(!body.lines().any(|l| l.starts_with("forged_series")));
@@ -327,8 +365,11 @@ async fn undecodable_request_is_invalid_argument() {
         .unwrap();
     let (response, mut body) = client.send_request(request, false).unwrap();
     // One uncompressed gRPC message of 3 bytes that no protobuf decoder accepts.
-    body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]), true)
-        .unwrap();
+    body.send_data(
+        bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]),
+        true,
+    )
+    .unwrap();
     let response = response.await.unwrap();
     let status = match response.headers().get("grpc-status") {
         Some(status) => status.to_str().unwrap().to_string(),

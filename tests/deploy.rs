@@ -354,7 +354,11 @@ fn network_policy_admits_the_admin_port_only_from_prometheus() {
     };
     assert!(rule_for(svc.grpc_port).get("from").is_none());
     let admin = rule_for(svc.http_port);
-    assert_eq!(array_at(admin, "/ports").len(), 1, "the admin rule opens 8080 only");
+    assert_eq!(
+        array_at(admin, "/ports").len(),
+        1,
+        "the admin rule opens 8080 only"
+    );
     let from = array_at(admin, "/from");
     assert_eq!(from.len(), 1);
     assert_eq!(

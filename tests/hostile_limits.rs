@@ -40,9 +40,12 @@ where
 }
 
 async fn loads(http: SocketAddr, result: &str) -> f64 {
-    metric(http, &format!("floodgate_config_loads_total{{result=\"{result}\"}}"))
-        .await
-        .unwrap_or(0.0)
+    metric(
+        http,
+        &format!("floodgate_config_loads_total{{result=\"{result}\"}}"),
+    )
+    .await
+    .unwrap_or(0.0)
 }
 
 /// Waits for one more load with `result` than `before`; returns how long it took.
@@ -68,7 +71,11 @@ async fn stop_quickly(server: Floodgate) -> String {
         .await
         .unwrap();
     assert_eq!(exit.code(), Some(0), "{log}");
-    assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "shutdown took {:?}",
+        started.elapsed()
+    );
     log
 }
 
@@ -112,7 +119,10 @@ async fn hostile_files_fail_the_reload_without_blocking_it() {
         let before = loads(server.http, "error").await;
         make();
         let took = next_load(&server, "error", before).await;
-        assert!(took < Duration::from_secs(3), "{reason}: the reload took {took:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "{reason}: the reload took {took:?}"
+        );
         assert_eq!(last_success(server.http).await, Some(0.0), "{reason}");
         assert!(server.log_count(reason) >= 1, "{reason} not logged");
         std::fs::remove_file(path).unwrap();
@@ -147,6 +157,9 @@ fn fifo_at_start_up_is_a_usage_error() {
         .unwrap();
     assert_eq!(output.status.code(), Some(64));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("x.yaml") && stderr.contains("FIFO"), "{stderr}");
+    assert!(
+        stderr.contains("x.yaml") && stderr.contains("FIFO"),
+        "{stderr}"
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
 }

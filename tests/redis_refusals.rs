@@ -23,8 +23,7 @@ use tonic::transport::Channel;
 /// Longest any awaited condition may take before the test fails.
 const DEADLINE: Duration = Duration::from_secs(20);
 
-const LIMITS: &str =
-    "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+const LIMITS: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
 
 /// A request value that must never appear in a log line.
 const SECRET: &str = "secret-user-value-4711";
@@ -107,18 +106,28 @@ async fn redis_out_of_memory_is_an_outage_health_reports() {
     let redis = RedisServer::start();
     let (server, _dir) = start(&redis.url(), "error");
     let mut client = client(server.grpc).await;
-    eventually("Redis in use", || async { ask(&mut client.clone()).await == Ok(Code::Ok as i32) })
+    eventually("Redis in use", || async {
+        ask(&mut client.clone()).await == Ok(Code::Ok as i32)
+    })
+    .await;
+    redis
+        .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
         .await;
-    redis.command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
     redis.command(&["CONFIG", "SET", "maxmemory", "1"]).await;
     for _ in 0..50 {
         assert_eq!(ask(&mut client).await, Err(tonic::Code::Unavailable));
     }
     eventually("health 503", || async { health(server.http).await == 503 }).await;
     health_stays(server.http, 503, 20).await;
-    assert_eq!(metric(server.http, "floodgate_store_available").await, Some(0.0));
+    assert_eq!(
+        metric(server.http, "floodgate_store_available").await,
+        Some(0.0)
+    );
     redis.command(&["CONFIG", "SET", "maxmemory", "0"]).await;
-    eventually("health 200 again", || async { health(server.http).await == 200 }).await;
+    eventually("health 200 again", || async {
+        health(server.http).await == 200
+    })
+    .await;
     assert_eq!(ask(&mut client).await, Ok(Code::Ok as i32));
     let log = stop(server).await;
     assert!(warnings(&log) <= 3, "{log}");
@@ -145,9 +154,12 @@ async fn acl_refusal_is_an_outage_under_every_policy() {
     })
     .await;
     assert!(
-        metric(allow.http, "floodgate_store_degraded_total{policy=\"allow\"}")
-            .await
-            .unwrap_or(0.0)
+        metric(
+            allow.http,
+            "floodgate_store_degraded_total{policy=\"allow\"}"
+        )
+        .await
+        .unwrap_or(0.0)
             >= 1.0
     );
     health_stays(allow.http, 200, 5).await;

@@ -187,8 +187,12 @@ fn credentials(info: &ConnectionInfo) -> (Option<&str>, Option<&str>) {
 }
 
 fn parse(url: &str, what: &str) -> Result<ConnectionInfo, String> {
-    url.into_connection_info()
-        .map_err(|e| redact_in(&format!("invalid Redis {what} {}: {e}", redact_url(url)), url))
+    url.into_connection_info().map_err(|e| {
+        redact_in(
+            &format!("invalid Redis {what} {}: {e}", redact_url(url)),
+            url,
+        )
+    })
 }
 
 #[cfg(test)]
