@@ -345,6 +345,28 @@ mod tests {
         ));
     }
 
+    /// A load past its deadline is abandoned: the caller gets an error naming the path at
+    /// the deadline, not when the load ends; given time, the same load succeeds.
+    #[test]
+    fn a_slow_load_is_abandoned_at_its_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        // Thousands of files: far more than a millisecond's work.
+        for i in 0..2000 {
+            let yaml = format!(
+                "domain: d{i}\ndescriptors:\n  - key: k\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
+            );
+            std::fs::write(dir.path().join(format!("f{i:04}.yaml")), yaml).unwrap();
+        }
+        let defaults = Defaults::default();
+        let started = std::time::Instant::now();
+        let errors = load_within(dir.path(), &defaults, Duration::from_millis(1)).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let said = errors.to_string();
+        assert!(said.contains("abandoned") && said.contains(&*dir.path().to_string_lossy()));
+        let config = load_within(dir.path(), &defaults, Duration::from_secs(60)).unwrap();
+        assert_eq!(config.domains().count(), 2000);
+    }
+
     /// A FIFO, a device and a directory are refused without blocking; a file over the cap is
     /// refused; a regular file is read.
     #[test]
