@@ -49,6 +49,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_client(true)
         .build_server(true)
         .include_file("floodgate_proto.rs")
+        // Undecodable requests are INVALID_ARGUMENT (prost's codec says INTERNAL).
+        .codec_path("crate::admission::RequestCodec")
         .compile_fds(decoding)?;
     Ok(())
 }

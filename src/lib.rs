@@ -20,6 +20,9 @@
 //!   shuts down gracefully.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
+//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
+//! - [`admission`]: every gRPC stream takes a `--max-in-flight` place from its first frame;
+//!   undecodable requests are `INVALID_ARGUMENT`.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
@@ -43,6 +46,7 @@
 //! `fuzzing` (hidden, not API) holds the entry points of the fuzz targets in `fuzz/`.
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod annotate;
 pub mod bucket;
 pub mod clock;
@@ -52,6 +56,7 @@ pub mod file_watch;
 pub mod fuzzing;
 pub mod http;
 pub mod limiter;
+pub mod listen;
 pub mod metrics;
 pub mod plan;
 pub mod proto;

@@ -63,7 +63,7 @@ fn main() -> ExitCode {
             };
             // Store set-up spawns background tasks (the Redis pool), so it runs inside the
             // runtime; it binds nothing, so a bad setting still exits before any port is bound.
-            let _entered = runtime.enter();
+            let entered = runtime.enter();
             let prepared = match server::prepare(settings) {
                 Ok(prepared) => prepared,
                 Err(e) => {
@@ -72,7 +72,12 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            match runtime.block_on(server::serve(prepared)) {
+            let served = runtime.block_on(server::serve(prepared));
+            drop(entered);
+            // A limits reload still running (bounded by its own deadline) must not hold the
+            // exit back: the server has drained, nothing else is left to wait for.
+            runtime.shutdown_background();
+            match served {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     tracing::error!("{e}");

@@ -3,7 +3,9 @@
 //! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
 //! configuration: per-rule series are labelled with the domain and the rule's path from the
 //! limits file (`domain.key_value.key`); request values appear only for rules that opt in with
-//! `detailed_metric` or `value_to_metric` (then one series per distinct value: use with care). Like the reference
+//! `detailed_metric` or `value_to_metric`: then one series per distinct value, at most
+//! `--metrics-max-detailed-series` of them (later values count under the rule label
+//! `_overflow`), every label value escaped as the text format requires. Like the reference
 //! server, rule counters add hits, not requests (a request with `hits_addend: 5` adds 5).
 //!
 //! | metric | labels | meaning |
@@ -31,7 +33,12 @@
 //! | `floodgate_per_second_refunds_total` | result | `--redis-per-second-*`: refunds of one Redis's debits after the other denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
-//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now (at most `--max-in-flight`) |
+//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`) |
+//! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
+//! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
+//! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
+//! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
 //! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
@@ -42,11 +49,12 @@
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -59,8 +67,56 @@ use crate::plan::{Outcome, Tally, Verdict};
 /// no bytes (a label set is needed to look a series up, not only to create it).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
-    domain: Arc<str>,
-    rule: Arc<str>,
+    domain: LabelText,
+    rule: LabelText,
+}
+
+/// A label value that may hold request bytes (`detailed_metric`, `value_to_metric`),
+/// escaped as the Prometheus and OpenMetrics text formats require: a raw `"` or newline
+/// would end the value early and make the whole exposition unparseable (or forge series).
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct LabelText(Arc<str>);
+
+impl EncodeLabelValue for LabelText {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        use fmt::Write as _;
+        let text: &str = &self.0;
+        let mut rest = text;
+        while let Some(at) = rest.find(['\\', '"', '\n']) {
+            encoder.write_str(&rest[..at])?;
+            encoder.write_str(match rest.as_bytes()[at] {
+                b'\\' => "\\\\",
+                b'"' => "\\\"",
+                _ => "\\n",
+            })?;
+            rest = &rest[at + 1..];
+        }
+        encoder.write_str(rest)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PortLabels {
+    port: &'static str,
+}
+
+/// The listening port a connection metric is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Port {
+    /// The gRPC port (rate-limit service, health, reflection).
+    Grpc,
+    /// The admin HTTP port.
+    Http,
+}
+
+impl Port {
+    /// The `port` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Port::Grpc => "grpc",
+            Port::Http => "http",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -166,15 +222,17 @@ pub struct Metrics {
     local_cache_entries: Gauge,
     local_cache_evictions: Counter,
     requests_in_flight: Gauge,
+    /// Connection bounds and label caps (`floodgate_connections_*`, the rule series cap).
+    abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
 #[derive(Debug)]
-pub struct InFlight<'a>(&'a Gauge);
+pub struct InFlight(Gauge);
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -336,9 +394,10 @@ impl Metrics {
         );
         registry.register(
             "floodgate_requests_in_flight",
-            "ShouldRateLimit calls being answered now",
+            "gRPC calls (from their first frame) and /json requests being answered now",
             requests_in_flight.clone(),
         );
+        let abuse = Abuse::register(&mut registry);
         Metrics {
             registry,
             rule_hits,
@@ -365,6 +424,7 @@ impl Metrics {
             local_cache_entries,
             local_cache_evictions,
             requests_in_flight,
+            abuse,
             samplers: Samplers::default(),
         }
     }
@@ -386,10 +446,18 @@ impl Metrics {
     }
 
     fn record_tally(&self, domain: &Arc<str>, tally: &Tally) {
-        let labels = RuleLabels {
-            domain: Arc::clone(domain),
-            rule: Arc::clone(&tally.rule),
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(&tally.rule)),
         };
+        // Paths with request values are as many as the values clients send: past the cap,
+        // new ones share one overflow series per domain.
+        if tally.detailed
+            && self.rule_hits.get(&labels).is_none()
+            && !self.abuse.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
@@ -503,9 +571,9 @@ impl Metrics {
     }
 
     /// Counts a request as in flight until the returned guard is dropped.
-    pub fn enter_request(&self) -> InFlight<'_> {
+    pub fn enter_request(&self) -> InFlight {
         self.requests_in_flight.inc();
-        InFlight(&self.requests_in_flight)
+        InFlight(self.requests_in_flight.clone())
     }
 
     /// Sets the number of buckets the local over-limit cache holds.
@@ -555,4 +623,164 @@ fn record_load(loads: &Family<ResultLabels, Counter>, last_ok: &Gauge, ok: bool)
         })
         .inc();
     last_ok.set(i64::from(ok));
+}
+
+/// The `rule` label of the series that `detailed_metric` / `value_to_metric` paths share once
+/// [`Metrics::set_max_detailed_series`] distinct ones exist.
+pub const OVERFLOW_RULE: &str = "_overflow";
+
+/// Default of [`Metrics::set_max_detailed_series`].
+pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
+
+/// Metrics of the bounds that keep one client from exhausting the server: connections per
+/// port, and the cap on rule series that carry request values.
+#[derive(Debug)]
+struct Abuse {
+    connections_open: Family<PortLabels, Gauge>,
+    connections_refused: Family<PortLabels, Counter>,
+    connections_idle_closed: Family<PortLabels, Counter>,
+    accept_errors: Family<PortLabels, Counter>,
+    /// Tallies counted under the overflow series because the cap was reached.
+    detailed_overflow: Counter,
+    /// Distinct detailed rule paths with their own series.
+    detailed_series: AtomicUsize,
+    /// The cap on `detailed_series`.
+    max_detailed_series: AtomicUsize,
+}
+
+impl Abuse {
+    fn register(registry: &mut Registry) -> Abuse {
+        let abuse = Abuse {
+            connections_open: Family::default(),
+            connections_refused: Family::default(),
+            connections_idle_closed: Family::default(),
+            accept_errors: Family::default(),
+            detailed_overflow: Counter::default(),
+            detailed_series: AtomicUsize::new(0),
+            max_detailed_series: AtomicUsize::new(DEFAULT_MAX_DETAILED_SERIES),
+        };
+        registry.register(
+            "floodgate_connections_open",
+            "Connections open now, by port (grpc, http)",
+            abuse.connections_open.clone(),
+        );
+        registry.register(
+            "floodgate_connections_refused",
+            "Connections closed at once because the port's connection limit was reached",
+            abuse.connections_refused.clone(),
+        );
+        registry.register(
+            "floodgate_connections_idle_closed",
+            "Connections closed because nothing was read from them for the idle timeout",
+            abuse.connections_idle_closed.clone(),
+        );
+        registry.register(
+            "floodgate_accept_errors",
+            "Failed accepts (e.g. out of file descriptors), by port",
+            abuse.accept_errors.clone(),
+        );
+        registry.register(
+            "floodgate_rule_series_overflow",
+            "Rule tallies with request values counted under the _overflow rule label \
+             because the cap on such series was reached",
+            abuse.detailed_overflow.clone(),
+        );
+        abuse
+    }
+
+    /// Whether one more detailed series may be created; counts an overflow if not.
+    fn admit_detailed_series(&self) -> bool {
+        let max = self.max_detailed_series.load(Ordering::Relaxed);
+        let admitted = self
+            .detailed_series
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.detailed_overflow.inc();
+        }
+        admitted
+    }
+}
+
+impl Metrics {
+    /// Caps the distinct rule series that carry request values (`detailed_metric`,
+    /// `value_to_metric`); past it, such tallies count under the rule label
+    /// [`OVERFLOW_RULE`] and in `floodgate_rule_series_overflow_total`.
+    pub fn set_max_detailed_series(&self, max: usize) {
+        self.abuse.max_detailed_series.store(max, Ordering::Relaxed);
+    }
+
+    /// The `floodgate_connections_open` gauge of `port` (connections count themselves).
+    pub fn connections_open(&self, port: Port) -> Gauge {
+        self.abuse
+            .connections_open
+            .get_or_create_owned(&PortLabels { port: port.label() })
+    }
+
+    /// Counts a connection refused because the port's limit was reached.
+    pub fn record_connection_refused(&self, port: Port) {
+        self.abuse
+            .connections_refused
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts a connection closed for being silent too long.
+    pub fn record_idle_close(&self, port: Port) {
+        self.abuse
+            .connections_idle_closed
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts a failed accept.
+    pub fn record_accept_error(&self, port: Port) {
+        self.abuse
+            .accept_errors
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(rule: &str, detailed: bool) -> Tally {
+        Tally {
+            rule: rule.into(),
+            detailed,
+            hits: 1,
+            verdict: Verdict::WithinLimit,
+            near_limit: 0,
+            local_cache: false,
+        }
+    }
+
+    /// Request bytes in a label value are escaped; past the cap, paths with request values
+    /// share the overflow series (counted), while configured paths are never capped.
+    #[test]
+    fn detailed_labels_are_escaped_and_capped() {
+        let metrics = Metrics::new();
+        metrics.set_max_detailed_series(2);
+        let domain: Arc<str> = "d".into();
+        for rule in ["d.user_a\"b", "d.user_x\ny", "d.user_back\\", "d.user_more"] {
+            metrics.record_tally(&domain, &tally(rule, true));
+        }
+        // Seen before the cap: still its own series.
+        metrics.record_tally(&domain, &tally("d.user_a\"b", true));
+        metrics.record_tally(&domain, &tally("d.k", false));
+        let text = metrics.encode();
+        assert!(text.contains(r#"rule="d.user_a\"b"} 2"#), "{text}");
+        assert!(text.contains(r#"rule="d.user_x\ny""#), "{text}");
+        assert!(text.contains(r#"rule="_overflow"} 2"#), "{text}");
+        assert!(text.contains(r#"rule="d.k""#), "{text}");
+        assert!(!text.contains("back"), "{text}");
+        assert!(
+            text.contains("floodgate_rule_series_overflow_total 2"),
+            "{text}"
+        );
+    }
 }

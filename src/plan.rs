@@ -92,14 +92,23 @@ enum LimitSource<'c> {
 }
 
 /// A matched limit before `replaces` is applied: (source, metric path, enforce, quota, key).
-type MatchedLimit<'c> = (LimitSource<'c>, Arc<str>, bool, bool, BucketKey);
+type MatchedLimit<'c> = (LimitSource<'c>, MetricPath, bool, bool, BucketKey);
+
+/// A rule's metric path, and whether it holds request values (`detailed_metric`,
+/// `value_to_metric`): such paths are as many as the values clients send, so metrics caps
+/// them.
+#[derive(Clone, Debug)]
+struct MetricPath {
+    path: Arc<str>,
+    detailed: bool,
+}
 
 #[derive(Debug)]
 struct PlannedLimit<'c> {
     source: LimitSource<'c>,
     /// Metric path of the rule (shared with the configuration; built per request only where
     /// the rule opts in with `detailed_metric` / `value_to_metric`).
-    rule: Arc<str>,
+    rule: MetricPath,
     /// Index into [`Plan::ops`].
     op: usize,
     /// Not in shadow mode (per rule or global).
@@ -113,7 +122,7 @@ enum DescriptorPlan<'c> {
     /// Unknown domain, no matching rule, or every matched limit replaced.
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
-    Unlimited { rule: Arc<str> },
+    Unlimited { rule: MetricPath },
     /// One or more limits, each backed by a bucket op.
     Limited(Vec<PlannedLimit<'c>>),
 }
@@ -137,6 +146,9 @@ pub struct Plan<'c> {
 pub struct Tally {
     /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
     pub rule: Arc<str>,
+    /// `rule` holds request values (`detailed_metric`, `value_to_metric`), so it is not one
+    /// of the configuration's bounded set of paths.
+    pub detailed: bool,
     /// Hits the descriptor asked for (0 for check-only and refunds).
     pub hits: u64,
     /// The verdict for this limit.
@@ -231,7 +243,10 @@ impl<'c> Plan<'c> {
                 let enforce = !options.shadow_mode;
                 limits.push((
                     source,
-                    Arc::clone(domain.override_path()),
+                    MetricPath {
+                        path: Arc::clone(domain.override_path()),
+                        detailed: false,
+                    },
                     enforce,
                     false,
                     key,
@@ -241,6 +256,10 @@ impl<'c> Plan<'c> {
                 // The rule's path, or with request values where the rule opted in
                 // (detailed_metric / value_to_metric).
                 let metric = found.metric_key(&entries);
+                let metric = MetricPath {
+                    detailed: !Arc::ptr_eq(&metric, &rule.path),
+                    path: metric,
+                };
                 let enforce = !(rule.shadow_mode || options.shadow_mode);
                 for limit in &rule.limits {
                     let params = limit.params();
@@ -261,7 +280,7 @@ impl<'c> Plan<'c> {
                     );
                     limits.push((
                         LimitSource::Configured(limit),
-                        Arc::clone(&metric),
+                        metric.clone(),
                         enforce,
                         rule.quota_mode,
                         key,
@@ -429,7 +448,8 @@ impl<'c> Plan<'c> {
                 },
                 DescriptorPlan::Unlimited { rule } => {
                     tallies.push(Tally {
-                        rule: rule.clone(),
+                        rule: rule.path.clone(),
+                        detailed: rule.detailed,
                         hits,
                         verdict: Verdict::WithinLimit,
                         near_limit: 0,
@@ -502,7 +522,8 @@ impl<'c> Plan<'c> {
             let denied = !result.admitted;
             let over = denied && limit.enforce && (!limit.quota || context.quota_binds);
             tallies.push(Tally {
-                rule: limit.rule.clone(),
+                rule: limit.rule.path.clone(),
+                detailed: limit.rule.detailed,
                 hits: context.hits,
                 verdict: match (denied, limit.enforce) {
                     (false, _) => Verdict::WithinLimit,

@@ -27,19 +27,21 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio_stream::wrappers::UnixListenerStream;
 
+use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
-use crate::metrics::Metrics;
+use crate::listen::{Admission, ConnectionLimits, PortBound};
+use crate::metrics::{Metrics, Port};
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{RateLimiter, RlsService};
-use crate::settings::ServeSettings;
+use crate::settings::{BoundsSettings, ServeSettings};
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 use crate::tls::{GrpcTls, TlsError};
 
@@ -58,6 +60,12 @@ const BREAKER_QUIET_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often a Redis behind an open circuit breaker is probed.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long a gRPC connection may be quiet before the server pings it (unless
+/// `--grpc-keepalive-interval` says more often), and how long the answer may take: a dead peer
+/// is found within their sum, and a live one is never silent for the idle timeout.
+const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How often the memory store drops expired buckets.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
@@ -124,8 +132,61 @@ pub struct RunOptions {
     pub max_connection_age: Option<Duration>,
     /// ...and are cut this long after that; `None`: they close when their calls finish.
     pub max_connection_age_grace: Option<Duration>,
-    /// HTTP/2 PING interval on idle gRPC connections; `None`: none sent.
+    /// HTTP/2 PING interval on idle gRPC connections; `None`: every
+    /// [`GRPC_KEEPALIVE_INTERVAL`]. Never longer than a third of the idle timeout.
     pub keepalive_interval: Option<Duration>,
+    /// Connection and stream bounds of both ports.
+    pub bounds: Bounds,
+}
+
+/// The bounds that keep one client from exhausting the server (docs/security.md).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Connections on the gRPC port (all serving threads together).
+    pub grpc: ConnectionLimits,
+    /// Connections on the admin HTTP port.
+    pub http: ConnectionLimits,
+    /// HTTP/2 streams open at once on one gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
+    /// Longest a gRPC call may take, its request body's arrival included.
+    pub grpc_request_timeout: Duration,
+}
+
+impl Default for Bounds {
+    /// The defaults of the `serve` flags.
+    fn default() -> Bounds {
+        Bounds {
+            grpc: ConnectionLimits {
+                max_connections: 1_000,
+                idle_timeout: Duration::from_secs(60),
+            },
+            http: ConnectionLimits {
+                max_connections: 100,
+                idle_timeout: Duration::from_secs(60),
+            },
+            grpc_max_concurrent_streams: 100,
+            grpc_request_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Bounds {
+    /// The bounds `settings` ask for.
+    pub fn from_settings(settings: &BoundsSettings) -> Bounds {
+        let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+        Bounds {
+            grpc: ConnectionLimits {
+                max_connections: count(settings.grpc_max_connections),
+                idle_timeout: settings.grpc_idle_timeout,
+            },
+            http: ConnectionLimits {
+                max_connections: count(settings.http_max_connections),
+                idle_timeout: settings.http_idle_timeout,
+            },
+            grpc_max_concurrent_streams: settings.grpc_max_concurrent_streams,
+            grpc_request_timeout: settings.grpc_request_timeout,
+        }
+    }
 }
 
 impl RunOptions {
@@ -142,6 +203,7 @@ impl RunOptions {
             max_connection_age: connections.jittered_max_age(jitter()),
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
+            bounds: Bounds::from_settings(&settings.bounds),
         }
     }
 }
@@ -168,17 +230,21 @@ pub struct Prepared {
 /// Loads the limits and builds the request path; fails on anything an operator must fix.
 pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     let metrics = Metrics::shared();
+    metrics.set_max_detailed_series(
+        usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
+    );
     let defaults = defaults(&settings);
     let path = settings
         .limits_path()
         .map_err(|e| ServerError::Settings(e.to_string()))?;
-    let config = Config::load(path, &defaults).map_err(|errors| {
-        metrics.record_config_load(false);
-        ServerError::Config {
-            path: path.display().to_string(),
-            errors,
-        }
-    })?;
+    let config =
+        Config::load_within(path, &defaults, crate::config::LOAD_DEADLINE).map_err(|errors| {
+            metrics.record_config_load(false);
+            ServerError::Config {
+                path: path.display().to_string(),
+                errors,
+            }
+        })?;
     metrics.record_config_load(true);
     tracing::info!(
         path = %path.display(),
@@ -285,6 +351,20 @@ fn jitter() -> f64 {
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
 pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     let settings = &prepared.settings;
+    let open_files = crate::listen::raise_fd_limit();
+    let bounds = Bounds::from_settings(&settings.bounds);
+    let wanted = bounds.grpc.max_connections + bounds.http.max_connections;
+    match open_files {
+        // Redis connections, limits files, watches and the listeners need descriptors too.
+        Some(limit) if limit < wanted as u64 + 64 => tracing::warn!(
+            open_files = limit,
+            connections = wanted,
+            "the open-files limit is below the connection limits; lower \
+             --grpc-max-connections / --http-max-connections or raise the limit"
+        ),
+        Some(limit) => tracing::info!(open_files = limit, "open-files limit"),
+        None => {}
+    }
     let bind = |addr| async move {
         TcpListener::bind(addr)
             .await
@@ -456,6 +536,7 @@ pub async fn run(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let metrics = limiter.metrics().clone();
     let (stop_tx, stop_rx) = watch::channel(false);
     let mirror = (store_health.is_some() || limits_health.is_some()).then(|| {
         tokio::spawn(health::mirror(
@@ -469,18 +550,31 @@ pub async fn run(
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    let (keepalive_interval, max_connection_age) =
-        (options.keepalive_interval, options.max_connection_age);
+    let bounds = options.bounds;
+    // Pinged well within the idle timeout, a live peer is never closed as silent.
+    let keepalive_interval = options
+        .keepalive_interval
+        .unwrap_or(GRPC_KEEPALIVE_INTERVAL)
+        .min(bounds.grpc.idle_timeout / 3);
+    let keepalive_timeout = GRPC_KEEPALIVE_TIMEOUT.min(bounds.grpc.idle_timeout / 3);
+    let max_connection_age = options.max_connection_age;
     // One router per serving thread, over the same services and state.
     let grpc_router = || {
-        let mut builder =
-            tonic::transport::Server::builder().http2_keepalive_interval(keepalive_interval);
+        let mut builder = tonic::transport::Server::builder()
+            // Bounded per connection (SETTINGS_MAX_CONCURRENT_STREAMS) and in total (every
+            // stream takes a --max-in-flight place from its first frame, crate::admission);
+            // the request timeout frees a stream whose body never comes.
+            .max_concurrent_streams(Some(bounds.grpc_max_concurrent_streams))
+            .timeout(bounds.grpc_request_timeout)
+            .http2_keepalive_interval(Some(keepalive_interval))
+            .http2_keepalive_timeout(Some(keepalive_timeout));
         if let Some(age) = max_connection_age {
             // Graceful only (GOAWAY, calls finish): tonic's own grace would replace the GOAWAY
             // by a hard close, so the grace is [`Aged`]'s.
             builder = builder.max_connection_age(age);
         }
         builder
+            .layer(AdmissionLayer::new(limiter.clone()))
             .add_service(rls.clone())
             .add_service(health_service.clone())
             .add_service(reflection_v1.clone())
@@ -501,11 +595,14 @@ pub async fn run(
     let mut grpc_task = match grpc {
         GrpcListener::Tcp(TcpListeners { primary, extra }) => {
             grpc_threads += extra.len();
+            // One connection bound for the port, shared by every serving thread.
+            let bound = PortBound::new(bounds.grpc, Port::Grpc, metrics.clone());
             let mut threads = Vec::with_capacity(extra.len());
             for (index, listener) in extra.into_iter().enumerate() {
                 let router = grpc_router();
                 let tls = options.tls.clone();
                 let stop = stop_rx.clone();
+                let bound = bound.clone();
                 let thread = runtime::spawn_runtime_thread(
                     format!("floodgate-grpc-{}", index + 1),
                     move || async move {
@@ -513,7 +610,8 @@ pub async fn run(
                         // here.
                         let listener =
                             TcpListener::from_std(listener).map_err(ServerError::Http)?;
-                        serve_tcp(router, listener, tls, lifetime, stopped(stop)).await
+                        let admission = bound.admit(listener);
+                        serve_tcp(router, admission, tls, lifetime, stopped(stop)).await
                     },
                 )
                 .map_err(ServerError::Http)?;
@@ -521,7 +619,7 @@ pub async fn run(
             }
             let primary = serve_tcp(
                 grpc_router(),
-                primary,
+                bound.admit(primary),
                 options.tls.clone(),
                 lifetime,
                 grpc_stopped,
@@ -558,6 +656,7 @@ pub async fn run(
                 serving: serving.clone(),
                 json_endpoint: options.json_endpoint,
             });
+            let http = Admission::new(http, bounds.http, Port::Http, metrics);
             let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
         }
@@ -611,6 +710,11 @@ pub async fn run(
     }
 }
 
+/// The gRPC server of one serving thread: tonic's router behind [`AdmissionLayer`].
+type GrpcRouter = tonic::transport::server::Router<
+    tower::layer::util::Stack<AdmissionLayer, tower::layer::util::Identity>,
+>;
+
 /// Completes once `stop` says true (or its sender is gone, which only happens once the
 /// server is stopping anyway).
 async fn stopped(mut stop: watch::Receiver<bool>) {
@@ -620,22 +724,17 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
 /// Serves gRPC on a TCP `listener`, plaintext or TLS, each connection cut after `lifetime`
 /// (if any), until `stopped` completes and the connections have drained.
 async fn serve_tcp(
-    router: tonic::transport::server::Router,
-    listener: TcpListener,
+    router: GrpcRouter,
+    listener: Admission,
     tls: Option<GrpcTls>,
     lifetime: Option<Duration>,
     stopped: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
     match tls {
         None => {
-            // Envoy multiplexes many requests on few connections: answer each small message
-            // at once.
-            let incoming = TcpListenerStream::new(listener).map(move |stream| {
-                stream.map(|s| {
-                    let _ = s.set_nodelay(true);
-                    Aged::new(s, lifetime)
-                })
-            });
+            let incoming = listener
+                .into_stream()
+                .map(move |stream| stream.map(|s| Aged::new(s, lifetime)));
             router
                 .serve_with_incoming_shutdown(incoming, stopped)
                 .await?;
@@ -702,5 +801,24 @@ fn shutdown_signal() -> impl Future<Output = ()> {
             () = wait("SIGTERM", term) => {}
             () = wait("SIGINT", int) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::settings::{Cli, Command};
+
+    /// `Bounds::default()` (what tests and embedders get) is what the `serve` flags default to.
+    #[test]
+    fn default_bounds_are_the_flag_defaults() {
+        let Command::Serve(settings) =
+            Cli::parse_from(["floodgate", "serve", "--config", "x"]).command
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(Bounds::from_settings(&settings.bounds), Bounds::default());
     }
 }

@@ -10,13 +10,15 @@
 //! `/json` together). One more is refused at once with [`RequestError::Overloaded`] rather
 //! than queued: Envoy's rate-limit call has a short deadline (20 ms by default), so a queued
 //! request would mostly time out anyway, after holding memory; an immediate
-//! `RESOURCE_EXHAUSTED` lets Envoy apply its `failure_mode_deny` right away.
+//! `RESOURCE_EXHAUSTED` lets Envoy apply its `failure_mode_deny` right away. A gRPC call is
+//! admitted by [`crate::admission`] as soon as its stream opens, before its body has arrived,
+//! so streams that never send one count too.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
@@ -70,7 +72,7 @@ pub struct RateLimiter {
     /// Where outcomes are counted.
     metrics: Arc<Metrics>,
     /// One permit per request being answered; none left means overloaded.
-    in_flight: Semaphore,
+    in_flight: Arc<Semaphore>,
     /// The number of permits `in_flight` started with, for the error message.
     max_in_flight: usize,
 }
@@ -89,7 +91,7 @@ impl RateLimiter {
             store,
             options,
             metrics,
-            in_flight: Semaphore::new(Semaphore::MAX_PERMITS),
+            in_flight: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
             max_in_flight: Semaphore::MAX_PERMITS,
         }
     }
@@ -98,7 +100,7 @@ impl RateLimiter {
     /// [`RequestError::Overloaded`]. `max` is clamped to 1..=[`Semaphore::MAX_PERMITS`].
     pub fn with_max_in_flight(mut self, max: usize) -> RateLimiter {
         let max = max.clamp(1, Semaphore::MAX_PERMITS);
-        self.in_flight = Semaphore::new(max);
+        self.in_flight = Arc::new(Semaphore::new(max));
         self.max_in_flight = max;
         self
     }
@@ -113,20 +115,37 @@ impl RateLimiter {
         &self.metrics
     }
 
-    /// Answers one request.
-    pub async fn should_rate_limit(
-        &self,
-        request: &RateLimitRequest,
-    ) -> Result<RateLimitResponse, RequestError> {
-        // Held until the answer is built; try_acquire never waits, so overload never queues.
-        let Ok(_permit) = self.in_flight.try_acquire() else {
+    /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
+    /// place is held until the returned guard is dropped; this never waits, so overload never
+    /// queues.
+    pub fn admit(&self) -> Result<Admitted, RequestError> {
+        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
             self.metrics.record_request(RequestResult::Overloaded);
-            tracing::debug!(domain = %request.domain, "overloaded: request refused");
+            tracing::debug!("overloaded: request refused");
             return Err(RequestError::Overloaded {
                 max_in_flight: self.max_in_flight,
             });
         };
-        let _in_flight = self.metrics.enter_request();
+        Ok(Admitted {
+            _permit: permit,
+            _in_flight: self.metrics.enter_request(),
+        })
+    }
+
+    /// Answers one request (admitting it first: see [`RateLimiter::admit`]).
+    pub async fn should_rate_limit(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let _admitted = self.admit()?;
+        self.answer_admitted(request).await
+    }
+
+    /// Answers one request already holding a place from [`RateLimiter::admit`].
+    pub async fn answer_admitted(
+        &self,
+        request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
         let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
@@ -199,6 +218,13 @@ impl RateLimiter {
     }
 }
 
+/// One of the `max_in_flight` places, held while alive (see [`RateLimiter::admit`]).
+#[derive(Debug)]
+pub struct Admitted {
+    _permit: OwnedSemaphorePermit,
+    _in_flight: crate::metrics::InFlight,
+}
+
 /// The gRPC face of [`RateLimiter`].
 #[derive(Clone)]
 pub struct RlsService {
@@ -218,10 +244,16 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        self.limiter
-            .should_rate_limit(request.get_ref())
-            .await
-            .map(Response::new)
-            .map_err(Status::from)
+        // Streams are admitted when they open (crate::admission), before their body arrives;
+        // a call that did not pass that way (a service used without the layer) is admitted
+        // here.
+        let answered = match request.extensions().get::<crate::admission::Reached>() {
+            Some(reached) => {
+                reached.mark();
+                self.limiter.answer_admitted(request.get_ref()).await
+            }
+            None => self.limiter.should_rate_limit(request.get_ref()).await,
+        };
+        answered.map(Response::new).map_err(Status::from)
     }
 }

@@ -242,6 +242,10 @@ pub struct ServeSettings {
     /// Response headers, near-limit accounting and dynamic metadata.
     #[command(flatten)]
     pub response: ResponseSettings,
+
+    /// Connection, stream and label bounds that keep one client from exhausting the server.
+    #[command(flatten)]
+    pub bounds: BoundsSettings,
 }
 
 impl ServeSettings {
@@ -275,6 +279,62 @@ impl ServeSettings {
             max_entries: size(self.max_entries),
             max_value_len: size(self.max_value_bytes),
         }
+    }
+}
+
+// ---- Bounds under abuse ----
+
+/// Bounds on connections, streams and metric labels (see docs/security.md).
+#[derive(Clone, Debug, Args)]
+pub struct BoundsSettings {
+    /// Connections open at once on the gRPC port; one more is closed at once (and counted).
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTIONS", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
+
+    /// Connections open at once on the admin HTTP port; one more is closed at once.
+    #[arg(long, env = "FLOODGATE_HTTP_MAX_CONNECTIONS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub http_max_connections: u32,
+
+    /// HTTP/2 streams one gRPC connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
+    /// Envoy opens another connection when it needs more.
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_concurrent_streams: u32,
+
+    /// Longest a gRPC call may take, its request body's arrival included, in seconds; a
+    /// call still unanswered then is cancelled and its stream freed.
+    #[arg(long, env = "FLOODGATE_GRPC_REQUEST_TIMEOUT", value_parser = parse_positive_seconds,
+          default_value = "5")]
+    pub grpc_request_timeout: Duration,
+
+    /// A gRPC connection from which nothing was read for this long, in seconds, is closed
+    /// (live HTTP/2 peers answer the server's keepalive pings, so they are never silent).
+    #[arg(long, env = "FLOODGATE_GRPC_IDLE_TIMEOUT", value_parser = parse_positive_seconds,
+          default_value = "60")]
+    pub grpc_idle_timeout: Duration,
+
+    /// An admin HTTP connection from which nothing was read for this long, in seconds, is
+    /// closed (an idle keep-alive connection, or a request line never finished).
+    #[arg(long, env = "FLOODGATE_HTTP_IDLE_TIMEOUT", value_parser = parse_positive_seconds,
+          default_value = "60")]
+    pub http_idle_timeout: Duration,
+
+    /// Distinct rule series carrying request values (`detailed_metric`, `value_to_metric`)
+    /// in /metrics; past it, new values count under the rule label `_overflow`.
+    #[arg(
+        long,
+        env = "FLOODGATE_METRICS_MAX_DETAILED_SERIES",
+        default_value_t = 10_000
+    )]
+    pub metrics_max_detailed_series: u32,
+}
+
+fn parse_positive_seconds(text: &str) -> Result<Duration, String> {
+    match parse_seconds(text)? {
+        seconds if seconds > Duration::ZERO => Ok(seconds),
+        _ => Err(format!("'{text}' is not a positive number of seconds")),
     }
 }
 
@@ -469,34 +529,79 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
 }
 
 /// Replaces the password of a URL like `redis://user:secret@host` with `***`, and that of a
-/// unix-socket URL's `pass=` query parameter (`redis+unix:///run/redis.sock?pass=secret`).
+/// unix-socket URL's `pass=` / `password=` query parameter
+/// (`redis+unix:///run/redis.sock?pass=secret`).
+///
+/// Written not to be fooled by URL syntax in a password that was not percent-encoded (`/`,
+/// `?`, `#`, `@`, `:`): the user information is everything between `://` and the *last* `@`
+/// (hosts, paths and queries hold none), and it is kept only up to its first `:`.
 pub fn redact_url(url: &str) -> String {
-    if let Some((path, query)) = url.split_once('?') {
-        let query: Vec<String> = query
-            .split('&')
-            .map(|pair| match pair.split_once('=') {
-                Some(("pass", _)) => "pass=***".to_string(),
-                _ => pair.to_string(),
-            })
-            .collect();
-        return format!("{}?{}", redact_url(path), query.join("&"));
-    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+    let (userinfo, location) = match rest.rsplit_once('@') {
+        Some((userinfo, location)) => (Some(userinfo), location),
+        None => (None, rest),
+    };
+    let location = match location.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => location.to_string(),
+    };
+    match userinfo {
+        Some(userinfo) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
             let masked = if userinfo.contains(':') || !user.is_empty() {
-                format!("{}:***", user)
+                format!("{user}:***")
             } else {
                 "***".to_string()
             };
-            format!("{scheme}://{masked}@{host}{tail}")
+            format!("{scheme}://{masked}@{location}")
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{location}"),
     }
+}
+
+/// `text` (an error message about `url`, which may quote it or parts of it) with every
+/// secret of `url` (its password, its `pass=` value) replaced by `***`.
+pub fn redact_in(text: &str, url: &str) -> String {
+    let mut secrets: Vec<&str> = Vec::new();
+    if let Some((_, rest)) = url.split_once("://") {
+        let location = match rest.rsplit_once('@') {
+            Some((userinfo, location)) => {
+                secrets.extend(userinfo.split_once(':').map(|(_, password)| password));
+                // A bare `redis://secret@host` may be a password too (older URL forms).
+                if !userinfo.contains(':') {
+                    secrets.push(userinfo);
+                }
+                location
+            }
+            None => rest,
+        };
+        if let Some((_, query)) = location.split_once('?') {
+            secrets.extend(
+                query
+                    .split('&')
+                    .filter_map(|pair| match pair.split_once('=') {
+                        Some(("pass" | "password", value)) => Some(value),
+                        _ => None,
+                    }),
+            );
+        }
+    }
+    let mut text = text.replace(url, &redact_url(url));
+    for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "***");
+    }
+    text
 }
 
 impl fmt::Debug for ServeSettings {
@@ -545,6 +650,7 @@ impl fmt::Debug for ServeSettings {
             .field("max_entries", &self.max_entries)
             .field("max_value_bytes", &self.max_value_bytes)
             .field("response", &self.response)
+            .field("bounds", &self.bounds)
             .finish()
     }
 }
@@ -824,6 +930,20 @@ mod tests {
             redact_url("redis+unix:///run/r.sock?pass=s3cret&user=u"),
             "redis+unix:///run/r.sock?pass=***&user=u"
         );
+        // URL syntax inside an unencoded password does not expose it.
+        for (url, secret) in [
+            ("redis://:pa/ss@host:6379/0", "pa/ss"),
+            ("redis://u:p?w=1@host:6379", "p?w=1"),
+            ("redis://u:p#x@host", "p#x"),
+            ("redis://u:a@b:c@host/0", "a@b:c"),
+            ("rediss://:sec/r?et@h:1?pass=also/secret", "also/secret"),
+        ] {
+            let redacted = redact_url(url);
+            assert!(!redacted.contains(secret), "{url} -> {redacted}");
+            let said = redact_in(&format!("cannot parse {url} (near '{secret}')"), url);
+            assert!(!said.contains(secret), "{said}");
+        }
+        assert_eq!(redact_url("redis://u:p/w@h:1/2"), "redis://u:***@h:1/2");
         let Command::Serve(s) = parse(&["serve", "--config", "x", "--redis-url", "redis://:pw@h"])
             .unwrap()
             .command

@@ -31,13 +31,14 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::file_watch::{self, FileWatch, WatchError};
+use crate::listen::{Admission, Guarded};
 use crate::metrics::{HandshakeFailure, Metrics};
 
 /// Longest a client may take to complete the TLS handshake before its connection is dropped.
@@ -46,8 +47,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;
 
-/// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
-const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
+/// A TLS connection on the gRPC port.
+pub type Connection = TlsStream<Guarded<TcpStream>>;
 
 /// The files TLS is loaded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,20 +146,18 @@ impl GrpcTls {
         Ok(watch)
     }
 
-    /// The TLS connections accepted on `listener`, for tonic's `serve_with_incoming_shutdown`.
-    /// Accepting stops (and `listener` is closed) once the stream is dropped, which tonic does
-    /// when shutdown begins.
-    pub fn incoming(
-        &self,
-        listener: TcpListener,
-    ) -> ReceiverStream<io::Result<TlsStream<TcpStream>>> {
+    /// The TLS connections admitted by `listener` (its connection bound and idle timeout
+    /// cover the handshake too), for tonic's `serve_with_incoming_shutdown`. Accepting stops
+    /// (and the listener is closed) once the stream is dropped, which tonic does when
+    /// shutdown begins.
+    pub fn incoming(&self, listener: Admission) -> ReceiverStream<io::Result<Connection>> {
         let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
         tokio::spawn(accept_loop(listener, self.clone(), tx));
         ReceiverStream::new(rx)
     }
 
     /// Completes one handshake, within [`HANDSHAKE_TIMEOUT`]; a failure is logged and counted.
-    async fn handshake(&self, stream: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+    async fn handshake(&self, stream: Guarded<TcpStream>, peer: SocketAddr) -> Option<Connection> {
         // The configuration current now serves this whole connection.
         let acceptor = TlsAcceptor::from(self.config.load_full());
         let failure = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -180,25 +179,16 @@ impl GrpcTls {
 /// Accepts connections and hands each to its own handshake task, until `tx`'s receiver is
 /// gone (the server stopped accepting).
 async fn accept_loop(
-    listener: TcpListener,
+    mut listener: Admission,
     tls: GrpcTls,
-    tx: mpsc::Sender<io::Result<TlsStream<TcpStream>>>,
+    tx: mpsc::Sender<io::Result<Connection>>,
 ) {
     loop {
-        let accepted = tokio::select! {
+        // Accept errors are paused after and logged by the admission itself.
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = tx.closed() => return,
         };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot accept a gRPC connection");
-                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        // As in plaintext: Envoy multiplexes many small requests on few connections.
-        let _ = stream.set_nodelay(true);
         let (tls, tx) = (tls.clone(), tx.clone());
         tokio::spawn(async move {
             if let Some(connection) = tls.handshake(stream, peer).await {

@@ -337,6 +337,43 @@ fn container_runs_as_non_root_on_a_read_only_root() {
     assert_eq!(context["capabilities"]["drop"], serde_json::json!(["ALL"]));
 }
 
+/// The NetworkPolicy opens the gRPC port to every source but the admin port (where `/json`
+/// can refund any bucket) only to Prometheus, and no rule opens any other port.
+#[test]
+fn network_policy_admits_the_admin_port_only_from_prometheus() {
+    let svc = service();
+    let policy = yaml("deploy/kubernetes/base/networkpolicy.yaml");
+    let rules = array_at(&policy, "/spec/ingress");
+    let rule_for = |port: u64| {
+        let found: Vec<&Value> = rules
+            .iter()
+            .filter(|r| array_at(r, "/ports").iter().any(|p| p["port"] == port))
+            .collect();
+        assert_eq!(found.len(), 1, "one rule for port {port}");
+        found[0]
+    };
+    assert!(rule_for(svc.grpc_port).get("from").is_none());
+    let admin = rule_for(svc.http_port);
+    assert_eq!(
+        array_at(admin, "/ports").len(),
+        1,
+        "the admin rule opens 8080 only"
+    );
+    let from = array_at(admin, "/from");
+    assert_eq!(from.len(), 1);
+    assert_eq!(
+        str_at(&from[0], "/podSelector/matchLabels/app.kubernetes.io~1name"),
+        "prometheus"
+    );
+    assert!(from[0].get("namespaceSelector").is_some());
+    for rule in rules {
+        for port in array_at(rule, "/ports") {
+            let port = u64_at(port, "/port");
+            assert!([svc.grpc_port, svc.http_port].contains(&port), "{port}");
+        }
+    }
+}
+
 /// The gRPC TLS component names floodgate's own TLS variables, points them into the mounted
 /// Secret, and moves the probes that would speak plaintext gRPC to `/healthcheck`.
 #[test]

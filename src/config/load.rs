@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::file::Reader;
 use super::limit::Defaults;
 use super::model::FileModel;
 use super::tree::Domain;
@@ -57,13 +58,12 @@ pub(crate) fn read_sources(path: &Path) -> (Vec<(String, String)>, Vec<ConfigErr
             );
         }
     };
+    // Regular files only, size-capped, never blocking (see `file`).
+    let mut reader = Reader::default();
     if !meta.is_dir() {
-        return match fs::read_to_string(path) {
+        return match reader.read(path) {
             Ok(content) => (vec![(label, content)], Vec::new()),
-            Err(e) => (
-                Vec::new(),
-                vec![error(&label, "", format!("cannot read: {e}"))],
-            ),
+            Err(message) => (Vec::new(), vec![error(&label, "", message)]),
         };
     }
     let mut files = match list_yaml_files(path) {
@@ -78,9 +78,9 @@ pub(crate) fn read_sources(path: &Path) -> (Vec<(String, String)>, Vec<ConfigErr
     let mut errors = Vec::new();
     for file in files {
         let name = file.display().to_string();
-        match fs::read_to_string(&file) {
+        match reader.read(&file) {
             Ok(content) => sources.push((name, content)),
-            Err(e) => errors.push(error(&name, "", format!("cannot read: {e}"))),
+            Err(message) => errors.push(error(&name, "", message)),
         }
     }
     (sources, errors)

@@ -9,6 +9,8 @@
 //!
 //! - `model` — the file as written (serde, unknown keys rejected);
 //! - `load` — reading files and directories, parsing, error collection;
+//! - `file` — opening and reading one file safely (regular files only, size caps, nesting
+//!   depth), and the deadline of a whole load;
 //! - `validate` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
 //! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`];
@@ -16,6 +18,7 @@
 //!
 //! The format, floodgate's extensions and every error are documented in `docs/config.md`.
 
+mod file;
 mod limit;
 mod load;
 mod model;
@@ -30,6 +33,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
+pub use file::{LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING};
 pub use limit::{Defaults, Limit, Rule, Unit};
 pub use load::{ConfigError, ConfigErrors};
 pub use tree::{Domain, Match, Step};
@@ -54,6 +58,16 @@ impl Config {
                 Err(ConfigErrors(errors))
             }
         }
+    }
+
+    /// [`Config::load`] on its own thread, abandoned after `deadline` (an error): whatever a
+    /// limits file holds, the caller (start-up, reload, and so shutdown) waits no longer.
+    pub fn load_within(
+        path: &Path,
+        defaults: &Defaults,
+        deadline: std::time::Duration,
+    ) -> Result<Config, ConfigErrors> {
+        file::load_within(path, defaults, deadline)
     }
 
     /// Builds a configuration from `(file name, content)` pairs; the names only label errors.

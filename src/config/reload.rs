@@ -116,7 +116,7 @@ fn load(path: &Path, defaults: &Defaults) -> Attempt {
     if !path.exists() {
         return Attempt::Missing;
     }
-    match Config::load(path, defaults) {
+    match Config::load_within(path, defaults, super::LOAD_DEADLINE) {
         Ok(config) => Attempt::Loaded(config),
         Err(errors) => Attempt::Failed(errors),
     }

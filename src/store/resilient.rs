@@ -32,6 +32,10 @@ use crate::bucket::{Applied, BucketOp, BucketResult};
 use crate::limiter::View;
 use crate::metrics::Metrics;
 
+/// Defects (store errors that are not outages) are logged at most this often: each request
+/// meets the same one, and a log line per request would flood the log.
+const DEFECT_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// What to answer when the store cannot (`--on-store-error`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum FailurePolicy {
@@ -72,8 +76,9 @@ pub struct ResilientStore {
     fallback: Option<Arc<MemoryStore>>,
     /// Store errors, cache hits and availability are counted here.
     metrics: Arc<Metrics>,
-    /// The last non-transient failure logged, so a persistent one is logged once.
-    last_defect: std::sync::Mutex<Option<String>>,
+    /// When a defect was last logged, and how many went unlogged since: defects are logged
+    /// at most every [`DEFECT_LOG_EVERY`], whatever their text.
+    defect_log: std::sync::Mutex<(Option<Instant>, u64)>,
 }
 
 /// How [`ResilientStore`] behaves around Redis.
@@ -124,7 +129,7 @@ impl ResilientStore {
             policy: resilience.policy,
             fallback,
             metrics,
-            last_defect: std::sync::Mutex::new(None),
+            defect_log: std::sync::Mutex::new((None, 0)),
         }
     }
 
@@ -162,15 +167,20 @@ impl ResilientStore {
     }
 
     fn log_defect(&self, error: &StoreError) {
-        let message = error.to_string();
-        let mut last = self
-            .last_defect
+        let mut log = self
+            .defect_log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.as_deref() != Some(message.as_str()) {
-            tracing::warn!(error = %message, "Redis call failed (not an outage: answering UNAVAILABLE)");
-            *last = Some(message);
+        let (last, unlogged) = &mut *log;
+        if last.is_some_and(|at| at.elapsed() < DEFECT_LOG_EVERY) {
+            *unlogged += 1;
+            return;
         }
+        // Store errors carry no request data (see store::redis::describe).
+        tracing::warn!(error = %error, similar_since_last_line = *unlogged,
+            "Redis call failed (not an outage: answering UNAVAILABLE)");
+        *last = Some(Instant::now());
+        *unlogged = 0;
     }
 
     fn degraded(&self, ops: &[BucketOp], error: StoreError) -> DegradedAnswer<'_> {

@@ -36,6 +36,7 @@ use tonic::transport::Channel;
 
 pub mod certs;
 pub mod configmap;
+pub mod h2raw;
 pub mod http;
 pub mod load;
 pub mod process;
@@ -299,6 +300,7 @@ impl TestServer {
                 max_connection_age: None,
                 max_connection_age_grace: None,
                 keepalive_interval: None,
+                bounds: server::Bounds::default(),
             },
             store_health,
             async move {

@@ -41,6 +41,21 @@ impl Floodgate {
         Floodgate::spawn(command)
     }
 
+    /// Starts `floodgate serve` with `args` (plus ephemeral loopback ports) under a hard and
+    /// soft open-files limit of `open_files` (`prlimit`, which execs the binary in place).
+    pub fn start_with_open_files(open_files: u32, args: &[&str]) -> Floodgate {
+        let mut command = Command::new("prlimit");
+        command
+            .arg(format!("--nofile={open_files}:{open_files}"))
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_floodgate"))
+            .arg("serve")
+            .args(args)
+            .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
+            .env("RUST_LOG", "info");
+        Floodgate::spawn(command)
+    }
+
     fn spawn(mut command: Command) -> Floodgate {
         let mut child = command
             .env("NO_COLOR", "1")

@@ -451,11 +451,15 @@ impl RedisCluster {
             .unwrap()
     }
 
-    /// Keys stored on the masters, summed.
+    /// Bucket keys stored on the masters, summed.
     pub fn key_count(&self) -> usize {
+        // Every key but the breaker probe's own short-lived `<prefix>probe`.
         self.masters()
             .iter()
-            .map(|n| n.query::<usize>(&::redis::cmd("DBSIZE")).unwrap())
+            .map(|n| {
+                let keys: Vec<String> = n.query(::redis::cmd("KEYS").arg("*")).unwrap();
+                keys.iter().filter(|k| !k.ends_with("probe")).count()
+            })
             .sum()
     }
 

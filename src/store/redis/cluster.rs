@@ -32,7 +32,7 @@ use super::{classify, deadline, script};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::settings::redact_url;
+use crate::settings::{redact_in, redact_url};
 use crate::store::fanout::apply_groups;
 use crate::store::{RemoteStore, Store, StoreError};
 
@@ -88,10 +88,12 @@ impl ClusterStore {
     ) -> Result<ClusterStore, StoreError> {
         let invalid = |e: redis::RedisError| {
             let seeds: Vec<String> = settings.seeds.iter().map(|s| redact_url(s)).collect();
-            StoreError::Failed(format!(
-                "invalid Redis Cluster seeds {}: {e}",
-                seeds.join(",")
-            ))
+            let mut said = format!("invalid Redis Cluster seeds {}: {e}", seeds.join(","));
+            // redis-rs may quote a seed, or the part it choked on, in its error.
+            for seed in &settings.seeds {
+                said = redact_in(&said, seed);
+            }
+            StoreError::Failed(said)
         };
         if settings.seeds.is_empty() {
             return Err(StoreError::Failed(
@@ -129,7 +131,12 @@ impl ClusterStore {
     /// Runs the script with no bucket on every master within the command timeout: is every
     /// slot served, and taking writes, now? (See [`RemoteStore::probe`] for why not `PING`.)
     /// Sent as `EVAL` with the source, so a master that never ran it needs no second call.
+    /// Then writes one short-lived key under the prefix, as the standalone probe does: the
+    /// script writes nothing without buckets, so `maxmemory` under `noeviction` or an ACL
+    /// refusal of the prefix would otherwise pass unseen.
     pub async fn probe(&self) -> Result<(), StoreError> {
+        let mut key = self.prefix.clone();
+        key.extend_from_slice(super::PROBE_KEY);
         let mut conn = self.conn.clone();
         let every_master = RoutingInfo::MultiNode((
             MultipleNodeRoutingInfo::AllMasters,
@@ -141,7 +148,14 @@ impl ClusterStore {
             conn.route_command(probe, every_master)
                 .await
                 .and_then(redis::Value::extract_error)
-                .map(drop)
+                .map_err(|e| classify(&e))?;
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("PX")
+                .arg(super::PROBE_KEY_TTL_MS)
+                .query_async::<()>(&mut conn)
+                .await
                 .map_err(|e| classify(&e))
         })
         .await

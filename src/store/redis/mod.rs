@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::Clock;
-use crate::settings::redact_url;
+use crate::settings::{redact_in, redact_url};
 
 pub mod cluster;
 pub mod script;
@@ -275,8 +275,21 @@ fn open(url: &str, certs: Option<TlsCertificates>) -> Result<Client, StoreError>
         None => Client::open(url),
         Some(certs) => Client::build_with_tls(url, certs),
     };
-    client.map_err(|e| StoreError::Failed(format!("invalid Redis URL {}: {e}", redact_url(url))))
+    // redis-rs may quote the URL, or the part it choked on, in its error.
+    client.map_err(|e| {
+        StoreError::Failed(redact_in(
+            &format!("invalid Redis URL {}: {e}", redact_url(url)),
+            url,
+        ))
+    })
 }
+
+/// The key the probe writes, after the prefix: it cannot collide with a bucket key (those
+/// start with an encoded domain and hold `|`, see [`crate::bucket`]).
+pub const PROBE_KEY: &[u8] = b"probe";
+
+/// The probe key's lifetime: it never accumulates.
+pub(crate) const PROBE_KEY_TTL_MS: u64 = 1_000;
 
 /// Runs `work` within `timeout`; running out of time is an outage ([`StoreError::Unavailable`]).
 async fn deadline<T>(
@@ -316,13 +329,16 @@ fn retires_connection(error: &RedisError) -> bool {
         || error.code() == Some("READONLY")
 }
 
-/// Transport failures and a Redis that cannot take writes now are transient; anything else
-/// (a script error) is a defect to report, not an outage.
+/// Transport failures, a Redis that cannot take writes now, and a Redis that refuses what
+/// every request needs (ACL, a renamed command) are outages, for the failure policy and
+/// health; anything else (a script error) is a defect to report. Messages never carry
+/// request data (see [`describe`]).
 fn classify(error: &RedisError) -> StoreError {
+    let said = describe(error);
     if error.code() == Some("READONLY") {
-        StoreError::Unavailable(format!("Redis is a replica now (failover?): {error}"))
+        StoreError::Unavailable(format!("Redis is a replica now (failover?): {said}"))
     } else if retires_connection(error) {
-        StoreError::Unavailable(format!("Redis connection failed: {error}"))
+        StoreError::Unavailable(format!("Redis connection failed: {said}"))
     } else if matches!(
         error.code(),
         Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "BUSY" | "OOM")
@@ -330,9 +346,47 @@ fn classify(error: &RedisError) -> StoreError {
         // Loading after a restart, a replica cut off from its master, a long script, or
         // maxmemory reached under noeviction: Redis cannot take writes now, which is an outage
         // for the failure policy to answer, not a defect in floodgate.
-        StoreError::Unavailable(format!("Redis not ready: {error}"))
+        StoreError::Unavailable(format!("Redis not ready: {said}"))
+    } else if matches!(error.code(), Some("NOPERM" | "NOAUTH" | "WRONGPASS")) {
+        // The ACL user may not run the script or touch the key prefix: every request fails
+        // alike until an operator fixes the ACL, exactly like an outage.
+        StoreError::Unavailable(format!("Redis refuses floodgate's user (ACL): {said}"))
+    } else if is_unknown_command(error) {
+        // EVALSHA / EVAL / SCRIPT renamed or disabled (`rename-command`).
+        StoreError::Unavailable(format!(
+            "Redis lacks a command floodgate needs (renamed or disabled?): {said}"
+        ))
     } else {
-        StoreError::Failed(format!("Redis script failed: {error}"))
+        StoreError::Failed(format!("Redis script failed: {said}"))
+    }
+}
+
+/// Whether Redis answered that it does not know the command.
+fn is_unknown_command(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("unknown command"))
+}
+
+/// Longest Redis error text carried into a [`StoreError`] (and so into logs and statuses).
+const MAX_ERROR_TEXT: usize = 160;
+
+/// A Redis error as logs may show it: no request data. Redis repeats a refused command's
+/// arguments (`unknown command 'EVALSHA', with args beginning with: <keys>`), and those are
+/// bucket keys made of request values: that part is cut, and the rest capped.
+fn describe(error: &RedisError) -> String {
+    let text = match (error.code(), error.detail()) {
+        (Some(code), Some(detail)) => format!("{code} {detail}"),
+        (Some(code), None) => code.to_string(),
+        _ => error.to_string(),
+    };
+    let text = text
+        .split_once(", with args beginning with")
+        .map_or(text.as_str(), |(head, _)| head);
+    match text.char_indices().nth(MAX_ERROR_TEXT) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
     }
 }
 
@@ -357,10 +411,27 @@ impl Store for RedisStore {
 
 #[async_trait]
 impl RemoteStore for RedisStore {
-    /// Runs the script with no bucket: exactly what a request needs (see
-    /// [`RemoteStore::probe`]).
+    /// Runs the script with no bucket, then writes one short-lived key under the prefix:
+    /// what a request needs (see [`RemoteStore::probe`]). The script alone writes nothing
+    /// without buckets, so a Redis at `maxmemory` under `noeviction`, or an ACL user that
+    /// may not touch the prefix, would pass it while failing every request.
     async fn probe(&self) -> Result<(), StoreError> {
-        self.apply(&[]).await.map(drop)
+        self.apply(&[]).await?;
+        let mut key = self.prefix.clone();
+        key.extend_from_slice(PROBE_KEY);
+        self.with_deadline(async {
+            let lent = self.lend().await?;
+            let mut conn = lent.conn.clone();
+            redis::cmd("SET")
+                .arg(&key)
+                .arg(1)
+                .arg("PX")
+                .arg(PROBE_KEY_TTL_MS)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| classify_on(&lent, e))
+        })
+        .await
     }
 }
 
@@ -404,5 +475,22 @@ mod tests {
             )),
             (false, false)
         );
+    }
+
+    /// An ACL refusal and a renamed command are outages; the refused command's arguments
+    /// (bucket keys, request data) never reach the error text.
+    #[test]
+    fn acl_and_unknown_commands_are_outages_without_request_data() {
+        for reply in [
+            "NOPERM No permissions to access a key",
+            "NOPERM User u has no permissions to run the 'evalsha' command",
+            "ERR unknown command 'EVALSHA', with args beginning with: 'abc' '1' 'fg:d:user=secret-value|tb1' ",
+        ] {
+            let error = classify(&server_error(reply));
+            assert!(error.is_transient(), "{reply}");
+            assert!(!error.to_string().contains("secret-value"), "{error}");
+        }
+        let long = format!("ERR {}", "x".repeat(1000));
+        assert!(classify(&server_error(&long)).to_string().len() < 300);
     }
 }

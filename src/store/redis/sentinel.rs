@@ -25,7 +25,7 @@ use redis::{
 };
 use tokio::sync::Mutex;
 
-use crate::settings::redact_url;
+use crate::settings::{redact_in, redact_url};
 
 /// Which master, through which sentinels.
 #[derive(Clone, PartialEq, Eq)]
@@ -187,8 +187,12 @@ fn credentials(info: &ConnectionInfo) -> (Option<&str>, Option<&str>) {
 }
 
 fn parse(url: &str, what: &str) -> Result<ConnectionInfo, String> {
-    url.into_connection_info()
-        .map_err(|e| format!("invalid Redis {what} {}: {e}", redact_url(url)))
+    url.into_connection_info().map_err(|e| {
+        redact_in(
+            &format!("invalid Redis {what} {}: {e}", redact_url(url)),
+            url,
+        )
+    })
 }
 
 #[cfg(test)]
