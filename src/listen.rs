@@ -63,6 +63,9 @@ pub struct PortBound {
     port: Port,
     metrics: Arc<Metrics>,
     open: Gauge,
+    /// One log line per [`LOG_EVERY`] for the whole port, whichever thread sees the event.
+    refused_log: SharedThrottle,
+    error_log: SharedThrottle,
 }
 
 impl PortBound {
@@ -75,6 +78,8 @@ impl PortBound {
             port,
             open: metrics.connections_open(port),
             metrics,
+            refused_log: SharedThrottle::default(),
+            error_log: SharedThrottle::default(),
         }
     }
 
@@ -88,8 +93,8 @@ impl PortBound {
             port: self.port,
             metrics: self.metrics.clone(),
             open: self.open.clone(),
-            refused_log: Throttle::default(),
-            error_log: Throttle::default(),
+            refused_log: self.refused_log.clone(),
+            error_log: self.error_log.clone(),
         }
     }
 }
@@ -102,8 +107,8 @@ pub struct Admission {
     port: Port,
     metrics: Arc<Metrics>,
     open: Gauge,
-    refused_log: Throttle,
-    error_log: Throttle,
+    refused_log: SharedThrottle,
+    error_log: SharedThrottle,
 }
 
 impl Admission {
@@ -319,6 +324,20 @@ impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()
+    }
+}
+
+/// A [`Throttle`] shared by the listeners of one port.
+#[derive(Clone, Debug, Default)]
+struct SharedThrottle(Arc<std::sync::Mutex<Throttle>>);
+
+impl SharedThrottle {
+    /// [`Throttle::tick`], under the lock (a poisoned lock still counts: it guards two numbers).
+    fn tick(&self) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .tick()
     }
 }
 

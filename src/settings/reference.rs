@@ -532,9 +532,19 @@ fn limits_dir(root: &str, subdirectory: &str, app: &str) -> PathBuf {
 }
 
 fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
-    // REDIS_AUTH, REDIS_SENTINEL_AUTH and their per-second twins hold passwords.
+    // REDIS_AUTH, REDIS_SENTINEL_AUTH and their per-second twins hold passwords; a Redis URL
+    // (REDIS_URL, REDIS_PERSECOND_URL) may carry one.
     let value = if name.ends_with("_AUTH") {
         "***".to_string()
+    } else if name.ends_with("_URL") {
+        match value.contains("://") {
+            true => super::redact_url(value),
+            // `user:password@host:port`, which no parser accepted: hide all before the host.
+            false => match value.rsplit_once('@') {
+                Some((_, host)) => format!("***@{host}"),
+                None => value.to_string(),
+            },
+        }
     } else {
         value.to_string()
     };

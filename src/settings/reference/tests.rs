@@ -485,6 +485,20 @@ fn bad_values_are_errors() {
     .unwrap_err();
     assert!(error.to_string().contains("REDIS_URL"), "{error}");
     assert!(!error.to_string().contains("hunter2"));
+    // A password inside an unusable REDIS_URL is not echoed either.
+    for url in ["u:hunter3@a/b:1", "user:p/ss?w@rd@a/b:1"] {
+        let error = apply(
+            &["--config", "x"],
+            &[("REDIS_URL", url), ("REDIS_SOCKET_TYPE", "tcp")],
+        )
+        .unwrap_err();
+        let message = error.to_string();
+        assert!(message.contains("REDIS_URL"), "{message}");
+        assert!(
+            !message.contains("hunter3") && !message.contains("ss?w"),
+            "{message}"
+        );
+    }
 }
 
 /// The reference's response-header and near-limit variables set floodgate's flags, unless
