@@ -10,8 +10,8 @@
 //! |---|---|---|
 //! | `floodgate_rule_hits_total` | domain, rule | hits evaluated against the rule |
 //! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
-//! | `floodgate_rule_over_limit_total` | domain, rule | hits the rule denied |
-//! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
+//! | `floodgate_rule_over_limit_total` | domain, rule | hits over the rule's limit (a shadow-mode rule's included, as in the reference) |
+//! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
@@ -226,7 +226,7 @@ impl Metrics {
         );
         registry.register(
             "floodgate_rule_over_limit",
-            "Hits a rule denied",
+            "Hits over a rule's limit (a shadow-mode rule's included)",
             rule_over_limit.clone(),
         );
         registry.register(
@@ -383,11 +383,17 @@ impl Metrics {
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
-            Verdict::OverLimit => &self.rule_over_limit,
-            Verdict::ShadowOverLimit => &self.rule_shadow_mode,
+            Verdict::OverLimit | Verdict::ShadowOverLimit => &self.rule_over_limit,
         };
         family.get_or_create(&labels).inc_by(tally.hits);
-        if tally.local_cache && tally.verdict == Verdict::OverLimit {
+        // As in the reference, a shadow-mode rule over its limit counts as over the limit
+        // *and* in shadow mode.
+        if tally.verdict == Verdict::ShadowOverLimit {
+            self.rule_shadow_mode
+                .get_or_create(&labels)
+                .inc_by(tally.hits);
+        }
+        if tally.local_cache && tally.verdict != Verdict::WithinLimit {
             self.rule_over_limit_local_cache
                 .get_or_create(&labels)
                 .inc_by(tally.hits);

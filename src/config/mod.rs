@@ -16,8 +16,10 @@
 //!
 //! The format, floodgate's extensions and every error are documented in `docs/config.md`.
 
+mod files;
 mod limit;
 mod load;
+mod metadata;
 mod model;
 pub mod reload;
 mod tree;
@@ -30,9 +32,38 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-pub use limit::{Defaults, Limit, Rule, Unit};
+pub use files::{RuntimeLayout, Source};
+pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name};
 pub use load::{ConfigError, ConfigErrors};
+pub use metadata::{Metadata, merge as merge_metadata};
 pub use tree::{Domain, Match, Step};
+
+/// How limits are loaded, identical at start-up and on every reload: where the files are,
+/// the loader defaults, and whether a domain may span several files.
+#[derive(Clone, Debug)]
+pub struct Loader {
+    /// Where the limits files are.
+    pub source: Source,
+    /// Settings not in the files (the default algorithm).
+    pub defaults: Defaults,
+    /// The reference's `MERGE_DOMAIN_CONFIG`.
+    pub merge_domains: bool,
+}
+
+impl Loader {
+    /// Loads the limits (see [`Config::load_from`]). A configuration without any domain
+    /// loads, but is logged as a warning: every request would then be answered OK.
+    pub fn load(&self) -> Result<Config, ConfigErrors> {
+        let config = Config::load_from(&self.source, &self.defaults, self.merge_domains)?;
+        if config.is_empty() {
+            tracing::warn!(
+                limits = %self.source,
+                "no domain loaded: every request is answered OK until limits are added"
+            );
+        }
+        Ok(config)
+    }
+}
 
 /// A loaded limits configuration: every domain, by name.
 #[derive(Debug, Default)]
@@ -42,11 +73,22 @@ pub struct Config {
 
 impl Config {
     /// Loads a file, or every `*.yaml`/`*.yml` file directly inside a directory (names starting
-    /// with `.` skipped, symlinks followed, read in name order). An empty directory gives a
-    /// configuration without domains. Every error of every file is returned.
+    /// with `.` skipped, and every skipped file named in the log; symlinks followed, read in
+    /// name order). An empty directory gives a configuration without domains. Every error of
+    /// every file is returned.
     pub fn load(path: &Path, defaults: &Defaults) -> Result<Config, ConfigErrors> {
-        let (sources, mut errors) = load::read_sources(path);
-        match Config::from_sources(&sources, defaults) {
+        Config::load_from(&Source::Path(path.to_path_buf()), defaults, false)
+    }
+
+    /// Loads the limits files of `source` (see [`Source`]); with `merge_domains` (the
+    /// reference's `MERGE_DOMAIN_CONFIG`) a domain may be spread over several files.
+    pub fn load_from(
+        source: &Source,
+        defaults: &Defaults,
+        merge_domains: bool,
+    ) -> Result<Config, ConfigErrors> {
+        let (sources, mut errors) = load::read_source(source);
+        match Config::compile(&sources, defaults, merge_domains) {
             Ok(config) if errors.is_empty() => Ok(config),
             Ok(_) => Err(ConfigErrors(errors)),
             Err(ConfigErrors(more)) => {
@@ -61,7 +103,17 @@ impl Config {
         sources: &[(String, String)],
         defaults: &Defaults,
     ) -> Result<Config, ConfigErrors> {
-        let domains = load::compile(sources, defaults)?;
+        Config::compile(sources, defaults, false)
+    }
+
+    /// [`Config::from_sources`], merging a domain spread over several sources when
+    /// `merge_domains` is set.
+    pub fn compile(
+        sources: &[(String, String)],
+        defaults: &Defaults,
+        merge_domains: bool,
+    ) -> Result<Config, ConfigErrors> {
+        let domains = load::compile(sources, defaults, merge_domains)?;
         let domains = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
         Ok(Config { domains })
     }
