@@ -7,8 +7,11 @@
 //! turns into bucket operations. A [`Config`] is immutable; a reload builds a new one and swaps
 //! it in only if it loaded without error.
 //!
+//! - `files` — which files are limits files ([`Source`]: `--config`, or the reference's
+//!   runtime layout);
 //! - `model` — the file as written (serde, unknown keys rejected);
-//! - `load` — reading files and directories, parsing, error collection;
+//! - `load` — reading the listed files, parsing, error collection, merging domains;
+//! - `metadata` — a descriptor's `metadata:`, compiled for dynamic metadata;
 //! - `validate` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
 //! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`];
