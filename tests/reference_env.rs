@@ -594,13 +594,14 @@ async fn global_quota_mode() {
 /// A ConfigMap mounted at `<root>/ratelimit/config` with the reference's default
 /// `RUNTIME_WATCH_ROOT` and an extension-less key: without `RUNTIME_IGNOREDOTFILES=true` the
 /// volume's `..` copy is read too and the domain is defined twice, so floodgate refuses to
-/// start (exit 64) and says which variable fixes it; with it, the key is loaded.
+/// start (exit 64) and says which variable fixes it; with it, the key is loaded, and a
+/// ConfigMap update is reloaded.
 #[tokio::test]
 async fn configmap_volume_needs_ignoredotfiles_as_in_the_reference() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("ratelimit/config");
     std::fs::create_dir_all(&config).unwrap();
-    let _volume = support::volume::Volume::new(&config, &[("config", MONGO)]);
+    let mut volume = support::volume::Volume::new(&config, &[("config", MONGO)]);
     let root = tmp.path().to_str().unwrap();
     let base = [
         ("RUNTIME_ROOT", root),
@@ -634,6 +635,22 @@ async fn configmap_volume_needs_ignoredotfiles_as_in_the_reference() {
     );
     let users = client.ask(simple("mongo_cps", "database", "users")).await;
     assert_eq!(users.statuses[0].limit_remaining, 499);
+
+    // The kubelet's update (a new `..` generation, `..data` swapped) is reloaded.
+    volume.update(&[("config", &MONGO.replace("500", "700"))]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let users = client.ask(simple("mongo_cps", "database", "users")).await;
+        let limit = users.statuses[0].current_limit.as_ref().unwrap();
+        if limit.requests_per_unit == 700 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the update was never loaded"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     server.stop().await;
 }
 
