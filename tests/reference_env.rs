@@ -320,13 +320,17 @@ descriptors:
 "#;
 
 /// A third file of domain `rl`, as a ConfigMap key without an extension in a nested
-/// directory: loaded (the reference loads every file) and merged (MERGE_DOMAIN_CONFIG).
+/// directory: loaded (the reference loads every file) and merged (MERGE_DOMAIN_CONFIG). Its
+/// `loose` limit has `shadow_mode` misplaced inside `rate_limit`, which the reference loads
+/// and ignores.
 const EXTRA: &str = r#"
 domain: rl
 descriptors:
   - key: extra
     rate_limit: {unit: day, requests_per_unit: 1}
     metadata: {team: payments}
+  - key: loose
+    rate_limit: {unit: day, requests_per_unit: 1, shadow_mode: true}
 "#;
 
 /// Fixed windows of a minute: a test asserting counts waits, if need be, until the current
@@ -484,6 +488,10 @@ async fn reference_example_deployment() {
         Some("payments")
     );
 
+    // The misplaced `shadow_mode` is ignored, as by the reference: the limit denies.
+    assert_eq!(client.one(simple("rl", "loose", "l")).await, (OK, 0));
+    assert_eq!(client.one(simple("rl", "loose", "l")).await.0, OVER);
+
     // An empty descriptor is OK with no limit; the other file's domain and its 4000000 per
     // second limit are live.
     let mixed = client
@@ -516,8 +524,12 @@ async fn reference_example_deployment() {
         );
     }
     let log = server.stop().await;
-    // Two domains: `rl` (two files, merged) and `mongo_cps`.
+    // Two domains: `rl` (two files, merged) and `mongo_cps`; the ignored key is named.
     assert!(log.contains("domains=2"), "{log}");
+    assert!(
+        log.contains("descriptors[1].rate_limit.shadow_mode: ignored"),
+        "{log}"
+    );
 }
 
 /// `SHADOW_MODE=true`: the request is always OK, while a descriptor over its limit still

@@ -87,18 +87,20 @@ fn read_files(files: &[PathBuf]) -> (Vec<(String, String)>, Vec<ConfigError>) {
 /// Parses and validates `(file name, content)` pairs into domains, sorted by name. A domain
 /// in two files is an error, unless `merge_domains` (the reference's `MERGE_DOMAIN_CONFIG`):
 /// then the later file's top-level descriptors join the domain's, and one composite key
-/// defined twice is the error, as in the reference.
+/// defined twice is the error, as in the reference. `lenient`: read files as the reference
+/// does (reference mode).
 pub(crate) fn compile(
     sources: &[(String, String)],
     defaults: &Defaults,
     merge_domains: bool,
+    lenient: bool,
 ) -> Result<Vec<Domain>, ConfigErrors> {
     let mut errors = Vec::new();
     // Name, root, hash tag, and the file that defined the domain first.
     let mut domains: Vec<(String, Children, bool, &str)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
     for (file, content) in sources {
-        let Some(model) = parse(file, content, &mut errors) else {
+        let Some(model) = parse(file, content, lenient, &mut errors) else {
             continue;
         };
         let name = model.domain.unwrap_or_default();
@@ -171,11 +173,21 @@ fn dot_directory_hint(first: &str, second: &str) -> &'static str {
 }
 
 /// Deserializes one file; a YAML syntax or type error becomes one error with line and column.
-fn parse(file: &str, content: &str, errors: &mut Vec<ConfigError>) -> Option<FileModel> {
+/// With `lenient` (reference mode), a file is first read as the reference reads it
+/// ([`super::lenient`]).
+fn parse(
+    file: &str,
+    content: &str,
+    lenient: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Option<FileModel> {
     if content.trim().is_empty() {
         // serde_yaml_ng reports an empty document as a type error; the reference's complaint
         // about such a file is its empty domain, which is clearer.
         return Some(FileModel::default());
+    }
+    if lenient && let Some(model) = super::lenient::parse(file, content) {
+        return Some(model);
     }
     let deserializer = serde_yaml_ng::Deserializer::from_str(content);
     match serde_path_to_error::deserialize::<_, FileModel>(deserializer) {

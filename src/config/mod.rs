@@ -10,6 +10,7 @@
 //! - `files` — which files are limits files ([`Source`]: `--config`, or the reference's
 //!   runtime layout);
 //! - `model` — the file as written (serde, unknown keys rejected);
+//! - `lenient` — reference mode: a file read as the reference reads it (misplaced keys);
 //! - `load` — reading the listed files, parsing, error collection, merging domains;
 //! - `metadata` — a descriptor's `metadata:`, compiled for dynamic metadata;
 //! - `validate` — semantic checks, compiling the tree;
@@ -20,6 +21,7 @@
 //! The format, floodgate's extensions and every error are documented in `docs/config.md`.
 
 mod files;
+mod lenient;
 mod limit;
 mod load;
 mod metadata;
@@ -91,7 +93,9 @@ impl Config {
         merge_domains: bool,
     ) -> Result<Config, ConfigErrors> {
         let (sources, mut errors) = load::read_source(source);
-        match Config::compile(&sources, defaults, merge_domains) {
+        // Reference mode reads every file as the reference does (see `lenient`).
+        let lenient = matches!(source, Source::Runtime(_));
+        match load::compile(&sources, defaults, merge_domains, lenient).map(Config::of) {
             Ok(config) if errors.is_empty() => Ok(config),
             Ok(_) => Err(ConfigErrors(errors)),
             Err(ConfigErrors(more)) => {
@@ -116,9 +120,12 @@ impl Config {
         defaults: &Defaults,
         merge_domains: bool,
     ) -> Result<Config, ConfigErrors> {
-        let domains = load::compile(sources, defaults, merge_domains)?;
+        load::compile(sources, defaults, merge_domains, false).map(Config::of)
+    }
+
+    fn of(domains: Vec<Domain>) -> Config {
         let domains = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
-        Ok(Config { domains })
+        Config { domains }
     }
 
     /// A configuration without domains: every request is answered OK.
