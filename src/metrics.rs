@@ -24,6 +24,7 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_global_shadow_mode_total` | — | requests answered OK only because of global shadow mode (the reference's `global_shadow_mode`) |
 //! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
@@ -157,6 +158,7 @@ pub struct Metrics {
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
+    global_shadow_mode: Counter,
     tls_loads: Family<ResultLabels, Counter>,
     tls_last_load_ok: Gauge,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
@@ -207,6 +209,7 @@ impl Metrics {
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
+        let global_shadow_mode = Counter::default();
         let tls_loads = Family::<ResultLabels, Counter>::default();
         let tls_last_load_ok = Gauge::default();
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
@@ -295,6 +298,11 @@ impl Metrics {
             local_cache_over_limit.clone(),
         );
         registry.register(
+            "floodgate_global_shadow_mode",
+            "Requests answered OK only because of global shadow mode",
+            global_shadow_mode.clone(),
+        );
+        registry.register(
             "floodgate_tls_loads",
             "gRPC TLS certificate loads (start-up and reloads) by result",
             tls_loads.clone(),
@@ -348,6 +356,7 @@ impl Metrics {
             store_degraded,
             store_available,
             local_cache_over_limit,
+            global_shadow_mode,
             tls_loads,
             tls_last_load_ok,
             tls_handshake_failures,
@@ -371,6 +380,9 @@ impl Metrics {
             for tally in &outcome.tallies {
                 self.record_tally(domain, tally);
             }
+        }
+        if outcome.shadowed {
+            self.global_shadow_mode.inc();
         }
         self.record_request(result);
     }

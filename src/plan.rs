@@ -187,6 +187,8 @@ pub struct Outcome {
     pub domain: Option<Arc<str>>,
     /// One tally per evaluated limit.
     pub tallies: Vec<Tally>,
+    /// The request would have been denied but for global shadow mode.
+    pub shadowed: bool,
 }
 
 impl<'c> Plan<'c> {
@@ -378,6 +380,11 @@ impl<'c> Plan<'c> {
     ///   one is over; any other descriptor over denies it;
     /// - global shadow mode then makes the request OK, leaving the descriptors' verdicts.
     fn denies(&self, applied: &Applied) -> bool {
+        self.over(applied) && !self.global_shadow
+    }
+
+    /// Whether the request is over, before global shadow mode (see [`Plan::denies`]).
+    fn over(&self, applied: &Applied) -> bool {
         let (mut rate_limited, mut quota_total, mut quota_over) = (false, 0usize, 0usize);
         for descriptor in &self.descriptors {
             let (over, quota) = match descriptor {
@@ -401,8 +408,7 @@ impl<'c> Plan<'c> {
                 rate_limited |= over;
             }
         }
-        let over = rate_limited || (quota_total > 0 && quota_total == quota_over);
-        over && !self.global_shadow
+        rate_limited || (quota_total > 0 && quota_total == quota_over)
     }
 
     /// Debits to undo after the store committed a request that is nonetheless denied (by
@@ -501,6 +507,7 @@ impl<'c> Plan<'c> {
             },
             domain: self.domain.clone(),
             tallies,
+            shadowed: self.global_shadow && self.over(applied),
         }
     }
 
@@ -1195,8 +1202,10 @@ descriptors:
             shadow_mode: true,
             ..options()
         };
-        let (overall, codes, _) = modes(&["regular", "zzz"], &[false], &shadow);
+        let (overall, codes, outcome) = modes(&["regular", "zzz"], &[false], &shadow);
         assert_eq!((overall, codes), (OK, vec![OVER, OK]));
+        assert!(outcome.shadowed);
+        assert!(!modes(&["regular"], &[true], &shadow).2.shadowed);
         // Quota-mode descriptors all over, under global shadow: still OK
         // (TestServiceQuotaModeWithShadowMode).
         let (overall, codes, _) = modes(&["quota", "quota2"], &[false, false], &shadow);

@@ -533,7 +533,7 @@ async fn reference_example_deployment() {
 }
 
 /// `SHADOW_MODE=true`: the request is always OK, while a descriptor over its limit still
-/// says OVER_LIMIT (the reference's global shadow mode).
+/// says OVER_LIMIT (the reference's global shadow mode), and each such request is counted.
 #[tokio::test]
 async fn global_shadow_mode_keeps_descriptor_codes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -560,6 +560,11 @@ async fn global_shadow_mode_keeps_descriptor_codes() {
         codes.push(response.statuses[0].code);
     }
     assert_eq!(codes, [OK, OK, OVER]);
+    // Counted, as the reference's `global_shadow_mode` stat.
+    assert_eq!(
+        support::http::metric(server.http, "floodgate_global_shadow_mode_total").await,
+        Some(1.0)
+    );
     server.stop().await;
 }
 
