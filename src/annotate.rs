@@ -18,12 +18,16 @@
 //!
 //! Dynamic metadata (with `--response-dynamic-metadata`, the reference's
 //! `RESPONSE_DYNAMIC_METADATA`), keys as the reference writes them:
-//! `{domain, descriptors: [{entries: ["key=value", …]}, …], hitsAddend (when not 0),
-//! quotaModeEnabled, quotaModeViolations: [indices of over quota-mode descriptors]}`.
+//! `{domain, descriptors: [{entries: ["key=value", …], limit (an override, as text),
+//! hitsAddend (its own)}, …], hitsAddend (when not 0), metadata}`, where `metadata` merges the
+//! `metadata:` of the rules of every descriptor answered OK (the first value of a key wins).
+
+use std::collections::BTreeMap;
 
 use prost_types::{ListValue, Struct, Value, value::Kind};
 
 use crate::proto::envoy::config::core::v3::HeaderValue;
+use crate::proto::envoy::r#type::v3::RateLimitUnit;
 use crate::proto::rls::RateLimitRequest;
 
 /// Names of the draft-03 headers, and whether to add the IETF structured fields.
@@ -154,9 +158,19 @@ fn sf_string(text: &str) -> String {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestSummary {
     domain: String,
-    /// Per descriptor, its entries as `key=value` (bytes that are not UTF-8 replaced).
-    descriptors: Vec<Vec<String>>,
+    descriptors: Vec<DescriptorSummary>,
     hits_addend: u32,
+}
+
+/// One descriptor as the reference reports it in dynamic metadata.
+#[derive(Clone, Debug, PartialEq)]
+struct DescriptorSummary {
+    /// Its entries as `key=value` (bytes that are not UTF-8 replaced).
+    entries: Vec<String>,
+    /// Its `limit` override in protobuf text form, when it has one.
+    limit: Option<String>,
+    /// Its own `hits_addend`, when present.
+    hits_addend: Option<u64>,
 }
 
 impl RequestSummary {
@@ -167,8 +181,9 @@ impl RequestSummary {
             descriptors: request
                 .descriptors
                 .iter()
-                .map(|d| {
-                    d.entries
+                .map(|d| DescriptorSummary {
+                    entries: d
+                        .entries
                         .iter()
                         .map(|e| {
                             format!(
@@ -177,16 +192,23 @@ impl RequestSummary {
                                 String::from_utf8_lossy(&e.value)
                             )
                         })
-                        .collect()
+                        .collect(),
+                    limit: d
+                        .limit
+                        .as_ref()
+                        .map(|limit| override_text(limit.requests_per_unit, limit.unit)),
+                    hits_addend: d.hits_addend,
                 })
                 .collect(),
             hits_addend: request.hits_addend,
         }
     }
 
-    /// The metadata struct: `quota_mode` when any descriptor matched a quota-mode limit,
-    /// `violations` the indices of the quota-mode descriptors that were over.
-    pub fn to_struct(&self, quota_mode: bool, violations: &[usize]) -> Struct {
+    /// The metadata struct, as the reference builds it:
+    /// `{domain, descriptors: [{entries: ["k=v", …], limit?, hitsAddend?}, …], hitsAddend?,
+    /// metadata?}`, where `metadata` is the `metadata:` of the rules of the descriptors
+    /// answered OK, merged (`admitted`, already merged by the caller; omitted when empty).
+    pub fn to_struct(&self, admitted: BTreeMap<String, Value>) -> Struct {
         let list = |values: Vec<Value>| Value {
             kind: Some(Kind::ListValue(ListValue { values })),
         };
@@ -196,19 +218,25 @@ impl RequestSummary {
         let number = |n: f64| Value {
             kind: Some(Kind::NumberValue(n)),
         };
-        let mut fields = std::collections::BTreeMap::new();
+        let mut fields = BTreeMap::new();
         fields.insert("domain".to_string(), string(&self.domain));
         let descriptors = self
             .descriptors
             .iter()
-            .map(|entries| {
-                let mut descriptor = std::collections::BTreeMap::new();
-                descriptor.insert(
+            .map(|descriptor| {
+                let mut fields = BTreeMap::new();
+                fields.insert(
                     "entries".to_string(),
-                    list(entries.iter().map(|e| string(e)).collect()),
+                    list(descriptor.entries.iter().map(|e| string(e)).collect()),
                 );
+                if let Some(limit) = &descriptor.limit {
+                    fields.insert("limit".to_string(), string(limit));
+                }
+                if let Some(hits) = descriptor.hits_addend {
+                    fields.insert("hitsAddend".to_string(), number(hits as f64));
+                }
                 Value {
-                    kind: Some(Kind::StructValue(Struct { fields: descriptor })),
+                    kind: Some(Kind::StructValue(Struct { fields })),
                 }
             })
             .collect();
@@ -219,18 +247,89 @@ impl RequestSummary {
                 number(f64::from(self.hits_addend)),
             );
         }
-        fields.insert(
-            "quotaModeEnabled".to_string(),
-            Value {
-                kind: Some(Kind::BoolValue(quota_mode)),
-            },
-        );
-        if !violations.is_empty() {
+        if !admitted.is_empty() {
             fields.insert(
-                "quotaModeViolations".to_string(),
-                list(violations.iter().map(|&i| number(i as f64)).collect()),
+                "metadata".to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(Struct { fields: admitted })),
+                },
             );
         }
         Struct { fields }
+    }
+}
+
+/// A descriptor `limit` override as protobuf text (`requests_per_unit:10 unit:SECOND`), the
+/// form the reference reports; fields at their zero value are left out, as there.
+fn override_text(requests_per_unit: u32, unit: i32) -> String {
+    let mut parts = Vec::with_capacity(2);
+    if requests_per_unit != 0 {
+        parts.push(format!("requests_per_unit:{requests_per_unit}"));
+    }
+    if unit != 0 {
+        let name = RateLimitUnit::try_from(unit)
+            .map(|u| u.as_str_name().to_string())
+            .unwrap_or_else(|_| unit.to_string());
+        parts.push(format!("unit:{name}"));
+    }
+    parts.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::common::RateLimitDescriptor;
+    use crate::proto::common::rate_limit_descriptor::{Entry, RateLimitOverride};
+
+    /// The reference's dynamic metadata: domain, each descriptor's entries, its override and
+    /// its own hits_addend when present, the request's hits_addend, and admitted metadata.
+    #[test]
+    fn metadata_has_the_reference_shape() {
+        let request = RateLimitRequest {
+            domain: "d".into(),
+            descriptors: vec![
+                RateLimitDescriptor {
+                    entries: vec![Entry {
+                        key: b"k".to_vec(),
+                        value: b"v".to_vec(),
+                    }],
+                    limit: Some(RateLimitOverride {
+                        requests_per_unit: 10,
+                        unit: 1,
+                    }),
+                    hits_addend: Some(2),
+                    ..Default::default()
+                },
+                RateLimitDescriptor::default(),
+            ],
+            hits_addend: 3,
+        };
+        let mut admitted = BTreeMap::new();
+        admitted.insert(
+            "name".to_string(),
+            Value {
+                kind: Some(Kind::StringValue("svc".into())),
+            },
+        );
+        let s = RequestSummary::of(&request).to_struct(admitted);
+        let text = format!("{s:?}");
+        for part in [
+            "\"k=v\"",
+            "requests_per_unit:10 unit:SECOND",
+            "NumberValue(2.0)",
+            "NumberValue(3.0)",
+            "\"svc\"",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        assert_eq!(
+            s.fields.keys().collect::<Vec<_>>(),
+            ["descriptors", "domain", "hitsAddend", "metadata"]
+        );
+        let empty = RequestSummary::of(&RateLimitRequest::default()).to_struct(BTreeMap::new());
+        assert_eq!(
+            empty.fields.keys().collect::<Vec<_>>(),
+            ["descriptors", "domain"]
+        );
     }
 }

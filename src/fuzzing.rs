@@ -159,8 +159,8 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
     responses
 }
 
-/// One status per descriptor, each OK or OVER_LIMIT, and the overall code OVER_LIMIT exactly
-/// when some status is: what Envoy relies on.
+/// One status per descriptor, each OK or OVER_LIMIT, and the overall code OVER_LIMIT only
+/// when some status is.
 fn check_response(request: &RateLimitRequest, response: &RateLimitResponse) {
     assert_eq!(
         response.statuses.len(),
@@ -176,9 +176,10 @@ fn check_response(request: &RateLimitRequest, response: &RateLimitResponse) {
         );
     }
     let any_over = response.statuses.iter().any(|s| s.code == over);
-    assert_eq!(
-        response.overall_code == over,
-        any_over,
+    // Not "exactly when": a quota-mode descriptor over its limit says OVER_LIMIT while the
+    // request stays OK, as in the reference.
+    assert!(
+        response.overall_code != over || any_over,
         "overall code disagrees with the statuses"
     );
 }

@@ -12,8 +12,8 @@
 //! |---|---|---|
 //! | `floodgate_rule_hits_total` | domain, rule | hits evaluated against the rule |
 //! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
-//! | `floodgate_rule_over_limit_total` | domain, rule | hits the rule denied |
-//! | `floodgate_rule_shadow_mode_total` | domain, rule | hits a shadow-mode rule would have denied |
+//! | `floodgate_rule_over_limit_total` | domain, rule | hits over the rule's limit (a shadow-mode rule's included, as in the reference) |
+//! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
@@ -26,6 +26,7 @@
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_global_shadow_mode_total` | — | requests answered OK only because of global shadow mode (the reference's `global_shadow_mode`) |
 //! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
@@ -214,6 +215,7 @@ pub struct Metrics {
     store_degraded: Family<PolicyLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
+    global_shadow_mode: Counter,
     tls_loads: Family<ResultLabels, Counter>,
     tls_last_load_ok: Gauge,
     tls_handshake_failures: Family<ReasonLabels, Counter>,
@@ -267,6 +269,7 @@ impl Metrics {
         let store_degraded = Family::<PolicyLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
+        let global_shadow_mode = Counter::default();
         let tls_loads = Family::<ResultLabels, Counter>::default();
         let tls_last_load_ok = Gauge::default();
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
@@ -287,7 +290,7 @@ impl Metrics {
         );
         registry.register(
             "floodgate_rule_over_limit",
-            "Hits a rule denied",
+            "Hits over a rule's limit (a shadow-mode rule's included)",
             rule_over_limit.clone(),
         );
         registry.register(
@@ -356,6 +359,11 @@ impl Metrics {
             local_cache_over_limit.clone(),
         );
         registry.register(
+            "floodgate_global_shadow_mode",
+            "Requests answered OK only because of global shadow mode",
+            global_shadow_mode.clone(),
+        );
+        registry.register(
             "floodgate_tls_loads",
             "gRPC TLS certificate loads (start-up and reloads) by result",
             tls_loads.clone(),
@@ -416,6 +424,7 @@ impl Metrics {
             store_degraded,
             store_available,
             local_cache_over_limit,
+            global_shadow_mode,
             tls_loads,
             tls_last_load_ok,
             tls_handshake_failures,
@@ -442,6 +451,9 @@ impl Metrics {
                 self.record_tally(domain, tally);
             }
         }
+        if outcome.shadowed {
+            self.global_shadow_mode.inc();
+        }
         self.record_request(result);
     }
 
@@ -461,11 +473,17 @@ impl Metrics {
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
-            Verdict::OverLimit => &self.rule_over_limit,
-            Verdict::ShadowOverLimit => &self.rule_shadow_mode,
+            Verdict::OverLimit | Verdict::ShadowOverLimit => &self.rule_over_limit,
         };
         family.get_or_create(&labels).inc_by(tally.hits);
-        if tally.local_cache && tally.verdict == Verdict::OverLimit {
+        // As in the reference, a shadow-mode rule over its limit counts as over the limit
+        // *and* in shadow mode.
+        if tally.verdict == Verdict::ShadowOverLimit {
+            self.rule_shadow_mode
+                .get_or_create(&labels)
+                .inc_by(tally.hits);
+        }
+        if tally.local_cache && tally.verdict != Verdict::WithinLimit {
             self.rule_over_limit_local_cache
                 .get_or_create(&labels)
                 .inc_by(tally.hits);

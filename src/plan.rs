@@ -16,7 +16,7 @@ use prost_types::Duration;
 pub use crate::annotate::HeaderOptions;
 use crate::annotate::{self, Reported};
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue};
-use crate::config::{Config, Limit, Step, Unit};
+use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
@@ -48,8 +48,13 @@ impl Default for RequestLimits {
 /// Settings that shape planning and the response.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PlanOptions {
-    /// Global shadow mode: every limit is evaluated and counted, none denies.
+    /// Global shadow mode (the reference's `SHADOW_MODE`): every limit is evaluated, counted
+    /// and reported (a descriptor over its limit still says OVER_LIMIT), but the request as
+    /// a whole is always OK.
     pub shadow_mode: bool,
+    /// Global quota mode (the reference's `QUOTA_MODE`): every descriptor is a quota-mode
+    /// one (see [`Plan::respond`]).
+    pub quota_mode: bool,
     /// Algorithm for descriptor `limit` overrides (configured limits carry their own).
     pub default_algorithm: Algorithm,
     /// Request-size bounds.
@@ -59,8 +64,8 @@ pub struct PlanOptions {
     /// Fraction of a limit's capacity above which admitted hits count as near the limit
     /// (`floodgate_rule_near_limit_total`), as the reference's `NEAR_LIMIT_RATIO`.
     pub near_limit_ratio: f32,
-    /// Report the request and its quota-mode violations in `dynamic_metadata`, as the
-    /// reference does with `RESPONSE_DYNAMIC_METADATA`.
+    /// Report the request and the `metadata:` of the rules it was admitted by in
+    /// `dynamic_metadata`, as the reference does with `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
 }
 
@@ -69,6 +74,7 @@ impl Default for PlanOptions {
     fn default() -> Self {
         PlanOptions {
             shadow_mode: false,
+            quota_mode: false,
             default_algorithm: Algorithm::TokenBucket,
             limits: RequestLimits::default(),
             headers: None,
@@ -91,8 +97,17 @@ enum LimitSource<'c> {
     Override(u32, Unit),
 }
 
-/// A matched limit before `replaces` is applied: (source, metric path, enforce, quota, key).
-type MatchedLimit<'c> = (LimitSource<'c>, MetricPath, bool, bool, BucketKey);
+/// A matched limit before `replaces` is applied.
+struct MatchedLimit<'c> {
+    source: LimitSource<'c>,
+    /// Metric path.
+    rule: MetricPath,
+    /// Not a shadow-mode rule.
+    enforce: bool,
+    /// A quota-mode descriptor (per rule, or global).
+    quota: bool,
+    key: BucketKey,
+}
 
 /// A rule's metric path, and whether it holds request values (`detailed_metric`,
 /// `value_to_metric`): such paths are as many as the values clients send, so metrics caps
@@ -111,20 +126,20 @@ struct PlannedLimit<'c> {
     rule: MetricPath,
     /// Index into [`Plan::ops`].
     op: usize,
-    /// Not in shadow mode (per rule or global).
+    /// Not a shadow-mode rule: going over makes the descriptor's status OVER_LIMIT.
     enforce: bool,
-    /// The rule is in `quota_mode`: going over does not deny by itself.
+    /// A quota-mode descriptor (per rule or global): going over does not deny by itself.
     quota: bool,
 }
 
 #[derive(Debug)]
 enum DescriptorPlan<'c> {
-    /// Unknown domain, no matching rule, or every matched limit replaced.
+    /// Unknown domain, no entries, no matching rule, or every matched limit replaced.
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
     Unlimited { rule: MetricPath },
-    /// One or more limits, each backed by a bucket op.
-    Limited(Vec<PlannedLimit<'c>>),
+    /// One or more limits, each backed by a bucket op, and the rule's `metadata:`.
+    Limited(Vec<PlannedLimit<'c>>, Option<&'c Metadata>),
 }
 
 /// What a request asks of the store, and how to answer it afterwards.
@@ -139,6 +154,10 @@ pub struct Plan<'c> {
     pub ops: Vec<BucketOp>,
     /// The request as `dynamic_metadata` reports it, when that is enabled.
     metadata: Option<annotate::RequestSummary>,
+    /// Global shadow mode: the request is never denied.
+    global_shadow: bool,
+    /// Global quota mode: every descriptor is a quota-mode one.
+    global_quota: bool,
 }
 
 /// How one limit of one descriptor fared, for metrics.
@@ -180,6 +199,8 @@ pub struct Outcome {
     pub domain: Option<Arc<str>>,
     /// One tally per evaluated limit.
     pub tallies: Vec<Tally>,
+    /// The request would have been denied but for global shadow mode.
+    pub shadowed: bool,
 }
 
 impl<'c> Plan<'c> {
@@ -194,7 +215,7 @@ impl<'c> Plan<'c> {
         // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
         let request_hits = u64::from(request.hits_addend.max(1));
 
-        let mut matched: Vec<Vec<MatchedLimit<'c>>> = Vec::new();
+        let mut matched: Vec<(Vec<MatchedLimit<'c>>, Option<&'c Metadata>)> = Vec::new();
         let mut costs = Vec::with_capacity(request.descriptors.len());
         for (i, descriptor) in request.descriptors.iter().enumerate() {
             // A present descriptor hits_addend overrides the request's; present and 0 = check.
@@ -208,8 +229,9 @@ impl<'c> Plan<'c> {
                 hits
             });
             let mut limits = Vec::new();
+            let mut metadata = None;
             let Some(domain) = domain else {
-                matched.push(limits);
+                matched.push((limits, metadata));
                 continue;
             };
             let entries: Vec<(&[u8], &[u8])> = descriptor
@@ -238,19 +260,18 @@ impl<'c> Plan<'c> {
                     params.period_us,
                 )
                 .with_override_rate(limit.requests_per_unit);
-                // Never shadow per rule (the reference's choice), but the global switch covers
-                // overrides too: in shadow mode nothing denies.
-                let enforce = !options.shadow_mode;
-                limits.push((
+                // Never a shadow-mode or quota-mode rule (the reference's choice); the
+                // global switches cover overrides too.
+                limits.push(MatchedLimit {
                     source,
-                    MetricPath {
+                    rule: MetricPath {
                         path: Arc::clone(domain.override_path()),
                         detailed: false,
                     },
-                    enforce,
-                    false,
+                    enforce: true,
+                    quota: options.quota_mode,
                     key,
-                ));
+                });
             } else if let Some(found) = domain.find(&entries) {
                 let rule = found.rule;
                 // The rule's path, or with request values where the rule opted in
@@ -260,7 +281,7 @@ impl<'c> Plan<'c> {
                     detailed: !Arc::ptr_eq(&metric, &rule.path),
                     path: metric,
                 };
-                let enforce = !(rule.shadow_mode || options.shadow_mode);
+                metadata = rule.metadata.as_ref();
                 for limit in &rule.limits {
                     let params = limit.params();
                     let key = BucketKey::in_domain(
@@ -278,23 +299,23 @@ impl<'c> Plan<'c> {
                         params.algorithm,
                         params.period_us,
                     );
-                    limits.push((
-                        LimitSource::Configured(limit),
-                        metric.clone(),
-                        enforce,
-                        rule.quota_mode,
+                    limits.push(MatchedLimit {
+                        source: LimitSource::Configured(limit),
+                        rule: metric.clone(),
+                        enforce: !rule.shadow_mode,
+                        quota: rule.quota_mode || options.quota_mode,
                         key,
-                    ));
+                    });
                 }
             }
-            matched.push(limits);
+            matched.push((limits, metadata));
         }
 
         // `replaces`: a matched limit named N is dropped when another matched limit lists N.
         let replaced: Vec<&str> = matched
             .iter()
-            .flatten()
-            .filter_map(|(source, ..)| match source {
+            .flat_map(|(limits, _)| limits)
+            .filter_map(|matched| match matched.source {
                 LimitSource::Configured(limit) => Some(limit),
                 LimitSource::Override(..) => None,
             })
@@ -304,10 +325,17 @@ impl<'c> Plan<'c> {
         let mut ops: Vec<BucketOp> = Vec::new();
         let mut op_index: HashMap<BucketKey, usize> = HashMap::new();
         let mut descriptors = Vec::with_capacity(matched.len());
-        for (limits, &cost) in matched.into_iter().zip(&costs) {
+        for ((limits, metadata), &cost) in matched.into_iter().zip(&costs) {
             let mut planned = Vec::new();
             let mut unlimited_rule = None;
-            for (source, rule, enforce, quota, key) in limits {
+            for MatchedLimit {
+                source,
+                rule,
+                enforce,
+                quota,
+                key,
+            } in limits
+            {
                 let params = match source {
                     LimitSource::Configured(limit) => {
                         if limit
@@ -332,8 +360,9 @@ impl<'c> Plan<'c> {
                 ops[op].params.overdraft |= params.overdraft;
                 // A quota-mode bucket never blocks the store's commit by itself (like a
                 // shadow one): whether quota denies is decided per request in `respond`,
-                // and a denied request is undone with `refunds`.
-                ops[op].enforce |= enforce && !quota;
+                // and a denied request is undone with `refunds`. In global shadow mode
+                // nothing blocks it.
+                ops[op].enforce |= enforce && !quota && !options.shadow_mode;
                 planned.push(PlannedLimit {
                     source,
                     rule,
@@ -343,7 +372,7 @@ impl<'c> Plan<'c> {
                 });
             }
             descriptors.push(match (planned.is_empty(), unlimited_rule) {
-                (false, _) => DescriptorPlan::Limited(planned),
+                (false, _) => DescriptorPlan::Limited(planned, metadata),
                 (true, Some(rule)) => DescriptorPlan::Unlimited { rule },
                 (true, None) => DescriptorPlan::Unmatched,
             });
@@ -357,57 +386,57 @@ impl<'c> Plan<'c> {
             metadata: options
                 .dynamic_metadata
                 .then(|| annotate::RequestSummary::of(request)),
+            global_shadow: options.shadow_mode,
+            global_quota: options.quota_mode,
         })
     }
 
-    /// Whether a descriptor's limits put it over, and whether it is a quota-mode descriptor:
-    /// `(enforcing limit over, quota-mode limit over, has enforcing quota-mode limits)`.
-    fn descriptor_over(
-        &self,
-        limits: &[PlannedLimit<'c>],
-        applied: &Applied,
-    ) -> (bool, bool, bool) {
-        let mut over = (false, false, false);
-        for limit in limits.iter().filter(|l| l.enforce) {
-            let denied = applied
-                .buckets
-                .get(limit.op)
-                .is_some_and(|result| !result.admitted);
-            if limit.quota {
-                over.2 = true;
-                over.1 |= denied;
-            } else {
-                over.0 |= denied;
-            }
-        }
-        over
+    /// Whether the request is answered OVER_LIMIT, as the reference decides it
+    /// (`shouldRateLimitWorker` in its service):
+    /// - a descriptor is over when a limit of a rule not in shadow mode denied it;
+    /// - quota-mode descriptors (per rule, or every descriptor but unlimited ones under
+    ///   global quota mode) deny the request only when there is at least one and **every**
+    ///   one is over; any other descriptor over denies it;
+    /// - global shadow mode then makes the request OK, leaving the descriptors' verdicts.
+    fn denies(&self, applied: &Applied) -> bool {
+        self.over(applied) && !self.global_shadow
     }
 
-    /// The reference's `quota_mode` rule: quota-mode descriptors deny the request only when
-    /// there is at least one and **every** one of them is over.
-    fn quota_denies(&self, applied: &Applied) -> bool {
-        let mut any = false;
+    /// Whether the request is over, before global shadow mode (see [`Plan::denies`]).
+    fn over(&self, applied: &Applied) -> bool {
+        let (mut rate_limited, mut quota_total, mut quota_over) = (false, 0usize, 0usize);
         for descriptor in &self.descriptors {
-            if let DescriptorPlan::Limited(limits) = descriptor {
-                let (_, quota_over, quota) = self.descriptor_over(limits, applied);
-                if quota {
-                    if !quota_over {
-                        return false;
-                    }
-                    any = true;
+            let (over, quota) = match descriptor {
+                DescriptorPlan::Unlimited { .. } => continue,
+                DescriptorPlan::Unmatched => (false, self.global_quota),
+                DescriptorPlan::Limited(limits, _) => {
+                    let over = limits.iter().any(|limit| {
+                        limit.enforce
+                            && applied
+                                .buckets
+                                .get(limit.op)
+                                .is_some_and(|result| !result.admitted)
+                    });
+                    (over, limits.iter().any(|limit| limit.quota))
                 }
+            };
+            if quota {
+                quota_total += 1;
+                quota_over += usize::from(over);
+            } else {
+                rate_limited |= over;
             }
         }
-        any
+        rate_limited || (quota_total > 0 && quota_total == quota_over)
     }
 
-    /// Debits to undo after the store committed a request that quota mode denies (quota-mode
-    /// buckets do not block the store's commit, so it cannot know): `(op index, refund)`
-    /// for every debited bucket except overdraft ones. Empty when nothing needs undoing.
-    /// Like Redis Cluster's cross-slot refunds, this is a second, compensating call, not one
-    /// atomic step.
+    /// Debits to undo after the store committed a request that is nonetheless denied (by
+    /// quota mode: quota-mode buckets do not block the store's commit, so it cannot know):
+    /// `(op index, refund)` for every debited bucket except overdraft ones. Empty when
+    /// nothing needs undoing. Like Redis Cluster's cross-slot refunds, this is a second,
+    /// compensating call, not one atomic step.
     pub fn refunds(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
-        if !applied.committed || !self.quota_denies(applied) {
+        if !applied.committed || !self.denies(applied) {
             return Vec::new();
         }
         self.ops
@@ -432,14 +461,12 @@ impl<'c> Plan<'c> {
     /// Builds the response from the store's answer (one result per op of this plan), with
     /// the headers and metadata `options` ask for.
     pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome {
-        let quota_binds = self.quota_denies(applied);
+        let over = self.denies(applied);
         let mut tallies = Vec::new();
-        let mut over = false;
         let mut reported = Vec::with_capacity(self.descriptors.len());
-        let mut quota_mode = false;
-        let mut violations = Vec::new();
+        let mut admitted_metadata = std::collections::BTreeMap::new();
         let mut statuses = Vec::with_capacity(self.descriptors.len());
-        for (i, (descriptor, &cost)) in self.descriptors.iter().zip(&self.costs).enumerate() {
+        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
             let hits = u64::try_from(cost).unwrap_or(0);
             statuses.push(match descriptor {
                 DescriptorPlan::Unmatched => DescriptorStatus {
@@ -461,21 +488,22 @@ impl<'c> Plan<'c> {
                         ..Default::default()
                     }
                 }
-                DescriptorPlan::Limited(limits) => {
-                    let (_, quota_over, quota) = self.descriptor_over(limits, applied);
-                    quota_mode |= quota;
-                    if quota_over {
-                        violations.push(i);
-                    }
+                DescriptorPlan::Limited(limits, metadata) => {
                     let context = StatusContext {
                         applied,
                         hits,
-                        quota_binds,
                         near_limit_ratio: options.near_limit_ratio,
                     };
                     let (status, binding) = self.limited_status(limits, &context, &mut tallies);
-                    over |= status.code == Code::OverLimit as i32;
                     reported.extend(binding);
+                    // The reference reports the metadata of the descriptors it answered OK,
+                    // the first value of a key winning.
+                    let admitted = status.code == Code::Ok as i32;
+                    if let (Some(metadata), true, true) =
+                        (metadata, admitted, self.metadata.is_some())
+                    {
+                        crate::config::merge_metadata(&mut admitted_metadata, &metadata.0);
+                    }
                     status
                 }
             });
@@ -488,7 +516,7 @@ impl<'c> Plan<'c> {
         let dynamic_metadata = self
             .metadata
             .as_ref()
-            .map(|summary| summary.to_struct(quota_mode, &violations));
+            .map(|summary| summary.to_struct(admitted_metadata));
         Outcome {
             response: RateLimitResponse {
                 overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
@@ -499,11 +527,12 @@ impl<'c> Plan<'c> {
             },
             domain: self.domain.clone(),
             tallies,
+            shadowed: self.global_shadow && self.over(applied),
         }
     }
 
-    /// The status of a descriptor with limits: OVER_LIMIT if an enforcing limit denied it
-    /// (a quota-mode limit only when quota mode denies the whole request); it reports the
+    /// The status of a descriptor with limits: OVER_LIMIT if a limit of a rule not in shadow
+    /// mode denied it (quota mode and global shadow mode included); it reports the
     /// binding limit (the denying one that frees last, else the one with the fewest tokens
     /// left), as Envoy builds its headers from a single limit. Also returns what the
     /// response headers need to know about that limit.
@@ -520,7 +549,7 @@ impl<'c> Plan<'c> {
                 continue;
             };
             let denied = !result.admitted;
-            let over = denied && limit.enforce && (!limit.quota || context.quota_binds);
+            let over = denied && limit.enforce;
             tallies.push(Tally {
                 rule: limit.rule.path.clone(),
                 detailed: limit.rule.detailed,
@@ -614,8 +643,6 @@ struct StatusContext<'a> {
     applied: &'a Applied,
     /// Hits the descriptor asked for.
     hits: u64,
-    /// Quota mode denies this request (every quota-mode descriptor is over).
-    quota_binds: bool,
     near_limit_ratio: f32,
 }
 
@@ -725,9 +752,8 @@ fn validate(request: &RateLimitRequest, limits: &RequestLimits) -> Result<(), In
         ));
     }
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        if descriptor.entries.is_empty() {
-            return invalid(format!("descriptors[{i}] has no entries"));
-        }
+        // A descriptor without entries is valid: the reference matches it against nothing
+        // and answers it OK with no limit (or applies its `limit` override).
         if descriptor.entries.len() > limits.max_entries {
             return invalid(format!(
                 "descriptors[{i}] has {} entries; at most {} are allowed (--max-entries)",
@@ -1138,5 +1164,188 @@ descriptors:
         assert_eq!(near_limit_hits(&op(1), 1, 1, 0.8), 1);
         assert_eq!(near_limit_hits(&op(3), 2, 3, 0.8), 0);
         assert_eq!(near_limit_hits(&op(0), 0, 0, 0.8), 0);
+    }
+
+    const MODES: &str = r#"
+domain: q
+descriptors:
+  - key: regular
+    rate_limit: {unit: minute, requests_per_unit: 5}
+    metadata: {name: service_1, nested: {a: 1}}
+  - key: quota
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+    metadata: {name: service_2, other: x, nested: {a: 2, b: 3}}
+  - key: quota2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"#;
+
+    /// Plans `keys` (one descriptor each, domain `q`) and answers with each op admitted or
+    /// not: (overall code, each status's code, the outcome).
+    fn modes(keys: &[&str], admitted: &[bool], options: &PlanOptions) -> (i32, Vec<i32>, Outcome) {
+        let config = Config::from_sources(
+            &[("q.yaml".to_string(), MODES.to_string())],
+            &Defaults {
+                algorithm: Algorithm::FixedWindow,
+            },
+        )
+        .unwrap();
+        let mut req = request(keys.iter().map(|k| descriptor(k, "v")).collect());
+        req.domain = "q".into();
+        let plan = Plan::build(&req, &config, options).unwrap();
+        let mut applied = answer(&plan, true, 1, 1);
+        for (bucket, &ok) in applied.buckets.iter_mut().zip(admitted) {
+            bucket.admitted = ok;
+        }
+        let outcome = plan.respond(&applied, options);
+        let codes = outcome.response.statuses.iter().map(|s| s.code).collect();
+        (outcome.response.overall_code, codes, outcome)
+    }
+
+    const OK: i32 = Code::Ok as i32;
+    const OVER: i32 = Code::OverLimit as i32;
+
+    /// Global shadow mode keeps each descriptor's OVER_LIMIT and answers the request OK
+    /// (the reference's TestServiceGlobalShadowMode).
+    #[test]
+    fn global_shadow_keeps_descriptor_codes() {
+        let shadow = PlanOptions {
+            shadow_mode: true,
+            ..options()
+        };
+        let (overall, codes, outcome) = modes(&["regular", "zzz"], &[false], &shadow);
+        assert_eq!((overall, codes), (OK, vec![OVER, OK]));
+        assert!(outcome.shadowed);
+        assert!(!modes(&["regular"], &[true], &shadow).2.shadowed);
+        // Quota-mode descriptors all over, under global shadow: still OK
+        // (TestServiceQuotaModeWithShadowMode).
+        let (overall, codes, _) = modes(&["quota", "quota2"], &[false, false], &shadow);
+        assert_eq!((overall, codes), (OK, vec![OVER, OVER]));
+    }
+
+    /// A shadow rule over its limit says OK and is tallied as shadow; another rule over its
+    /// limit still denies (TestMixedRuleShadowMode).
+    #[test]
+    fn mixed_rule_shadow_mode() {
+        let (overall, codes, outcome) = modes(&["shadow", "regular"], &[false, false], &options());
+        assert_eq!((overall, codes), (OVER, vec![OK, OVER]));
+        assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
+        assert_eq!(outcome.tallies[1].verdict, Verdict::OverLimit);
+    }
+
+    /// The reference's quota_mode answers: an over quota-mode descriptor says OVER_LIMIT;
+    /// the request is denied by any other descriptor over, or by every quota-mode one over.
+    #[test]
+    fn quota_mode_answers() {
+        let o = options();
+        // TestServicePerDescriptorQuotaMode: regular over, quota within.
+        let (overall, codes, _) = modes(&["regular", "quota"], &[false, true], &o);
+        assert_eq!((overall, codes), (OVER, vec![OVER, OK]));
+        // TestServiceMixedPerDescriptorModes: the only quota descriptor over.
+        let (overall, codes, _) = modes(&["regular", "quota"], &[true, false], &o);
+        assert_eq!((overall, codes), (OVER, vec![OK, OVER]));
+        // TestServiceMixedPerDescriptorModesUnderLimit.
+        let (overall, codes, _) = modes(&["regular", "quota"], &[true, true], &o);
+        assert_eq!((overall, codes), (OK, vec![OK, OK]));
+        // TestServiceQuotaModeOnlyAllOverTheLimit.
+        let (overall, codes, _) = modes(&["quota", "quota2"], &[false, false], &o);
+        assert_eq!((overall, codes), (OVER, vec![OVER, OVER]));
+        // TestServiceQuotaModeOnlySomeOverTheLimit: OK, the over one says so.
+        let (overall, codes, _) = modes(&["quota", "quota2"], &[false, true], &o);
+        assert_eq!((overall, codes), (OK, vec![OVER, OK]));
+    }
+
+    /// Global quota mode makes every descriptor a quota-mode one, unmatched ones included
+    /// (TestServiceGlobalQuotaMode).
+    #[test]
+    fn global_quota_mode() {
+        let quota = PlanOptions {
+            quota_mode: true,
+            ..options()
+        };
+        let (overall, codes, _) = modes(&["regular", "shadow"], &[false, true], &quota);
+        assert_eq!((overall, codes), (OK, vec![OVER, OK]));
+        let (overall, _, _) = modes(&["regular", "quota"], &[false, false], &quota);
+        assert_eq!(overall, OVER);
+        // An unmatched descriptor is a quota-mode one that passed.
+        let (overall, codes, _) = modes(&["regular", "zzz"], &[false], &quota);
+        assert_eq!((overall, codes), (OK, vec![OVER, OK]));
+    }
+
+    /// A request denied by quota mode after the store committed is refunded whole; one
+    /// answered OK is not.
+    #[test]
+    fn quota_denial_refunds_everything() {
+        let config = Config::from_sources(
+            &[("q.yaml".to_string(), MODES.to_string())],
+            &Defaults::default(),
+        )
+        .unwrap();
+        let mut req = request(vec![descriptor("regular", "v"), descriptor("quota", "v")]);
+        req.domain = "q".into();
+        let plan = Plan::build(&req, &config, &options()).unwrap();
+        let mut applied = answer(&plan, true, 1, 1);
+        assert!(plan.refunds(&applied).is_empty());
+        applied.buckets[1].admitted = false;
+        let refunds = plan.refunds(&applied);
+        assert_eq!(refunds.len(), 1);
+        assert_eq!((refunds[0].0, refunds[0].1.cost), (0, -1));
+    }
+
+    /// Dynamic metadata merges the `metadata:` of the descriptors answered OK, the first
+    /// value of a key winning and mappings merged (TestMetadataReturnedForPassedDescriptors,
+    /// TestOverlappingMetadataReturnsTheFirstValue); an over descriptor adds none.
+    #[test]
+    fn metadata_of_admitted_descriptors() {
+        let with = PlanOptions {
+            dynamic_metadata: true,
+            quota_mode: true,
+            ..options()
+        };
+        let metadata = |outcome: &Outcome| {
+            let fields = &outcome.response.dynamic_metadata.as_ref().unwrap().fields;
+            fields.get("metadata").map(|v| format!("{v:?}"))
+        };
+        let (_, _, both) = modes(&["regular", "quota"], &[true, true], &with);
+        let text = metadata(&both).unwrap();
+        assert!(
+            text.contains("service_1") && !text.contains("service_2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\"other\"") && text.contains("\"b\""),
+            "{text}"
+        );
+        assert!(text.contains("NumberValue(1.0)") && !text.contains("NumberValue(2.0)"));
+        let (_, _, first_over) = modes(&["regular", "quota"], &[false, true], &with);
+        let text = metadata(&first_over).unwrap();
+        assert!(
+            text.contains("service_2") && !text.contains("service_1"),
+            "{text}"
+        );
+        let (_, _, none) = modes(&["regular", "quota"], &[false, false], &with);
+        assert_eq!(metadata(&none), None);
+    }
+
+    /// A descriptor without entries matches nothing: OK with no limit, no bucket.
+    #[test]
+    fn empty_descriptor_is_unmatched() {
+        let config = config();
+        let plan = Plan::build(
+            &request(vec![RateLimitDescriptor::default()]),
+            &config,
+            &options(),
+        )
+        .unwrap();
+        assert!(plan.ops.is_empty());
+        let response = plan
+            .respond(&answer(&plan, true, 0, 0), &options())
+            .response;
+        assert_eq!(response.statuses[0].code, OK);
+        assert!(response.statuses[0].current_limit.is_none());
     }
 }

@@ -32,7 +32,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
-use crate::config::{Config, ConfigErrors, Defaults};
+use crate::config::{Config, ConfigErrors, Defaults, Loader};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
@@ -233,29 +233,28 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     metrics.set_max_detailed_series(
         usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
     );
-    let defaults = defaults(&settings);
-    let path = settings
-        .limits_path()
-        .map_err(|e| ServerError::Settings(e.to_string()))?;
-    let config =
-        Config::load_within(path, &defaults, crate::config::LOAD_DEADLINE).map_err(|errors| {
+    let loader = loader(&settings)?;
+    let config = loader
+        .load_within(crate::config::LOAD_DEADLINE)
+        .map_err(|errors| {
             metrics.record_config_load(false);
             ServerError::Config {
-                path: path.display().to_string(),
+                path: loader.source.to_string(),
                 errors,
             }
         })?;
     metrics.record_config_load(true);
     tracing::info!(
-        path = %path.display(),
+        path = %loader.source,
         domains = config.domains().count(),
+        merge_domains = settings.merge_domains,
         "limits loaded"
     );
     let limits_loaded = settings.health_requires_limits.then(|| {
         let loaded = has_domains(&config);
         if !loaded {
             tracing::warn!(
-                path = %path.display(),
+                limits = %loader.source,
                 "no domain loaded: NOT_SERVING until one is (--health-requires-limits)"
             );
         }
@@ -313,6 +312,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             store,
             PlanOptions {
                 shadow_mode: settings.shadow_mode,
+                quota_mode: settings.quota_mode,
                 default_algorithm: settings.algorithm.value.into(),
                 limits: settings.request_limits(),
                 headers: settings.response.header_options(),
@@ -417,6 +417,9 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),
         shadow_mode = settings.shadow_mode,
+        quota_mode = settings.quota_mode,
+        default_algorithm = %crate::config::algorithm_name(settings.algorithm.value.into()),
+        default_algorithm_reason = %settings.algorithm_choice.reason(),
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
@@ -436,11 +439,17 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// The loader settings, identical at start-up and on every reload.
-fn defaults(settings: &ServeSettings) -> Defaults {
-    Defaults {
-        algorithm: settings.algorithm.value.into(),
-    }
+/// The limits loader, identical at start-up and on every reload.
+fn loader(settings: &ServeSettings) -> Result<Loader, ServerError> {
+    Ok(Loader {
+        source: settings
+            .limits_source()
+            .map_err(|e| ServerError::Settings(e.to_string()))?,
+        defaults: Defaults {
+            algorithm: settings.algorithm.value.into(),
+        },
+        merge_domains: settings.merge_domains,
+    })
 }
 
 /// Starts hot reload of the limits, unless turned off. A watcher that cannot start (e.g. the
@@ -452,8 +461,8 @@ fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
         tracing::info!("limits hot reload off (--watch-config=false)");
         return None;
     }
-    // prepare() loaded the limits from this path, so it is known.
-    let path = settings.limits_path().ok()?;
+    // prepare() loaded the limits with this loader, so it can be built.
+    let loader = loader(settings).ok()?;
     let redis = prepared.redis.clone();
     let limits_loaded = prepared.limits_loaded.clone();
     let on_reload = move |config: &Config| {
@@ -470,8 +479,7 @@ fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
         }
     };
     match reload::spawn(
-        path,
-        defaults(settings),
+        loader,
         prepared.config.clone(),
         prepared.limiter.metrics().clone(),
         on_reload,

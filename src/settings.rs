@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::{RuntimeLayout, Source};
 use crate::limiter::Algorithm;
 use crate::plan::RequestLimits;
 use crate::store::FailurePolicy;
@@ -246,7 +247,73 @@ pub struct ServeSettings {
     /// Connection, stream and label bounds that keep one client from exhausting the server.
     #[command(flatten)]
     pub bounds: BoundsSettings,
+
+    // ---- Reference limits layout and answers (drop-in) ----
+    /// Merge limits files that name the same domain into one domain (a composite key
+    /// defined twice is still an error), as the reference's MERGE_DOMAIN_CONFIG does;
+    /// without it a domain in two files is an error.
+    #[arg(long, env = "FLOODGATE_MERGE_DOMAINS")]
+    pub merge_domains: bool,
+
+    /// Every descriptor is a quota-mode one (the reference's QUOTA_MODE): a descriptor
+    /// over its limit says OVER_LIMIT, and the request is denied only when every descriptor
+    /// (but unlimited ones) is over.
+    #[arg(long, env = "FLOODGATE_QUOTA_MODE")]
+    pub quota_mode: bool,
+
+    /// The reference's runtime layout, when its `RUNTIME_*` variables located the limits
+    /// (then `config` is that layout's directory, and the files are those it would read).
+    #[arg(skip)]
+    pub runtime_layout: Option<RuntimeLayout>,
+
+    /// Why the default algorithm is the one in force, for the start-up log.
+    #[arg(skip)]
+    pub algorithm_choice: AlgorithmChoice,
+    // ---- end of the reference limits block ----
 }
+
+// ---- Reference limits layout and answers (drop-in) ----
+
+/// Why the default algorithm (`--default-algorithm`) is the one in force.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AlgorithmChoice {
+    /// floodgate's own default, token buckets: limits come from `--config`.
+    #[default]
+    Default,
+    /// `--default-algorithm` or `FLOODGATE_DEFAULT_ALGORITHM` was given.
+    Flag,
+    /// The reference's `RUNTIME_*` variables located the limits and no algorithm was given:
+    /// fixed windows, so every answer is the reference's.
+    ReferenceMode,
+}
+
+impl AlgorithmChoice {
+    /// The reason, for the start-up log.
+    pub fn reason(self) -> &'static str {
+        match self {
+            AlgorithmChoice::Default => "floodgate's default (limits from --config)",
+            AlgorithmChoice::Flag => "set by --default-algorithm / FLOODGATE_DEFAULT_ALGORITHM",
+            AlgorithmChoice::ReferenceMode => {
+                "reference mode: limits located by RUNTIME_* and no algorithm given, so \
+                 answers are the reference's; FLOODGATE_DEFAULT_ALGORITHM=token_bucket \
+                 chooses token buckets"
+            }
+        }
+    }
+}
+
+impl ServeSettings {
+    /// Where the limits files are: the reference's runtime layout when its variables located
+    /// them, else `--config`.
+    pub fn limits_source(&self) -> Result<Source, SettingsError> {
+        match &self.runtime_layout {
+            Some(layout) => Ok(Source::Runtime(layout.clone())),
+            None => Ok(Source::Path(self.limits_path()?.to_path_buf())),
+        }
+    }
+}
+
+// ---- end of the reference limits block ----
 
 impl ServeSettings {
     /// How many threads serve gRPC: `--grpc-threads`, or one per available CPU when 0.
@@ -428,8 +495,8 @@ pub struct ResponseSettings {
     #[arg(long, env = "FLOODGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
     pub near_limit_ratio: f32,
 
-    /// Report the request and its quota-mode violations in the response's dynamic metadata,
-    /// as the reference's RESPONSE_DYNAMIC_METADATA does.
+    /// Report the request and the `metadata:` of the rules that admitted it in the
+    /// response's dynamic metadata, as the reference's RESPONSE_DYNAMIC_METADATA does.
     #[arg(long, env = "FLOODGATE_RESPONSE_DYNAMIC_METADATA")]
     pub response_dynamic_metadata: bool,
 }
@@ -651,6 +718,10 @@ impl fmt::Debug for ServeSettings {
             .field("max_value_bytes", &self.max_value_bytes)
             .field("response", &self.response)
             .field("bounds", &self.bounds)
+            .field("merge_domains", &self.merge_domains)
+            .field("quota_mode", &self.quota_mode)
+            .field("runtime_layout", &self.runtime_layout)
+            .field("algorithm_choice", &self.algorithm_choice)
             .finish()
     }
 }

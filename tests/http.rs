@@ -101,7 +101,8 @@ async fn json_bad_requests_are_400() {
     server.stop().await;
 }
 
-/// /metrics counts hits per rule: within, over and shadow, adding hits not requests.
+/// /metrics counts hits per rule: within, over and shadow (a shadow rule over its limit in
+/// both, as the reference), adding hits not requests.
 #[tokio::test]
 async fn metrics_count_hits_per_rule() {
     let server = TestServer::start(LIMITS).await;
@@ -120,6 +121,7 @@ async fn metrics_count_hits_per_rule() {
         r#"floodgate_rule_over_limit_total{domain="web",rule="web.client"} 1"#,
         r#"floodgate_rule_hits_total{domain="web",rule="web.quiet"} 2"#,
         r#"floodgate_rule_shadow_mode_total{domain="web",rule="web.quiet"} 1"#,
+        r#"floodgate_rule_over_limit_total{domain="web",rule="web.quiet"} 1"#,
         r#"floodgate_requests_total{result="ok"} 4"#,
         r#"floodgate_requests_total{result="over_limit"} 1"#,
     ] {

@@ -21,12 +21,12 @@
 use std::fs::{File, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use super::{Config, ConfigError, ConfigErrors, Defaults};
+use super::{Config, ConfigError, ConfigErrors};
 
 /// Largest limits file read, in bytes.
 pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
@@ -254,17 +254,17 @@ fn block_scalar_end(bytes: &[u8], from: usize, parent_indent: usize) -> Option<u
     Some(at)
 }
 
-/// Loads `path` as [`Config::load`] does, giving up after `deadline` (an error naming the
-/// path); the load itself runs on on its own thread and finishes, or not, in the background.
+/// Runs `load` (of the limits at `label`), giving up after `deadline` (an error naming
+/// `label`); the load itself runs on its own thread and finishes, or not, in the background.
 pub(super) fn load_within(
-    path: &Path,
-    defaults: &Defaults,
+    label: String,
     deadline: Duration,
+    load: impl FnOnce() -> Result<Config, ConfigErrors> + Send + 'static,
 ) -> Result<Config, ConfigErrors> {
     static RUNNING: AtomicUsize = AtomicUsize::new(0);
     let refuse = |message: String| {
         Err(ConfigErrors(vec![ConfigError {
-            file: path.display().to_string(),
+            file: label.clone(),
             path: String::new(),
             message,
         }]))
@@ -281,12 +281,10 @@ pub(super) fn load_within(
         ));
     }
     let (tx, rx) = mpsc::sync_channel(1);
-    let owned: PathBuf = path.to_path_buf();
-    let defaults = *defaults;
     let spawned = std::thread::Builder::new()
         .name("limits-load".into())
         .spawn(move || {
-            let loaded = Config::load(&owned, &defaults);
+            let loaded = load();
             RUNNING.fetch_sub(1, Ordering::AcqRel);
             // The receiver is gone when the load was abandoned.
             let _ = tx.send(loaded);
@@ -357,13 +355,17 @@ mod tests {
             );
             std::fs::write(dir.path().join(format!("f{i:04}.yaml")), yaml).unwrap();
         }
-        let defaults = Defaults::default();
+        let loader = super::super::Loader {
+            source: super::super::Source::Path(dir.path().to_path_buf()),
+            defaults: super::super::Defaults::default(),
+            merge_domains: false,
+        };
         let started = std::time::Instant::now();
-        let errors = load_within(dir.path(), &defaults, Duration::from_millis(1)).unwrap_err();
+        let errors = loader.load_within(Duration::from_millis(1)).unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(1));
         let said = errors.to_string();
         assert!(said.contains("abandoned") && said.contains(&*dir.path().to_string_lossy()));
-        let config = load_within(dir.path(), &defaults, Duration::from_secs(60)).unwrap();
+        let config = loader.load_within(Duration::from_secs(60)).unwrap();
         assert_eq!(config.domains().count(), 2000);
     }
 

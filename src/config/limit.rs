@@ -123,7 +123,7 @@ impl fmt::Display for Unit {
 }
 
 /// The `snake_case` name of an algorithm, as written in the limits file.
-pub(crate) fn algorithm_name(algorithm: Algorithm) -> &'static str {
+pub fn algorithm_name(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "token_bucket",
         Algorithm::FixedWindow => "fixed_window",
@@ -209,4 +209,7 @@ pub struct Rule {
     pub value_to_metric: bool,
     /// `quota_mode`: an over-limit status does not deny by itself (see docs/config.md).
     pub quota_mode: bool,
+    /// `metadata`: reported in the response's dynamic metadata when this rule admits a
+    /// request (with `--response-dynamic-metadata`).
+    pub metadata: Option<super::Metadata>,
 }

@@ -5,13 +5,13 @@
 //! its path inside the file and a reason, so an operator fixes a config in one round.
 
 use std::collections::HashMap;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::file::Reader;
+use super::files::{self, Source};
 use super::limit::Defaults;
 use super::model::FileModel;
-use super::tree::Domain;
+use super::tree::{Children, Domain};
 use super::validate::Builder;
 
 /// One problem in the limits configuration.
@@ -44,41 +44,41 @@ fn lines(errors: &[ConfigError]) -> String {
     lines.join("\n")
 }
 
-/// Reads `path`: a file, or a directory whose `*.yaml`/`*.yml` entries (not recursive, names
-/// starting with `.` skipped, symlinks followed) are read in name order. Returns what could be
-/// read and an error for each file that could not.
-pub(crate) fn read_sources(path: &Path) -> (Vec<(String, String)>, Vec<ConfigError>) {
-    let label = path.display().to_string();
-    let meta = match fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) => {
-            return (
-                Vec::new(),
-                vec![error(&label, "", format!("cannot read: {e}"))],
-            );
-        }
+/// Reads the files of `source` (listed by [`super::files`]), logging the files it leaves
+/// out. Returns what could be read and an error for each file that could not.
+pub(crate) fn read_source(source: &Source) -> (Vec<(String, String)>, Vec<ConfigError>) {
+    let listing = match source {
+        Source::Path(path) => match files::list_path(path) {
+            Ok(listing) => listing,
+            Err(e) => {
+                let label = path.display().to_string();
+                return (
+                    Vec::new(),
+                    vec![error(&label, "", format!("cannot read: {e}"))],
+                );
+            }
+        },
+        Source::Runtime(layout) => files::list_runtime(layout),
     };
+    // Named, so that a file an operator expected to be loaded is never skipped silently.
+    for (file, reason) in &listing.skipped {
+        tracing::warn!(file = %file.display(), "not loaded as a limits file: {reason}");
+    }
+    if let Some(why) = &listing.empty_because {
+        tracing::warn!("no limits file read: {why}");
+    }
+    read_files(&listing.files)
+}
+
+/// Reads `files` in order: what could be read, and an error for each file that could not.
+fn read_files(files: &[PathBuf]) -> (Vec<(String, String)>, Vec<ConfigError>) {
     // Regular files only, size-capped, never blocking (see `file`).
     let mut reader = Reader::default();
-    if !meta.is_dir() {
-        return match reader.read(path) {
-            Ok(content) => (vec![(label, content)], Vec::new()),
-            Err(message) => (Vec::new(), vec![error(&label, "", message)]),
-        };
-    }
-    let mut files = match list_yaml_files(path) {
-        Ok(files) => files,
-        Err(e) => {
-            let message = format!("cannot list directory: {e}");
-            return (Vec::new(), vec![error(&label, "", message)]);
-        }
-    };
-    files.sort();
     let mut sources = Vec::with_capacity(files.len());
     let mut errors = Vec::new();
     for file in files {
         let name = file.display().to_string();
-        match reader.read(&file) {
+        match reader.read(file) {
             Ok(content) => sources.push((name, content)),
             Err(message) => errors.push(error(&name, "", message)),
         }
@@ -86,47 +86,39 @@ pub(crate) fn read_sources(path: &Path) -> (Vec<(String, String)>, Vec<ConfigErr
     (sources, errors)
 }
 
-fn list_yaml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in fs::read_dir(dir)? {
-        let entry = entry?;
-        let name = entry.file_name().to_string_lossy().to_ascii_lowercase();
-        // Kubernetes mounts a ConfigMap as `..data` and `..<timestamp>` directories plus
-        // symlinks to them; only the symlinks are the files.
-        if name.starts_with('.') || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
-            continue;
-        }
-        // `fs::metadata` follows symlinks; skip directories that happen to end in `.yaml`. A
-        // broken symlink is kept so that reading it reports the problem.
-        if fs::metadata(entry.path()).is_ok_and(|m| m.is_dir()) {
-            continue;
-        }
-        files.push(entry.path());
-    }
-    Ok(files)
-}
-
-/// Parses and validates `(file name, content)` pairs into domains, sorted by name.
+/// Parses and validates `(file name, content)` pairs into domains, sorted by name. A domain
+/// in two files is an error, unless `merge_domains` (the reference's `MERGE_DOMAIN_CONFIG`):
+/// then the later file's top-level descriptors join the domain's, and one composite key
+/// defined twice is the error, as in the reference. `lenient`: read files as the reference
+/// does (reference mode).
 pub(crate) fn compile(
     sources: &[(String, String)],
     defaults: &Defaults,
+    merge_domains: bool,
+    lenient: bool,
 ) -> Result<Vec<Domain>, ConfigErrors> {
     let mut errors = Vec::new();
-    let mut domains: Vec<Domain> = Vec::new();
-    let mut domain_files: HashMap<String, &str> = HashMap::new();
+    // Name, root, hash tag, and the file that defined the domain first.
+    let mut domains: Vec<(String, Children, bool, &str)> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     for (file, content) in sources {
-        let Some(model) = parse(file, content, &mut errors) else {
+        let Some(model) = parse(file, content, lenient, &mut errors) else {
             continue;
         };
         let name = model.domain.unwrap_or_default();
+        let existing = index.get(&name).copied();
         if name.is_empty() {
             errors.push(error(
                 file,
                 "domain",
                 "config file cannot have empty domain",
             ));
-        } else if let Some(first) = domain_files.get(&name) {
-            let message = format!("duplicate domain '{name}' (already defined in {first})");
+        } else if let (Some(at), false) = (existing, merge_domains) {
+            let first = domains[at].3;
+            let message = format!(
+                "duplicate domain '{name}' (already defined in {first}){}",
+                dot_directory_hint(first, file)
+            );
             errors.push(error(file, "domain", message));
         }
         let mut builder = Builder {
@@ -135,19 +127,30 @@ pub(crate) fn compile(
             errors: &mut errors,
         };
         let descriptors = model.descriptors.unwrap_or_default();
-        let root = builder.level(&descriptors, "", &name);
-        if !name.is_empty() && !domain_files.contains_key(&name) {
-            domain_files.insert(name.clone(), file);
-            domains.push(Domain::new(
-                name,
-                root,
-                model.redis_hash_tag.unwrap_or(false),
-            ));
+        let hash_tag = model.redis_hash_tag.unwrap_or(false);
+        match existing {
+            Some(at) if merge_domains && !name.is_empty() => {
+                let (_, root, tagged, _) = &mut domains[at];
+                builder.extend_level(root, &descriptors, "", &name);
+                // One file asking for the hash tag tags the whole merged domain.
+                *tagged |= hash_tag;
+            }
+            _ => {
+                let root = builder.level(&descriptors, "", &name);
+                if !name.is_empty() && existing.is_none() {
+                    index.insert(name.clone(), domains.len());
+                    domains.push((name, root, hash_tag, file.as_str()));
+                }
+            }
         }
     }
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
+    let mut domains: Vec<Domain> = domains
+        .into_iter()
+        .map(|(name, root, hash_tag, _)| Domain::new(name, root, hash_tag))
+        .collect();
     domains.sort_by(|a, b| a.name.cmp(&b.name));
     for domain in &domains {
         tracing::debug!(domain = %domain.name, rules = domain.rules().len(), "loaded domain");
@@ -155,12 +158,38 @@ pub(crate) fn compile(
     Ok(domains)
 }
 
+/// A hint for a domain defined twice because a Kubernetes volume's `..<timestamp>` copy was
+/// read beside the file itself (the reference's layout with `RUNTIME_IGNOREDOTFILES` false).
+fn dot_directory_hint(first: &str, second: &str) -> &'static str {
+    let in_dot_directory = |file: &str| {
+        std::path::Path::new(file)
+            .components()
+            .any(|c| c.as_os_str().to_string_lossy().starts_with(".."))
+    };
+    if in_dot_directory(first) || in_dot_directory(second) {
+        "; a mounted volume's `..` directory was read because RUNTIME_IGNOREDOTFILES is not \
+         true: set RUNTIME_IGNOREDOTFILES=true (the reference needs it too)"
+    } else {
+        ""
+    }
+}
+
 /// Deserializes one file; a YAML syntax or type error becomes one error with line and column.
-fn parse(file: &str, content: &str, errors: &mut Vec<ConfigError>) -> Option<FileModel> {
+/// With `lenient` (reference mode), a file is first read as the reference reads it
+/// ([`super::lenient`]).
+fn parse(
+    file: &str,
+    content: &str,
+    lenient: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Option<FileModel> {
     if content.trim().is_empty() {
         // serde_yaml_ng reports an empty document as a type error; the reference's complaint
         // about such a file is its empty domain, which is clearer.
         return Some(FileModel::default());
+    }
+    if lenient && let Some(model) = super::lenient::parse(file, content) {
+        return Some(model);
     }
     let deserializer = serde_yaml_ng::Deserializer::from_str(content);
     match serde_path_to_error::deserialize::<_, FileModel>(deserializer) {

@@ -58,6 +58,10 @@ pub(crate) struct DescriptorModel {
     /// Soft limit: over-limit does not deny by itself.
     #[serde(default)]
     pub(crate) quota_mode: Option<bool>,
+    /// Free-form data returned in the response's dynamic metadata when this node's limit
+    /// admits a request (the reference's `metadata`); any YAML mapping, checked when compiled.
+    #[serde(default)]
+    pub(crate) metadata: Option<serde_yaml_ng::Value>,
 }
 
 /// One limit: the reference's `rate_limit` block plus floodgate's extensions.

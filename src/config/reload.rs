@@ -1,8 +1,8 @@
 //! Hot reload: watch the limits path and swap in a new [`Config`] when it changes.
 //!
-//! Place in the flow: beside the request path, not on it. [`spawn`] watches the path given to
-//! `--config`; after a burst of file-system events has settled it loads the limits again with
-//! the same loader and [`Defaults`] as at start-up and, only if that load succeeded, stores
+//! Place in the flow: beside the request path, not on it. [`spawn`] watches the limits path
+//! (`--config`, or the reference layout's directory); after a burst of file-system events has
+//! settled it loads the limits again with the same [`Loader`] as at start-up and, only if that load succeeded, stores
 //! the new `Arc<Config>` in the shared `ArcSwap`. A request holds the `Arc<Config>` it started
 //! with, so requests in flight finish on the old limits and none fails during a reload.
 //!
@@ -12,36 +12,36 @@
 //! of a directory, so that a deleted path is followed when it reappears. If the path is
 //! deleted, the previous limits stay in force (one warning is logged) until it is back.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{Config, ConfigErrors, Defaults};
+use super::{Config, ConfigErrors, Loader};
 use crate::file_watch::{self, FileWatch, WatchError};
 use crate::metrics::Metrics;
 
-/// Watches `path` and reloads it into `config` after each change, until the returned guard is
-/// dropped. `on_reload` runs after each successful swap, with the new configuration (the
+/// Watches the limits of `loader` and reloads them into `config` after each change, until the
+/// returned guard is dropped. `on_reload` runs after each successful swap, with the new configuration (the
 /// server clears the Redis over-limit cache there). Must be called inside a tokio runtime;
 /// the watches are in place when it returns, so any later change is seen.
 pub fn spawn(
-    path: &Path,
-    defaults: Defaults,
+    loader: Loader,
     config: Arc<ArcSwap<Config>>,
     metrics: Arc<Metrics>,
     on_reload: impl Fn(&Config) + Send + Sync + 'static,
 ) -> Result<FileWatch, WatchError> {
+    let path = loader.source.watch_path();
     let mut reloader = Reloader {
-        path: path.to_path_buf(),
-        defaults,
+        path: path.clone(),
+        loader,
         config,
         metrics,
         on_reload: Box::new(on_reload),
         missing: false,
     };
-    let watch = file_watch::spawn(&[path], "limits", move || {
-        let attempt = load(&reloader.path, &reloader.defaults);
+    let watch = file_watch::spawn(&[path.as_path()], "limits", move || {
+        let attempt = load(&reloader.path, &reloader.loader);
         reloader.apply(attempt);
     })?;
     tracing::info!(path = %path.display(), "watching limits for changes");
@@ -50,10 +50,10 @@ pub fn spawn(
 
 /// State of the reload task.
 struct Reloader {
-    /// The path as configured: loaded as at start-up, so errors name files alike.
+    /// The watched path (whose disappearance keeps the previous limits in force).
     path: PathBuf,
-    /// The loader settings of start-up.
-    defaults: Defaults,
+    /// The loader of start-up, so errors name files alike.
+    loader: Loader,
     /// The limits in force, shared with the request path.
     config: Arc<ArcSwap<Config>>,
     /// Where loads are counted.
@@ -111,12 +111,12 @@ impl Reloader {
     }
 }
 
-fn load(path: &Path, defaults: &Defaults) -> Attempt {
+fn load(path: &std::path::Path, loader: &Loader) -> Attempt {
     // `exists` follows symlinks: a dangling link counts as missing too.
     if !path.exists() {
         return Attempt::Missing;
     }
-    match Config::load_within(path, defaults, super::LOAD_DEADLINE) {
+    match loader.load_within(super::LOAD_DEADLINE) {
         Ok(config) => Attempt::Loaded(config),
         Err(errors) => Attempt::Failed(errors),
     }

@@ -238,6 +238,22 @@ impl Children {
         self.by_key.is_empty()
     }
 
+    /// Whether a node with exactly this `key` and `value` (a pattern compared as written) is
+    /// at this level.
+    pub(crate) fn contains(&self, key: &str, value: Option<&str>) -> bool {
+        let Some(nodes) = self.by_key.get(key.as_bytes()) else {
+            return false;
+        };
+        match value {
+            None => nodes.bare.is_some(),
+            Some(value) if value.contains('*') => nodes
+                .wildcards
+                .iter()
+                .any(|(pattern, _)| pattern.text == value),
+            Some(value) => nodes.exact.contains_key(value.as_bytes()),
+        }
+    }
+
     fn lookup<'a>(&'a self, key: &[u8], value: &[u8]) -> Option<(&'a Node, Step<'a>)> {
         let nodes = self.by_key.get(key)?;
         if let Some(node) = nodes.exact.get(value) {

@@ -44,6 +44,19 @@ impl Builder<'_> {
         metric: &str,
     ) -> Children {
         let mut children = Children::default();
+        self.extend_level(&mut children, models, prefix, metric);
+        children
+    }
+
+    /// Adds `models` to a level that may already hold nodes (from another file of the same
+    /// domain, when domains are merged): a composite key already there is a duplicate too.
+    pub(crate) fn extend_level(
+        &mut self,
+        children: &mut Children,
+        models: &[DescriptorModel],
+        prefix: &str,
+        metric: &str,
+    ) {
         let mut seen: HashMap<(&str, Option<&str>), usize> = HashMap::new();
         for (i, model) in models.iter().enumerate() {
             let at = format!("{prefix}descriptors[{i}]");
@@ -65,15 +78,22 @@ impl Builder<'_> {
                 );
                 self.push(&at, message);
             }
+            let elsewhere = duplicate.is_none() && children.contains(key, value);
+            if elsewhere {
+                let message = format!(
+                    "duplicate descriptor composite key '{path}' (already defined in another \
+                     file of the domain)"
+                );
+                self.push(&at, message);
+            }
             // Built even when it will be dropped, to report the errors inside it too.
             let node = self.node(model, &at, &path, value);
-            if key.is_empty() || duplicate.is_some() {
+            if key.is_empty() || duplicate.is_some() || elsewhere {
                 continue;
             }
             seen.insert((key, value), i);
             children.insert(key, value, node);
         }
-        children
     }
 
     fn node(&mut self, model: &DescriptorModel, at: &str, path: &str, value: Option<&str>) -> Node {
@@ -103,6 +123,14 @@ impl Builder<'_> {
             (None, Some(many)) => self.limits(many, &format!("{at}.rate_limits"), true),
             (None, None) => Vec::new(),
         };
+        let metadata = match model.metadata.as_ref().map(super::metadata::compile) {
+            Some(Ok(metadata)) => metadata,
+            Some(Err(message)) => {
+                self.push(&format!("{at}.metadata"), message);
+                None
+            }
+            None => None,
+        };
         let rule = (!limits.is_empty()).then(|| Rule {
             path: path.into(),
             limits,
@@ -110,6 +138,7 @@ impl Builder<'_> {
             detailed_metric: model.detailed_metric.unwrap_or(false),
             value_to_metric: model.value_to_metric.unwrap_or(false),
             quota_mode: model.quota_mode.unwrap_or(false),
+            metadata,
         });
         let descriptors = model.descriptors.as_deref().unwrap_or_default();
         Node {

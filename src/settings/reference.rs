@@ -17,19 +17,12 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
 use super::{LogFormat, ServeSettings};
-
-/// The reference's `RUNTIME_ROOT` default, used when only the subdirectory or app directory
-/// is given (as the reference does).
-const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
-
-/// The reference's `RUNTIME_APPDIRECTORY` default: limits live in `<root>/<sub>/config/`.
-const DEFAULT_APP_DIRECTORY: &str = "config";
 
 /// Approximate bytes one entry of the reference's local cache (freecache) takes: a Redis key
 /// of ~100 bytes plus freecache's entry header and slack. `LOCAL_CACHE_SIZE_IN_BYTES` is
@@ -132,7 +125,7 @@ pub fn apply_reference_env(
         report: ReferenceReport::default(),
     };
     mapping.refused()?;
-    mapping.limits(settings)?;
+    mapping.runtime(settings)?;
     mapping.serving(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
@@ -270,47 +263,6 @@ impl<'a> Mapping<'a> {
                 &mut || response.near_limit_ratio = ratio as f32,
             );
         }
-    }
-
-    /// `RUNTIME_ROOT` / `RUNTIME_SUBDIRECTORY` / `RUNTIME_APPDIRECTORY` → `--config`, and the
-    /// two runtime flags floodgate has no use for.
-    fn limits(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
-        const PATH_VARS: [&str; 3] = [
-            "RUNTIME_ROOT",
-            "RUNTIME_SUBDIRECTORY",
-            "RUNTIME_APPDIRECTORY",
-        ];
-        if self.own("config") {
-            self.override_by(&PATH_VARS, "--config");
-        } else if !self.present(&PATH_VARS).is_empty() {
-            settings.config = Some(limits_dir(
-                self.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT),
-                self.get("RUNTIME_SUBDIRECTORY").unwrap_or(""),
-                self.get("RUNTIME_APPDIRECTORY")
-                    .unwrap_or(DEFAULT_APP_DIRECTORY),
-            ));
-            for name in self.present(&PATH_VARS) {
-                self.applied(name);
-            }
-        }
-        if let Some(watch_root) = self.parse_bool("RUNTIME_WATCH_ROOT")? {
-            let why = if watch_root {
-                "floodgate watches the limits directory and its parent, not RUNTIME_ROOT: \
-                 a swap of a RUNTIME_ROOT symlink is not seen"
-            } else {
-                "floodgate watches the limits directory, as the reference does with false"
-            };
-            self.no_effect("RUNTIME_WATCH_ROOT", why);
-        }
-        if let Some(ignore) = self.parse_bool("RUNTIME_IGNOREDOTFILES")? {
-            let why = if ignore {
-                "floodgate always skips dotfiles"
-            } else {
-                "floodgate always skips dotfiles; they are not loaded"
-            };
-            self.no_effect("RUNTIME_IGNOREDOTFILES", why);
-        }
-        Ok(())
     }
 
     /// `HOST`/`PORT` → `--http-addr`, `GRPC_HOST`/`GRPC_PORT` → `--grpc-addr`.
@@ -526,11 +478,6 @@ impl<'a> Mapping<'a> {
     }
 }
 
-/// `<root>/<subdirectory>/<appdirectory>`, where the reference finds its limits files.
-fn limits_dir(root: &str, subdirectory: &str, app: &str) -> PathBuf {
-    Path::new(root).join(subdirectory).join(app)
-}
-
 fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
     // REDIS_AUTH, REDIS_SENTINEL_AUTH and their per-second twins hold passwords; a Redis URL
     // (REDIS_URL, REDIS_PERSECOND_URL) may carry one.
@@ -604,6 +551,9 @@ mod serving;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;
+// The runtime layout, MERGE_DOMAIN_CONFIG, QUOTA_MODE and the default algorithm: in their
+// own file, `runtime.rs`.
+mod runtime;
 
 #[cfg(test)]
 mod tests;

@@ -168,9 +168,13 @@ impl TestServer {
         let metrics = Metrics::shared();
         let reloads = Arc::new(AtomicUsize::new(0));
         let counter = reloads.clone();
+        let loader = floodgate::config::Loader {
+            source: floodgate::config::Source::Path(path.to_path_buf()),
+            defaults: defaults(),
+            merge_domains: false,
+        };
         let watch = reload::spawn(
-            path,
-            defaults(),
+            loader,
             config.clone(),
             metrics.clone(),
             move |_: &Config| {

@@ -174,3 +174,60 @@ internal: no limits
 "
     );
 }
+
+/// With `merge_domains`, files naming one domain are joined; a top-level key defined in two
+/// of them is still an error. Without it, the second file is a duplicate domain.
+#[test]
+fn merged_domains() {
+    let a =
+        "domain: d\ndescriptors:\n  - {key: a, rate_limit: {unit: second, requests_per_unit: 1}}\n";
+    let b =
+        "domain: d\ndescriptors:\n  - {key: b, rate_limit: {unit: second, requests_per_unit: 2}}\n";
+    let files = sources(&[("a.yaml", a), ("b.yaml", b)]);
+    let merged = Config::compile(&files, &Defaults::default(), true).unwrap();
+    assert!(find(&merged, "d", &[("a", "x")]).is_some());
+    assert!(find(&merged, "d", &[("b", "x")]).is_some());
+    let Err(ConfigErrors(errors)) = Config::compile(&files, &Defaults::default(), false) else {
+        panic!("a duplicate domain loaded");
+    };
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0].message.starts_with("duplicate domain 'd'"),
+        "{errors:?}"
+    );
+    let twice = sources(&[("a.yaml", a), ("c.yaml", a)]);
+    let Err(ConfigErrors(errors)) = Config::compile(&twice, &Defaults::default(), true) else {
+        panic!("a key defined twice loaded");
+    };
+    assert_eq!(
+        (errors[0].file.as_str(), errors[0].path.as_str()),
+        ("c.yaml", "descriptors[0]")
+    );
+    assert!(
+        errors[0].message.contains("another file of the domain"),
+        "{errors:?}"
+    );
+}
+
+/// A domain read twice because a volume's `..` copy was walked says which variable fixes it.
+#[test]
+fn duplicate_from_a_volume_copy_names_the_fix() {
+    let files = sources(&[("cfg/..2026_01/x", LIMITS), ("cfg/x", LIMITS)]);
+    let Err(ConfigErrors(errors)) = Config::compile(&files, &Defaults::default(), false) else {
+        panic!("a duplicate domain loaded");
+    };
+    assert!(
+        errors[0].message.contains("RUNTIME_IGNOREDOTFILES=true"),
+        "{errors:?}"
+    );
+}
+
+/// `metadata:` that is not a mapping is an error at its path.
+#[test]
+fn metadata_must_be_a_mapping() {
+    assert_error(
+        "domain: d\ndescriptors:\n  - key: k\n    metadata: [a]\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+        "descriptors[0].metadata",
+        "mapping",
+    );
+}

@@ -1,0 +1,211 @@
+//! The reference's limits layout and the switches that shape its answers: `RUNTIME_ROOT`,
+//! `RUNTIME_SUBDIRECTORY`, `RUNTIME_APPDIRECTORY`, `RUNTIME_WATCH_ROOT`,
+//! `RUNTIME_IGNOREDOTFILES`, `MERGE_DOMAIN_CONFIG`, `QUOTA_MODE`, and the default algorithm
+//! that follows from them.
+//!
+//! When the `RUNTIME_*` variables locate the limits (and `--config` does not), floodgate is in
+//! *reference mode*: it reads every file the reference would read
+//! ([`crate::config::Source::Runtime`]) and, unless an algorithm is given, counts with fixed
+//! windows so that every answer is the reference's.
+
+use std::path::PathBuf;
+
+use super::{Mapping, SettingsError};
+use crate::config::RuntimeLayout;
+use crate::settings::{AlgorithmArg, AlgorithmChoice, ServeSettings};
+
+/// The reference's `RUNTIME_ROOT` default, used when only the subdirectory or app directory
+/// is given (as the reference does).
+const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+
+/// The reference's `RUNTIME_APPDIRECTORY` default: limits live in `<root>/<sub>/config/`.
+const DEFAULT_APP_DIRECTORY: &str = "config";
+
+/// The variables that locate the limits.
+const PATH_VARS: [&str; 3] = [
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+];
+
+/// The variables that choose, inside the layout, which files are read.
+const FILE_VARS: [&str; 2] = ["RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES"];
+
+impl Mapping<'_> {
+    /// The runtime layout → `--config` and the files to read; `MERGE_DOMAIN_CONFIG` →
+    /// `--merge-domains`; `QUOTA_MODE` → `--quota-mode`; then the default algorithm.
+    pub(super) fn runtime(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        let watch_root = self.parse_bool("RUNTIME_WATCH_ROOT")?;
+        let ignore_dotfiles = self.parse_bool("RUNTIME_IGNOREDOTFILES")?;
+        if self.own("config") {
+            self.override_by(&PATH_VARS, "--config");
+            self.override_by(&FILE_VARS, "--config");
+        } else if !self.present(&PATH_VARS).is_empty() {
+            let layout = RuntimeLayout {
+                root: PathBuf::from(self.get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT)),
+                subdirectory: self
+                    .get("RUNTIME_SUBDIRECTORY")
+                    .unwrap_or_default()
+                    .to_string(),
+                app_directory: self
+                    .get("RUNTIME_APPDIRECTORY")
+                    .unwrap_or(DEFAULT_APP_DIRECTORY)
+                    .to_string(),
+                // The reference's defaults.
+                watch_root: watch_root.unwrap_or(true),
+                ignore_dotfiles: ignore_dotfiles.unwrap_or(false),
+            };
+            settings.config = Some(layout.directory());
+            settings.runtime_layout = Some(layout);
+            for name in self.present(&PATH_VARS) {
+                self.applied(name);
+            }
+            for name in self.present(&FILE_VARS) {
+                self.applied(name);
+            }
+        } else {
+            for name in self.present(&FILE_VARS) {
+                self.no_effect(
+                    name,
+                    "no RUNTIME_ROOT / RUNTIME_SUBDIRECTORY: no runtime layout",
+                );
+            }
+        }
+
+        let merge = self.parse_bool("MERGE_DOMAIN_CONFIG")?;
+        if self.own("merge_domains") {
+            self.override_by(&["MERGE_DOMAIN_CONFIG"], "--merge-domains");
+        } else if let Some(merge) = merge {
+            settings.merge_domains = merge;
+            self.applied("MERGE_DOMAIN_CONFIG");
+        }
+        let quota = self.parse_bool("QUOTA_MODE")?;
+        if self.own("quota_mode") {
+            self.override_by(&["QUOTA_MODE"], "--quota-mode");
+        } else if let Some(quota) = quota {
+            settings.quota_mode = quota;
+            self.applied("QUOTA_MODE");
+        }
+
+        // `value` is the id of `--default-algorithm` (the flattened AlgorithmFlag's field).
+        settings.algorithm_choice = if self.own("value") {
+            AlgorithmChoice::Flag
+        } else if settings.runtime_layout.is_some() {
+            settings.algorithm.value = AlgorithmArg::FixedWindow;
+            AlgorithmChoice::ReferenceMode
+        } else {
+            AlgorithmChoice::Default
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    use clap::{CommandFactory, FromArgMatches};
+
+    use crate::config::RuntimeLayout;
+    use crate::settings::reference::{ReferenceReport, apply_reference_env};
+    use crate::settings::{AlgorithmArg, AlgorithmChoice, Cli, Command, ServeSettings};
+
+    /// `floodgate serve <args>` with the reference variables `pairs` applied.
+    fn apply(args: &[&str], pairs: &[(&str, &str)]) -> (ServeSettings, ReferenceReport) {
+        let matches = Cli::command()
+            .try_get_matches_from(["floodgate", "serve"].iter().chain(args))
+            .unwrap();
+        let Command::Serve(mut settings) = Cli::from_arg_matches(&matches).unwrap().command else {
+            panic!("not serve");
+        };
+        let serve = matches.subcommand_matches("serve").unwrap();
+        let env: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let report = apply_reference_env(&mut settings, serve, &env).unwrap();
+        (settings, report)
+    }
+
+    /// The runtime variables give the layout, with the reference's defaults, and reference
+    /// mode counts with fixed windows.
+    #[test]
+    fn runtime_layout_and_reference_mode() {
+        let (s, report) = apply(
+            &[],
+            &[("RUNTIME_ROOT", "/r"), ("RUNTIME_SUBDIRECTORY", "rl")],
+        );
+        assert_eq!(
+            s.runtime_layout,
+            Some(RuntimeLayout {
+                root: PathBuf::from("/r"),
+                subdirectory: "rl".into(),
+                app_directory: "config".into(),
+                watch_root: true,
+                ignore_dotfiles: false,
+            })
+        );
+        assert_eq!(s.config, Some(PathBuf::from("/r/rl/config")));
+        assert_eq!(s.algorithm.value, AlgorithmArg::FixedWindow);
+        assert_eq!(s.algorithm_choice, AlgorithmChoice::ReferenceMode);
+        assert!(report.no_effect.is_empty(), "{report:?}");
+        let (s, report) = apply(
+            &[],
+            &[
+                ("RUNTIME_ROOT", "/r"),
+                ("RUNTIME_WATCH_ROOT", "false"),
+                ("RUNTIME_IGNOREDOTFILES", "true"),
+            ],
+        );
+        let layout = s.runtime_layout.unwrap();
+        assert!(!layout.watch_root && layout.ignore_dotfiles);
+        assert!(report.applied.iter().any(|a| a == "RUNTIME_IGNOREDOTFILES"));
+    }
+
+    /// Token buckets stay one variable away in reference mode, and stay floodgate's default
+    /// with `--config`.
+    #[test]
+    fn algorithm_choice() {
+        let (s, _) = apply(
+            &["--default-algorithm", "token_bucket"],
+            &[("RUNTIME_ROOT", "/r")],
+        );
+        assert_eq!(
+            (s.algorithm.value, s.algorithm_choice),
+            (AlgorithmArg::TokenBucket, AlgorithmChoice::Flag)
+        );
+        let (s, _) = apply(&["--config", "x"], &[]);
+        assert_eq!(
+            (s.algorithm.value, s.algorithm_choice),
+            (AlgorithmArg::TokenBucket, AlgorithmChoice::Default)
+        );
+        assert!(s.runtime_layout.is_none());
+        // --config wins over the layout, whose variables are then reported as overridden.
+        let (s, report) = apply(
+            &["--config", "x"],
+            &[("RUNTIME_ROOT", "/r"), ("RUNTIME_WATCH_ROOT", "false")],
+        );
+        assert!(s.runtime_layout.is_none());
+        assert_eq!(s.algorithm.value, AlgorithmArg::TokenBucket);
+        let overridden = report.overridden.join(" ");
+        assert!(overridden.contains("RUNTIME_ROOT") && overridden.contains("RUNTIME_WATCH_ROOT"));
+    }
+
+    /// MERGE_DOMAIN_CONFIG and QUOTA_MODE set their flags, unless the flags are given.
+    #[test]
+    fn merge_and_quota_mode() {
+        let (s, report) = apply(
+            &["--config", "x"],
+            &[("MERGE_DOMAIN_CONFIG", "true"), ("QUOTA_MODE", "1")],
+        );
+        assert!(s.merge_domains && s.quota_mode);
+        assert_eq!(report.applied, ["MERGE_DOMAIN_CONFIG", "QUOTA_MODE"]);
+        let (s, report) = apply(
+            &["--config", "x", "--quota-mode", "--merge-domains"],
+            &[("MERGE_DOMAIN_CONFIG", "false"), ("QUOTA_MODE", "false")],
+        );
+        assert!(s.merge_domains && s.quota_mode);
+        assert_eq!(report.overridden.len(), 2, "{report:?}");
+    }
+}
