@@ -6,7 +6,7 @@ It computes exactly what `limiter::evaluate` followed by `bucket::settle` comput
 bucket and evaluates every operation against the state as it was before the call; phase 2
 writes the new state of every admitted operation (and of every overdraft debit, admitted or
 not) if every enforcing, non-overdraft operation was admitted, and writes nothing otherwise
-(DESIGN §4: a denied request debits nothing).
+(a denied request debits nothing: docs/algorithms.md).
 
 KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes).
 

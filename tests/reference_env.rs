@@ -1044,7 +1044,6 @@ async fn reference_example_environment() {
         "USE_STATSD",
         "STATSD_HOST",
         "STATSD_PORT",
-        "RUNTIME_WATCH_ROOT",
         "CONFIG_GRPC_XDS_NODE_ID",
         "CONFIG_GRPC_XDS_SERVER_URL",
     ] {
@@ -1060,6 +1059,7 @@ async fn reference_example_environment() {
         "GRPC_MAX_CONNECTION_AGE_GRACE",
         "CONFIG_TYPE",
         "REDIS_TIMEOUT",
+        "RUNTIME_WATCH_ROOT",
     ] {
         assert!(applied.contains(name), "{name}: {applied}");
     }

@@ -1,6 +1,6 @@
 //! Fixed window: one counter per epoch-aligned window, the reference server's counting
 //! (over limit when count > limit; a check-only request is over only when the count is already
-//! strictly above) but all-or-nothing: a denied cost is not counted (DESIGN §4).
+//! strictly above) but all-or-nothing: a denied cost is not counted (docs/algorithms.md).
 //!
 //! Bounds (validated params, `now ≤ 2^52`): counts ≤ `MAX_COUNT` = 2^32 − 1 (a cost above the
 //! limit is rejected before adding), window ends ≤ 2^52 + 2^47.

@@ -14,7 +14,7 @@
 //!
 //! The store evaluates every bucket of a request, then either commits every
 //! [`Evaluation::next`] (all enforcing, non-overdraft buckets admitted) or none of them
-//! (DESIGN §4: a denied request debits nothing), and reports [`Evaluation::committed`] or
+//! (a denied request debits nothing: docs/algorithms.md), and reports [`Evaluation::committed`] or
 //! [`Evaluation::current`]; see [`crate::bucket::settle`].
 //!
 //! Inputs outside the documented domain (a `now_us` outside `[0, 2^52]`, params that fail

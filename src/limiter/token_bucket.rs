@@ -1,6 +1,6 @@
 //! Token bucket as GCRA (generic cell rate algorithm): the whole bucket is one number, the
 //! theoretical arrival time `tat`, so the Redis script reads and writes a single value and an
-//! absent key is a full bucket (DESIGN §4).
+//! absent key is a full bucket (docs/algorithms.md).
 //!
 //! With `T` per token and tolerance `tau = burst × T`, the bucket's "debt" is `tat − now`
 //! (clamped ≥ 0): how far ahead of the steady rate it has been spent. A cost `n` passes iff

@@ -14,7 +14,7 @@ pub(super) struct Position {
     /// The caller's time, µs.
     pub(super) now: i64,
     /// The time the math uses: `now`, or the start of the stored window when that is later
-    /// (the clock stepped back across a boundary; DESIGN §4 clamps elapsed time at ≥ 0).
+    /// (the clock stepped back across a boundary; elapsed time is clamped at ≥ 0, docs/algorithms.md).
     pub(super) effective: i64,
     /// Index of the window containing `effective`.
     pub(super) index: i64,
