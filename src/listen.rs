@@ -88,13 +88,7 @@ impl PortBound {
     pub fn admit(&self, listener: TcpListener) -> Admission {
         Admission {
             listener,
-            limits: self.limits,
-            permits: self.permits.clone(),
-            port: self.port,
-            metrics: self.metrics.clone(),
-            open: self.open.clone(),
-            refused_log: self.refused_log.clone(),
-            error_log: self.error_log.clone(),
+            bound: self.clone(),
         }
     }
 }
@@ -102,13 +96,7 @@ impl PortBound {
 /// Accepts connections on one port within its [`ConnectionLimits`].
 pub struct Admission {
     listener: TcpListener,
-    limits: ConnectionLimits,
-    permits: Arc<Semaphore>,
-    port: Port,
-    metrics: Arc<Metrics>,
-    open: Gauge,
-    refused_log: SharedThrottle,
-    error_log: SharedThrottle,
+    bound: PortBound,
 }
 
 impl Admission {
@@ -130,26 +118,27 @@ impl Admission {
     /// The next admitted connection. Never fails: refused connections and accept errors are
     /// handled (counted, logged, paused after) here.
     pub async fn accept(&mut self) -> (Guarded<TcpStream>, SocketAddr) {
+        let bound = &self.bound;
         loop {
             let (stream, peer) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    self.metrics.record_accept_error(self.port);
-                    if let Some(count) = self.error_log.tick() {
-                        tracing::warn!(port = self.port.label(), error = %e, count,
+                    bound.metrics.record_accept_error(bound.port);
+                    if let Some(count) = bound.error_log.tick() {
+                        tracing::warn!(port = bound.port.label(), error = %e, count,
                             "cannot accept connections; pausing between attempts");
                     }
                     tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                     continue;
                 }
             };
-            let Ok(permit) = self.permits.clone().try_acquire_owned() else {
+            let Ok(permit) = bound.permits.clone().try_acquire_owned() else {
                 // Closed at once: the client learns now, and no descriptor is held.
                 drop(stream);
-                self.metrics.record_connection_refused(self.port);
-                if let Some(count) = self.refused_log.tick() {
-                    tracing::warn!(port = self.port.label(), %peer, count,
-                        max_connections = self.limits.max_connections,
+                bound.metrics.record_connection_refused(bound.port);
+                if let Some(count) = bound.refused_log.tick() {
+                    tracing::warn!(port = bound.port.label(), %peer, count,
+                        max_connections = bound.limits.max_connections,
                         "connection limit reached; refusing new connections");
                 }
                 continue;
@@ -159,10 +148,10 @@ impl Admission {
             let guarded = Guarded::new(
                 stream,
                 permit,
-                self.limits.idle_timeout,
-                self.open.clone(),
-                self.metrics.clone(),
-                self.port,
+                bound.limits.idle_timeout,
+                bound.open.clone(),
+                bound.metrics.clone(),
+                bound.port,
             );
             return (guarded, peer);
         }
