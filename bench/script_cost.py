@@ -3,7 +3,7 @@
 
 usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next EVALSHA with
                                                # KEYS keys (its exact keys and ARGV) to OUT
-       script_cost.py replay PORT CALLS ROUNDS CAPTURE...
+       [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
                                                # on a quiet Redis: per capture, ROUNDS rounds of
                                                # CALLS calls of each script; prints µs per call
 
@@ -16,6 +16,7 @@ limits (1e9 per hour, 3.6 µs per token, rounded up to the whole 4 µs the minim
 stores; a tolerance large enough that every call admits).
 """
 import json
+import os
 import socket
 import sys
 
@@ -137,7 +138,7 @@ def run(conn, sha, keys, argv, calls):
 
 def replay(port, calls, rounds, captures):
     conn = Conn(port)
-    apply_sha = conn.call("SCRIPT", "LOAD", open("lua/apply.lua").read()).decode()
+    apply_sha = conn.call("SCRIPT", "LOAD", open(os.environ.get("APPLY_LUA", "lua/apply.lua")).read()).decode()
     min_sha = conn.call("SCRIPT", "LOAD", open("bench/gcra_min.lua").read()).decode()
     for path in captures:
         cap = json.load(open(path))
