@@ -588,10 +588,17 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts a request as in flight until the returned guard is dropped.
-    pub fn enter_request(&self) -> InFlight {
-        self.requests_in_flight.inc();
-        InFlight(self.requests_in_flight.clone())
+    /// Counts a request as in flight until the returned guard is dropped, unless `max` are
+    /// already: then `None` and nothing counted. The gauge is the bound itself (one atomic
+    /// shared by every serving thread), so it never reads above `max`.
+    pub fn try_enter_request(&self, max: i64) -> Option<InFlight> {
+        self.requests_in_flight
+            .inner()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()?;
+        Some(InFlight(self.requests_in_flight.clone()))
     }
 
     /// Sets the number of buckets the local over-limit cache holds.
@@ -779,6 +786,22 @@ mod tests {
 
     /// Request bytes in a label value are escaped; past the cap, paths with request values
     /// share the overflow series (counted), while configured paths are never capped.
+    /// The in-flight gauge is the bound: entering stops at `max`, and a dropped guard frees
+    /// its place.
+    #[test]
+    fn in_flight_gauge_bounds_entries() {
+        let metrics = Metrics::new();
+        let first = metrics.try_enter_request(2);
+        let second = metrics.try_enter_request(2);
+        assert!(first.is_some() && second.is_some());
+        assert!(metrics.try_enter_request(2).is_none());
+        assert_eq!(metrics.requests_in_flight.get(), 2);
+        drop(first);
+        assert_eq!(metrics.requests_in_flight.get(), 1);
+        assert!(metrics.try_enter_request(2).is_some());
+        assert_eq!(metrics.requests_in_flight.get(), 1);
+    }
+
     #[test]
     fn detailed_labels_are_escaped_and_capped() {
         let metrics = Metrics::new();

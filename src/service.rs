@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
@@ -61,6 +60,10 @@ impl From<RequestError> for Status {
     }
 }
 
+/// The largest `--max-in-flight` (tokio's semaphore bound, kept when the bound became the
+/// in-flight gauge): no practical limit.
+pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
+
 /// The shared request path: current limits, the store, options and metrics.
 pub struct RateLimiter {
     /// The limits in force; swapped whole on reload so a request sees one version.
@@ -71,9 +74,9 @@ pub struct RateLimiter {
     options: PlanOptions,
     /// Where outcomes are counted.
     metrics: Arc<Metrics>,
-    /// One permit per request being answered; none left means overloaded.
-    in_flight: Arc<Semaphore>,
-    /// The number of permits `in_flight` started with, for the error message.
+    /// Requests answered at once, at most; the in-flight gauge of `metrics` is the count.
+    /// Why not a semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per
+    /// request than the one atomic the gauge already updates.
     max_in_flight: usize,
 }
 
@@ -91,16 +94,14 @@ impl RateLimiter {
             store,
             options,
             metrics,
-            in_flight: Arc::new(Semaphore::new(Semaphore::MAX_PERMITS)),
-            max_in_flight: Semaphore::MAX_PERMITS,
+            max_in_flight: MAX_IN_FLIGHT,
         }
     }
 
     /// Answers at most `max` requests at once; more are refused with
-    /// [`RequestError::Overloaded`]. `max` is clamped to 1..=[`Semaphore::MAX_PERMITS`].
+    /// [`RequestError::Overloaded`]. `max` is clamped to 1..=[`MAX_IN_FLIGHT`].
     pub fn with_max_in_flight(mut self, max: usize) -> RateLimiter {
-        let max = max.clamp(1, Semaphore::MAX_PERMITS);
-        self.in_flight = Arc::new(Semaphore::new(max));
+        let max = max.clamp(1, MAX_IN_FLIGHT);
         self.max_in_flight = max;
         self
     }
@@ -119,7 +120,9 @@ impl RateLimiter {
     /// place is held until the returned guard is dropped; this never waits, so overload never
     /// queues.
     pub fn admit(&self) -> Result<Admitted, RequestError> {
-        let Ok(permit) = self.in_flight.clone().try_acquire_owned() else {
+        // Lossless: max_in_flight is at most MAX_IN_FLIGHT.
+        let max = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
+        let Some(in_flight) = self.metrics.try_enter_request(max) else {
             self.metrics.record_request(RequestResult::Overloaded);
             tracing::debug!("overloaded: request refused");
             return Err(RequestError::Overloaded {
@@ -127,8 +130,7 @@ impl RateLimiter {
             });
         };
         Ok(Admitted {
-            _permit: permit,
-            _in_flight: self.metrics.enter_request(),
+            _in_flight: in_flight,
         })
     }
 
@@ -221,7 +223,6 @@ impl RateLimiter {
 /// One of the `max_in_flight` places, held while alive (see [`RateLimiter::admit`]).
 #[derive(Debug)]
 pub struct Admitted {
-    _permit: OwnedSemaphorePermit,
     _in_flight: crate::metrics::InFlight,
 }
 

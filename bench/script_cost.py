@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Redis time per call of lua/apply.lua against bench/gcra_min.lua, same number of buckets.
+
+usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next EVALSHA with
+                                               # KEYS keys (its exact keys and ARGV) to OUT
+       [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
+                                               # on a quiet Redis: per capture, ROUNDS rounds of
+                                               # CALLS calls of each script; prints µs per call
+
+Both scripts run through the same harness: one connection, pipelined in batches of 100, and
+Redis's own time per call from `INFO commandstats` (cmdstat_evalsha usec / calls), zeroed with
+CONFIG RESETSTAT before each round. apply.lua gets the request's own keys and ARGV, replayed
+(every call after the first finds its buckets present, as in the bench); gcra_min.lua gets the
+same keys under a different prefix and each bucket's interval and tolerance as in the bench's
+limits (1e9 per hour, 3.6 µs per token, rounded up to the whole 4 µs the minimal script
+stores; a tolerance large enough that every call admits).
+"""
+import json
+import os
+import socket
+import sys
+
+
+def encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
+
+
+class Conn:
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.buf = b""
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self.buf += self.sock.recv(1 << 16)
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n):
+        while len(self.buf) < n + 2:
+            self.buf += self.sock.recv(1 << 16)
+        data, self.buf = self.buf[:n], self.buf[n + 2:]
+        return data
+
+    def reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind in (b"+", b":"):
+            return rest
+        if kind == b"-":
+            raise RuntimeError(rest.decode())
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind == b"*":
+            return [self.reply() for _ in range(int(rest))]
+        raise RuntimeError(f"unexpected reply {line!r}")
+
+    def call(self, *args):
+        self.sock.sendall(encode(args))
+        return self.reply()
+
+
+def unrepr(s):
+    """Reverses Redis's sdscatrepr (MONITOR's quoting) for one argument's inner text."""
+    out, i = bytearray(), 0
+    simple = {"\\": b"\\", '"': b'"', "n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b"}
+    while i < len(s):
+        c = s[i]
+        if c == "\\":
+            d = s[i + 1]
+            if d == "x":
+                out.append(int(s[i + 2:i + 4], 16))
+                i += 4
+                continue
+            out += simple[d]
+            i += 2
+            continue
+        out += c.encode("latin-1")
+        i += 1
+    return bytes(out)
+
+
+def monitor_args(line):
+    args, i = [], line.index('"')
+    while i < len(line):
+        if line[i] != '"':
+            i += 1
+            continue
+        j = i + 1
+        while line[j] != '"':
+            j += 2 if line[j] == "\\" else 1
+        args.append(unrepr(line[i + 1:j]))
+        i = j + 1
+    return args
+
+
+def capture(port, nkeys, out):
+    conn = Conn(port)
+    conn.sock.sendall(encode(["MONITOR"]))
+    conn.reply()
+    while True:
+        line = conn._line().decode("latin-1")
+        if '"EVALSHA"' not in line.upper() and '"evalsha"' not in line:
+            continue
+        args = monitor_args(line)
+        if int(args[2]) == nkeys:
+            break
+    json.dump({"keys": [a.hex() for a in args[3:3 + nkeys]],
+               "argv": [a.hex() for a in args[3 + nkeys:]]}, open(out, "w"))
+
+
+def usec_per_call(conn):
+    for line in conn.call("INFO", "commandstats").decode().splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            fields = dict(f.split("=") for f in line.split(":", 1)[1].split(","))
+            return float(fields["usec"]) / int(fields["calls"])
+    return float("nan")
+
+
+def run(conn, sha, keys, argv, calls):
+    conn.call("CONFIG", "RESETSTAT")
+    command = encode(["EVALSHA", sha, str(len(keys))] + keys + argv)
+    left = calls
+    while left:
+        batch = min(left, 100)
+        conn.sock.sendall(command * batch)
+        for _ in range(batch):
+            conn.reply()
+        left -= batch
+    return usec_per_call(conn)
+
+
+def replay(port, calls, rounds, captures):
+    conn = Conn(port)
+    apply_sha = conn.call("SCRIPT", "LOAD", open(os.environ.get("APPLY_LUA", "lua/apply.lua")).read()).decode()
+    min_sha = conn.call("SCRIPT", "LOAD", open("bench/gcra_min.lua").read()).decode()
+    for path in captures:
+        cap = json.load(open(path))
+        keys = [bytes.fromhex(k) for k in cap["keys"]]
+        argv = [bytes.fromhex(a) for a in cap["argv"]]
+        min_keys = [b"min:" + k for k in keys]
+        min_argv = []
+        for _ in keys:
+            min_argv += [b"4", b"3600000000000000"]
+        apply_us, min_us = [], []
+        for _ in range(rounds):
+            apply_us.append(run(conn, apply_sha, keys, argv, calls))
+            min_us.append(run(conn, min_sha, min_keys, min_argv, calls))
+        print(json.dumps({"buckets": len(keys), "apply": apply_us, "minimal": min_us}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "capture":
+        capture(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    else:
+        replay(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])

@@ -1,0 +1,250 @@
+#!/usr/bin/env bash
+# floodgate beside Limitador (../shared/peers/limitador-server.gz, or LIMITADOR_BIN): one
+# table, each row the same h2load load on both servers, fresh server per row.
+#
+#   bench/side_by_side.sh                      # run by bench/run.sh; also on its own
+#   SBS_SECONDS=5 SBS_REPEAT=3 bench/side_by_side.sh
+#   BENCH_BIN=/path/floodgate bench/side_by_side.sh
+#
+# Rows: no store (an unknown domain / namespace), memory with 1 descriptor, Redis with 1 and 4
+# descriptors (same redis-server, flushed between rows). Load: h2load, 16 connections × 8
+# streams, one thread; a warm-up of WARMUP_REQUESTS requests first, then SBS_SECONDS of load,
+# SBS_REPEAT times per row (each a fresh server) to show the spread.
+#   - CPU µs/req: the server's user and system time (/proc/<pid>/stat) over the timed run only,
+#     per request h2load completed.
+#   - Syscalls per request: a separate run of STRACE_REQUESTS requests (after a warm-up) under
+#     `strace -f -c`; strace slows the server, so these are counts, never timed.
+#   - Redis µs/req: the time Redis spent in all commands (INFO commandstats) per request, and
+#     the commands used.
+#   - errors: floodgate's non-OK answers (its /metrics) plus h2load's failures; Limitador's
+#     only h2load's failures (gRPC errors travel in trailers h2load cannot see).
+# Then the script cost: lua/apply.lua against bench/gcra_min.lua on a quiet redis-server, the
+# request's own EVALSHA captured from the bench and replayed (bench/script_cost.py).
+#
+# Limitador's limits: one limit per descriptor i, variables ["descriptors[i]['k<i>']"] (one
+# counter per value), 1e9 per hour like floodgate's.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+SECONDS_PER_RUN=${SBS_SECONDS:-5}
+REPEAT=${SBS_REPEAT:-2}
+WARMUP_REQUESTS=${SBS_WARMUP_REQUESTS:-20000}
+STRACE_REQUESTS=${SBS_STRACE_REQUESTS:-20000}
+SCRIPT_CALLS=${SBS_SCRIPT_CALLS:-20000}
+TARGET=${CARGO_TARGET_DIR:-target}
+if [ -z "${BENCH_BIN:-}" ]; then
+    cargo build --release --quiet --bin floodgate
+fi
+BIN=${BENCH_BIN:-$TARGET/release/floodgate}
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+LIMITADOR=${LIMITADOR_BIN:-}
+if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
+    LIMITADOR=$WORK/limitador-server
+    gunzip -c ../shared/peers/limitador-server.gz > "$LIMITADOR"
+    chmod +x "$LIMITADOR"
+fi
+[ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
+command -v strace >/dev/null || echo "(no strace: no syscall columns)"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Domain (namespace) `one`: descriptor k0; `four`: k0..k3. Separate, because a Limitador
+# limit whose variable a request lacks (descriptors[3] of a 1-descriptor request) fails it.
+mkdir "$WORK/limits"
+for domain in one four; do
+    n=1; [ "$domain" = four ] && n=4
+    {
+        echo "domain: $domain"
+        echo "descriptors:"
+        for i in $(seq 0 $((n - 1))); do
+            echo "  - {key: k$i, rate_limit: {unit: hour, requests_per_unit: 1000000000}}"
+        done
+    } > "$WORK/limits/$domain.yaml"
+    for i in $(seq 0 $((n - 1))); do
+        cat <<YAML
+- namespace: $domain
+  max_value: 1000000000
+  seconds: 3600
+  conditions: []
+  variables: ["descriptors[$i]['k$i']"]
+YAML
+    done
+done > "$WORK/limitador.yaml"
+python3 bench/grpc_body.py nobody 1 "$WORK/noop.bin"
+python3 bench/grpc_body.py one 1 "$WORK/one.bin"
+python3 bench/grpc_body.py four 4 "$WORK/four.bin"
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --logfile "$WORK/redis.log" --daemonize no &
+PIDS+=($!)
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+
+# start SERVER STORE : starts floodgate or limitador on the store (none, memory, redis); sets
+# GRPC_PORT, HTTP_PORT, SRV_PID.
+start() {
+    local server=$1 store=$2
+    GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    if [ "$server" = floodgate ]; then
+        local args=()
+        [ "$store" = redis ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
+        RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+            --http-addr "127.0.0.1:$HTTP_PORT" "${args[@]}" >"$WORK/server.log" 2>&1 &
+        SRV_PID=$!
+        until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
+    else
+        local args=(memory)
+        [ "$store" = redis ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
+        "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
+            "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
+        SRV_PID=$!
+        until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
+    fi
+    PIDS+=("$SRV_PID")
+}
+stop() { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
+
+h2() {
+    h2load "$@" -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers' \
+        "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+}
+
+# floodgate's answers that were not OK so far (0 for Limitador).
+not_ok() {
+    [ "$1" = floodgate ] || { echo 0; return; }
+    curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
+        END { print all - ok }'
+}
+
+# redis_usec : all commands' calls and µs so far, and "cmd:calls" for each command used.
+redis_usec() {
+    redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[=,:]' '
+        /^cmdstat_/ && $1 !~ /^cmdstat_(info|flushall|config)/ {
+            usec += $5; name = $1; sub("cmdstat_", "", name); names = names name ":" $3 " " }
+        END { print usec + 0, names }'
+}
+
+TICKS=$(getconf CLK_TCK)
+stat_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# Context switches (voluntary and not) of every thread of a process.
+switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/{s += $2} END {print s}'; }
+
+# throughput SERVER STORE BODY : one timed run; prints "rps user_us sys_us switches errors
+# redis_us cmds" (per request).
+throughput() {
+    local server=$1 store=$2 body=$3
+    start "$server" "$store"
+    h2 -n "$WARMUP_REQUESTS" --data "$body" >/dev/null 2>&1
+    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+    local u0 s0 u1 s1 e0 e1 cs0 cs1
+    read -r u0 s0 < <(stat_ticks "$SRV_PID")
+    cs0=$(switches "$SRV_PID")
+    e0=$(not_ok "$server")
+    h2 -D "$SECONDS_PER_RUN" --data "$body" >"$WORK/h2.out" 2>&1
+    read -r u1 s1 < <(stat_ticks "$SRV_PID")
+    cs1=$(switches "$SRV_PID")
+    e1=$(not_ok "$server")
+    local usec cmds
+    read -r usec cmds < <(redis_usec)
+    stop
+    python3 - "$WORK/h2.out" "$u0" "$s0" "$u1" "$s1" "$TICKS" "$e0" "$e1" "$usec" "$((cs1 - cs0))" "${cmds:--}" <<'PY'
+import re, sys
+out, u0, s0, u1, s1, ticks, e0, e1, usec, switches, cmds = sys.argv[1:]
+text = open(out).read()
+rps = float(re.search(r"finished in [^,]+, ([\d.]+) req/s", text).group(1))
+m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
+done, failed = int(m.group(1)), int(m.group(3)) + int(m.group(4))
+ticks = int(ticks)
+user = 1e6 * (int(u1) - int(u0)) / ticks / done
+sys_ = 1e6 * (int(s1) - int(s0)) / ticks / done
+errors = int(e1) - int(e0) + failed
+redis = f"{float(usec) / done:.1f}" if float(usec) else "-"
+print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {redis} {cmds.strip() or '-'}")
+PY
+}
+
+# syscalls SERVER STORE BODY : prints writev, recvfrom, epoll_wait, futex per request, from a
+# separate strace -f -c run of STRACE_REQUESTS requests. writev and recvfrom include the
+# server's traffic to Redis on the Redis rows.
+syscalls() {
+    local server=$1 store=$2 body=$3
+    command -v strace >/dev/null || { echo "- - - -"; return; }
+    start "$server" "$store"
+    h2 -n 2000 --data "$body" >/dev/null 2>&1
+    strace -f -c -p "$SRV_PID" -o "$WORK/strace.txt" 2>/dev/null &
+    local sp=$!
+    # strace attaches asynchronously: wait until every thread is traced.
+    local deadline=$((SECONDS + 10))
+    until [ "$(grep -c '^TracerPid:[[:space:]]*[1-9]' /proc/"$SRV_PID"/task/*/status | awk -F: '{s += $2} END {print s}')" -ge "$(ls /proc/"$SRV_PID"/task | wc -l)" ] || [ $SECONDS -ge $deadline ]; do sleep 0.1; done
+    h2 -n "$STRACE_REQUESTS" --data "$body" >/dev/null 2>&1
+    kill -INT "$sp"; wait "$sp" || true
+    stop
+    awk -v n="$STRACE_REQUESTS" '
+        $NF ~ /^(writev|recvfrom|epoll_wait|futex)$/ { c[$NF] = ($4 ~ /^[0-9]+$/ ? $4 : $3) }
+        END { printf "%.3f %.3f %.3f %.3f\n", c["writev"] / n, c["recvfrom"] / n,
+              c["epoll_wait"] / n, c["futex"] / n }' "$WORK/strace.txt"
+}
+
+ROWS=("no store (unknown domain)|none|$WORK/noop.bin"
+      "memory, 1 descriptor|memory|$WORK/one.bin"
+      "redis, 1 descriptor|redis|$WORK/one.bin"
+      "redis, 4 descriptors|redis|$WORK/four.bin")
+SERVERS=(floodgate)
+[ -n "$LIMITADOR" ] && SERVERS+=(limitador)
+
+echo
+echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors | Redis µs/req (commands/run) | writev/req | recvfrom/req | epoll_wait/req | futex/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+for row in "${ROWS[@]}"; do
+    IFS='|' read -r name store body <<<"$row"
+    for server in "${SERVERS[@]}"; do
+        read -r w r e f < <(syscalls "$server" "$store" "$body")
+        for _ in $(seq "$REPEAT"); do
+            read -r rps user sys cs errors redis cmds < <(throughput "$server" "$store" "$body")
+            total=$(python3 -c "print(f'{$user + $sys:.1f}')")
+            [ "$store" = redis ] || cmds=""
+            echo "| $name | $server | $rps | $user | $sys | $total | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $e | $f |"
+        done
+    done
+done
+
+# --- Script cost: apply.lua against the minimal GCRA script, same buckets ---------------
+start floodgate redis
+for n in 1 4; do
+    body=$WORK/one.bin; [ "$n" = 4 ] && body=$WORK/four.bin
+    python3 bench/script_cost.py capture "$REDIS_PORT" "$n" "$WORK/capture-$n.json" &
+    cap=$!
+    until [ -s "$WORK/capture-$n.json" ]; do h2 -n 100 --data "$body" >/dev/null 2>&1; done
+    wait "$cap"
+done
+stop
+QUIET_PORT=$(free_port)
+redis-server --port "$QUIET_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --logfile "$WORK/redis-quiet.log" --daemonize no &
+PIDS+=($!)
+until redis-cli -p "$QUIET_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+echo
+echo "| buckets | lua/apply.lua µs/call | bench/gcra_min.lua µs/call | ratio (median) |"
+echo "|---|---|---|---|"
+python3 bench/script_cost.py replay "$QUIET_PORT" "$SCRIPT_CALLS" 5 "$WORK/capture-1.json" "$WORK/capture-4.json" |
+    python3 -c '
+import json, statistics, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    a, m = r["apply"], r["minimal"]
+    f = lambda xs: ", ".join(f"{x:.1f}" for x in xs)
+    n = r["buckets"]
+    print(f"| {n} | {f(a)} | {f(m)} | {statistics.median(a) / statistics.median(m):.2f} |")'
+echo
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"
