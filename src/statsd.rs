@@ -411,8 +411,13 @@ impl Sink {
         match dialled {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(addr = %self.addr, error = %e, retry_in = ?self.backoff,
-                               "statsd: cannot connect; stats dropped until it answers");
+                // Once per outage, not once per retry.
+                if self.backoff == BACKOFF_MIN {
+                    tracing::warn!(addr = %self.addr, error = %e,
+                                   "statsd: cannot connect; stats dropped until it answers");
+                } else {
+                    tracing::debug!(addr = %self.addr, error = %e, "statsd: still unreachable");
+                }
                 self.retry_at = now + self.backoff;
                 self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
                 false
