@@ -133,7 +133,7 @@ pub struct RunOptions {
     /// ...and are cut this long after that; `None`: they close when their calls finish.
     pub max_connection_age_grace: Option<Duration>,
     /// HTTP/2 PING interval on idle gRPC connections; `None`: every
-    /// [`GRPC_KEEPALIVE_INTERVAL`]. Never longer than a third of the idle timeout.
+    /// `GRPC_KEEPALIVE_INTERVAL`. Never longer than a third of the idle timeout.
     pub keepalive_interval: Option<Duration>,
     /// Connection and stream bounds of both ports.
     pub bounds: Bounds,

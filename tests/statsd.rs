@@ -11,11 +11,12 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use floodgate::proto::envoy::r#type::v3::RateLimitUnit;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::http::metric;
 use support::process::Floodgate;
-use support::{descriptor, request, simple};
+use support::{descriptor, request, simple, with_override};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, UdpSocket};
 use tonic::transport::Channel;
@@ -182,7 +183,18 @@ async fn reference_environment_sends_reference_stats_over_tcp() {
     assert!(ask(request("test", vec![])).await.is_err());
     // A rule-less descriptor of a known domain: no rule stat, but a call.
     assert_eq!(code(ask(simple("test", "other", "x")).await.unwrap()), ok);
-    let calls = 8;
+    // A descriptor limit override counts under the request's own entries, as the
+    // reference's descriptorKey.
+    let overridden = request(
+        "test",
+        vec![with_override(
+            descriptor(&[("user", "u:1"), ("path", "")]),
+            10,
+            RateLimitUnit::Day as i32,
+        )],
+    );
+    assert_eq!(code(ask(overridden).await.unwrap()), ok);
+    let calls = 9;
 
     let rule = "ratelimit.service.rate_limit.test";
     let expected: BTreeMap<String, u64> = [
@@ -200,6 +212,8 @@ async fn reference_environment_sends_reference_stats_over_tcp() {
         (format!("{rule}.shadow.shadow_mode"), 1),
         (format!("{rule}.remote_address_10_0_0_1.total_hits"), 1),
         (format!("{rule}.remote_address_10_0_0_1.within_limit"), 1),
+        (format!("{rule}.user_u_1.path.total_hits"), 1),
+        (format!("{rule}.user_u_1.path.within_limit"), 1),
         (
             "ratelimit.service.rate_limit.nope.domain_not_found".to_string(),
             2,
