@@ -67,7 +67,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::plan::{Outcome, Tally, Verdict};
-use crate::statsd::{StatName, Stats, StatsdConfig};
+use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
 /// no bytes (a label set is needed to look a series up, not only to create it).
@@ -461,6 +461,19 @@ impl Metrics {
         let stats = Arc::new(Stats::new(config, self.statsd_dropped.clone()));
         if self.statsd.set(Arc::clone(&stats)).is_ok() {
             stats.start();
+        }
+    }
+
+    /// When statsd is on, sends `name` at every flush with the value `read` returns then
+    /// (a source outside the request path: the Redis pool's connection counts).
+    pub fn statsd_sample(
+        &self,
+        name: &str,
+        kind: Sample,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        if let Some(stats) = self.statsd.get() {
+            stats.sample(name, kind, read);
         }
     }
 

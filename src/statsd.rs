@@ -119,6 +119,33 @@ pub struct Stats {
     timer_rx: std::sync::Mutex<Option<mpsc::Receiver<u64>>>,
     /// Lines dropped (host gone, queue full, name cap), shared with `/metrics`.
     dropped: Counter,
+    /// Stats read from their source at each flush (the Redis pool's), registered at
+    /// start-up.
+    sampled: std::sync::Mutex<Vec<Sampled>>,
+}
+
+/// How a sampled source is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sample {
+    /// A cumulative count, sent as its delta since the last flush (`|c`), if not 0.
+    Counter,
+    /// A level, sent at every flush (`|g`), as gostats sends gauges.
+    Gauge,
+}
+
+/// A stat whose value is read from its source at flush time.
+struct Sampled {
+    name: String,
+    kind: Sample,
+    read: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The counter's value at the last flush.
+    last: u64,
+}
+
+impl std::fmt::Debug for Sampled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sampled({}, {:?})", self.name, self.kind)
+    }
 }
 
 impl Stats {
@@ -133,7 +160,26 @@ impl Stats {
             timers,
             timer_rx: std::sync::Mutex::new(Some(rx)),
             dropped,
+            sampled: std::sync::Mutex::default(),
         }
+    }
+
+    /// Sends `name` at every flush with the value `read` returns then.
+    pub fn sample(
+        &self,
+        name: impl Into<String>,
+        kind: Sample,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        self.sampled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Sampled {
+                name: name.into(),
+                kind,
+                read: Box::new(read),
+                last: 0,
+            });
     }
 
     /// Adds `n` to a fixed-name counter.
@@ -233,6 +279,24 @@ impl Stats {
                 let delta = self.fixed[name as usize].swap(0, Ordering::Relaxed);
                 if delta != 0 {
                     self.line(out, name.name(), delta, "c");
+                }
+            }
+        }
+        for sampled in self
+            .sampled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter_mut()
+        {
+            let value = (sampled.read)();
+            match sampled.kind {
+                Sample::Gauge => self.line(out, &sampled.name, value, "g"),
+                Sample::Counter => {
+                    let delta = value.saturating_sub(sampled.last);
+                    sampled.last = value;
+                    if delta != 0 {
+                        self.line(out, &sampled.name, delta, "c");
+                    }
                 }
             }
         }

@@ -363,3 +363,57 @@ async fn statsd_host_down_costs_requests_nothing() {
     }
     server.stop().await;
 }
+
+/// With the reference's Redis (REDIS_URL, REDIS_POOL_SIZE), its pool stats: every connection
+/// opened counted once in `ratelimit.redis_pool.cx_total`, and `cx_active` sent as a gauge at
+/// every flush; the rule stats of a Redis-backed request as with memory.
+#[tokio::test]
+async fn redis_pool_stats() {
+    let redis = support::redis::RedisServer::start();
+    let (addr, received) = tcp_listener().await;
+    let (_tmp, root) = runtime_tree();
+    let port = addr.port().to_string();
+    let url = redis.address();
+    let server = Floodgate::start_with_env(
+        &["--redis-timeout-ms", "250"],
+        &reference_env(
+            &root,
+            &[
+                ("STATSD_PORT", &port),
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", &url),
+                ("REDIS_POOL_SIZE", "2"),
+            ],
+        ),
+    );
+    let mut rls = client(server.grpc).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Health waits for Redis: ask until answered.
+    while rls
+        .should_rate_limit(simple("test", "key1", "value1"))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "Redis never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually("pool stats", || {
+        received.sum("ratelimit.redis_pool.cx_total", "c").0 == 2
+            && received
+                .text()
+                .contains("\nratelimit.redis_pool.cx_active:2|g\n")
+            && received
+                .sum(
+                    "ratelimit.service.rate_limit.test.key1_value1.total_hits",
+                    "c",
+                )
+                .0
+                == 1
+    })
+    .await;
+    assert_eq!(
+        received.sum("ratelimit.redis_pool.cx_local_close", "c").0,
+        0
+    );
+    server.stop().await;
+}
