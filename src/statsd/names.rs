@@ -56,9 +56,11 @@ impl StatName {
 
 /// The reference's `SanitizeStatName`: `:` and `|` (statsd's separators) become `_`, and so
 /// do the dots of anything shaped like an IPv4 address (`\d{1,3}(\.\d{1,3}){3}`, leftmost
-/// first), so a client address in a `detailed_metric` key stays one name segment.
+/// first), so a client address in a `detailed_metric` key stays one name segment. Also, unlike
+/// the reference, line breaks: a request value holding one would otherwise end the line and
+/// forge another stat.
 pub fn sanitize(name: &str) -> String {
-    let mut out = name.replace([':', '|'], "_").into_bytes();
+    let mut out = name.replace([':', '|', '\n', '\r'], "_").into_bytes();
     let mut i = 0;
     while i < out.len() {
         match ipv4_at(&out, i) {

@@ -12,6 +12,8 @@ fn sanitize_like_the_reference() {
     assert_eq!(sanitize("d.x_1234.5.6.7"), "d.x_1234_5_6_7");
     assert_eq!(sanitize("d.x_1.2.3.4567"), "d.x_1_2_3_4567");
     assert_eq!(sanitize("d.1.2.3"), "d.1.2.3");
+    // A request value cannot end the line and forge a stat.
+    assert_eq!(sanitize("d.v_x:1|c\nforged:9|c"), "d.v_x_1_c_forged_9_c");
 }
 
 /// gostats' tag serialization and dogstatsd's, byte for byte.
