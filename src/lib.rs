@@ -9,7 +9,7 @@
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
-//!                                                     └─▶ metrics
+//!                                                     └─▶ metrics (Prometheus; statsd)
 //! ```
 //!
 //! # The modules, top to bottom
@@ -42,6 +42,8 @@
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
 //!   generated RLS v3 types.
+//! - [`statsd`]: the reference's statsd stats, recorded through [`metrics`] and sent by a
+//!   background task (below `metrics`: it imports nothing of the crate).
 //!
 //! `fuzzing` (hidden, not API) holds the entry points of the fuzz targets in `fuzz/`.
 #![forbid(unsafe_code)]
@@ -64,5 +66,6 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod statsd;
 pub mod store;
 pub mod tls;

@@ -40,6 +40,10 @@
 //! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
 //! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
 //! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
+//! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
+//!
+//! When statsd is on ([`Metrics::attach_statsd`]), the same recording calls also count the
+//! reference's statsd stats ([`crate::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
 //! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
@@ -50,8 +54,8 @@
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -63,6 +67,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::plan::{Outcome, Tally, Verdict};
+use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
 /// no bytes (a label set is needed to look a series up, not only to create it).
@@ -228,6 +233,10 @@ pub struct Metrics {
     abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
+    /// The reference's statsd stats, when they are sent.
+    statsd: OnceLock<Arc<Stats>>,
+    /// statsd lines not sent.
+    statsd_dropped: Counter,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
@@ -406,6 +415,12 @@ impl Metrics {
             requests_in_flight.clone(),
         );
         let abuse = Abuse::register(&mut registry);
+        let statsd_dropped = Counter::default();
+        registry.register(
+            "floodgate_statsd_dropped_lines",
+            "statsd lines not sent (host unreachable, timer queue full, stat-name cap reached)",
+            statsd_dropped.clone(),
+        );
         Metrics {
             registry,
             rule_hits,
@@ -435,6 +450,53 @@ impl Metrics {
             requests_in_flight,
             abuse,
             samplers: Samplers::default(),
+            statsd: OnceLock::new(),
+            statsd_dropped,
+        }
+    }
+
+    /// Also counts the reference's statsd stats from now on, and starts sending them (a
+    /// background task: call inside a Tokio runtime). Only the first call has an effect.
+    pub fn attach_statsd(&self, config: StatsdConfig) {
+        let stats = Arc::new(Stats::new(config, self.statsd_dropped.clone()));
+        if self.statsd.set(Arc::clone(&stats)).is_ok() {
+            stats.start();
+        }
+    }
+
+    /// When statsd is on, sends `name` at every flush with the value `read` returns then
+    /// (a source outside the request path: the Redis pool's connection counts).
+    pub fn statsd_sample(
+        &self,
+        name: &str,
+        kind: Sample,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        if let Some(stats) = self.statsd.get() {
+            stats.sample(name, kind, read);
+        }
+    }
+
+    fn stat(&self, name: StatName, n: u64) {
+        if let Some(stats) = self.statsd.get() {
+            stats.count(name, n);
+        }
+    }
+
+    /// Records one `ShouldRateLimit` gRPC call and its time (the reference counts these in
+    /// its gRPC interceptor only: `/json` is not among them). statsd only: floodgate's own
+    /// request counter is `floodgate_requests_total`.
+    pub fn record_grpc_call(&self, elapsed: Duration) {
+        if let Some(stats) = self.statsd.get() {
+            stats.should_rate_limit(elapsed);
+        }
+    }
+
+    /// Counts the descriptors of a request for a domain no configuration has (the
+    /// reference's `domain_not_found`, counted per descriptor as it looks each one up).
+    pub fn record_domain_not_found(&self, domain: &str, descriptors: usize) {
+        if let Some(stats) = self.statsd.get() {
+            stats.domain_not_found(domain, descriptors as u64);
         }
     }
 
@@ -453,11 +515,15 @@ impl Metrics {
         }
         if outcome.shadowed {
             self.global_shadow_mode.inc();
+            self.stat(StatName::GlobalShadowMode, 1);
         }
         self.record_request(result);
     }
 
     fn record_tally(&self, domain: &Arc<str>, tally: &Tally) {
+        if let Some(stats) = self.statsd.get() {
+            record_stat_tally(stats, tally);
+        }
         let mut labels = RuleLabels {
             domain: LabelText(Arc::clone(domain)),
             rule: LabelText(Arc::clone(&tally.rule)),
@@ -497,6 +563,13 @@ impl Metrics {
 
     /// Counts a ShouldRateLimit call by result.
     pub fn record_request(&self, result: RequestResult) {
+        // The reference's two error counters: a Redis failure, and every other error its
+        // service raises (an empty descriptor list, …). Overload has no twin there.
+        match result {
+            RequestResult::StoreError => self.stat(StatName::RedisError, 1),
+            RequestResult::Invalid => self.stat(StatName::ServiceError, 1),
+            _ => {}
+        }
         self.requests
             .get_or_create(&ResultLabels {
                 result: result.label(),
@@ -514,6 +587,14 @@ impl Metrics {
     /// Counts a limits configuration load (start-up or reload) and remembers whether the
     /// last one succeeded.
     pub fn record_config_load(&self, ok: bool) {
+        self.stat(
+            if ok {
+                StatName::ConfigLoadSuccess
+            } else {
+                StatName::ConfigLoadError
+            },
+            1,
+        );
         record_load(&self.config_loads, &self.config_last_load_ok, ok);
     }
 
@@ -638,6 +719,34 @@ impl Metrics {
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Counts a tally in the rule's statsd counters, as the reference's base limiter does: every
+/// hit in `total_hits`; admitted ones in `within_limit` (and `near_limit`); denied ones in
+/// `over_limit` (and `over_limit_with_local_cache`), a shadow-mode rule's also in
+/// `shadow_mode`. The same rules as the Prometheus rule counters.
+fn record_stat_tally(stats: &Stats, tally: &Tally) {
+    let Some(rule) = stats.rule(&tally.rule) else {
+        return;
+    };
+    let counters = &*rule;
+    let add = |counter: &AtomicU64, n: u64| {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    };
+    add(&counters.total_hits, tally.hits);
+    match tally.verdict {
+        Verdict::WithinLimit => add(&counters.within_limit, tally.hits),
+        Verdict::OverLimit | Verdict::ShadowOverLimit => add(&counters.over_limit, tally.hits),
+    }
+    if tally.verdict == Verdict::ShadowOverLimit {
+        add(&counters.shadow_mode, tally.hits);
+    }
+    if tally.local_cache && tally.verdict != Verdict::WithinLimit {
+        add(&counters.over_limit_with_local_cache, tally.hits);
+    }
+    add(&counters.near_limit, tally.near_limit);
 }
 
 /// Counts a load in `loads` by result and sets `last_ok` to whether it succeeded.

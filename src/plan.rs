@@ -97,6 +97,21 @@ enum LimitSource<'c> {
     Override(u32, Unit),
 }
 
+/// The reference's stat key of a descriptor `limit` override (its `descriptorKey`): the
+/// domain, then each entry as `key_value` (`key` alone for an empty value), joined by `.`.
+fn override_metric_path(domain: &str, entries: &[(&[u8], &[u8])]) -> Arc<str> {
+    let mut path = String::from(domain);
+    for (key, value) in entries {
+        path.push('.');
+        path.push_str(&String::from_utf8_lossy(key));
+        if !value.is_empty() {
+            path.push('_');
+            path.push_str(&String::from_utf8_lossy(value));
+        }
+    }
+    Arc::from(path)
+}
+
 /// A matched limit before `replaces` is applied.
 struct MatchedLimit<'c> {
     source: LimitSource<'c>,
@@ -264,9 +279,12 @@ impl<'c> Plan<'c> {
                 // global switches cover overrides too.
                 limits.push(MatchedLimit {
                     source,
+                    // The reference's stat key for an override: the request's own
+                    // entries (`domain.key_value.key`), so as many as clients send: capped
+                    // like detailed_metric paths.
                     rule: MetricPath {
-                        path: Arc::clone(domain.override_path()),
-                        detailed: false,
+                        path: override_metric_path(&domain.name, &entries),
+                        detailed: true,
                     },
                     enforce: true,
                     quota: options.quota_mode,

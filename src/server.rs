@@ -233,6 +233,12 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     metrics.set_max_detailed_series(
         usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
     );
+    // Before the limits load, so config_load_success / config_load_error count it.
+    if let Some(statsd) = settings.statsd.config() {
+        tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
+                       flush_interval = ?statsd.flush_interval, "statsd stats on");
+        metrics.attach_statsd(statsd);
+    }
     let loader = loader(&settings)?;
     let config = loader
         .load_within(crate::config::LOAD_DEADLINE)

@@ -172,6 +172,10 @@ impl RateLimiter {
         };
         let applied = self.undo_if_quota_denies(&plan, applied).await?;
         let outcome = plan.respond(&applied, &self.options);
+        if outcome.domain.is_none() {
+            self.metrics
+                .record_domain_not_found(&request.domain, request.descriptors.len());
+        }
         let over = outcome.response.overall_code
             == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
         self.metrics.record_outcome(
@@ -245,6 +249,7 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
         // Streams are admitted when they open (crate::admission), before their body arrives;
         // a call that did not pass that way (a service used without the layer) is admitted
         // here.
@@ -255,6 +260,9 @@ impl RateLimitService for RlsService {
             }
             None => self.limiter.should_rate_limit(request.get_ref()).await,
         };
+        // The reference's interceptor times every call that reaches the handler, errors
+        // included.
+        self.limiter.metrics().record_grpc_call(started.elapsed());
         answered.map(Response::new).map_err(Status::from)
     }
 }

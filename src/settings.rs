@@ -23,6 +23,7 @@ use crate::store::FailurePolicy;
 pub mod connections;
 pub mod per_second;
 pub mod reference;
+pub mod statsd;
 
 pub use connections::GrpcConnectionSettings;
 pub use per_second::PerSecondRedisSettings;
@@ -247,6 +248,10 @@ pub struct ServeSettings {
     /// Connection, stream and label bounds that keep one client from exhausting the server.
     #[command(flatten)]
     pub bounds: BoundsSettings,
+
+    /// The reference's statsd stats.
+    #[command(flatten)]
+    pub statsd: statsd::StatsdSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key
@@ -718,6 +723,7 @@ impl fmt::Debug for ServeSettings {
             .field("max_value_bytes", &self.max_value_bytes)
             .field("response", &self.response)
             .field("bounds", &self.bounds)
+            .field("statsd", &self.statsd)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)

@@ -28,8 +28,6 @@ pub struct Domain {
     pub hash_tag: bool,
     /// The name as the `domain` label of per-rule metrics (shared: no copy per request).
     metric_label: Arc<str>,
-    /// The metric path of descriptor `limit` overrides: `<domain>.override`.
-    override_path: Arc<str>,
     /// The domain as the first component of its bucket keys, escaped once here.
     key_prefix: Box<[u8]>,
     root: Children,
@@ -119,7 +117,6 @@ impl Domain {
     pub(crate) fn new(name: String, root: Children, hash_tag: bool) -> Domain {
         Domain {
             metric_label: name.as_str().into(),
-            override_path: format!("{name}.override").into(),
             key_prefix: if hash_tag {
                 crate::bucket::hash_tagged_domain(&name)
             } else {
@@ -134,11 +131,6 @@ impl Domain {
     /// The `domain` label of this domain's per-rule metrics.
     pub fn metric_label(&self) -> &Arc<str> {
         &self.metric_label
-    }
-
-    /// The metric path of a descriptor `limit` override in this domain (`<domain>.override`).
-    pub fn override_path(&self) -> &Arc<str> {
-        &self.override_path
     }
 
     /// The encoded first component of this domain's bucket keys, hash-tagged when the domain

@@ -3,14 +3,16 @@
 //! ([`crate::store::split`]); `None` for the memory store.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::ServerError;
 use crate::metrics::Metrics;
 use crate::settings::ServeSettings;
+use crate::statsd::Sample;
 use crate::store::RemoteStore;
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
-use crate::store::redis::{RedisSettings, RedisStore, RedisTls, SentinelSettings};
+use crate::store::redis::{PoolCounts, RedisSettings, RedisStore, RedisTls, SentinelSettings};
 use crate::store::split::SplitStore;
 
 /// Where one Redis is and how to reach it: the main one's flags or the per-second one's.
@@ -145,5 +147,36 @@ fn one_store(
         command_timeout: settings.redis_timeout_ms,
     };
     let store = RedisStore::new(&redis).map_err(|e| settings_error(&e))?;
+    pool_stats(&store, flags, metrics);
     Ok(Some(Arc::new(store)))
+}
+
+/// The reference's Redis pool stats (`ratelimit.redis_pool.*`, and
+/// `ratelimit.redis_per_second_pool.*` for the per-second Redis), when statsd is on:
+/// connections opened (`cx_total`), closed (`cx_local_close`) and open now (`cx_active`).
+fn pool_stats(store: &RedisStore, flags: &str, metrics: &Metrics) {
+    let scope = if flags == "--redis-per-second" {
+        "ratelimit.redis_per_second_pool"
+    } else {
+        "ratelimit.redis_pool"
+    };
+    let load = |counts: &PoolCounts| {
+        (
+            counts.opened.load(Ordering::Relaxed),
+            counts.closed.load(Ordering::Relaxed),
+        )
+    };
+    let counts = store.pool_counts();
+    metrics.statsd_sample(&format!("{scope}.cx_total"), Sample::Counter, {
+        let counts = Arc::clone(&counts);
+        move || load(&counts).0
+    });
+    metrics.statsd_sample(&format!("{scope}.cx_local_close"), Sample::Counter, {
+        let counts = Arc::clone(&counts);
+        move || load(&counts).1
+    });
+    metrics.statsd_sample(&format!("{scope}.cx_active"), Sample::Gauge, move || {
+        let (opened, closed) = load(&counts);
+        opened.saturating_sub(closed)
+    });
 }

@@ -127,6 +127,7 @@ pub fn apply_reference_env(
     mapping.refused()?;
     mapping.runtime(settings)?;
     mapping.serving(settings)?;
+    mapping.stats(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
     mapping.redis(settings)?;
@@ -548,6 +549,7 @@ mod catalogue;
 mod duration;
 mod redis;
 mod serving;
+mod stats;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;

@@ -52,6 +52,8 @@ pub const REFERENCE_VARIABLES: &[&str] = &[
     "STATSD_PORT",
     "EXTRA_TAGS",
     "STATS_FLUSH_INTERVAL",
+    // Not in settings.go: the reference's gostats sink reads it from the environment.
+    "STATSD_PROTOCOL",
     "DISABLE_STATS",
     "USE_PROMETHEUS",
     "PROMETHEUS_ADDR",
@@ -148,9 +150,9 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", NO_MEMCACHE),
 ];
 
-/// Why the statsd and Prometheus-exporter variables change nothing.
-const NO_STATSD: &str = "not yet supported, no effect: floodgate sends no statsd; its metrics \
-                         are Prometheus, served at /metrics on the HTTP port";
+/// Why the Prometheus-exporter variables change nothing.
+const NO_STATSD: &str = "not yet supported, no effect: floodgate's Prometheus metrics are its \
+                         own, served at /metrics on the HTTP port";
 /// Why the tracing variables change nothing.
 const NO_TRACING: &str = "not yet supported, no effect: no traces are exported";
 /// Why the xDS client variables change nothing.
@@ -194,13 +196,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", ONLY_XDS),
     ("XDS_CLIENT_BACKOFF_JITTER", ONLY_XDS),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", ONLY_XDS),
-    ("USE_DOG_STATSD", NO_STATSD),
-    ("USE_DOG_STATSD_MOGRIFIERS", NO_STATSD),
-    ("STATSD_HOST", NO_STATSD),
-    ("STATSD_PORT", NO_STATSD),
-    ("EXTRA_TAGS", NO_STATSD),
-    ("STATS_FLUSH_INTERVAL", NO_STATSD),
-    ("DISABLE_STATS", NO_STATSD),
     ("PROMETHEUS_ADDR", NO_STATSD),
     ("PROMETHEUS_PATH", NO_STATSD),
     ("PROMETHEUS_MAPPER_YAML", NO_STATSD),

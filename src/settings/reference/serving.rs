@@ -1,6 +1,6 @@
 //! The reference's server-wide variables: the gRPC listener (`GRPC_UDS`, connection age),
 //! health (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), which store and which config source
-//! (`BACKEND_TYPE`, `CONFIG_TYPE`), statsd (`USE_STATSD`) and counting while over the limit
+//! (`BACKEND_TYPE`, `CONFIG_TYPE`) and counting while over the limit
 //! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
 
 use std::path::PathBuf;
@@ -20,7 +20,6 @@ impl Mapping<'_> {
         self.config_type()?;
         self.grpc_listener(settings)?;
         self.health(settings)?;
-        self.statsd()?;
         if let Some(stop) = self.parse_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
             let why = if stop {
                 "floodgate never debits a denied request: what this asks, and more"
@@ -147,22 +146,6 @@ impl Mapping<'_> {
         } else {
             settings.health_requires_limits = on;
             self.applied(NAME);
-        }
-        Ok(())
-    }
-
-    /// `USE_STATSD`, which the reference turns on by default. Unset, floodgate says nothing
-    /// (its metrics are at `/metrics`); set to true, it warns that no statsd is sent; false is
-    /// what floodgate does.
-    fn statsd(&mut self) -> Result<(), SettingsError> {
-        match self.parse_bool("USE_STATSD")? {
-            None => {}
-            Some(true) => self.no_effect(
-                "USE_STATSD",
-                "not yet supported, no effect: floodgate sends no statsd; its metrics are \
-                 Prometheus, served at /metrics on the HTTP port",
-            ),
-            Some(false) => self.applied("USE_STATSD"),
         }
         Ok(())
     }

@@ -10,6 +10,7 @@ use clap::{CommandFactory, FromArgMatches};
 
 use super::*;
 use crate::settings::{Cli, Command};
+use crate::statsd::{Flavor, Protocol};
 
 /// Parses `floodgate serve <args>`: the settings and the matches that say where each came from.
 fn serve(args: &[&str]) -> (ServeSettings, ArgMatches) {
@@ -733,26 +734,105 @@ fn what_cannot_be_honoured_is_refused() {
     assert!(report.no_effect[1].starts_with("CONFIG_GRPC_XDS_NODE_ID (read only with"));
 }
 
-/// USE_STATSD: unset says nothing, false is what floodgate does, true warns that no statsd
-/// is sent; the other statsd, Prometheus-exporter, tracing and debug-port variables are
-/// reported as not yet supported.
+/// statsd is on exactly when the reference would send it: by default in reference mode
+/// (to localhost:8125 over TCP), when USE_STATSD is true, never with DISABLE_STATS; off
+/// with --config and nothing said; the reference's variables reach the flags.
 #[test]
-fn statsd_and_friends_are_reported() {
-    let (_, quiet) = apply(&["--config", "x"], &[]).unwrap();
+fn statsd_follows_the_reference() {
+    let (s, quiet) = apply(&["--config", "x"], &[]).unwrap();
     assert!(quiet.no_effect.is_empty() && quiet.applied.is_empty());
-    let (_, off) = apply(&["--config", "x"], &[("USE_STATSD", "false")]).unwrap();
-    assert_eq!(off.applied, ["USE_STATSD"]);
-    let (_, on) = apply(
+    assert_eq!(s.statsd.config(), None);
+    let (s, _) = apply(&[], &[("RUNTIME_ROOT", "/r")]).unwrap();
+    let on = s.statsd.config().unwrap();
+    assert_eq!(on.addr, "localhost:8125");
+    assert_eq!(on.protocol, Protocol::Tcp);
+    assert_eq!(on.flavor, Flavor::Statsd);
+    assert_eq!(on.flush_interval, Duration::from_secs(10));
+    let (s, off) = apply(&[], &[("RUNTIME_ROOT", "/r"), ("USE_STATSD", "false")]).unwrap();
+    assert_eq!(s.statsd.config(), None);
+    assert!(off.applied.contains(&"USE_STATSD".to_string()));
+    let (s, report) = apply(
         &["--config", "x"],
         &[
             ("USE_STATSD", "true"),
             ("STATSD_HOST", "statsd"),
-            ("TRACING_ENABLED", "true"),
-            ("DEBUG_PORT", "6070"),
+            ("STATSD_PORT", "9125"),
+            ("STATSD_PROTOCOL", "udp"),
+            ("EXTRA_TAGS", "b:2,a:1.5"),
+            ("STATS_FLUSH_INTERVAL", "250ms"),
         ],
     )
     .unwrap();
-    assert_eq!(on.no_effect.len(), 4, "{:?}", on.no_effect);
+    let on = s.statsd.config().unwrap();
+    assert_eq!(on.addr, "statsd:9125");
+    assert_eq!(on.protocol, Protocol::Udp);
+    assert_eq!(on.flush_interval, Duration::from_millis(250));
+    assert_eq!(
+        on.tags,
+        [("a".into(), "1_5".into()), ("b".into(), "2".into())]
+    );
+    assert_eq!(report.applied.len(), 6, "{:?}", report.applied);
+    assert!(report.no_effect.is_empty(), "{:?}", report.no_effect);
+    let (s, report) = apply(
+        &[],
+        &[
+            ("RUNTIME_ROOT", "/r"),
+            ("DISABLE_STATS", "true"),
+            ("STATSD_HOST", "h"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.statsd.config(), None);
+    assert!(
+        report
+            .no_effect
+            .iter()
+            .any(|e| e.starts_with("STATSD_HOST")),
+        "{report:?}"
+    );
+    // Dogstatsd, over UDP, needs USE_STATSD=false as in the reference (which exits).
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[("USE_DOG_STATSD", "true"), ("USE_STATSD", "false")],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let dog = s.statsd.config().unwrap();
+    assert_eq!(
+        (dog.flavor, dog.protocol),
+        (Flavor::DogStatsd, Protocol::Udp)
+    );
+    assert!(apply(&["--config", "x"], &[("USE_DOG_STATSD", "true")]).is_err());
+    // floodgate's own flag wins.
+    let (s, report) = apply(
+        &["--config", "x", "--statsd-addr", "127.0.0.1:1"],
+        &[("STATSD_HOST", "h")],
+    )
+    .unwrap();
+    assert_eq!(s.statsd.config().unwrap().addr, "127.0.0.1:1");
+    assert_eq!(report.overridden, ["STATSD_HOST (by --statsd-addr)"]);
+    for (name, value) in [
+        ("USE_STATSD", "yes"),
+        ("STATSD_PORT", "x"),
+        ("EXTRA_TAGS", "novalue"),
+        ("STATSD_PROTOCOL", "sctp"),
+        ("STATS_FLUSH_INTERVAL", "0s"),
+    ] {
+        assert!(
+            apply(&["--config", "x"], &[("USE_STATSD", "true"), (name, value)]).is_err(),
+            "{name}"
+        );
+    }
+}
+
+/// The tracing and debug-port variables are reported as not yet supported.
+#[test]
+fn tracing_and_debug_are_reported() {
+    let (_, on) = apply(
+        &["--config", "x"],
+        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6070")],
+    )
+    .unwrap();
+    assert_eq!(on.no_effect.len(), 2, "{:?}", on.no_effect);
     assert!(
         on.no_effect
             .iter()
@@ -760,7 +840,6 @@ fn statsd_and_friends_are_reported() {
         "{:?}",
         on.no_effect
     );
-    assert!(apply(&["--config", "x"], &[("USE_STATSD", "yes")]).is_err());
 }
 
 /// GRPC_UDS, the connection age and grace, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED reach

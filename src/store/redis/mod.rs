@@ -16,7 +16,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -78,6 +78,34 @@ impl fmt::Debug for RedisSettings {
 pub struct Connection {
     inner: MultiplexedConnection,
     broken: Arc<AtomicBool>,
+    /// Counts this connection closed in [`PoolCounts`] when the pool drops it.
+    _counted: Counted,
+}
+
+/// Connections the pool opened and closed, for the reference's `redis_pool.cx_total`,
+/// `cx_local_close` and `cx_active` (opened − closed) stats.
+#[derive(Debug, Default)]
+pub struct PoolCounts {
+    /// Connections opened (successful connects).
+    pub opened: AtomicU64,
+    /// Connections the pool closed (broken, or the pool dropped).
+    pub closed: AtomicU64,
+}
+
+/// A live connection's place in [`PoolCounts`].
+struct Counted(Arc<PoolCounts>);
+
+impl Counted {
+    fn open(counts: &Arc<PoolCounts>) -> Counted {
+        counts.opened.fetch_add(1, Ordering::Relaxed);
+        Counted(Arc::clone(counts))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.closed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A connection handle for one call: the multiplexed connection (cheap to clone; many calls
@@ -93,6 +121,8 @@ pub struct Connector {
     config: AsyncConnectionConfig,
     /// Deadline for a Sentinel lookup (the connection itself has its own, in `config`).
     connect_timeout: Duration,
+    /// Connections opened and closed.
+    counts: Arc<PoolCounts>,
 }
 
 /// Where connections go.
@@ -118,6 +148,7 @@ impl bb8::ManageConnection for Connector {
         Ok(Connection {
             inner,
             broken: Arc::new(AtomicBool::new(false)),
+            _counted: Counted::open(&self.counts),
         })
     }
 
@@ -164,6 +195,8 @@ pub struct RedisStore {
     command_timeout: Duration,
     /// The pool's size: how many broken connections a checkout may have to skip.
     pool_size: u32,
+    /// Connections opened and closed.
+    counts: Arc<PoolCounts>,
     /// Tests only: a clock whose time is passed to the script instead of Redis `TIME`.
     test_clock: Option<Arc<dyn Clock>>,
 }
@@ -187,6 +220,7 @@ impl RedisStore {
             .set_connection_timeout(Some(settings.connect_timeout))
             .set_response_timeout(Some(settings.command_timeout));
         let (failures, connect_failures) = watch::channel(String::new());
+        let counts = Arc::new(PoolCounts::default());
         let pool = bb8::Pool::builder()
             .error_sink(Box::new(ConnectFailures(Arc::new(failures))))
             .max_size(settings.pool_size.max(1))
@@ -202,6 +236,7 @@ impl RedisStore {
                 target,
                 config,
                 connect_timeout: settings.connect_timeout,
+                counts: Arc::clone(&counts),
             });
         Ok(RedisStore {
             pool,
@@ -209,8 +244,14 @@ impl RedisStore {
             prefix: settings.key_prefix.clone().into_bytes(),
             command_timeout: settings.command_timeout,
             pool_size: settings.pool_size.max(1),
+            counts,
             test_clock: None,
         })
+    }
+
+    /// Connections this store's pool opened and closed so far.
+    pub fn pool_counts(&self) -> Arc<PoolCounts> {
+        Arc::clone(&self.counts)
     }
 
     /// For tests only: evaluate at `clock`'s time instead of Redis `TIME`, so one behaviour

@@ -1,0 +1,79 @@
+//! `floodgate serve`'s statsd options: the reference server's stats (names, counting and
+//! transport as in `docs/observability.md`), off unless an address is given. In reference
+//! mode the reference's variables turn them on as the reference would (`USE_STATSD`
+//! defaults to true there).
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use crate::statsd::{Flavor, Protocol, StatsdConfig, parse_tags};
+
+/// The statsd transport, as a flag value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum StatsdProtocol {
+    /// One TCP connection (the reference's default).
+    #[default]
+    Tcp,
+    /// UDP datagrams.
+    Udp,
+}
+
+/// Where the reference's statsd stats go.
+#[derive(Clone, Debug, Args)]
+pub struct StatsdSettings {
+    /// Send the reference server's statsd stats to this `host:port`. Off by default.
+    #[arg(long, env = "FLOODGATE_STATSD_ADDR", value_name = "HOST:PORT")]
+    pub statsd_addr: Option<String>,
+
+    /// Transport to the statsd host.
+    #[arg(
+        long,
+        env = "FLOODGATE_STATSD_PROTOCOL",
+        value_enum,
+        default_value = "tcp"
+    )]
+    pub statsd_protocol: StatsdProtocol,
+
+    /// Send counters every this many seconds (timers are sent every second).
+    #[arg(long, env = "FLOODGATE_STATSD_FLUSH_INTERVAL", value_name = "SECONDS",
+          value_parser = super::parse_positive_seconds, default_value = "10")]
+    pub statsd_flush_interval: Duration,
+
+    /// Tags on every stat, `key1:value1,key2:value2` (the reference's `EXTRA_TAGS`).
+    #[arg(long, env = "FLOODGATE_STATSD_TAGS", value_name = "KEY:VALUE,...",
+          value_parser = parse_tag_list, default_value = "")]
+    pub statsd_tags: TagList,
+
+    /// Speak dogstatsd (tags as `|#key:value`) instead of plain statsd (tags in the name).
+    #[arg(long, env = "FLOODGATE_STATSD_DOGSTATSD")]
+    pub statsd_dogstatsd: bool,
+}
+
+/// Parsed `key:value` tags, sorted by key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TagList(pub Vec<(String, String)>);
+
+fn parse_tag_list(text: &str) -> Result<TagList, String> {
+    parse_tags(text).map(TagList)
+}
+
+impl StatsdSettings {
+    /// What the statsd task needs, or `None` when statsd is off.
+    pub fn config(&self) -> Option<StatsdConfig> {
+        Some(StatsdConfig {
+            addr: self.statsd_addr.clone()?,
+            protocol: match self.statsd_protocol {
+                StatsdProtocol::Tcp => Protocol::Tcp,
+                StatsdProtocol::Udp => Protocol::Udp,
+            },
+            flavor: if self.statsd_dogstatsd {
+                Flavor::DogStatsd
+            } else {
+                Flavor::Statsd
+            },
+            flush_interval: self.statsd_flush_interval,
+            tags: self.statsd_tags.0.clone(),
+        })
+    }
+}

@@ -1,0 +1,523 @@
+//! The reference server's statsd stats: the same names, counted the same way, sent the same
+//! way (the reference's `lyft/gostats` store and sink, or its dogstatsd sink).
+//!
+//! Recording ([`Stats`]) only touches atomics: a counter is found under a shared read lock
+//! (a write lock only the first time a name is seen) and added to; a timer sample goes into a
+//! bounded channel with `try_send`. Nothing on the request path waits for the network. A
+//! background task ([`Stats::start`]) does what gostats does:
+//!
+//! - every flush interval (`STATS_FLUSH_INTERVAL`, 10 s in the reference), each counter that
+//!   moved is sent as its delta since the last flush (`name:delta|c`); counters that did not
+//!   move send nothing;
+//! - timer samples are sent as they come (gostats writes each one into its sink buffer, which
+//!   its sink sends every second): here every second, `name:ms|ms`, whole milliseconds;
+//! - lines go over TCP (gostats' default; `STATSD_PROTOCOL=udp` for UDP, in datagrams of at
+//!   most 1432 bytes as gostats sends them), one connection, re-dialled with backoff when it
+//!   breaks. While the host is gone the lines are dropped and counted
+//!   (`floodgate_statsd_dropped_lines_total`), never queued without bound.
+//!
+//! Names: [`StatName`] holds every name the reference sends; rule paths are sanitized as the
+//! reference's `SanitizeStatName` does (`:` and `|` to `_`, the dots of an IPv4 address to
+//! `_`). `EXTRA_TAGS` are appended as gostats serializes tags (`.__key=value`, keys sorted),
+//! or, with `USE_DOG_STATSD`, sent as dogstatsd tags (`|#key:value`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpStream, UdpSocket};
+use tokio::sync::mpsc;
+
+mod names;
+pub use names::{StatName, sanitize};
+
+/// How lines reach the statsd host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// One TCP connection (gostats' default).
+    Tcp,
+    /// UDP datagrams.
+    Udp,
+}
+
+/// The wire dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// Plain statsd, tags in the name (`name.__key=value:1|c`), as gostats' sink.
+    Statsd,
+    /// Datadog's, tags after the type (`name:1|c|#key:value`), as the reference's
+    /// `USE_DOG_STATSD` sink.
+    DogStatsd,
+}
+
+/// Where and how stats are sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsdConfig {
+    /// `host:port`.
+    pub addr: String,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// Plain statsd or dogstatsd.
+    pub flavor: Flavor,
+    /// How often counters are sent.
+    pub flush_interval: Duration,
+    /// `EXTRA_TAGS`, sorted by key, values with `.`, `:` and `|` replaced by `_` (gostats).
+    pub tags: Vec<(String, String)>,
+}
+
+/// Distinct rule and domain names kept; past it new ones are dropped (counted), so clients
+/// sending ever new domains or `detailed_metric` values cannot grow memory without bound.
+const MAX_NAMES: usize = 100_000;
+/// Timer samples waiting for the next send; more are dropped (counted).
+const TIMER_QUEUE: usize = 65_536;
+/// gostats' UDP buffer: a datagram that an MTU of 1500 does not fragment.
+const UDP_DATAGRAM: usize = 1432;
+/// How often timer samples are sent (gostats' sink ticker).
+const TIMER_INTERVAL: Duration = Duration::from_secs(1);
+/// gostats' dial timeout (half its 3 s retry interval) and write timeout.
+const DIAL_TIMEOUT: Duration = Duration::from_millis(1500);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Reconnect backoff bounds (gostats retries every 3 s).
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(3);
+
+/// The six counters of one rule path (the reference's `RateLimitStats`).
+#[derive(Debug, Default)]
+pub struct RuleCounters {
+    /// The rule path, sanitized (the stat name between the scope and the counter's name).
+    pub name: Box<str>,
+    /// `total_hits`.
+    pub total_hits: AtomicU64,
+    /// `over_limit`.
+    pub over_limit: AtomicU64,
+    /// `near_limit`.
+    pub near_limit: AtomicU64,
+    /// `over_limit_with_local_cache`.
+    pub over_limit_with_local_cache: AtomicU64,
+    /// `within_limit`.
+    pub within_limit: AtomicU64,
+    /// `shadow_mode`.
+    pub shadow_mode: AtomicU64,
+}
+
+/// Every stat being counted, and where samples wait to be sent.
+#[derive(Debug)]
+pub struct Stats {
+    config: StatsdConfig,
+    /// Rule path (as planned, unsanitized) → its counters and sanitized name.
+    rules: RwLock<HashMap<Arc<str>, Arc<RuleCounters>>>,
+    /// Unknown domain (sanitized) → `domain_not_found`.
+    domains: RwLock<HashMap<Box<str>, Arc<AtomicU64>>>,
+    /// The fixed-name counters, by [`StatName`] index.
+    fixed: [AtomicU64; StatName::COUNT],
+    /// `ShouldRateLimit.response_time` samples, in milliseconds.
+    timers: mpsc::Sender<u64>,
+    /// Taken by [`Stats::start`].
+    timer_rx: std::sync::Mutex<Option<mpsc::Receiver<u64>>>,
+    /// Lines dropped (host gone, queue full, name cap), shared with `/metrics`.
+    dropped: Counter,
+    /// Stats read from their source at each flush (the Redis pool's), registered at
+    /// start-up.
+    sampled: std::sync::Mutex<Vec<Sampled>>,
+}
+
+/// How a sampled source is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sample {
+    /// A cumulative count, sent as its delta since the last flush (`|c`), if not 0.
+    Counter,
+    /// A level, sent at every flush (`|g`), as gostats sends gauges.
+    Gauge,
+}
+
+/// A stat whose value is read from its source at flush time.
+struct Sampled {
+    name: String,
+    kind: Sample,
+    read: Box<dyn Fn() -> u64 + Send + Sync>,
+    /// The counter's value at the last flush.
+    last: u64,
+}
+
+impl std::fmt::Debug for Sampled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Sampled({}, {:?})", self.name, self.kind)
+    }
+}
+
+impl Stats {
+    /// Stats to be sent as `config` says; `dropped` counts what could not be.
+    pub fn new(config: StatsdConfig, dropped: Counter) -> Stats {
+        let (timers, rx) = mpsc::channel(TIMER_QUEUE);
+        Stats {
+            config,
+            rules: RwLock::default(),
+            domains: RwLock::default(),
+            fixed: std::array::from_fn(|_| AtomicU64::new(0)),
+            timers,
+            timer_rx: std::sync::Mutex::new(Some(rx)),
+            dropped,
+            sampled: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Sends `name` at every flush with the value `read` returns then.
+    pub fn sample(
+        &self,
+        name: impl Into<String>,
+        kind: Sample,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        self.sampled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(Sampled {
+                name: name.into(),
+                kind,
+                read: Box::new(read),
+                last: 0,
+            });
+    }
+
+    /// Adds `n` to a fixed-name counter.
+    pub fn count(&self, name: StatName, n: u64) {
+        self.fixed[name as usize].fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The counters of the rule path `rule` (`domain.key_value…`), created on first use;
+    /// `None` past the name cap (the drop is counted).
+    pub fn rule(&self, rule: &Arc<str>) -> Option<Arc<RuleCounters>> {
+        if let Some(found) = read(&self.rules).get(rule) {
+            return Some(Arc::clone(found));
+        }
+        let mut rules = write(&self.rules);
+        if rules.len() >= MAX_NAMES && !rules.contains_key(rule) {
+            self.dropped.inc();
+            return None;
+        }
+        let entry = rules.entry(Arc::clone(rule)).or_insert_with(|| {
+            Arc::new(RuleCounters {
+                name: sanitize(rule).into_boxed_str(),
+                ..RuleCounters::default()
+            })
+        });
+        Some(Arc::clone(entry))
+    }
+
+    /// Counts `n` descriptors asked of `domain`, which no configuration has
+    /// (`<domain>.domain_not_found`).
+    pub fn domain_not_found(&self, domain: &str, n: u64) {
+        let name = sanitize(domain);
+        if let Some(found) = read(&self.domains).get(name.as_str()) {
+            found.fetch_add(n, Ordering::Relaxed);
+            return;
+        }
+        let mut domains = write(&self.domains);
+        if domains.len() >= MAX_NAMES && !domains.contains_key(name.as_str()) {
+            self.dropped.inc();
+            return;
+        }
+        domains
+            .entry(name.into_boxed_str())
+            .or_default()
+            .fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Records one `ShouldRateLimit` call: `total_requests`, and `response_time` in whole
+    /// milliseconds (the reference truncates to milliseconds too).
+    pub fn should_rate_limit(&self, elapsed: Duration) {
+        self.count(StatName::TotalRequests, 1);
+        let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        if self.timers.try_send(ms).is_err() {
+            self.dropped.inc();
+        }
+    }
+
+    /// Starts the task that sends stats; call once, inside a Tokio runtime.
+    pub fn start(self: &Arc<Stats>) {
+        let Some(timers) = self
+            .timer_rx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        tokio::spawn(Arc::clone(self).run(timers));
+    }
+
+    async fn run(self: Arc<Stats>, mut timers: mpsc::Receiver<u64>) {
+        let mut sink = Sink::new(self.config.addr.clone(), self.config.protocol);
+        let mut flush = tokio::time::interval(self.config.flush_interval);
+        let mut tick = tokio::time::interval(TIMER_INTERVAL.min(self.config.flush_interval));
+        // Both fire at once first: nothing to send yet, harmless.
+        loop {
+            let mut lines = Vec::new();
+            tokio::select! {
+                _ = flush.tick() => self.drain_counters(&mut lines),
+                _ = tick.tick() => {}
+            }
+            while let Ok(ms) = timers.try_recv() {
+                self.line(&mut lines, StatName::ResponseTime.name(), ms, "ms");
+            }
+            if !lines.is_empty() {
+                let count = lines.iter().filter(|&&b| b == b'\n').count() as u64;
+                if !sink.send(&lines).await {
+                    self.dropped.inc_by(count);
+                }
+            }
+        }
+    }
+
+    /// Appends every counter's delta since the last flush, skipping those that did not move.
+    fn drain_counters(&self, out: &mut Vec<u8>) {
+        for name in StatName::ALL {
+            if name.is_counter() {
+                let delta = self.fixed[name as usize].swap(0, Ordering::Relaxed);
+                if delta != 0 {
+                    self.line(out, name.name(), delta, "c");
+                }
+            }
+        }
+        for sampled in self
+            .sampled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter_mut()
+        {
+            let value = (sampled.read)();
+            match sampled.kind {
+                Sample::Gauge => self.line(out, &sampled.name, value, "g"),
+                Sample::Counter => {
+                    let delta = value.saturating_sub(sampled.last);
+                    sampled.last = value;
+                    if delta != 0 {
+                        self.line(out, &sampled.name, delta, "c");
+                    }
+                }
+            }
+        }
+        for (_, rule) in read(&self.rules).iter() {
+            let counters = &**rule;
+            let path = &counters.name;
+            for (suffix, counter) in [
+                ("total_hits", &counters.total_hits),
+                ("over_limit", &counters.over_limit),
+                ("near_limit", &counters.near_limit),
+                (
+                    "over_limit_with_local_cache",
+                    &counters.over_limit_with_local_cache,
+                ),
+                ("within_limit", &counters.within_limit),
+                ("shadow_mode", &counters.shadow_mode),
+            ] {
+                let delta = counter.swap(0, Ordering::Relaxed);
+                if delta != 0 {
+                    let name = format!("ratelimit.service.rate_limit.{path}.{suffix}");
+                    self.line(out, &name, delta, "c");
+                }
+            }
+        }
+        for (domain, counter) in read(&self.domains).iter() {
+            let delta = counter.swap(0, Ordering::Relaxed);
+            if delta != 0 {
+                let name = format!("ratelimit.service.rate_limit.{domain}.domain_not_found");
+                self.line(out, &name, delta, "c");
+            }
+        }
+    }
+
+    /// One line in the configured dialect.
+    fn line(&self, out: &mut Vec<u8>, name: &str, value: u64, kind: &str) {
+        format_line(
+            out,
+            self.config.flavor,
+            &self.config.tags,
+            name,
+            value,
+            kind,
+        );
+    }
+}
+
+/// Appends `name:value|kind\n` with `tags` as `flavor` writes them.
+pub fn format_line(
+    out: &mut Vec<u8>,
+    flavor: Flavor,
+    tags: &[(String, String)],
+    name: &str,
+    value: u64,
+    kind: &str,
+) {
+    use std::io::Write as _;
+    out.extend_from_slice(name.as_bytes());
+    if flavor == Flavor::Statsd {
+        for (key, tag) in tags {
+            let _ = write!(out, ".__{key}={tag}");
+        }
+    }
+    let _ = write!(out, ":{value}|{kind}");
+    if flavor == Flavor::DogStatsd && !tags.is_empty() {
+        out.extend_from_slice(b"|#");
+        for (i, (key, tag)) in tags.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            let _ = write!(out, "{key}:{tag}");
+        }
+    }
+    out.push(b'\n');
+}
+
+/// Parses `EXTRA_TAGS` (`key1:value1,key2:value2`, as the reference's envconfig reads a map)
+/// into sorted pairs, values sanitized as gostats' `NewTag` does; empty keys or values are
+/// skipped, as gostats skips them.
+pub fn parse_tags(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut tags = Vec::new();
+    for pair in text.split(',').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once(':')
+            .ok_or_else(|| format!("'{pair}' is not key:value"))?;
+        if key.is_empty() || value.is_empty() {
+            continue;
+        }
+        let value = value.replace(['.', ':', '|'], "_");
+        tags.push((key.to_string(), value));
+    }
+    tags.sort();
+    tags.dedup_by(|a, b| a.0 == b.0);
+    Ok(tags)
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The connection to the statsd host, re-dialled with backoff.
+struct Sink {
+    addr: String,
+    protocol: Protocol,
+    tcp: Option<TcpStream>,
+    udp: Option<UdpSocket>,
+    /// Not before this instant is a new dial tried.
+    retry_at: tokio::time::Instant,
+    backoff: Duration,
+}
+
+impl Sink {
+    fn new(addr: String, protocol: Protocol) -> Sink {
+        Sink {
+            addr,
+            protocol,
+            tcp: None,
+            udp: None,
+            retry_at: tokio::time::Instant::now(),
+            backoff: BACKOFF_MIN,
+        }
+    }
+
+    /// Sends `lines`; false when they were dropped (no connection, or it broke).
+    async fn send(&mut self, lines: &[u8]) -> bool {
+        if !self.connected() && !self.connect().await {
+            return false;
+        }
+        let sent = match self.protocol {
+            Protocol::Tcp => self.send_tcp(lines).await,
+            Protocol::Udp => self.send_udp(lines).await,
+        };
+        if sent {
+            self.backoff = BACKOFF_MIN;
+        } else {
+            self.tcp = None;
+            self.udp = None;
+        }
+        sent
+    }
+
+    fn connected(&self) -> bool {
+        self.tcp.is_some() || self.udp.is_some()
+    }
+
+    async fn connect(&mut self) -> bool {
+        let now = tokio::time::Instant::now();
+        if now < self.retry_at {
+            return false;
+        }
+        let dialled = match self.protocol {
+            Protocol::Tcp => tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(&self.addr))
+                .await
+                .map_err(std::io::Error::from)
+                .and_then(|r| r)
+                .map(|s| self.tcp = Some(s)),
+            Protocol::Udp => {
+                let bind = if self.addr.starts_with('[') {
+                    "[::]:0"
+                } else {
+                    "0.0.0.0:0"
+                };
+                match UdpSocket::bind(bind).await {
+                    Ok(socket) => socket.connect(&self.addr).await.map(|()| {
+                        self.udp = Some(socket);
+                    }),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match dialled {
+            Ok(()) => true,
+            Err(e) => {
+                // Once per outage, not once per retry.
+                if self.backoff == BACKOFF_MIN {
+                    tracing::warn!(addr = %self.addr, error = %e,
+                                   "statsd: cannot connect; stats dropped until it answers");
+                } else {
+                    tracing::debug!(addr = %self.addr, error = %e, "statsd: still unreachable");
+                }
+                self.retry_at = now + self.backoff;
+                self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                false
+            }
+        }
+    }
+
+    async fn send_tcp(&mut self, lines: &[u8]) -> bool {
+        let Some(stream) = self.tcp.as_mut() else {
+            return false;
+        };
+        matches!(
+            tokio::time::timeout(WRITE_TIMEOUT, stream.write_all(lines)).await,
+            Ok(Ok(()))
+        )
+    }
+
+    /// Whole lines per datagram, at most [`UDP_DATAGRAM`] bytes each (a longer line alone).
+    async fn send_udp(&mut self, lines: &[u8]) -> bool {
+        let Some(socket) = self.udp.as_ref() else {
+            return false;
+        };
+        let mut start = 0;
+        let mut end = 0;
+        for line in lines.split_inclusive(|&b| b == b'\n') {
+            if end > start && end - start + line.len() > UDP_DATAGRAM {
+                if socket.send(&lines[start..end]).await.is_err() {
+                    return false;
+                }
+                start = end;
+            }
+            end += line.len();
+        }
+        end == start || socket.send(&lines[start..end]).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests;
