@@ -22,7 +22,7 @@
 
 mod reference;
 
-pub use reference::{expiry_secs, window_reset_secs, window_start, ReferenceKey};
+pub use reference::{ReferenceKey, expiry_secs, window_reset_secs, window_start};
 
 use std::fmt;
 
