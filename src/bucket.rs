@@ -20,6 +20,10 @@
 //! collide). A component longer than [`MAX_COMPONENT`] bytes once escaped is replaced by
 //! `#` + 32 hex digits of its SHA-256.
 
+mod reference;
+
+pub use reference::{ReferenceKey, expiry_secs, window_reset_secs, window_start};
+
 use std::fmt;
 
 use sha2::{Digest, Sha256};

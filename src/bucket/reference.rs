@@ -1,0 +1,156 @@
+//! The reference server's Redis key names and counter expiry, for sharing fixed-window
+//! counters with reference pods while a Deployment rolls from one server to the other.
+//!
+//! The reference (envoyproxy/ratelimit, `src/limiter/cache_key.go`) names a fixed-window
+//! counter `CACHE_KEY_PREFIX` + domain + `_` + (key `_` value `_`)… + window start, where a
+//! `share_threshold` entry writes its wildcard pattern instead of the value and the window start
+//! is `floor(now / unit) × unit` in seconds of the pod's own clock (`time.Now().Unix()`, not
+//! Redis `TIME`), with the unit's plain length (`utils.UnitToDivider`: a month is 30 days, a
+//! year 365). It stores a plain integer with `INCRBY` and sets `EXPIRE` to the unit's length
+//! plus a random `[0, EXPIRATION_JITTER_MAX_SECONDS)` (`src/redis/fixed_cache_impl.go`).
+//!
+//! The trade-off, written in `docs/redis.md`: these keys are ambiguous — nothing is escaped,
+//! so domain `a_b` with entry `c=d` and domain `a` with entry `b_c=d` share a counter, and a
+//! `{`…`}` in a value picks the Redis Cluster slot — and they carry no unit, so two limits of
+//! one descriptor would collide. [`super::BucketKey`]'s own encoding has none of these faults,
+//! which is why floodgate uses it unless asked to share the reference's counters.
+
+/// A reference counter's name without its window start: built once per bucket by the planner;
+/// a store appends the window start from its clock with [`ReferenceKey::at`].
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReferenceKey(Box<[u8]>);
+
+impl ReferenceKey {
+    /// The reference's key base: `prefix` + `domain` + `_` + (key `_` value `_`)…, each value
+    /// being the request's value or, for a `share_threshold` entry, the wildcard pattern. Bytes
+    /// are copied as they are: the reference escapes nothing, and the names must be its names.
+    pub fn new<'a>(
+        prefix: &[u8],
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> ReferenceKey {
+        let mut out = Vec::with_capacity(prefix.len() + domain.len() + 48);
+        out.extend_from_slice(prefix);
+        out.extend_from_slice(domain.as_bytes());
+        out.push(b'_');
+        for (key, value) in entries {
+            out.extend_from_slice(key);
+            out.push(b'_');
+            out.extend_from_slice(value);
+            out.push(b'_');
+        }
+        ReferenceKey(out.into_boxed_slice())
+    }
+
+    /// The counter's full name at `now_secs` (Unix seconds) for a window of `unit_secs`
+    /// seconds: the base followed by the window start, `floor(now / unit) × unit`, in decimal.
+    pub fn at(&self, now_secs: u64, unit_secs: u64) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.0.len() + 20);
+        out.extend_from_slice(&self.0);
+        out.extend_from_slice(window_start(now_secs, unit_secs).to_string().as_bytes());
+        out
+    }
+
+    /// The base, without a window start.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for ReferenceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReferenceKey({})", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// Start of the fixed window holding `now_secs`, as the reference computes it; a zero unit
+/// (never configured) is read as one second rather than dividing by zero.
+pub fn window_start(now_secs: u64, unit_secs: u64) -> u64 {
+    let unit = unit_secs.max(1);
+    now_secs / unit * unit
+}
+
+/// Seconds until the reference's counter in this window resets (`utils.CalculateReset`).
+pub fn window_reset_secs(now_secs: u64, unit_secs: u64) -> u64 {
+    let unit = unit_secs.max(1);
+    unit - now_secs % unit
+}
+
+/// The `EXPIRE` the reference sets on a counter: the unit's length plus `roll` reduced into
+/// `[0, jitter_max_secs)` (`roll` is any random number; the caller draws it, so this stays pure).
+/// No jitter when `jitter_max_secs` is 0, as in the reference.
+pub fn expiry_secs(unit_secs: u64, jitter_max_secs: u64, roll: u64) -> u64 {
+    let jitter = if jitter_max_secs == 0 {
+        0
+    } else {
+        roll % jitter_max_secs
+    };
+    unit_secs.saturating_add(jitter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference's key text for a two-entry descriptor, one entry shared by a wildcard.
+    #[test]
+    fn key_text_matches_the_reference() {
+        let key = ReferenceKey::new(
+            b"ratelimit_",
+            "edge",
+            [
+                (&b"remote_address"[..], &b"10.0.0.1"[..]),
+                (&b"path"[..], &b"/api/*"[..]),
+            ],
+        );
+        assert_eq!(
+            key.at(1_700_000_123, 60),
+            b"ratelimit_edge_remote_address_10.0.0.1_path_/api/*_1700000100".to_vec()
+        );
+    }
+
+    /// An empty prefix and a one-second unit give the reference's plainest key.
+    #[test]
+    fn no_prefix_per_second() {
+        let key = ReferenceKey::new(b"", "d", [(&b"k"[..], &b"v"[..])]);
+        assert_eq!(key.at(1_700_000_123, 1), b"d_k_v_1700000123".to_vec());
+    }
+
+    /// Windows use the unit's plain length: a month is 30 days, a year 365 (`UnitToDivider`).
+    #[test]
+    fn window_start_uses_the_units_length() {
+        let month = 30 * 86_400;
+        assert_eq!(window_start(month * 7 + 5, month), month * 7);
+        assert_eq!(window_start(59, 60), 0);
+        assert_eq!(window_start(60, 60), 60);
+        assert_eq!(window_start(5, 0), 5);
+    }
+
+    /// The reset is the rest of the window, a full unit at its first second (`CalculateReset`).
+    #[test]
+    fn reset_is_the_rest_of_the_window() {
+        assert_eq!(window_reset_secs(120, 60), 60);
+        assert_eq!(window_reset_secs(179, 60), 1);
+    }
+
+    /// The expiry is the unit plus a jitter strictly below the maximum, none when it is 0.
+    #[test]
+    fn expiry_adds_jitter_below_the_maximum() {
+        assert_eq!(expiry_secs(60, 0, 12345), 60);
+        assert_eq!(expiry_secs(60, 10, 9), 69);
+        assert_eq!(expiry_secs(60, 10, 10), 60);
+        for roll in [0, 1, u64::MAX] {
+            let e = expiry_secs(3600, 300, roll);
+            assert!((3600..3900).contains(&e));
+        }
+    }
+
+    /// The reference's keys are ambiguous: two different identities give one name (the
+    /// documented trade-off; floodgate's own encoding keeps them apart).
+    #[test]
+    fn underscore_joined_keys_collide() {
+        let a = ReferenceKey::new(b"", "a_b", [(&b"c"[..], &b"d"[..])]);
+        let b = ReferenceKey::new(b"", "a", [(&b"b_c"[..], &b"d"[..])]);
+        assert_eq!(a, b);
+    }
+}
