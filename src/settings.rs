@@ -24,6 +24,7 @@ pub mod connections;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
+pub mod xds;
 
 pub use connections::GrpcConnectionSettings;
 pub use per_second::PerSecondRedisSettings;
@@ -248,6 +249,10 @@ pub struct ServeSettings {
     /// Connection, stream and label bounds that keep one client from exhausting the server.
     #[command(flatten)]
     pub bounds: BoundsSettings,
+
+    /// Limits from an xDS control plane instead of files.
+    #[command(flatten)]
+    pub xds: xds::XdsSettings,
 
     /// The reference's statsd stats.
     #[command(flatten)]
@@ -724,6 +729,7 @@ impl fmt::Debug for ServeSettings {
             .field("response", &self.response)
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
+            .field("xds", &self.xds)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)
