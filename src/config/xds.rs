@@ -250,7 +250,7 @@ async fn load(response: &DiscoveryResponse, options: &XdsOptions) -> Result<Conf
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
-    let (defaults, merge) = (options.defaults.clone(), options.merge_domains);
+    let (defaults, merge) = (options.defaults, options.merge_domains);
     let label = format!("xds version {}", response.version_info);
     let compile = move || Config::compile(&sources, &defaults, merge);
     tokio::task::spawn_blocking(move || super::file::load_within(label, LOAD_DEADLINE, compile))

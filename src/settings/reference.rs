@@ -136,7 +136,7 @@ pub fn apply_reference_env(
     mapping.service(settings)?;
     mapping.logs(settings)?;
     mapping.without_effect();
-    if settings.config.is_none() {
+    if settings.config.is_none() && settings.xds.config_xds.is_none() {
         return Err(SettingsError::NoLimits);
     }
     Ok(mapping.report)
@@ -550,6 +550,7 @@ mod duration;
 mod redis;
 mod serving;
 mod stats;
+mod xds;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;
