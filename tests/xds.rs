@@ -411,3 +411,34 @@ async fn over_tls() {
     server.stop().await;
     task.abort();
 }
+
+/// Started as Envoy Gateway starts the reference (`/bin/ratelimit`, no arguments, its
+/// environment), floodgate follows the control plane the variables name.
+#[tokio::test]
+async fn envoy_gateway_environment() {
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![edge(6, RateLimitUnit::Hour)]);
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let url = addr.to_string();
+    let (server, _dir) = Floodgate::start_as_ratelimit(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", &url),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+    ]);
+    until_limit(&server, 6).await;
+    let ack = plane.answer_to("1").await;
+    assert_eq!(ack.node.unwrap().id, "envoy-ratelimit");
+    server.stop().await;
+    task.abort();
+}
