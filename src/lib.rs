@@ -60,6 +60,7 @@ pub mod http;
 pub mod limiter;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
 pub mod plan;
 pub mod proto;
 pub mod runtime;

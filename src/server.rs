@@ -37,6 +37,7 @@ use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
 use crate::metrics::{Metrics, Port};
+use crate::otel::{TraceError, Traces};
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
@@ -112,6 +113,9 @@ pub enum ServerError {
     /// Reflection could not be built from the embedded descriptors (a build defect).
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The trace exporter cannot be built as configured.
+    #[error("tracing: {0}")]
+    Traces(#[from] TraceError),
 }
 
 /// How [`run`] serves, besides its listeners, limiter and store health.
@@ -223,6 +227,8 @@ pub struct Prepared {
     /// With `--health-requires-limits`: whether the limits in force have a domain; hot
     /// reload updates it.
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
+    /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
+    pub traces: Option<Arc<Traces>>,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -311,6 +317,18 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 (resilient.clone(), fallback, Some(resilient))
             }
         };
+    let traces = Traces::start(&settings.traces)?.map(Arc::new);
+    if traces.is_some() {
+        let traces = &settings.traces;
+        tracing::info!(
+            protocol = ?traces.tracing_protocol,
+            endpoint = traces.tracing_endpoint.as_deref().unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
+            service_name = %traces.tracing_service_name,
+            sampling_rate = traces.tracing_sampling_rate,
+            parent_based = traces.tracing_parent_based,
+            "OpenTelemetry traces on"
+        );
+    }
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -327,9 +345,11 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             },
             metrics,
         )
-        .with_max_in_flight(settings.max_in_flight as usize),
+        .with_max_in_flight(settings.max_in_flight as usize)
+        .with_traces(traces.clone()),
     );
     Ok(Prepared {
+        traces,
         limiter,
         config,
         memory,
@@ -432,7 +452,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     let _watch = watch_limits(&prepared);
     let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
     let shutdown = shutdown_signal();
-    run(
+    let served = run(
         grpc,
         http,
         prepared.limiter.clone(),
@@ -440,7 +460,12 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         store_health,
         shutdown,
     )
-    .await?;
+    .await;
+    // Spans of the drained requests are still queued: export them before the process exits.
+    if let Some(traces) = &prepared.traces {
+        traces.shutdown(crate::otel::FLUSH_DEADLINE).await;
+    }
+    served?;
     tracing::info!("floodgate stopped");
     Ok(())
 }

@@ -24,6 +24,7 @@ pub mod connections;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
+pub mod traces;
 
 pub use connections::GrpcConnectionSettings;
 pub use per_second::PerSecondRedisSettings;
@@ -252,6 +253,10 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// OpenTelemetry trace export.
+    #[command(flatten)]
+    pub traces: traces::TraceSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key

@@ -135,6 +135,7 @@ pub fn apply_reference_env(
     mapping.store(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
+    mapping.traces(settings)?;
     mapping.without_effect();
     if settings.config.is_none() {
         return Err(SettingsError::NoLimits);
@@ -550,6 +551,7 @@ mod duration;
 mod redis;
 mod serving;
 mod stats;
+mod traces;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;
