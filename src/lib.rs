@@ -9,7 +9,8 @@
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
-//!                                                     └─▶ metrics (Prometheus; statsd)
+//!                                                     └─▶ metrics (Prometheus; statsd),
+//!                                                         otel (spans, when tracing is on)
 //! ```
 //!
 //! # The modules, top to bottom
@@ -42,6 +43,8 @@
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
 //!   generated RLS v3 types.
+//! - [`otel`]: OpenTelemetry traces (off by default): a server span per request, joined to
+//!   the caller's `traceparent` / B3 trace, a child span per store call, exported over OTLP.
 //! - [`statsd`]: the reference's statsd stats, recorded through [`metrics`] and sent by a
 //!   background task (below `metrics`: it imports nothing of the crate).
 //!

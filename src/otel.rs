@@ -13,7 +13,7 @@
 //! bounded queue (`--tracing-queue-size`) drained by its own thread, so a slow or absent
 //! collector never blocks a request; spans that find the queue full are dropped, and the
 //! SDK logs that (once, then the total at shutdown). Each export runs on the main runtime
-//! ([`OnRuntime`]), where the exporters' gRPC channel and HTTP client live. At shutdown,
+//! (`OnRuntime`), where the exporters' gRPC channel and HTTP client live. At shutdown,
 //! [`Traces::shutdown`] flushes what is queued, within a deadline.
 //!
 //! The OpenTelemetry API is used directly rather than through `tracing-opentelemetry`:
