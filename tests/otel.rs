@@ -368,3 +368,41 @@ async fn sampling_off_sends_nothing() {
         Some("RateLimit")
     );
 }
+
+/// A collector that accepts connections and never answers: every request is still answered
+/// at once, and shutdown gives up on the flush within its deadline (exit 0).
+#[tokio::test]
+async fn a_silent_collector_never_blocks_requests_or_shutdown() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let (_dir, path) = limits();
+    let endpoint = format!("http://{addr}");
+    let server = Floodgate::start(&[
+        "--config",
+        &path,
+        "--tracing",
+        "--tracing-protocol",
+        "grpc",
+        "--tracing-endpoint",
+        &endpoint,
+        "--shutdown-grace",
+        "1",
+    ]);
+    let started = std::time::Instant::now();
+    for i in 0..50 {
+        ask(&server, &i.to_string(), &[]).await;
+    }
+    let answering = started.elapsed();
+    assert!(answering < std::time::Duration::from_secs(5), "{answering:?}");
+    let stopping = std::time::Instant::now();
+    server.stop().await;
+    let stopped = stopping.elapsed();
+    // The flush deadline (5 s) plus the drain: well under the exporter's own 10 s timeout.
+    assert!(stopped < std::time::Duration::from_secs(9), "{stopped:?}");
+}
