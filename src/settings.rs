@@ -21,11 +21,13 @@ use crate::plan::RequestLimits;
 use crate::store::FailurePolicy;
 
 pub mod connections;
+pub mod counters;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
 
 pub use connections::GrpcConnectionSettings;
+pub use counters::ReferenceCounterSettings;
 pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
@@ -252,6 +254,10 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// Fixed-window counters shared with reference pods while a Deployment rolls.
+    #[command(flatten)]
+    pub counters: ReferenceCounterSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key
@@ -724,6 +730,7 @@ impl fmt::Debug for ServeSettings {
             .field("response", &self.response)
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
+            .field("counters", &self.counters)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)

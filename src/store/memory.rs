@@ -380,6 +380,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 

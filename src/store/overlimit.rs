@@ -194,6 +194,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 

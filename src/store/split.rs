@@ -164,6 +164,7 @@ mod tests {
             },
             cost: 1,
             enforce: true,
+            reference: None,
         }
     }
 
