@@ -22,9 +22,7 @@
 
 mod reference;
 
-pub use reference::{
-    ReferenceCounter, ReferenceKey, expiry_secs, window_reset_secs, window_start,
-};
+pub use reference::{ReferenceCounter, ReferenceKey, expiry_secs, window_reset_secs, window_start};
 
 use std::fmt;
 

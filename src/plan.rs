@@ -335,15 +335,15 @@ impl<'c> Plan<'c> {
                                 options,
                                 domain,
                                 params,
-                                entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
-                                    match step {
+                                entries.iter().zip(&found.steps).map(
+                                    |(&(k, v), step)| match step {
                                         Step::Wildcard {
                                             pattern,
                                             shared: true,
                                         } => (k, pattern.as_bytes()),
                                         _ => (k, v),
-                                    }
-                                }),
+                                    },
+                                ),
                             )
                         })
                         .flatten();

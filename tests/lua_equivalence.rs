@@ -872,8 +872,14 @@ async fn malformed_call_is_an_error() {
     let cases: [([f64; 5], &str); 9] = [
         ([3.0, 1.0, 1e6, 1.0, 1.0], "unknown algorithm"),
         ([32.0, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
-        ([20.0, 1.0, 1e6, 1.0, 1.0], "a counter must be a fixed window"),
-        ([21.0, 1.0, 1e6, 1.0, 60.0], "no window start in counter key"),
+        (
+            [20.0, 1.0, 1e6, 1.0, 1.0],
+            "a counter must be a fixed window",
+        ),
+        (
+            [21.0, 1.0, 1e6, 1.0, 60.0],
+            "no window start in counter key",
+        ),
         ([4.5, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
         ([4.0, 1.5, 1e6, 1.0, 1.0], "malformed arguments"),
         ([4.0, 1.0, -1e6, 1.0, 1.0], "malformed arguments"),
@@ -1088,10 +1094,13 @@ async fn run_counter_case(
                 ));
             }
             // Written by this call: the EXPIRE it set (PTTL counts real time, within took).
-            let expiry_ms = i64::try_from(op.reference.as_ref().unwrap().expiry_secs).unwrap()
-                * 1000;
+            let expiry_ms =
+                i64::try_from(op.reference.as_ref().unwrap().expiry_secs).unwrap() * 1000;
             if *pttl >= 0 && !(expiry_ms - took_ms..=expiry_ms).contains(pttl) {
-                return Err(format!("PTTL {pttl}, EXPIRE {expiry_ms} ms at {}", context()));
+                return Err(format!(
+                    "PTTL {pttl}, EXPIRE {expiry_ms} ms at {}",
+                    context()
+                ));
             }
         }
         counts = after;

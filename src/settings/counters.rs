@@ -31,7 +31,12 @@ pub struct ReferenceCounterSettings {
     /// Prefix of the reference counters' names (the reference's CACHE_KEY_PREFIX, which
     /// sets it in reference mode). Separate from --redis-key-prefix, which floodgate's own
     /// keys keep.
-    #[arg(long, env = "FLOODGATE_REFERENCE_KEY_PREFIX", value_name = "PREFIX", default_value = "")]
+    #[arg(
+        long,
+        env = "FLOODGATE_REFERENCE_KEY_PREFIX",
+        value_name = "PREFIX",
+        default_value = ""
+    )]
     pub reference_key_prefix: String,
 
     /// A reference counter's expiry is its unit plus a random jitter below this many seconds

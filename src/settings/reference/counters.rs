@@ -24,9 +24,7 @@ impl Mapping<'_> {
             .map_err(|_| bad(JITTER, value, "a whole number of seconds"))?
             .max(0)
             .unsigned_abs();
-        let on = settings
-            .counters
-            .enabled(settings.runtime_layout.is_some());
+        let on = settings.counters.enabled(settings.runtime_layout.is_some());
         if self.own("reference_expiry_jitter_max") {
             self.override_by(&[JITTER], "--reference-expiry-jitter-max");
         } else if on {
