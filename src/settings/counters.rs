@@ -2,8 +2,8 @@
 //!
 //! While a Deployment rolls from envoyproxy/ratelimit to floodgate, pods of both serve behind
 //! one Service. With reference counters on, floodgate keeps every fixed-window bucket the
-//! reference could express under the reference's Redis key name (`CACHE_KEY_PREFIX` + domain
-//! + `_`-joined entries + window start) as the reference's plain integer, so both kinds of pod
+//! reference could express under the reference's Redis key name (`CACHE_KEY_PREFIX`, domain,
+//! `_`-joined entries, window start) as the reference's plain integer, so both kinds of pod
 //! debit the same counters and a client's limit holds across them. On by default only in
 //! reference mode (limits located by the reference's `RUNTIME_*` variables); floodgate's own
 //! settings keep floodgate's unambiguous keys unless asked. The trade-off is in
