@@ -970,6 +970,91 @@ descriptors:
         assert_eq!(plan.ops[0].key.as_bytes(), b"d:a=x|tb1");
     }
 
+    /// With reference counters on, exactly the fixed windows the reference could express get
+    /// its counter name (a `share_threshold` entry by its pattern, an override like the
+    /// configured limit): not token buckets, not a rule with two limits, not a
+    /// `unit_multiplier`, not a hash-tagged domain; off, none does.
+    #[test]
+    fn reference_counters_only_where_the_reference_counts() {
+        const SHARED: &str = r#"
+domain: r
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}
+  - key: tb
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: two
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, algorithm: fixed_window}
+      - {unit: day, requests_per_unit: 9, algorithm: fixed_window}
+  - key: multi
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+        const TAGGED: &str = "domain: t\nredis_hash_tag: true\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, algorithm: fixed_window}\n";
+        let config = Config::from_sources(
+            &[
+                ("r.yaml".to_string(), SHARED.to_string()),
+                ("t.yaml".to_string(), TAGGED.to_string()),
+            ],
+            &Defaults {
+                algorithm: Algorithm::TokenBucket,
+            },
+        )
+        .unwrap();
+        let on = PlanOptions {
+            default_algorithm: Algorithm::FixedWindow,
+            reference_counters: Some(ReferenceCounters {
+                prefix: Arc::from(&b"rl_"[..]),
+                expiry_jitter_max_secs: 0,
+            }),
+            ..options()
+        };
+        let mut overridden = descriptor("ip", "9");
+        overridden.limit = Some(
+            crate::proto::common::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 1,
+                unit: 2,
+            },
+        );
+        let mut req = request(vec![
+            descriptor("ip", "1.2.3.4"),
+            descriptor("path", "/api/x"),
+            descriptor("tb", "x"),
+            descriptor("two", "x"),
+            descriptor("multi", "x"),
+            overridden,
+        ]);
+        req.domain = "r".into();
+        let names = |options: &PlanOptions, req: &RateLimitRequest| -> Vec<Option<Vec<u8>>> {
+            Plan::build(req, &config, options)
+                .unwrap()
+                .ops
+                .iter()
+                .map(|op| op.reference.as_ref().map(|r| r.base.as_bytes().to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            names(&on, &req),
+            [
+                Some(b"rl_r_ip_1.2.3.4_".to_vec()),
+                Some(b"rl_r_path_/api/*_".to_vec()),
+                None,
+                None,
+                None,
+                None,
+                Some(b"rl_r_ip_9_".to_vec()),
+            ]
+        );
+        assert!(names(&options(), &req).iter().all(Option::is_none));
+        let mut tagged = request(vec![descriptor("a", "x")]);
+        tagged.domain = "t".into();
+        assert_eq!(names(&on, &tagged), [None]);
+    }
+
     /// Two descriptors reaching one bucket make one op with the summed cost.
     #[test]
     fn same_bucket_is_one_op_with_summed_cost() {

@@ -343,6 +343,40 @@ mod tests {
         assert!(packed.is_empty());
     }
 
+    /// A reference counter's KEYS entry is its own name (the store's prefix is not added)
+    /// ending with the stamped window start, and its numbers carry flag 16 and its EXPIRE in
+    /// the burst slot.
+    #[test]
+    fn reference_counter_layout() {
+        use crate::bucket::{ReferenceCounter, ReferenceKey};
+        let mut counter = ReferenceCounter::new(ReferenceKey::new(
+            b"rl_",
+            "edge",
+            [(&b"ip"[..], &b"10.0.0.1"[..])],
+        ));
+        counter.stamp(1_700_000_123, 60, 0, 0);
+        let mut shared = op(Algorithm::FixedWindow, 2, true);
+        shared.reference = Some(counter);
+        let ops = [shared, op(Algorithm::FixedWindow, 1, false)];
+        assert_eq!(
+            keys(b"fg:", &ops),
+            vec![
+                b"rl_edge_ip_10.0.0.1_1700000100".to_vec(),
+                b"fg:edge:ip=10.0.0.1|fw60".to_vec()
+            ]
+        );
+        let (words, packed) = words(&command(b"fg:", &ops, None));
+        assert_eq!(words[3], "rl_edge_ip_10.0.0.1_1700000100");
+        assert_eq!(
+            unpack(&packed),
+            [
+                // fixed window (1) + enforce (4) + counter (16); EXPIRE 60 s
+                [21.0, 7.0, 60_000_000.0, 2.0, 60.0],
+                [1.0, 7.0, 60_000_000.0, 1.0, 9.0],
+            ]
+        );
+    }
+
     /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).
     #[test]
     fn script_is_the_lua_source() {
