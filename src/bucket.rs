@@ -5,7 +5,9 @@
 //! them — [`settle`] is that decision, shared by every store so they cannot disagree.
 //!
 //! [`BucketKey`] is the bucket's identity: an unambiguous, printable byte encoding of
-//! (domain, entries, limit identity) that is also the Redis key (after the configured prefix).
+//! (domain, entries, limit identity) that is also the Redis key (after the configured prefix) —
+//! except for a fixed window shared with reference pods, which Redis keeps under the
+//! reference's own name ([`ReferenceCounter`], see `reference`).
 //!
 //! ```text
 //! <domain>:<key>=<value>:<key>=<value>|<algorithm><period seconds>
