@@ -8,7 +8,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ::redis::cluster_routing::Slot;
 use floodgate::bucket::{BucketKey, KeyValue, hash_tagged_domain};
@@ -283,20 +283,6 @@ fn remaining(response: &RateLimitResponse) -> u32 {
     response.statuses[0].limit_remaining
 }
 
-/// Polls `check` every 50 ms until it holds, for at most [`CLUSTER_DEADLINE`] (failover is
-/// asynchronous).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + CLUSTER_DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Losing a master gives the failure policy's answer (here `deny`: OVER_LIMIT) for its slots,
 /// and once its replica is promoted the same request is served again, with no restart — the
 /// promoted replica has no script loaded, so this also proves NOSCRIPT is handled.
@@ -340,8 +326,9 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
     cluster.nodes[dead].stop();
     assert_eq!(server.ask(one("a", "x")).await.overall_code, OVER);
 
-    eventually(
+    eventually_within(
         "the replica to take over and the request to pass again",
+        CLUSTER_DEADLINE,
         || async { server.ask(one("a", "x")).await.overall_code == OK },
     )
     .await;
@@ -523,12 +510,16 @@ async fn cluster_down_at_start_is_served_once_up() {
     cluster.wait_until(CLUSTER_DEADLINE, "the restarted cluster to be ok", |c| {
         c.masters().len() == 3
     });
-    eventually("the store to serve the restarted cluster", || async {
-        store
-            .apply(&ops)
-            .await
-            .is_ok_and(|applied| applied.committed)
-    })
+    eventually_within(
+        "the store to serve the restarted cluster",
+        CLUSTER_DEADLINE,
+        || async {
+            store
+                .apply(&ops)
+                .await
+                .is_ok_and(|applied| applied.committed)
+        },
+    )
     .await;
     assert!(store.probe().await.is_ok());
 }
@@ -599,9 +590,11 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         let ops = [op("a", &a, 5), op("b", "x", 1)];
         tokio::spawn(async move { store.apply(&ops).await })
     };
-    eventually("the other group's debit to be stored", || async {
-        stored(&cluster, &a_key).is_some()
-    })
+    eventually_within(
+        "the other group's debit to be stored",
+        CLUSTER_DEADLINE,
+        || async { stored(&cluster, &a_key).is_some() },
+    )
     .await;
     let a_owner = cluster.owner(&a_key).port();
     let dead = cluster

@@ -91,19 +91,6 @@ async fn keys(redis: &RedisServer) -> Vec<String> {
     keys
 }
 
-/// Polls `check` every 20 ms until it holds, for at most 10 s (recovery is asynchronous).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn many(n: usize) -> floodgate::proto::rls::RateLimitRequest {
     request(
         "r",

@@ -20,7 +20,7 @@ use floodgate::proto::rls::{
 use support::http::{call, metric};
 use support::process::Floodgate;
 use support::redis::RedisServer;
-use support::{descriptor, request, simple, with_hits, with_override};
+use support::{descriptor, eventually, request, simple, with_hits, with_override};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
@@ -801,19 +801,6 @@ descriptors:
       - key: bay
         rate_limit: {unlimited: true}
 "#;
-
-/// Polls `check` every 20 ms until it holds, for at most 10 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// Every name health is reported under: the server's, the reference's, the service's.
 const HEALTH_NAMES: [&str; 3] = [

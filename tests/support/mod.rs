@@ -44,6 +44,37 @@ pub mod redis;
 pub mod tls;
 pub mod volume;
 
+/// How long [`eventually`] waits before failing the test: long enough for a loaded machine
+/// (failovers, reloads, restarts all finish in well under a second on a quiet one).
+pub const EVENTUALLY: Duration = Duration::from_secs(20);
+
+/// Polls `check` every 10 ms until it holds, failing the test after [`EVENTUALLY`]; returns
+/// how long it took. The one way tests wait for something asynchronous: never a sleep.
+pub async fn eventually<F, Fut>(what: &str, check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_within(what, EVENTUALLY, check).await
+}
+
+/// [`eventually`] with its own bound, for what is slow by design (a Redis Cluster failover).
+pub async fn eventually_within<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < within,
+            "never happened within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
 /// Which store a test server uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
