@@ -99,7 +99,7 @@ fn refunds(metrics: &Metrics, result: &str) -> u64 {
 /// each on the master that serves its slot.
 #[tokio::test]
 async fn descriptors_over_several_slots_are_all_applied() {
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     // One value per eighth of the slot space (CRC16 keeps similar keys close together).
     let values: Vec<String> = (0..8u16)
@@ -217,12 +217,12 @@ impl Values {
 /// the memory store's.
 #[tokio::test]
 async fn denial_in_one_slot_leaves_other_slots_untouched() {
-    let memory = TestServer::start_on(Backend::Memory, LIMITS, options()).await;
+    let memory = TestServer::with(LIMITS).on(Backend::Memory).start().await;
     let expected = denial_sequence(&memory, |_| {}).await;
     memory.stop().await;
     assert_eq!(expected[2].overall_code, OVER);
 
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let values = Values::new();
     let keys = values.used_keys();
@@ -259,7 +259,7 @@ async fn denial_in_one_slot_leaves_other_slots_untouched() {
 /// the next request is redirected (`MOVED`) and debits the moved bucket on its new master.
 #[tokio::test]
 async fn moved_slot_is_followed() {
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let key = redis_key("a", "moving", Algorithm::TokenBucket);
     assert_eq!(remaining(&server.ask(one("a", "moving")).await), 4);
@@ -313,7 +313,7 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
     ));
     resilient.spawn_probe(Duration::from_millis(50));
     let store: Arc<dyn Store> = resilient;
-    let server = TestServer::start_with_store(LIMITS, store, None, metrics).await;
+    let server = TestServer::with(LIMITS).store(store, metrics).start().await;
     assert_eq!(server.ask(one("a", "x")).await.overall_code, OK);
 
     let key = redis_key("a", "x", Algorithm::TokenBucket);
@@ -408,7 +408,7 @@ descriptors:
   - key: b
     rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
-    let server = TestServer::start_on(Backend::Cluster, TAGGED, options()).await;
+    let server = TestServer::with(TAGGED).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let values: Vec<String> = (0..8).map(|i| format!("user-{i}-{}", i * 7919)).collect();
     let mut descriptors: Vec<_> = values.iter().map(|v| descriptor(&[("a", v)])).collect();

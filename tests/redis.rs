@@ -71,7 +71,11 @@ async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) 
     resilient.spawn_probe(Duration::from_millis(50));
     let health = (policy == FailurePolicy::Error).then(|| resilient.availability());
     let store: Arc<dyn Store> = resilient;
-    TestServer::start_with_store(LIMITS, store, health, metrics).await
+    TestServer::with(LIMITS)
+        .store(store, metrics)
+        .store_health(health)
+        .start()
+        .await
 }
 
 async fn setup() -> Setup {
