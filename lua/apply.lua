@@ -8,7 +8,9 @@ writes the new state of every admitted operation (and of every overdraft debit, 
 not) if every enforcing, non-overdraft operation was admitted, and writes nothing otherwise
 (a denied request debits nothing: docs/algorithms.md).
 
-KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes).
+KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes; for a counter,
+         flag 16, the reference server's name: CACHE_KEY_PREFIX + domain + `_`-joined
+         entries + `_` + window start in Unix seconds, bucket::ReferenceCounter).
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
