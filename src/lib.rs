@@ -24,7 +24,8 @@
 //! - [`admission`]: every gRPC stream takes a `--max-in-flight` place from its first frame;
 //!   undecodable requests are `INVALID_ARGUMENT`.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
-//! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
+//! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the
+//!   [`console`]: bucket inspection, reset and set-remaining, and the live dashboard at `/`.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
 //! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
@@ -53,6 +54,7 @@ pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod file_watch;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -67,7 +67,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::plan::{Outcome, Tally, Verdict};
+
+pub mod history;
+
 use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
+pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
 /// no bytes (a label set is needed to look a series up, not only to create it).
@@ -237,6 +241,21 @@ pub struct Metrics {
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
     statsd_dropped: Counter,
+    /// The last limits loads, for the operator console.
+    loads: LoadHistory,
+}
+
+/// A rule's counters, read by the operator console (which derives rates from them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuleCounts {
+    /// Hits evaluated (`floodgate_rule_hits_total`).
+    pub hits: u64,
+    /// Hits admitted.
+    pub within_limit: u64,
+    /// Hits over the limit (a shadow-mode rule's included).
+    pub over_limit: u64,
+    /// Hits a shadow-mode rule would have denied.
+    pub shadow_mode: u64,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
@@ -452,6 +471,7 @@ impl Metrics {
             samplers: Samplers::default(),
             statsd: OnceLock::new(),
             statsd_dropped,
+            loads: LoadHistory::default(),
         }
     }
 
@@ -582,6 +602,66 @@ impl Metrics {
         self.store_duration
             .get_or_create(&StoreLabels { store })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The counters of `rule` in `domain` (zero for a series never recorded). Read per
+    /// configured rule when the console asks, so the request path does no extra work.
+    pub fn rule_counts(&self, domain: &Arc<str>, rule: &Arc<str>) -> RuleCounts {
+        let labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        let read =
+            |family: &Family<RuleLabels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        RuleCounts {
+            hits: read(&self.rule_hits),
+            within_limit: read(&self.rule_within_limit),
+            over_limit: read(&self.rule_over_limit),
+            shadow_mode: read(&self.rule_shadow_mode),
+        }
+    }
+
+    /// ShouldRateLimit calls so far by result (`ok`, `over_limit`, `invalid`, `store_error`,
+    /// `overloaded`), for the console.
+    pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
+        [
+            RequestResult::Ok,
+            RequestResult::OverLimit,
+            RequestResult::Invalid,
+            RequestResult::StoreError,
+            RequestResult::Overloaded,
+        ]
+        .into_iter()
+        .map(|result| {
+            let labels = ResultLabels {
+                result: result.label(),
+            };
+            (
+                result.label(),
+                self.requests.get(&labels).map_or(0, |c| c.get()),
+            )
+        })
+        .collect()
+    }
+
+    /// Whether the store is usable, as `floodgate_store_available` says (1: yes).
+    pub fn store_available(&self) -> bool {
+        self.store_available.get() != 0
+    }
+
+    /// The last limits loads, newest first.
+    pub fn loads(&self) -> &LoadHistory {
+        &self.loads
+    }
+
+    /// Counts a limits load like [`Metrics::record_config_load`] and remembers it with
+    /// `detail` (what was loaded, or why it failed) in [`Metrics::loads`].
+    pub fn record_config_load_with(&self, ok: bool, detail: &str) {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.loads.record(at_unix_ms, ok, detail);
+        self.record_config_load(ok);
     }
 
     /// Counts a limits configuration load (start-up or reload) and remembers whether the

@@ -349,6 +349,15 @@ impl Store for MemoryStore {
         Ok(self.apply_now(ops))
     }
 
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        for op in ops {
+            lock(&self.shards[self.shard_of(&op.key)])
+                .map
+                .remove(&op.key);
+        }
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

@@ -165,6 +165,13 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets what it knows of the buckets of `ops` (they were reset).
+    pub fn forget(&self, ops: &[BucketOp]) {
+        for op in ops {
+            self.entries.invalidate(&op.key);
+        }
+    }
+
     /// Forgets everything (the limits changed).
     pub fn clear(&self) {
         self.entries.invalidate_all();
