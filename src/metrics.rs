@@ -16,6 +16,7 @@
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
+//! | `floodgate_rule_errors_total` | domain, rule | hits of requests that failed with a store error (counted on the error path only) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
@@ -213,6 +214,7 @@ pub struct Metrics {
     rule_over_limit: Family<RuleLabels, Counter>,
     rule_shadow_mode: Family<RuleLabels, Counter>,
     rule_near_limit: Family<RuleLabels, Counter>,
+    rule_errors: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
@@ -256,6 +258,8 @@ pub struct RuleCounts {
     pub over_limit: u64,
     /// Hits a shadow-mode rule would have denied.
     pub shadow_mode: u64,
+    /// Hits of requests that failed with a store error.
+    pub errors: u64,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
@@ -283,6 +287,7 @@ impl Metrics {
         let rule_over_limit = Family::<RuleLabels, Counter>::default();
         let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
         let rule_near_limit = Family::<RuleLabels, Counter>::default();
+        let rule_errors = Family::<RuleLabels, Counter>::default();
         let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
@@ -335,6 +340,11 @@ impl Metrics {
             "floodgate_rule_near_limit",
             "Admitted hits above the near-limit ratio of a rule's capacity",
             rule_near_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_errors",
+            "Hits of requests that failed with a store error",
+            rule_errors.clone(),
         );
         registry.register(
             "floodgate_requests",
@@ -447,6 +457,7 @@ impl Metrics {
             rule_over_limit,
             rule_shadow_mode,
             rule_near_limit,
+            rule_errors,
             rule_over_limit_local_cache,
             requests,
             store_duration,
@@ -544,18 +555,7 @@ impl Metrics {
         if let Some(stats) = self.statsd.get() {
             record_stat_tally(stats, tally);
         }
-        let mut labels = RuleLabels {
-            domain: LabelText(Arc::clone(domain)),
-            rule: LabelText(Arc::clone(&tally.rule)),
-        };
-        // Paths with request values are as many as the values clients send: past the cap,
-        // new ones share one overflow series per domain.
-        if tally.detailed
-            && self.rule_hits.get(&labels).is_none()
-            && !self.abuse.admit_detailed_series()
-        {
-            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
-        }
+        let labels = self.rule_labels(domain, &tally.rule, tally.detailed);
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
@@ -578,6 +578,34 @@ impl Metrics {
             self.rule_near_limit
                 .get_or_create(&labels)
                 .inc_by(tally.near_limit);
+        }
+    }
+
+    /// The labels of a rule's series. Paths with request values are as many as the values
+    /// clients send: past the cap, new ones share one overflow series per domain.
+    fn rule_labels(&self, domain: &Arc<str>, rule: &Arc<str>, detailed: bool) -> RuleLabels {
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        if detailed && self.rule_hits.get(&labels).is_none() && !self.abuse.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
+        labels
+    }
+
+    /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
+    /// each matched rule's path, whether it holds request values, and its hits). Only the
+    /// error path calls it.
+    pub fn record_rule_errors<'a>(
+        &self,
+        domain: &Arc<str>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64)>,
+    ) {
+        for (rule, detailed, hits) in rules {
+            let labels = self.rule_labels(domain, rule, detailed);
+            self.rule_errors.get_or_create(&labels).inc_by(hits);
         }
     }
 
@@ -618,6 +646,7 @@ impl Metrics {
             within_limit: read(&self.rule_within_limit),
             over_limit: read(&self.rule_over_limit),
             shadow_mode: read(&self.rule_shadow_mode),
+            errors: read(&self.rule_errors),
         }
     }
 
@@ -642,11 +671,6 @@ impl Metrics {
             )
         })
         .collect()
-    }
-
-    /// Whether the store is usable, as `floodgate_store_available` says (1: yes).
-    pub fn store_available(&self) -> bool {
-        self.store_available.get() != 0
     }
 
     /// The last limits loads, newest first.

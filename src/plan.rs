@@ -446,6 +446,28 @@ impl<'c> Plan<'c> {
             .collect()
     }
 
+    /// The request's domain as a metric label; `None` when no such domain is configured.
+    pub fn domain_label(&self) -> Option<&Arc<str>> {
+        self.domain.as_ref()
+    }
+
+    /// Each matched limit's rule (path, whether it holds request values, hits asked): what
+    /// metrics count per rule when the store fails and there is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64)> {
+        let mut rules = Vec::new();
+        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
+            if let DescriptorPlan::Limited(limits, _) = descriptor {
+                let hits = u64::try_from(cost).unwrap_or(0);
+                rules.extend(
+                    limits
+                        .iter()
+                        .map(|limit| (&limit.rule.path, limit.rule.detailed, hits)),
+                );
+            }
+        }
+        rules
+    }
+
     /// Whether descriptor `index` matched an `unlimited` rule (no bucket, always OK).
     pub fn is_unlimited(&self, index: usize) -> bool {
         matches!(

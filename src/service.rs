@@ -178,6 +178,9 @@ impl RateLimiter {
                 .record_store_duration(self.store.name(), started.elapsed());
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };

@@ -159,7 +159,15 @@ async fn console_works_on_redis() {
     let url = redis.url();
     let server = start(
         dir.path(),
-        &["--redis-url", &url, "--redis-key-prefix", "fgtest:"],
+        &[
+            "--redis-url",
+            &url,
+            "--redis-key-prefix",
+            "fgtest:",
+            // A loaded test machine must not turn a slow answer into a store error.
+            "--redis-timeout-ms",
+            "1000",
+        ],
         &[],
     );
     // Serving once Redis has answered a probe.
@@ -345,5 +353,55 @@ async fn dashboard_state_moves_with_traffic() {
         hit(server.http, "user", "x").await;
     }
     assert_eq!(hits(&read().await), Some(3));
+    server.stop().await;
+}
+
+/// With Redis down, the dashboard's data shows the rule's and the domain's errors moving,
+/// the store unavailable and the circuit breaker open.
+#[tokio::test]
+async fn dashboard_shows_store_errors_and_the_breaker() {
+    let mut redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let server = start(
+        dir.path(),
+        &["--redis-url", &url, "--redis-timeout-ms", "1000"],
+        &[],
+    );
+    let read = || async {
+        serde_json::from_str::<serde_json::Value>(
+            &http::call(server.http, "GET", "/console/state", None)
+                .await
+                .body,
+        )
+        .unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while read().await["store"]["breaker"] != "closed" || hit(server.http, "user", "a").await != 200
+    {
+        assert!(std::time::Instant::now() < deadline, "Redis never usable");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let state = read().await;
+    assert_eq!(
+        (&state["store"]["name"], &state["store"]["available"]),
+        (&"redis".into(), &true.into())
+    );
+    redis.stop();
+    // Until the breaker opens, requests fail with a store error, counted per rule.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        assert_eq!(hit(server.http, "user", "a").await, 503);
+        let state = read().await;
+        let user = &state["domains"][0]["rules"][3];
+        assert_eq!(user["path"], "shop.user");
+        if user["counts"]["errors"].as_u64() > Some(0) && state["store"]["breaker"] == "open" {
+            assert!(state["domains"][0]["counts"]["errors"].as_u64() > Some(0));
+            assert_eq!(state["store"]["available"], false);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{state}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     server.stop().await;
 }

@@ -88,6 +88,7 @@ fn add(total: &mut RuleCounts, counts: &RuleCounts) {
     total.within_limit += counts.within_limit;
     total.over_limit += counts.over_limit;
     total.shadow_mode += counts.shadow_mode;
+    total.errors += counts.errors;
 }
 
 pub(super) async fn state(
@@ -128,9 +129,11 @@ pub(super) async fn state(
     let store = match &state.options.redis {
         Some(redis) => {
             let closed = redis.breaker_closed();
+            // The breaker's own verdict: usable once a call has succeeded, until it opens.
+            let available = *redis.availability().borrow();
             StoreStatus {
                 name: crate::store::Store::name(redis.as_ref()),
-                available: closed && metrics.store_available(),
+                available,
                 breaker: if closed { "closed" } else { "open" },
                 policy: redis.policy().as_str(),
             }
