@@ -26,6 +26,10 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: multi
+    rate_limits:
+      - {unit: second, requests_per_unit: 3}
+      - {unit: hour, requests_per_unit: 10, algorithm: fixed_window}
 ";
 
 const TOKEN: &str = "s3cret-token";
@@ -128,6 +132,25 @@ async fn console_behaviour(server: &Floodgate, key_prefix: &str) {
         .unwrap();
     assert_eq!(status, 400, "{body}");
 
+    // Two limits on one descriptor (in a cluster, likely two slots; split, two Redis): both
+    // are inspected and both reset. A minute's refill cannot give a per-second bucket back
+    // its 2 tokens within the test, so 1 and 8 left means nothing refilled unnoticed.
+    assert_eq!(hit(addr, "multi", "m").await, 200);
+    assert_eq!(hit(addr, "multi", "m").await, 200);
+    let both = console(addr, Call::Get, &request("multi", "m")).await;
+    let left = |inspection: &Inspection| -> Vec<(u64, u64)> {
+        inspection
+            .buckets
+            .iter()
+            .map(|b| (b.period_seconds, b.remaining))
+            .collect()
+    };
+    let got = left(&both);
+    assert_eq!(got.len(), 2);
+    assert!(got[0].1 <= 3 && got[1] == (3600, 8), "{got:?}");
+    let reset = console(addr, Call::Reset, &request("multi", "m")).await;
+    assert_eq!(left(&reset), vec![(1, 3), (3600, 10)]);
+
     // A shadow-mode rule is flagged; an unknown descriptor matches nothing.
     let shadow = console(addr, Call::Get, &request("shadow", "x")).await;
     assert!(shadow.buckets[0].shadow);
@@ -147,6 +170,68 @@ async fn console_works_on_the_memory_store() {
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path(), &[], &[]);
     console_behaviour(&server, "shop:user=alice").await;
+    server.stop().await;
+}
+
+/// Waits until health says SERVING (a Redis store has answered its first probe).
+async fn serving(server: &Floodgate) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while http::call(server.http, "GET", "/healthcheck", None)
+        .await
+        .status
+        != 200
+    {
+        assert!(std::time::Instant::now() < deadline, "never serving");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// In a Redis Cluster: the same, a reset of buckets in different slots included.
+#[tokio::test]
+async fn console_works_on_redis_cluster() {
+    let cluster = support::redis::RedisCluster::start(3, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let seeds = cluster.seeds().join(",");
+    let server = start(
+        dir.path(),
+        &["--redis-cluster", &seeds, "--redis-timeout-ms", "1000"],
+        &[],
+    );
+    serving(&server).await;
+    console_behaviour(&server, "fg:shop:user=alice").await;
+    server.stop().await;
+}
+
+/// With per-second buckets in a Redis of their own: the same; a reset reaches both.
+#[tokio::test]
+async fn console_works_on_split_redis() {
+    let main = RedisServer::start();
+    let per_second = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (main_url, per_second_url) = (main.url(), per_second.url());
+    let server = start(
+        dir.path(),
+        &[
+            "--redis-url",
+            &main_url,
+            "--redis-per-second-url",
+            &per_second_url,
+            "--redis-timeout-ms",
+            "1000",
+        ],
+        &[],
+    );
+    serving(&server).await;
+    console_behaviour(&server, "fg:shop:user=alice").await;
+    assert_eq!(hit(server.http, "multi", "n").await, 200);
+    let keys = console(server.http, Call::Get, &request("multi", "n")).await;
+    let (second, hour) = (&keys.buckets[0].key, &keys.buckets[1].key);
+    let exists = |redis: &RedisServer, key: &str| -> i64 {
+        redis.query(redis::cmd("EXISTS").arg(key)).unwrap()
+    };
+    assert_eq!((exists(&per_second, second), exists(&main, hour)), (1, 1));
+    console(server.http, Call::Reset, &request("multi", "n")).await;
+    assert_eq!((exists(&per_second, second), exists(&main, hour)), (0, 0));
     server.stop().await;
 }
 
@@ -330,7 +415,7 @@ async fn dashboard_state_moves_with_traffic() {
         assert!(!page.body.contains(external), "{external}");
     }
     let hits =
-        |state: &serde_json::Value| state["domains"][0]["rules"][3]["counts"]["hits"].as_u64();
+        |state: &serde_json::Value| state["domains"][0]["rules"][4]["counts"]["hits"].as_u64();
     let read = || async {
         serde_json::from_str::<serde_json::Value>(
             &http::call(server.http, "GET", "/console/state", None)
@@ -341,9 +426,9 @@ async fn dashboard_state_moves_with_traffic() {
     };
     let before = read().await;
     assert_eq!(before["domains"][0]["name"], "shop");
-    assert_eq!(before["domains"][0]["rules"][3]["path"], "shop.user");
+    assert_eq!(before["domains"][0]["rules"][4]["path"], "shop.user");
     assert_eq!(
-        before["domains"][0]["rules"][3]["limits"][0]["algorithm"],
+        before["domains"][0]["rules"][4]["limits"][0]["algorithm"],
         "token_bucket"
     );
     assert_eq!(before["store"]["name"], "memory");
@@ -393,7 +478,7 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
     loop {
         assert_eq!(hit(server.http, "user", "a").await, 503);
         let state = read().await;
-        let user = &state["domains"][0]["rules"][3];
+        let user = &state["domains"][0]["rules"][4];
         assert_eq!(user["path"], "shop.user");
         if user["counts"]["errors"].as_u64() > Some(0) && state["store"]["breaker"] == "open" {
             assert!(state["domains"][0]["counts"]["errors"].as_u64() > Some(0));
