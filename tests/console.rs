@@ -202,6 +202,37 @@ async fn console_works_on_redis_cluster() {
     server.stop().await;
 }
 
+/// Through Redis Sentinel: the same, on the master the sentinels name.
+#[tokio::test]
+async fn console_works_through_sentinel() {
+    use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
+    let setup = SentinelSetup::start_steady(1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = setup.node_urls().join(",");
+    let server = start(
+        dir.path(),
+        &[
+            "--redis-sentinel",
+            MASTER_NAME,
+            "--redis-sentinel-nodes",
+            &nodes,
+            "--redis-timeout-ms",
+            "2000",
+            "--redis-connect-timeout-ms",
+            "2000",
+        ],
+        &[],
+    );
+    serving(&server).await;
+    console_behaviour(&server, "fg:shop:user=alice").await;
+    let exists: i64 = setup
+        .master
+        .query(redis::cmd("EXISTS").arg("fg:shop:user=alice|tb60"))
+        .unwrap();
+    assert_eq!(exists, 1);
+    server.stop().await;
+}
+
 /// With per-second buckets in a Redis of their own: the same; a reset reaches both.
 #[tokio::test]
 async fn console_works_on_split_redis() {
