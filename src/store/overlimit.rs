@@ -242,6 +242,18 @@ mod tests {
         );
     }
 
+    /// A reset bucket is forgotten; the others stay known.
+    #[test]
+    fn forgets_reset_buckets_only() {
+        let cache = OverLimitCache::new(100, None);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
+        cache.learn(&[op(b"b", 1)], &denied(1_000_000), sent);
+        cache.forget(&[op(b"a", 0)]);
+        assert!(cache.answer(&[op(b"a", 1)], sent).is_none());
+        assert!(cache.answer(&[op(b"b", 1)], sent).is_some());
+    }
+
     /// Checks, refunds and shadow ops never get a cached denial.
     #[test]
     fn only_enforcing_debits_are_answered() {
