@@ -67,7 +67,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::plan::{Outcome, Tally, Verdict};
+use crate::outcome::{Outcome, Tally, Verdict};
 
 pub mod history;
 
@@ -730,11 +730,9 @@ impl Metrics {
         self.memory_evictions.inc_by(evicted);
     }
 
-    /// Counts a store failure by kind.
-    pub fn record_store_error(&self, error: &crate::store::StoreError) {
-        self.store_errors
-            .get_or_create(&KindLabels { kind: error.kind() })
-            .inc();
+    /// Counts a store failure by kind (`StoreError::kind`).
+    pub fn record_store_error(&self, kind: &'static str) {
+        self.store_errors.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// Counts a request answered by the failure policy.

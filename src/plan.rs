@@ -18,6 +18,7 @@ use crate::annotate::{self, Reported};
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
+pub use crate::outcome::{Outcome, Tally, Verdict};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit},
@@ -188,49 +189,6 @@ pub struct PlannedLimitView<'c> {
     pub shadow: bool,
     /// The descriptor is a quota-mode one.
     pub quota: bool,
-}
-
-/// How one limit of one descriptor fared, for metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tally {
-    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
-    pub rule: Arc<str>,
-    /// `rule` holds request values (`detailed_metric`, `value_to_metric`), so it is not one
-    /// of the configuration's bounded set of paths.
-    pub detailed: bool,
-    /// Hits the descriptor asked for (0 for check-only and refunds).
-    pub hits: u64,
-    /// The verdict for this limit.
-    pub verdict: Verdict,
-    /// Of `hits`, how many were admitted above the near-limit threshold.
-    pub near_limit: u64,
-    /// The verdict came from the local over-limit cache, without a store call.
-    pub local_cache: bool,
-}
-
-/// A limit's verdict, as metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The limit admitted the hits.
-    WithinLimit,
-    /// The limit denied the hits.
-    OverLimit,
-    /// The limit would have denied, but it is in shadow mode.
-    ShadowOverLimit,
-}
-
-/// The response and what metrics should count.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    /// The answer for Envoy.
-    pub response: RateLimitResponse,
-    /// The request's domain as a metric label; `None` when no domain is configured by that
-    /// name (then there are no tallies).
-    pub domain: Option<Arc<str>>,
-    /// One tally per evaluated limit.
-    pub tallies: Vec<Tally>,
-    /// The request would have been denied but for global shadow mode.
-    pub shadowed: bool,
 }
 
 impl<'c> Plan<'c> {

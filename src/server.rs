@@ -436,7 +436,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     }
     tracing::info!(
         store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
-        redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        redis = ?settings.redis_url.as_deref().map(crate::store::redis::redact::redact_url),
         redis_sentinel = ?settings.redis_sentinel,
         redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),

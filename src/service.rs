@@ -15,6 +15,7 @@
 //! so streams that never send one count too.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
@@ -257,6 +258,23 @@ impl RlsService {
     }
 }
 
+/// Put on every rate-limit call by `crate::admission` and set by the handler when it is called:
+/// a call the handler never saw, answered with an error, failed before its request was decoded.
+#[derive(Clone, Debug, Default)]
+pub struct Reached(Arc<AtomicBool>);
+
+impl Reached {
+    /// The handler saw the request (it was decoded).
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the handler saw the request.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 #[tonic::async_trait]
 impl RateLimitService for RlsService {
     async fn should_rate_limit(
@@ -267,7 +285,7 @@ impl RateLimitService for RlsService {
         // Streams are admitted when they open (crate::admission), before their body arrives;
         // a call that did not pass that way (a service used without the layer) is admitted
         // here.
-        let answered = match request.extensions().get::<crate::admission::Reached>() {
+        let answered = match request.extensions().get::<Reached>() {
             Some(reached) => {
                 reached.mark();
                 self.limiter.answer_admitted(request.get_ref()).await

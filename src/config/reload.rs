@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{Config, ConfigErrors, Loader};
-use crate::file_watch::{self, FileWatch, WatchError};
+use super::{Config, ConfigErrors, Loader, Source};
+use crate::file_watch::{self, FileWatch, RecursiveMode, WatchError};
 use crate::metrics::Metrics;
 
 /// Watches the limits of `loader` and reloads them into `config` after each change, until the
@@ -32,6 +32,11 @@ pub fn spawn(
     on_reload: impl Fn(&Config) + Send + Sync + 'static,
 ) -> Result<FileWatch, WatchError> {
     let path = loader.source.watch_path();
+    // The reference layout's walk reads nested directories: a change in any of them counts.
+    let depth = match loader.source {
+        Source::Runtime(_) => RecursiveMode::Recursive,
+        Source::Path(_) => RecursiveMode::NonRecursive,
+    };
     let mut reloader = Reloader {
         path: path.clone(),
         loader,
@@ -40,7 +45,7 @@ pub fn spawn(
         on_reload: Box::new(on_reload),
         missing: false,
     };
-    let watch = file_watch::spawn(&[path.as_path()], "limits", move || {
+    let watch = file_watch::spawn(&[path.as_path()], depth, "limits", move || {
         let attempt = load(&reloader.path, &reloader.loader);
         reloader.apply(attempt);
     })?;

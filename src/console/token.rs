@@ -96,6 +96,7 @@ impl AdminToken {
         let token = self.clone();
         Some(file_watch::spawn(
             &[path.as_path()],
+            file_watch::RecursiveMode::NonRecursive,
             "admin token",
             move || token.reload(),
         ))

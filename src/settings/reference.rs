@@ -486,7 +486,7 @@ fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
         "***".to_string()
     } else if name.ends_with("_URL") {
         match value.contains("://") {
-            true => super::redact_url(value),
+            true => crate::store::redis::redact::redact_url(value),
             // `user:password@host:port`, which no parser accepted: hide all before the host.
             false => match value.rsplit_once('@') {
                 Some((_, host)) => format!("***@{host}"),

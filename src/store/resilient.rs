@@ -259,7 +259,7 @@ impl Store for ResilientStore {
                     return Ok(applied);
                 }
                 Err(error) if error.is_transient() => {
-                    self.metrics.record_store_error(&error);
+                    self.metrics.record_store_error(error.kind());
                     self.breaker.record_failure(&error);
                     self.degraded(ops, error)
                 }
@@ -267,7 +267,7 @@ impl Store for ResilientStore {
                     // Not an outage: a defect (bad script reply, missing ACL permission).
                     // Report it, once per distinct error at warn level; masking it with a
                     // policy answer would hide it.
-                    self.metrics.record_store_error(&error);
+                    self.metrics.record_store_error(error.kind());
                     self.log_defect(&error);
                     return Err(error);
                 }

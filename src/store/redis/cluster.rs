@@ -28,11 +28,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
+use super::redact::{redact_in, redact_url};
 use super::{classify, deadline, script};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::settings::{redact_in, redact_url};
 use crate::store::fanout::apply_groups;
 use crate::store::{RemoteStore, Store, StoreError};
 

@@ -24,12 +24,13 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
+use self::redact::{redact_in, redact_url};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
-use crate::settings::{redact_in, redact_url};
 
 pub mod cluster;
+pub mod redact;
 pub mod script;
 pub mod sentinel;
 pub mod tls;
