@@ -514,6 +514,17 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
         if user["counts"]["errors"].as_u64() > Some(0) && state["store"]["breaker"] == "open" {
             assert!(state["domains"][0]["counts"]["errors"].as_u64() > Some(0));
             assert_eq!(state["store"]["available"], false);
+            // An inspection says Redis is down rather than showing the failure policy's
+            // numbers.
+            let (status, body) = client::send(
+                &format!("http://{}", server.http),
+                Call::Get,
+                &request("user", "a"),
+                None,
+            )
+            .await
+            .unwrap();
+            assert_eq!(status, 503, "{body}");
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{state}");

@@ -288,6 +288,15 @@ impl ConsoleState {
     async fn inspect(&self, request: &BucketRequest) -> Result<Inspection, ConsoleError> {
         let (matched, found) = self.plan(request)?;
         let (ops, mut views): (Vec<BucketOp>, Vec<BucketView>) = found.into_iter().unzip();
+        // With the breaker open the store would answer by the failure policy (made-up or
+        // local numbers): an operator asked about Redis's buckets, so say Redis is down.
+        if let Some(redis) = &self.options.redis
+            && !redis.breaker_closed()
+        {
+            return Err(ConsoleError::Store(StoreError::Unavailable(
+                "Redis unavailable (circuit open): its buckets cannot be read now".into(),
+            )));
+        }
         if !ops.is_empty() {
             let applied = self.limiter.store().apply(&ops).await?;
             for (view, result) in views.iter_mut().zip(&applied.buckets) {
