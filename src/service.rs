@@ -117,6 +117,17 @@ impl RateLimiter {
         &self.metrics
     }
 
+    /// The store requests are answered from (the operator console inspects and resets
+    /// buckets through it, bypassing metrics and admission).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How requests are planned.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
     /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
     /// place is held until the returned guard is dropped; this never waits, so overload never
     /// queues.
@@ -168,6 +179,9 @@ impl RateLimiter {
                 .record_store_duration(self.store.name(), started.elapsed());
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
