@@ -194,6 +194,21 @@ pub struct Plan<'c> {
     global_quota: bool,
 }
 
+/// One matched limit of a planned descriptor, as [`Plan::limits_of`] shows it.
+#[derive(Debug, Clone)]
+pub struct PlannedLimitView<'c> {
+    /// The configured limit; `None` for a descriptor `limit` override.
+    pub limit: Option<&'c Limit>,
+    /// The rule's metric path (`domain.key_value.key`).
+    pub rule: Arc<str>,
+    /// Index of its bucket in [`Plan::ops`].
+    pub op: usize,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+    /// The descriptor is a quota-mode one.
+    pub quota: bool,
+}
+
 impl<'c> Plan<'c> {
     /// Validates `request` and works out which buckets it debits and by how much.
     pub fn build(
@@ -412,6 +427,58 @@ impl<'c> Plan<'c> {
             global_shadow: options.shadow_mode,
             global_quota: options.quota_mode,
         })
+    }
+
+    /// The limits matched by descriptor `index`, each with the index of its op in
+    /// [`Plan::ops`] (empty for an unmatched or `unlimited` descriptor, or a bad index). The
+    /// operator console shows them beside the store's answer.
+    pub fn limits_of(&self, index: usize) -> Vec<PlannedLimitView<'c>> {
+        let Some(DescriptorPlan::Limited(limits, _)) = self.descriptors.get(index) else {
+            return Vec::new();
+        };
+        limits
+            .iter()
+            .map(|limit| PlannedLimitView {
+                limit: match limit.source {
+                    LimitSource::Configured(limit) => Some(limit),
+                    LimitSource::Override(..) => None,
+                },
+                rule: Arc::clone(&limit.rule.path),
+                op: limit.op,
+                shadow: !limit.enforce,
+                quota: limit.quota,
+            })
+            .collect()
+    }
+
+    /// The request's domain as a metric label; `None` when no such domain is configured.
+    pub fn domain_label(&self) -> Option<&Arc<str>> {
+        self.domain.as_ref()
+    }
+
+    /// Each matched limit's rule (path, whether it holds request values, hits asked): what
+    /// metrics count per rule when the store fails and there is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64)> {
+        let mut rules = Vec::new();
+        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
+            if let DescriptorPlan::Limited(limits, _) = descriptor {
+                let hits = u64::try_from(cost).unwrap_or(0);
+                rules.extend(
+                    limits
+                        .iter()
+                        .map(|limit| (&limit.rule.path, limit.rule.detailed, hits)),
+                );
+            }
+        }
+        rules
+    }
+
+    /// Whether descriptor `index` matched an `unlimited` rule (no bucket, always OK).
+    pub fn is_unlimited(&self, index: usize) -> bool {
+        matches!(
+            self.descriptors.get(index),
+            Some(DescriptorPlan::Unlimited { .. })
+        )
     }
 
     /// Whether the request is answered OVER_LIMIT, as the reference decides it

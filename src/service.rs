@@ -128,6 +128,32 @@ impl RateLimiter {
         &self.metrics
     }
 
+    /// The store requests are answered from (the operator console inspects and resets
+    /// buckets through it, bypassing metrics and admission).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How requests are planned.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
+    /// Names the window of every counter of `ops` shared with reference pods by the pod's
+    /// clock now, with a freshly drawn expiry (`bucket::stamp_reference_counters`): what the
+    /// request path does after planning, for anything else that plans (the console).
+    pub fn stamp_reference_counters(&self, ops: &mut [BucketOp]) {
+        if let Some(counters) = &self.options.reference_counters {
+            let now_secs = u64::try_from(self.clock.now_us() / 1_000_000).unwrap_or(0);
+            crate::bucket::stamp_reference_counters(
+                ops,
+                now_secs,
+                counters.expiry_jitter_max_secs,
+                jitter_roll,
+            );
+        }
+    }
+
     /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
     /// place is held until the returned guard is dropped; this never waits, so overload never
     /// queues.
@@ -165,16 +191,8 @@ impl RateLimiter {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
-        if let Some(counters) = &self.options.reference_counters {
-            // Once, before any store call: a refund must name the counter its debit did.
-            let now_secs = u64::try_from(self.clock.now_us() / 1_000_000).unwrap_or(0);
-            crate::bucket::stamp_reference_counters(
-                &mut plan.ops,
-                now_secs,
-                counters.expiry_jitter_max_secs,
-                jitter_roll,
-            );
-        }
+        // Once, before any store call: a refund must name the counter its debit did.
+        self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
             crate::bucket::Applied {
@@ -189,6 +207,9 @@ impl RateLimiter {
                 .record_store_duration(self.store.name(), started.elapsed());
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };

@@ -22,6 +22,7 @@ use crate::store::FailurePolicy;
 use crate::store::redis::redact::redact_url;
 
 pub mod connections;
+pub mod console;
 pub mod counters;
 pub mod per_second;
 pub mod reference;
@@ -50,6 +51,8 @@ pub enum Command {
     Serve(ServeSettings),
     /// Validate a limits file or directory, print the limits, and exit (0 valid, 1 invalid).
     CheckConfig(CheckConfigSettings),
+    /// Inspect, reset or set a bucket of a running server (its admin port's console API).
+    Bucket(console::BucketSettings),
 }
 
 /// `floodgate serve`.
@@ -96,6 +99,10 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_JSON_ENDPOINT", value_name = "BOOL", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub json_endpoint: bool,
+
+    /// The operator console's access rules.
+    #[command(flatten)]
+    pub console: console::ConsoleSettings,
 
     /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
     /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and
@@ -618,6 +625,7 @@ impl fmt::Debug for ServeSettings {
             .field("http_addr", &self.http_addr)
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
+            .field("console", &self.console)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("redis_sentinel", &self.redis_sentinel)
             .field(

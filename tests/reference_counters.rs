@@ -364,3 +364,75 @@ async fn cluster_counters_are_shared_and_refunded() {
         .unwrap();
     assert_eq!(exit.code(), Some(0), "{log}");
 }
+
+/// The operator console sees and changes the shared counter itself: inspection reports the
+/// reference's name and count (a reference pod's debits included), reset deletes it, and
+/// set-remaining leaves the reference's integer for that many requests.
+#[tokio::test]
+async fn console_works_on_shared_counters() {
+    use floodgate::console::client::{self, Call};
+    use floodgate::console::{BucketEntry, BucketRequest, Inspection};
+    const TOKEN: &str = "s3cret-token";
+    let redis = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let limits = tmp.path().join("limits.yaml");
+    std::fs::write(&limits, EDGE).unwrap();
+    let token = tmp.path().join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    let url = redis.url();
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--default-algorithm",
+        "fixed_window",
+        "--redis-url",
+        &url,
+        "--redis-timeout-ms",
+        DEADLINE_MS,
+        "--reference-counters",
+        "--reference-key-prefix",
+        "rl_",
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ]);
+    connect(&server).await;
+    let mut conn = redis.connection().await;
+    away_from_day_edge().await;
+    let name = today("edge_remote_address_10.0.0.1");
+    let () = conn.set(&name, "2").await.unwrap();
+    let bucket = BucketRequest {
+        domain: "edge".into(),
+        entries: vec![BucketEntry {
+            key: "remote_address".into(),
+            value: "10.0.0.1".into(),
+        }],
+        ..Default::default()
+    };
+    let console = |call: Call, request: BucketRequest| {
+        let addr = server.http;
+        async move {
+            let (status, body) =
+                client::send(&format!("http://{addr}"), call, &request, Some(TOKEN))
+                    .await
+                    .unwrap();
+            assert_eq!(status, 200, "{body}");
+            serde_json::from_str::<Inspection>(&body).unwrap()
+        }
+    };
+    let seen = console(Call::Get, bucket.clone()).await;
+    assert_eq!(seen.buckets.len(), 1, "{seen:?}");
+    assert_eq!(seen.buckets[0].key, name);
+    assert_eq!(seen.buckets[0].remaining, 1);
+
+    let reset = console(Call::Reset, bucket.clone()).await;
+    assert_eq!(reset.buckets[0].remaining, 3);
+    let exists: bool = conn.exists(&name).await.unwrap();
+    assert!(!exists, "reset left the shared counter");
+
+    let mut set = bucket.clone();
+    set.remaining = Some(1);
+    let after = console(Call::Set, set).await;
+    assert_eq!(after.buckets[0].remaining, 1);
+    let held: String = conn.get(&name).await.unwrap();
+    assert_eq!(held, "2");
+}

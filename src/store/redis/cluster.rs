@@ -30,7 +30,7 @@ use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
 use super::redact::{redact_in, redact_url};
 use super::{classify, deadline, script};
-use crate::bucket::{Applied, BucketOp};
+use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::store::fanout::apply_groups;
@@ -244,6 +244,27 @@ impl Store for ClusterStore {
             |ok| self.metrics.record_cluster_refund(ok),
         )
         .await
+    }
+
+    /// One `DEL` per key, sent concurrently: keys of different slots cannot share one.
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        let deletes = script::keys(&self.prefix, ops).into_iter().map(|key| {
+            let mut conn = self.conn.clone();
+            deadline(self.command_timeout, async move {
+                redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(|e| classify(&e))
+            })
+        });
+        futures_util::future::try_join_all(deletes)
+            .await
+            .map(|_| ())
+    }
+
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        script::full_key(&self.prefix, key)
     }
 
     fn name(&self) -> &'static str {
