@@ -39,8 +39,9 @@ async fn hit(addr: SocketAddr, key: &str, value: &str) -> u16 {
 }
 
 /// The dashboard's numbers move with traffic, a bucket exhausted by traffic is inspected and
-/// reset through the page, after which ShouldRateLimit admits it again; the screenshot lands
-/// in docs/img/console.png.
+/// reset through the page, after which ShouldRateLimit admits it again. The screenshot goes
+/// to a temporary directory, or to `$FLOODGATE_CONSOLE_SCREENSHOT` when set (the README's
+/// `docs/img/console.png` is refreshed that way), so a test run never edits the checkout.
 #[tokio::test]
 async fn dashboard_in_headless_chromium() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -91,7 +92,10 @@ async fn dashboard_in_headless_chromium() {
         }
     });
 
-    let screenshot = root.join("docs/img/console.png");
+    let screenshot = match std::env::var_os("FLOODGATE_CONSOLE_SCREENSHOT") {
+        Some(path) => std::path::PathBuf::from(path),
+        None => dir.path().join("console.png"),
+    };
     std::fs::create_dir_all(screenshot.parent().unwrap()).unwrap();
     let mut node = std::process::Command::new("node");
     node.arg(root.join("tests/console/console.mjs"))
