@@ -5,7 +5,9 @@
 //! ```text
 //! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
-//!                                                     │ 1. plan::Plan::build   (config matching, costs)
+//!                                                     │ 1. plan::Plan::build   (config matching, costs;
+//!                                                     │    reference counters stamped with the
+//!                                                     │    pod's window: bucket::stamp_…)
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)

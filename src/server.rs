@@ -341,6 +341,9 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,
                 dynamic_metadata: settings.response.response_dynamic_metadata,
+                reference_counters: settings
+                    .counters
+                    .plan_options(settings.runtime_layout.is_some()),
             },
             metrics,
         )
@@ -444,6 +447,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         quota_mode = settings.quota_mode,
         default_algorithm = %crate::config::algorithm_name(settings.algorithm.value.into()),
         default_algorithm_reason = %settings.algorithm_choice.reason(),
+        reference_counters = settings.counters.enabled(settings.runtime_layout.is_some()),
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.

@@ -23,11 +23,13 @@ use crate::store::redis::redact::redact_url;
 
 pub mod connections;
 pub mod console;
+pub mod counters;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
 
 pub use connections::GrpcConnectionSettings;
+pub use counters::ReferenceCounterSettings;
 pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
@@ -260,6 +262,10 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// Fixed-window counters shared with reference pods while a Deployment rolls.
+    #[command(flatten)]
+    pub counters: ReferenceCounterSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key
@@ -657,6 +663,7 @@ impl fmt::Debug for ServeSettings {
             .field("response", &self.response)
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
+            .field("counters", &self.counters)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)

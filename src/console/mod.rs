@@ -240,8 +240,10 @@ impl ConsoleState {
             }],
             hits_addend: 0,
         };
-        let plan = Plan::build(&rls, &config, self.limiter.options())
+        let mut plan = Plan::build(&rls, &config, self.limiter.options())
             .map_err(|e| ConsoleError::BadRequest(e.0))?;
+        // A counter shared with reference pods is the current window's, as for a request.
+        self.limiter.stamp_reference_counters(&mut plan.ops);
         if plan.is_unlimited(0) {
             return Ok(("unlimited".into(), Vec::new()));
         }
@@ -251,7 +253,11 @@ impl ConsoleState {
             let Some(op) = plan.ops.get(limit.op) else {
                 continue;
             };
-            let key = String::from_utf8_lossy(&store.stored_key(&op.key)).into_owned();
+            let key = match &op.reference {
+                Some(counter) => counter.key(),
+                None => store.stored_key(&op.key),
+            };
+            let key = String::from_utf8_lossy(&key).into_owned();
             if request.key.as_ref().is_some_and(|wanted| *wanted != key) {
                 continue;
             }

@@ -133,6 +133,7 @@ pub fn apply_reference_env(
     mapping.redis(settings)?;
     mapping.per_second(settings)?;
     mapping.store(settings)?;
+    mapping.counters(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
     mapping.without_effect();
@@ -546,6 +547,7 @@ fn encode(text: &str) -> String {
 }
 
 mod catalogue;
+mod counters;
 mod duration;
 mod redis;
 mod serving;

@@ -389,6 +389,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 

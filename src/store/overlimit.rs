@@ -201,6 +201,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 

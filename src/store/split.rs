@@ -178,6 +178,7 @@ mod tests {
             },
             cost: 1,
             enforce: true,
+            reference: None,
         }
     }
 

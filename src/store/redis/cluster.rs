@@ -203,12 +203,14 @@ fn eval(evalsha: &Cmd) -> Cmd {
     eval
 }
 
-/// The indices of `ops` grouped by the hash slot of their Redis key, groups in order of
-/// first appearance.
+/// The indices of `ops` grouped by the hash slot of their Redis key ([`script::op_key`]),
+/// groups in order of first appearance.
 pub fn slot_groups(prefix: &[u8], ops: &[BucketOp]) -> Vec<(Slot, Vec<usize>)> {
     let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        let slot = Slot::for_key(script::full_key(prefix, &op.key));
+        // A reference counter's name (window start included) decides its slot, as it does
+        // for reference pods.
+        let slot = Slot::for_key(script::op_key(prefix, op));
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
@@ -321,6 +323,7 @@ mod tests {
             },
             cost: 1,
             enforce: true,
+            reference: None,
         }
     }
 
