@@ -9,6 +9,8 @@
 //!   Turned off by `--json-endpoint=false` (then 404).
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
+//! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
+//!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +24,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::console::{ConsoleOptions, ConsoleState};
 use crate::proto::common::{
     RateLimitDescriptor,
     rate_limit_descriptor::{Entry, RateLimitOverride},
@@ -38,6 +41,8 @@ pub struct AdminState {
     pub serving: Arc<AtomicBool>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
     pub json_endpoint: bool,
+    /// The operator console's access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The admin router.
@@ -49,10 +54,15 @@ pub fn router(state: AdminState) -> Router {
     } else {
         router
     };
+    let console = crate::console::router(ConsoleState {
+        limiter: state.limiter.clone(),
+        options: state.console.clone(),
+    });
     router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
+        .merge(console)
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {

@@ -37,9 +37,37 @@ use opentelemetry_sdk::trace::{
     SpanExporter,
 };
 
-use crate::settings::traces::{OtlpProtocol, TraceSettings};
-
 pub mod propagation;
+
+/// The OTLP transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// OTLP over gRPC.
+    Grpc,
+    /// OTLP over HTTP, protobuf bodies.
+    HttpProtobuf,
+}
+
+/// What the export pipeline needs, resolved from the settings (`settings::traces`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExportConfig {
+    /// How spans are sent.
+    pub transport: Transport,
+    /// The collector's URL; `None`: the `OTEL_EXPORTER_OTLP_*` variables, else localhost.
+    pub endpoint: Option<String>,
+    /// `service.name`.
+    pub service_name: String,
+    /// `service.namespace`; omitted when empty.
+    pub service_namespace: String,
+    /// `service.instance.id`; a random UUID when `None`.
+    pub service_instance_id: Option<String>,
+    /// The fraction of new traces sampled, 0 to 1.
+    pub sampling_rate: f64,
+    /// Whether a caller's sampling decision is followed.
+    pub parent_based: bool,
+    /// Spans waiting for export, at most.
+    pub queue_size: usize,
+}
 
 /// The name of the gRPC server span, as OpenTelemetry's gRPC conventions spell it
 /// (`package.Service/Method`).
@@ -69,18 +97,15 @@ pub struct Traces {
 }
 
 impl Traces {
-    /// The export pipeline `settings` ask for, or `None` when tracing is off. Must run
-    /// inside the main tokio runtime: exports are run there.
-    pub fn start(settings: &TraceSettings) -> Result<Option<Traces>, TraceError> {
-        if !settings.tracing {
-            return Ok(None);
-        }
+    /// The export pipeline `settings` ask for. Must run inside the main tokio runtime:
+    /// exports are run there.
+    pub fn start(settings: &ExportConfig) -> Result<Traces, TraceError> {
         let exporter = OnRuntime {
             exporter: Arc::new(exporter(settings)?),
             runtime: tokio::runtime::Handle::current(),
         };
         let batch = BatchConfigBuilder::default()
-            .with_max_queue_size(settings.tracing_queue_size as usize)
+            .with_max_queue_size(settings.queue_size)
             .build();
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batch)
@@ -91,7 +116,7 @@ impl Traces {
             .with_span_processor(processor)
             .build();
         let tracer = provider.tracer("floodgate");
-        Ok(Some(Traces { tracer, provider }))
+        Ok(Traces { tracer, provider })
     }
 
     /// Starts the server span of one request named `name`, a child of the caller's span
@@ -195,17 +220,17 @@ fn count(n: usize) -> i64 {
 
 /// The OTLP exporter for `settings`. Without `--tracing-endpoint` the exporter takes the
 /// standard `OTEL_EXPORTER_OTLP_*` variables, then the protocol's localhost default.
-fn exporter(settings: &TraceSettings) -> Result<opentelemetry_otlp::SpanExporter, TraceError> {
+fn exporter(settings: &ExportConfig) -> Result<opentelemetry_otlp::SpanExporter, TraceError> {
     let builder = opentelemetry_otlp::SpanExporter::builder();
-    let exporter = match settings.tracing_protocol {
-        OtlpProtocol::Grpc => {
+    let exporter = match settings.transport {
+        Transport::Grpc => {
             let mut builder = builder.with_tonic();
-            if let Some(endpoint) = &settings.tracing_endpoint {
+            if let Some(endpoint) = &settings.endpoint {
                 builder = builder.with_endpoint(endpoint.clone());
             }
             builder.build()?
         }
-        OtlpProtocol::HttpProtobuf => {
+        Transport::HttpProtobuf => {
             let mut builder = builder
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
@@ -215,7 +240,7 @@ fn exporter(settings: &TraceSettings) -> Result<opentelemetry_otlp::SpanExporter
                         None,
                     ),
                 );
-            if let Some(endpoint) = &settings.tracing_endpoint {
+            if let Some(endpoint) = &settings.endpoint {
                 builder = builder.with_endpoint(endpoint.clone());
             }
             builder.build()?
@@ -232,8 +257,8 @@ fn export_timeout() -> Duration {
 
 /// Parent-based ratio sampling, as the reference's (`ParentBased(TraceIDRatioBased(rate))`),
 /// or the ratio alone when `OTEL_TRACES_SAMPLER` asked for a sampler that ignores parents.
-fn sampler(settings: &TraceSettings) -> Sampler {
-    let rate = settings.tracing_sampling_rate;
+fn sampler(settings: &ExportConfig) -> Sampler {
+    let rate = settings.sampling_rate;
     let root = if rate >= 1.0 {
         Sampler::AlwaysOn
     } else if rate <= 0.0 {
@@ -241,7 +266,7 @@ fn sampler(settings: &TraceSettings) -> Sampler {
     } else {
         Sampler::TraceIdRatioBased(rate)
     };
-    if settings.tracing_parent_based {
+    if settings.parent_based {
         Sampler::ParentBased(Box::new(root))
     } else {
         root
@@ -251,18 +276,18 @@ fn sampler(settings: &TraceSettings) -> Sampler {
 /// `service.name`, `service.namespace` (when set) and `service.instance.id` (a random one
 /// when unset, as the reference does). Built from settings only: the SDK's environment
 /// detectors are not used, the settings already read what applies.
-fn resource(settings: &TraceSettings) -> Resource {
+fn resource(settings: &ExportConfig) -> Resource {
     let instance = settings
-        .tracing_service_instance_id
+        .service_instance_id
         .clone()
         .unwrap_or_else(random_instance_id);
     let mut builder = Resource::builder_empty()
-        .with_service_name(settings.tracing_service_name.clone())
+        .with_service_name(settings.service_name.clone())
         .with_attribute(KeyValue::new("service.instance.id", instance));
-    if !settings.tracing_service_namespace.is_empty() {
+    if !settings.service_namespace.is_empty() {
         builder = builder.with_attribute(KeyValue::new(
             "service.namespace",
-            settings.tracing_service_namespace.clone(),
+            settings.service_namespace.clone(),
         ));
     }
     builder.build()

@@ -33,6 +33,7 @@ use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults, Loader};
+use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
@@ -141,6 +142,8 @@ pub struct RunOptions {
     pub keepalive_interval: Option<Duration>,
     /// Connection and stream bounds of both ports.
     pub bounds: Bounds,
+    /// The operator console's token, access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The bounds that keep one client from exhausting the server (docs/security.md).
@@ -208,6 +211,11 @@ impl RunOptions {
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
             bounds: Bounds::from_settings(&settings.bounds),
+            console: ConsoleOptions {
+                token: prepared.admin_token.clone(),
+                read_requires_token: settings.console.admin_read_requires_token,
+                redis: prepared.redis.clone(),
+            },
         }
     }
 }
@@ -229,6 +237,8 @@ pub struct Prepared {
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
     /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
     pub traces: Option<Arc<Traces>>,
+    /// The operator console's bearer token (none configured: mutations refused).
+    pub admin_token: AdminToken,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -255,7 +265,10 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 errors,
             }
         })?;
-    metrics.record_config_load(true);
+    metrics.record_config_load_with(
+        true,
+        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
+    );
     tracing::info!(
         path = %loader.source,
         domains = config.domains().count(),
@@ -317,18 +330,28 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 (resilient.clone(), fallback, Some(resilient))
             }
         };
-    let traces = Traces::start(&settings.traces)?.map(Arc::new);
-    if traces.is_some() {
-        let traces = &settings.traces;
-        tracing::info!(
-            protocol = ?traces.tracing_protocol,
-            endpoint = traces.tracing_endpoint.as_deref().unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
-            service_name = %traces.tracing_service_name,
-            sampling_rate = traces.tracing_sampling_rate,
-            parent_based = traces.tracing_parent_based,
-            "OpenTelemetry traces on"
-        );
-    }
+    let traces = match settings.traces.export() {
+        Some(export) => {
+            let traces = Traces::start(&export)?;
+            tracing::info!(
+                transport = ?export.transport,
+                endpoint = export
+                    .endpoint
+                    .as_deref()
+                    .unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
+                service_name = %export.service_name,
+                sampling_rate = export.sampling_rate,
+                parent_based = export.parent_based,
+                "OpenTelemetry traces on"
+            );
+            Some(Arc::new(traces))
+        }
+        None => None,
+    };
+    let admin_token = match &settings.console.admin_token_file {
+        Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
+        None => AdminToken::none(),
+    };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -342,6 +365,9 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,
                 dynamic_metadata: settings.response.response_dynamic_metadata,
+                reference_counters: settings
+                    .counters
+                    .plan_options(settings.runtime_layout.is_some()),
             },
             metrics,
         )
@@ -356,6 +382,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         redis,
         tls,
         limits_loaded,
+        admin_token,
         settings,
     })
 }
@@ -438,7 +465,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     }
     tracing::info!(
         store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
-        redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        redis = ?settings.redis_url.as_deref().map(crate::store::redis::redact::redact_url),
         redis_sentinel = ?settings.redis_sentinel,
         redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),
@@ -446,11 +473,20 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         quota_mode = settings.quota_mode,
         default_algorithm = %crate::config::algorithm_name(settings.algorithm.value.into()),
         default_algorithm_reason = %settings.algorithm_choice.reason(),
+        reference_counters = settings.counters.enabled(settings.runtime_layout.is_some()),
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
     let _watch = watch_limits(&prepared);
     let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
+    let _token_watch = match prepared.admin_token.watch() {
+        Some(Ok(watch)) => Some(watch),
+        Some(Err(e)) => {
+            tracing::error!("{e}; admin token reload is off");
+            None
+        }
+        None => None,
+    };
     let shutdown = shutdown_signal();
     let served = run(
         grpc,
@@ -694,9 +730,15 @@ pub async fn run(
                 limiter,
                 serving: serving.clone(),
                 json_endpoint: options.json_endpoint,
+                console: options.console.clone(),
             });
             let http = Admission::new(http, bounds.http, Port::Http, metrics);
-            let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
+            // With the peer's address: the console logs who changed a bucket.
+            let http_server = axum::serve(
+                http,
+                admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+            )
+            .with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
         }
         // No admin HTTP: a task that only ends with the server keeps the shutdown logic one.

@@ -15,12 +15,14 @@
 //! so streams that never send one count too.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
 use crate::otel::{RequestSpan, Traces};
@@ -79,6 +81,9 @@ pub struct RateLimiter {
     /// Why not a semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per
     /// request than the one atomic the gauge already updates.
     max_in_flight: usize,
+    /// The pod's clock, which names the window of a counter shared with reference pods (the
+    /// reference takes it from its own clock, not Redis's).
+    clock: Arc<dyn Clock>,
     /// Where request spans go; `None` (tracing off) costs the request path one branch.
     traces: Option<Arc<Traces>>,
 }
@@ -107,8 +112,15 @@ impl RateLimiter {
             options,
             metrics,
             max_in_flight: MAX_IN_FLIGHT,
+            clock: Arc::new(SystemClock),
             traces: None,
         }
+    }
+
+    /// Names the windows of reference counters by `clock` instead of the system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RateLimiter {
+        self.clock = clock;
+        self
     }
 
     /// Records a span per request (and per store call) in `traces`.
@@ -133,6 +145,32 @@ impl RateLimiter {
     /// The metrics this limiter records into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The store requests are answered from (the operator console inspects and resets
+    /// buckets through it, bypassing metrics and admission).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How requests are planned.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
+    /// Names the window of every counter of `ops` shared with reference pods by the pod's
+    /// clock now, with a freshly drawn expiry (`bucket::stamp_reference_counters`): what the
+    /// request path does after planning, for anything else that plans (the console).
+    pub fn stamp_reference_counters(&self, ops: &mut [BucketOp]) {
+        if let Some(counters) = &self.options.reference_counters {
+            let now_secs = u64::try_from(self.clock.now_us() / 1_000_000).unwrap_or(0);
+            crate::bucket::stamp_reference_counters(
+                ops,
+                now_secs,
+                counters.expiry_jitter_max_secs,
+                jitter_roll,
+            );
+        }
     }
 
     /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
@@ -228,10 +266,12 @@ impl RateLimiter {
         span: Option<&RequestSpan<'_>>,
     ) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
-        let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
+        let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
+        // Once, before any store call: a refund must name the counter its debit did.
+        self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
             crate::bucket::Applied {
@@ -250,6 +290,9 @@ impl RateLimiter {
             }
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
@@ -326,6 +369,23 @@ impl RlsService {
     }
 }
 
+/// Put on every rate-limit call by `crate::admission` and set by the handler when it is called:
+/// a call the handler never saw, answered with an error, failed before its request was decoded.
+#[derive(Clone, Debug, Default)]
+pub struct Reached(Arc<AtomicBool>);
+
+impl Reached {
+    /// The handler saw the request (it was decoded).
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the handler saw the request.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 #[tonic::async_trait]
 impl RateLimitService for RlsService {
     async fn should_rate_limit(
@@ -336,7 +396,7 @@ impl RateLimitService for RlsService {
         // Streams are admitted when they open (crate::admission), before their body arrives;
         // a call that did not pass that way (a service used without the layer) is admitted
         // here.
-        let answered = match request.extensions().get::<crate::admission::Reached>() {
+        let answered = match request.extensions().get::<Reached>() {
             Some(reached) => {
                 reached.mark();
                 self.limiter
@@ -362,4 +422,25 @@ impl RateLimitService for RlsService {
         self.limiter.metrics().record_grpc_call(started.elapsed());
         answered.map(Response::new).map_err(Status::from)
     }
+}
+
+/// A random number for a counter's expiry jitter. Its quality hardly matters (it spreads
+/// expiries, as the reference's `math/rand` does), so a per-thread SplitMix64 seeded from
+/// std's random hasher keys: no lock, no dependency.
+fn jitter_roll() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        );
+    }
+    STATE.with(|state| {
+        let next = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    })
 }

@@ -182,7 +182,11 @@ async fn start_tuned(tuning: Tuning) -> TestServer {
     let store = std::sync::Arc::new(floodgate::store::MemoryStore::new(std::sync::Arc::new(
         floodgate::clock::ManualClock::new(START_US),
     )));
-    TestServer::start_tuned(LIMITS, store, floodgate::metrics::Metrics::shared(), tuning).await
+    TestServer::with(LIMITS)
+        .store(store, floodgate::metrics::Metrics::shared())
+        .tuning(tuning)
+        .start()
+        .await
 }
 
 /// --json-endpoint=false: POST /json answers 404; the other admin endpoints and gRPC stay.

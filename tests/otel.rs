@@ -399,7 +399,10 @@ async fn a_silent_collector_never_blocks_requests_or_shutdown() {
         ask(&server, &i.to_string(), &[]).await;
     }
     let answering = started.elapsed();
-    assert!(answering < std::time::Duration::from_secs(5), "{answering:?}");
+    assert!(
+        answering < std::time::Duration::from_secs(5),
+        "{answering:?}"
+    );
     let stopping = std::time::Instant::now();
     server.stop().await;
     let stopped = stopping.elapsed();

@@ -41,7 +41,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-pub use file::{LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING};
+pub use file::{
+    LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FILES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING,
+    MAX_WALK_DEPTH,
+};
 pub use files::{RuntimeLayout, Source};
 pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name};
 pub use load::{ConfigError, ConfigErrors};

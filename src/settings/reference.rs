@@ -133,6 +133,7 @@ pub fn apply_reference_env(
     mapping.redis(settings)?;
     mapping.per_second(settings)?;
     mapping.store(settings)?;
+    mapping.counters(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
     mapping.traces(settings)?;
@@ -386,6 +387,11 @@ impl<'a> Mapping<'a> {
             settings.local_cache_size = bytes.div_ceil(LOCAL_CACHE_BYTES_PER_ENTRY);
             let entries = settings.local_cache_size;
             self.applied(&format!("LOCAL_CACHE_SIZE_IN_BYTES (~{entries} entries)"));
+        } else if settings.runtime_layout.is_some() {
+            // Started from the reference's environment: its default (no local cache) holds.
+            // A cached denial outlives a counter lowered by hand in Redis, or by a reference
+            // pod's refund; without the variable the reference never answers from one.
+            settings.local_cache_size = 0;
         }
         Ok(())
     }
@@ -487,7 +493,7 @@ fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
         "***".to_string()
     } else if name.ends_with("_URL") {
         match value.contains("://") {
-            true => super::redact_url(value),
+            true => crate::store::redis::redact::redact_url(value),
             // `user:password@host:port`, which no parser accepted: hide all before the host.
             false => match value.rsplit_once('@') {
                 Some((_, host)) => format!("***@{host}"),
@@ -547,6 +553,7 @@ fn encode(text: &str) -> String {
 }
 
 mod catalogue;
+mod counters;
 mod duration;
 mod redis;
 mod serving;

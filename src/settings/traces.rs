@@ -9,6 +9,8 @@
 
 use clap::{Args, ValueEnum};
 
+use crate::otel::{ExportConfig, Transport};
+
 /// How spans are sent to the collector.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum OtlpProtocol {
@@ -94,6 +96,25 @@ pub struct TraceSettings {
     #[arg(long, env = "FLOODGATE_TRACING_QUEUE_SIZE", default_value_t = 2048,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub tracing_queue_size: u32,
+}
+
+impl TraceSettings {
+    /// What the export pipeline needs, or `None` when tracing is off.
+    pub fn export(&self) -> Option<ExportConfig> {
+        self.tracing.then(|| ExportConfig {
+            transport: match self.tracing_protocol {
+                OtlpProtocol::Grpc => Transport::Grpc,
+                OtlpProtocol::HttpProtobuf => Transport::HttpProtobuf,
+            },
+            endpoint: self.tracing_endpoint.clone(),
+            service_name: self.tracing_service_name.clone(),
+            service_namespace: self.tracing_service_namespace.clone(),
+            service_instance_id: self.tracing_service_instance_id.clone(),
+            sampling_rate: self.tracing_sampling_rate,
+            parent_based: self.tracing_parent_based,
+            queue_size: self.tracing_queue_size as usize,
+        })
+    }
 }
 
 /// A sampling rate: a number from 0 to 1.

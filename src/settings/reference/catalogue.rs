@@ -199,10 +199,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("PROMETHEUS_MAPPER_YAML", NO_STATSD),
     ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", NO_STATSD),
     (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "no effect: floodgate's keys expire when their window or bucket does",
-    ),
-    (
         "MERGE_DOMAIN_CONFIG",
         "not yet supported, no effect: a domain defined in two files is a load error",
     ),
