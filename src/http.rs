@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRequest, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,7 +30,7 @@ use crate::proto::common::{
     rate_limit_descriptor::{Entry, RateLimitOverride},
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::service::{RateLimiter, RequestError};
+use crate::service::{EntryPoint, RateLimiter, RequestError};
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -93,12 +93,26 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
         .into_response()
 }
 
-async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) -> Response {
+async fn json_should_rate_limit(
+    State(state): State<AdminState>,
+    mut request: axum::extract::Request,
+) -> Response {
+    // Moved out, not copied (an empty map does not allocate): only a traced request reads
+    // them, for the caller's trace context.
+    let headers = std::mem::take(request.headers_mut());
+    let body = match Bytes::from_request(request, &state).await {
+        Ok(body) => body,
+        Err(rejection) => return rejection.into_response(),
+    };
     let request = match parse_json_request(&body) {
         Ok(request) => request,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
     };
-    match state.limiter.should_rate_limit(&request).await {
+    match state
+        .limiter
+        .should_rate_limit_from(&request, EntryPoint::Json, &headers)
+        .await
+    {
         Ok(response) => {
             let status = if response.overall_code == rate_limit_response::Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -11,7 +11,8 @@
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
-//!                                                     └─▶ metrics (Prometheus; statsd)
+//!                                                     └─▶ metrics (Prometheus; statsd),
+//!                                                         otel (spans, when tracing is on)
 //! ```
 //!
 //! # The modules, top to bottom
@@ -52,6 +53,8 @@
 //! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
 //! - [`statsd`]: sends the reference's statsd stats from a background task.
 //! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
+//! - [`otel`]: OpenTelemetry traces (off by default): a server span per request, joined to
+//!   the caller's `traceparent` / B3 trace, a child span per store call, exported over OTLP.
 //! - [`clock`], [`proto`]: time; the generated RLS v3 types.
 //!
 //! `fuzzing` (hidden, not API; built only for the fuzz targets, `--cfg fuzzing`, and the
@@ -72,6 +75,7 @@ pub mod http;
 pub mod limiter;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
 pub mod outcome;
 pub mod plan;
 pub mod proto;

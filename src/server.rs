@@ -38,6 +38,7 @@ use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
 use crate::metrics::{Metrics, Port};
+use crate::otel::{TraceError, Traces};
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
@@ -113,6 +114,9 @@ pub enum ServerError {
     /// Reflection could not be built from the embedded descriptors (a build defect).
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The trace exporter cannot be built as configured.
+    #[error("tracing: {0}")]
+    Traces(#[from] TraceError),
 }
 
 /// How [`run`] serves, besides its listeners, limiter and store health.
@@ -231,6 +235,8 @@ pub struct Prepared {
     /// With `--health-requires-limits`: whether the limits in force have a domain; hot
     /// reload updates it.
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
+    /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
+    pub traces: Option<Arc<Traces>>,
     /// The operator console's bearer token (none configured: mutations refused).
     pub admin_token: AdminToken,
     /// The settings it was built from.
@@ -324,6 +330,24 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 (resilient.clone(), fallback, Some(resilient))
             }
         };
+    let traces = match settings.traces.export() {
+        Some(export) => {
+            let traces = Traces::start(&export)?;
+            tracing::info!(
+                transport = ?export.transport,
+                endpoint = export
+                    .endpoint
+                    .as_deref()
+                    .unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
+                service_name = %export.service_name,
+                sampling_rate = export.sampling_rate,
+                parent_based = export.parent_based,
+                "OpenTelemetry traces on"
+            );
+            Some(Arc::new(traces))
+        }
+        None => None,
+    };
     let admin_token = match &settings.console.admin_token_file {
         Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
         None => AdminToken::none(),
@@ -347,9 +371,11 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
             },
             metrics,
         )
-        .with_max_in_flight(settings.max_in_flight as usize),
+        .with_max_in_flight(settings.max_in_flight as usize)
+        .with_traces(traces.clone()),
     );
     Ok(Prepared {
+        traces,
         limiter,
         config,
         memory,
@@ -462,7 +488,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         None => None,
     };
     let shutdown = shutdown_signal();
-    run(
+    let served = run(
         grpc,
         http,
         prepared.limiter.clone(),
@@ -470,7 +496,12 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         store_health,
         shutdown,
     )
-    .await?;
+    .await;
+    // Spans of the drained requests are still queued: export them before the process exits.
+    if let Some(traces) = &prepared.traces {
+        traces.shutdown(crate::otel::FLUSH_DEADLINE).await;
+    }
+    served?;
     tracing::info!("floodgate stopped");
     Ok(())
 }

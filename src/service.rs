@@ -25,6 +25,7 @@ use crate::bucket::{Applied, BucketOp};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
+use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
@@ -83,6 +84,17 @@ pub struct RateLimiter {
     /// The pod's clock, which names the window of a counter shared with reference pods (the
     /// reference takes it from its own clock, not Redis's).
     clock: Arc<dyn Clock>,
+    /// Where request spans go; `None` (tracing off) costs the request path one branch.
+    traces: Option<Arc<Traces>>,
+}
+
+/// Which entry point a request came through, for its span's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryPoint {
+    /// gRPC `ShouldRateLimit`.
+    Grpc,
+    /// HTTP `POST /json`.
+    Json,
 }
 
 impl RateLimiter {
@@ -101,12 +113,19 @@ impl RateLimiter {
             metrics,
             max_in_flight: MAX_IN_FLIGHT,
             clock: Arc::new(SystemClock),
+            traces: None,
         }
     }
 
     /// Names the windows of reference counters by `clock` instead of the system clock.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RateLimiter {
         self.clock = clock;
+        self
+    }
+
+    /// Records a span per request (and per store call) in `traces`.
+    pub fn with_traces(mut self, traces: Option<Arc<Traces>>) -> RateLimiter {
+        self.traces = traces;
         self
     }
 
@@ -181,10 +200,70 @@ impl RateLimiter {
         self.answer_admitted(request).await
     }
 
+    /// Answers one request that came through `entry` with `headers` (admitting it first),
+    /// traced as a child of the caller's span found in them when tracing is on.
+    pub async fn should_rate_limit_from(
+        &self,
+        request: &RateLimitRequest,
+        entry: EntryPoint,
+        headers: &http::HeaderMap,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let _admitted = self.admit()?;
+        self.answer_traced(request, entry, Some(headers)).await
+    }
+
     /// Answers one request already holding a place from [`RateLimiter::admit`].
     pub async fn answer_admitted(
         &self,
         request: &RateLimitRequest,
+    ) -> Result<RateLimitResponse, RequestError> {
+        self.answer_traced(request, EntryPoint::Grpc, None).await
+    }
+
+    /// Answers one admitted request that came through `entry`, a child span of the caller's
+    /// trace found in `headers` (when tracing is on).
+    pub async fn answer_traced(
+        &self,
+        request: &RateLimitRequest,
+        entry: EntryPoint,
+        headers: Option<&http::HeaderMap>,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let Some(traces) = &self.traces else {
+            return self.answer(request, None).await;
+        };
+        let name = match entry {
+            EntryPoint::Grpc => crate::otel::GRPC_SPAN,
+            EntryPoint::Json => crate::otel::JSON_SPAN,
+        };
+        let span = traces.request(name, headers);
+        let answered = self.answer(request, Some(&span)).await;
+        let result = match &answered {
+            Ok(response)
+                if response.overall_code
+                    == crate::proto::rls::rate_limit_response::Code::OverLimit as i32 =>
+            {
+                "over_limit"
+            }
+            Ok(_) => "ok",
+            Err(RequestError::Invalid(_)) => "invalid",
+            Err(RequestError::Store(_)) => "store_error",
+            Err(RequestError::Overloaded { .. }) => "overloaded",
+        };
+        span.end(
+            &request.domain,
+            request.descriptors.len(),
+            result,
+            self.store.name(),
+            answered.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+        );
+        answered
+    }
+
+    /// The request path proper; `span`, when the request is traced.
+    async fn answer(
+        &self,
+        request: &RateLimitRequest,
+        span: Option<&RequestSpan<'_>>,
     ) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
         let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
@@ -201,10 +280,14 @@ impl RateLimiter {
                 from_local_cache: false,
             }
         } else {
+            let store_span = span.map(|span| span.store_call(self.store.name(), plan.ops.len()));
             let started = Instant::now();
             let applied = self.store.apply(&plan.ops).await;
             self.metrics
                 .record_store_duration(self.store.name(), started.elapsed());
+            if let Some(store_span) = store_span {
+                store_span.end(applied.as_ref().err().map(|e| e as &dyn std::fmt::Display));
+            }
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
                 if let Some(domain) = plan.domain_label() {
@@ -316,9 +399,23 @@ impl RateLimitService for RlsService {
         let answered = match request.extensions().get::<Reached>() {
             Some(reached) => {
                 reached.mark();
-                self.limiter.answer_admitted(request.get_ref()).await
+                self.limiter
+                    .answer_traced(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        Some(request.metadata().as_ref()),
+                    )
+                    .await
             }
-            None => self.limiter.should_rate_limit(request.get_ref()).await,
+            None => {
+                self.limiter
+                    .should_rate_limit_from(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        request.metadata().as_ref(),
+                    )
+                    .await
+            }
         };
         // The reference's interceptor times every call that reaches the handler, errors
         // included.

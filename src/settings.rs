@@ -27,6 +27,7 @@ pub mod counters;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
+pub mod traces;
 
 pub use connections::GrpcConnectionSettings;
 pub use counters::ReferenceCounterSettings;
@@ -262,6 +263,10 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// OpenTelemetry trace export.
+    #[command(flatten)]
+    pub traces: traces::TraceSettings,
 
     /// Fixed-window counters shared with reference pods while a Deployment rolls.
     #[command(flatten)]

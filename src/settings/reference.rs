@@ -136,6 +136,7 @@ pub fn apply_reference_env(
     mapping.counters(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
+    mapping.traces(settings)?;
     mapping.without_effect();
     if settings.config.is_none() {
         return Err(SettingsError::NoLimits);
@@ -557,6 +558,7 @@ mod duration;
 mod redis;
 mod serving;
 mod stats;
+mod traces;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;

@@ -153,8 +153,6 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
 /// Why the Prometheus-exporter variables change nothing.
 const NO_STATSD: &str = "not yet supported, no effect: floodgate's Prometheus metrics are its \
                          own, served at /metrics on the HTTP port";
-/// Why the tracing variables change nothing.
-const NO_TRACING: &str = "not yet supported, no effect: no traces are exported";
 /// Why the xDS client variables change nothing.
 const ONLY_XDS: &str = "read only with CONFIG_TYPE=GRPC_XDS_SOTW, as in the reference";
 /// Why the pipelining variables change nothing.
@@ -200,12 +198,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("PROMETHEUS_PATH", NO_STATSD),
     ("PROMETHEUS_MAPPER_YAML", NO_STATSD),
     ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", NO_STATSD),
-    ("TRACING_ENABLED", NO_TRACING),
-    ("TRACING_SERVICE_NAME", NO_TRACING),
-    ("TRACING_SERVICE_NAMESPACE", NO_TRACING),
-    ("TRACING_SERVICE_INSTANCE_ID", NO_TRACING),
-    ("TRACING_EXPORTER_PROTOCOL", NO_TRACING),
-    ("TRACING_SAMPLING_RATE", NO_TRACING),
     (
         "MERGE_DOMAIN_CONFIG",
         "not yet supported, no effect: a domain defined in two files is a load error",
