@@ -9,6 +9,9 @@
 //!   Turned off by `--json-endpoint=false` (then 404).
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
+//!
+//! [`reference_prometheus_router`] serves the reference's Prometheus series on their own
+//! port (`--reference-prometheus-addr`, the reference's `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +31,7 @@ use crate::proto::common::{
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
 use crate::service::{RateLimiter, RequestError};
+use crate::statsd::Stats;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -53,6 +57,34 @@ pub fn router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
+}
+
+/// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as
+/// the reference's sink serves them on their own port: `response_time_ms` is
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
+pub fn reference_prometheus_router(
+    stats: Arc<Stats>,
+    path: &str,
+    response_time_ms: bool,
+) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let stats = Arc::clone(&stats);
+            async move {
+                (
+                    // What client_golang's promhttp handler serves unless OpenMetrics is
+                    // enabled (the reference's is not): counters keep their names, no
+                    // `_total` added.
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    stats.encode_prometheus(response_time_ms),
+                )
+            }
+        }),
+    )
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {

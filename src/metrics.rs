@@ -42,7 +42,7 @@
 //! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
 //! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
 //!
-//! When statsd is on ([`Metrics::attach_statsd`]), the same recording calls also count the
+//! When statsd or the reference's Prometheus series are on ([`Metrics::attach_reference_stats`]), the same recording calls also count the
 //! reference's statsd stats ([`crate::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
@@ -113,6 +113,8 @@ pub enum Port {
     Grpc,
     /// The admin HTTP port.
     Http,
+    /// The reference's Prometheus series' port (`--reference-prometheus-addr`).
+    Prometheus,
 }
 
 impl Port {
@@ -121,6 +123,7 @@ impl Port {
         match self {
             Port::Grpc => "grpc",
             Port::Http => "http",
+            Port::Prometheus => "prometheus",
         }
     }
 }
@@ -233,7 +236,7 @@ pub struct Metrics {
     abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
-    /// The reference's statsd stats, when they are sent.
+    /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
     statsd_dropped: Counter,
@@ -455,13 +458,20 @@ impl Metrics {
         }
     }
 
-    /// Also counts the reference's statsd stats from now on, and starts sending them (a
-    /// background task: call inside a Tokio runtime). Only the first call has an effect.
-    pub fn attach_statsd(&self, config: StatsdConfig) {
-        let stats = Arc::new(Stats::new(config, self.statsd_dropped.clone()));
+    /// Also counts the reference's statsd stats from now on, and starts sending them to
+    /// `statsd` if given (a background task: call inside a Tokio runtime); without it they
+    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]).
+    /// Only the first call has an effect.
+    pub fn attach_reference_stats(&self, statsd: Option<StatsdConfig>) {
+        let stats = Arc::new(Stats::new(statsd, self.statsd_dropped.clone()));
         if self.statsd.set(Arc::clone(&stats)).is_ok() {
             stats.start();
         }
+    }
+
+    /// The reference's stats, when they are counted.
+    pub fn reference_stats(&self) -> Option<&Arc<Stats>> {
+        self.statsd.get()
     }
 
     /// When statsd is on, sends `name` at every flush with the value `read` returns then

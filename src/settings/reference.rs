@@ -128,6 +128,7 @@ pub fn apply_reference_env(
     mapping.runtime(settings)?;
     mapping.serving(settings)?;
     mapping.stats(settings)?;
+    mapping.prometheus(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
     mapping.redis(settings)?;
@@ -389,7 +390,7 @@ impl<'a> Mapping<'a> {
         Ok(())
     }
 
-    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers, `USE_PROMETHEUS`.
+    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers.
     fn service(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         let shadow = self.parse_bool("SHADOW_MODE")?;
         if self.own("shadow_mode") {
@@ -426,12 +427,6 @@ impl<'a> Mapping<'a> {
             *slot = Some(v.to_string());
         }
         self.response(settings);
-        if self.parse_bool("USE_PROMETHEUS")?.is_some() {
-            self.no_effect(
-                "USE_PROMETHEUS",
-                "Prometheus metrics are always served at /metrics on the HTTP port",
-            );
-        }
         Ok(())
     }
 

@@ -150,9 +150,6 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", NO_MEMCACHE),
 ];
 
-/// Why the Prometheus-exporter variables change nothing.
-const NO_STATSD: &str = "not yet supported, no effect: floodgate's Prometheus metrics are its \
-                         own, served at /metrics on the HTTP port";
 /// Why the tracing variables change nothing.
 const NO_TRACING: &str = "not yet supported, no effect: no traces are exported";
 /// Why the xDS client variables change nothing.
@@ -196,10 +193,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", ONLY_XDS),
     ("XDS_CLIENT_BACKOFF_JITTER", ONLY_XDS),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", ONLY_XDS),
-    ("PROMETHEUS_ADDR", NO_STATSD),
-    ("PROMETHEUS_PATH", NO_STATSD),
-    ("PROMETHEUS_MAPPER_YAML", NO_STATSD),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", NO_STATSD),
     ("TRACING_ENABLED", NO_TRACING),
     ("TRACING_SERVICE_NAME", NO_TRACING),
     ("TRACING_SERVICE_NAMESPACE", NO_TRACING),

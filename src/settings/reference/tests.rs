@@ -425,8 +425,12 @@ fn remaining_variables() {
             log_filter: Some("warn,notify=error".into()),
         }
     );
-    let no_effect = report.no_effect.join("\n");
-    assert!(no_effect.contains("USE_PROMETHEUS"), "{no_effect}");
+    // USE_PROMETHEUS alone: the reference's series on its default address.
+    assert_eq!(
+        s.statsd.reference_prometheus_addr,
+        Some("0.0.0.0:9090".parse().unwrap())
+    );
+    assert!(report.applied.contains(&"USE_PROMETHEUS".to_string()));
     let overridden = report.overridden.join("\n");
     for name in ["RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES"] {
         assert!(overridden.contains(name), "{name}: {overridden}");
