@@ -17,6 +17,8 @@
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
+//! | `floodgate_request_duration_seconds` | result | ShouldRateLimit calls (gRPC and `/json`) from the decoded request to the answer, by result (as `floodgate_requests_total`), histogram |
+//! | `floodgate_domain_requests_total` | domain, result | answered calls by configured domain (`_unknown` for any other: clients never choose a label value) and result (`ok`, `over_limit`) |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
@@ -133,6 +135,17 @@ struct ResultLabels {
     result: &'static str,
 }
 
+/// A configured domain (or [`UNKNOWN_DOMAIN`]) and how its request ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: LabelText,
+    result: &'static str,
+}
+
+/// The `domain` label of requests for a domain no configuration has: clients choose those
+/// names, so they never become label values of their own.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
@@ -214,6 +227,8 @@ pub struct Metrics {
     rule_near_limit: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
+    request_duration: Family<ResultLabels, Histogram>,
+    domain_requests: Family<DomainLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
     config_last_load_ok: Gauge,
@@ -269,6 +284,12 @@ impl Metrics {
         let rule_near_limit = Family::<RuleLabels, Counter>::default();
         let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
+        // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
+        // middle, a Redis outage's timeouts near the top.
+        let request_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))) as fn() -> Histogram,
+        );
+        let domain_requests = Family::<DomainLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
         let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
@@ -324,6 +345,18 @@ impl Metrics {
             "floodgate_requests",
             "ShouldRateLimit calls by result",
             requests.clone(),
+        );
+        registry.register(
+            "floodgate_request_duration_seconds",
+            "ShouldRateLimit calls (gRPC and /json) from the decoded request to the answer, \
+             by result",
+            request_duration.clone(),
+        );
+        registry.register(
+            "floodgate_domain_requests",
+            "Answered ShouldRateLimit calls by configured domain (_unknown for any other) \
+             and result",
+            domain_requests.clone(),
         );
         registry.register(
             "floodgate_store_duration_seconds",
@@ -433,6 +466,8 @@ impl Metrics {
             rule_near_limit,
             rule_over_limit_local_cache,
             requests,
+            request_duration,
+            domain_requests,
             store_duration,
             config_loads,
             config_last_load_ok,
@@ -523,6 +558,16 @@ impl Metrics {
                 self.record_tally(domain, tally);
             }
         }
+        let domain = match &outcome.domain {
+            Some(domain) => Arc::clone(domain),
+            None => Arc::from(UNKNOWN_DOMAIN),
+        };
+        self.domain_requests
+            .get_or_create(&DomainLabels {
+                domain: LabelText(domain),
+                result: result.label(),
+            })
+            .inc();
         if outcome.shadowed {
             self.global_shadow_mode.inc();
             self.stat(StatName::GlobalShadowMode, 1);
@@ -585,6 +630,15 @@ impl Metrics {
                 result: result.label(),
             })
             .inc();
+    }
+
+    /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
+    pub fn record_request_duration(&self, result: RequestResult, elapsed: Duration) {
+        self.request_duration
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Records the time one request spent in the store.

@@ -26,7 +26,8 @@ use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::rls::{
-    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
+    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
 
@@ -144,11 +145,29 @@ impl RateLimiter {
         self.answer_admitted(request).await
     }
 
-    /// Answers one request already holding a place from [`RateLimiter::admit`].
+    /// Answers one request already holding a place from [`RateLimiter::admit`], timed in
+    /// `floodgate_request_duration_seconds` (both gRPC and `/json` come this way).
     pub async fn answer_admitted(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
+        let started = Instant::now();
+        let answered = self.answer(request).await;
+        let result = match &answered {
+            Ok(response) if response.overall_code == Code::OverLimit as i32 => {
+                RequestResult::OverLimit
+            }
+            Ok(_) => RequestResult::Ok,
+            Err(RequestError::Invalid(_)) => RequestResult::Invalid,
+            Err(RequestError::Store(_)) => RequestResult::StoreError,
+            Err(RequestError::Overloaded { .. }) => RequestResult::Overloaded,
+        };
+        self.metrics
+            .record_request_duration(result, started.elapsed());
+        answered
+    }
+
+    async fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
         let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
@@ -177,8 +196,7 @@ impl RateLimiter {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
-        let over = outcome.response.overall_code
-            == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
+        let over = outcome.response.overall_code == Code::OverLimit as i32;
         self.metrics.record_outcome(
             &outcome,
             if over {
