@@ -10,7 +10,8 @@
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
 //!
-//! [`reference_prometheus_router`] serves the reference's Prometheus series on their own
+//! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
+//! `DEBUG_HOST`/`DEBUG_PORT`), [`reference_prometheus_router`] serves the reference's Prometheus series on their own
 //! port (`--reference-prometheus-addr`, the reference's `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
@@ -85,6 +86,40 @@ pub fn reference_prometheus_router(
             }
         }),
     )
+}
+
+/// The reference's debug port (`DEBUG_HOST`:`DEBUG_PORT`): `/rlconfig` in its text format
+/// ([`crate::config::Config::dump_reference`]) and `/stats`, the current value of every
+/// reference stat as `name: value` lines ([`Stats::dump`]).
+pub fn debug_router(limiter: Arc<RateLimiter>) -> Router {
+    let config = Arc::clone(&limiter);
+    Router::new()
+        .route(
+            "/rlconfig",
+            get(move || {
+                let limiter = Arc::clone(&config);
+                async move { text(limiter.config().dump_reference()) }
+            }),
+        )
+        .route(
+            "/stats",
+            get(move || {
+                let limiter = Arc::clone(&limiter);
+                async move {
+                    text(
+                        limiter
+                            .metrics()
+                            .reference_stats()
+                            .map(|stats| stats.dump())
+                            .unwrap_or_default(),
+                    )
+                }
+            }),
+        )
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {

@@ -117,6 +117,8 @@ pub enum Port {
     Http,
     /// The reference's Prometheus series' port (`--reference-prometheus-addr`).
     Prometheus,
+    /// The reference's debug port (`--debug-addr`).
+    Debug,
 }
 
 impl Port {
@@ -126,6 +128,7 @@ impl Port {
             Port::Grpc => "grpc",
             Port::Http => "http",
             Port::Prometheus => "prometheus",
+            Port::Debug => "debug",
         }
     }
 }

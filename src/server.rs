@@ -239,7 +239,11 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
                        flush_interval = ?statsd.flush_interval, "statsd stats on");
     }
-    if statsd.is_some() || settings.statsd.reference_prometheus().is_some() {
+    // The debug port's /stats shows them too.
+    if statsd.is_some()
+        || settings.statsd.reference_prometheus().is_some()
+        || settings.statsd.debug_addr.is_some()
+    {
         metrics.attach_reference_stats(statsd);
     }
     let loader = loader(&settings)?;
@@ -408,6 +412,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         Some(bind(settings.http_addr).await?)
     };
     serve_reference_prometheus(&prepared, &bounds).await?;
+    serve_debug(&prepared, &bounds).await?;
     if let Some(memory) = &prepared.memory {
         memory.spawn_sweeper(SWEEP_INTERVAL);
     }
@@ -479,6 +484,28 @@ async fn serve_reference_prometheus(
         }
     });
     tracing::info!(%addr, path = %prom.path, "serving the reference's Prometheus series");
+    Ok(())
+}
+
+/// Binds and serves the reference's debug port when asked to (`--debug-addr`), within the
+/// HTTP port's connection bounds; like the Prometheus one, it lives as long as the process.
+async fn serve_debug(prepared: &Prepared, bounds: &Bounds) -> Result<(), ServerError> {
+    let Some(addr) = prepared.settings.statsd.debug_addr else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(ServerError::Http)?;
+    let router = http::debug_router(Arc::clone(&prepared.limiter));
+    let metrics = Arc::clone(prepared.limiter.metrics());
+    let admission = Admission::new(listener, bounds.http, Port::Debug, metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admission, router).await {
+            tracing::error!(error = %e, "the debug listener failed");
+        }
+    });
+    tracing::info!(addr = %bound, "serving the debug port (/rlconfig, /stats)");
     Ok(())
 }
 

@@ -300,6 +300,36 @@ impl<'a> Mapping<'a> {
                 self.report.applied.push(port.to_string());
             }
         }
+        self.debug(settings)
+    }
+
+    /// `DEBUG_HOST` / `DEBUG_PORT`: the debug port (`/rlconfig`, `/stats`) is opened when
+    /// either is set (the other defaults as in the reference: `0.0.0.0`, `6070`). Unlike the
+    /// reference, an environment naming neither opens no debug port: a fixed well-known port
+    /// nobody asked for is one more listener to secure, and one more reason to fail to start.
+    fn debug(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const VARS: [&str; 2] = ["DEBUG_HOST", "DEBUG_PORT"];
+        if self.own("debug_addr") {
+            self.override_by(&VARS, "--debug-addr");
+            return Ok(());
+        }
+        if self.present(&VARS).is_empty() {
+            return Ok(());
+        }
+        let mut addr = std::net::SocketAddr::from(([0, 0, 0, 0], 6070));
+        if let Some(value) = self.get("DEBUG_HOST") {
+            addr.set_ip(parse_host("DEBUG_HOST", value)?);
+            self.applied("DEBUG_HOST");
+        }
+        if let Some(value) = self.get("DEBUG_PORT") {
+            addr.set_port(
+                value
+                    .parse()
+                    .map_err(|_| bad("DEBUG_PORT", value, "a port, 0 to 65535"))?,
+            );
+            self.applied("DEBUG_PORT");
+        }
+        settings.statsd.debug_addr = Some(addr);
         Ok(())
     }
 

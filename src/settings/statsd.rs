@@ -70,6 +70,12 @@ pub struct StatsdSettings {
     )]
     pub reference_prometheus_path: String,
 
+    /// Serve the reference server's debug port here: `/rlconfig` in its text format and
+    /// `/stats` (`name: value` lines of the reference's stats). Off by default; on in
+    /// reference mode, at `DEBUG_HOST`:`DEBUG_PORT` (`0.0.0.0:6070`), as the reference.
+    #[arg(long, env = "FLOODGATE_DEBUG_ADDR", value_name = "HOST:PORT")]
+    pub debug_addr: Option<SocketAddr>,
+
     /// Observe `ratelimit_service_response_time_seconds` in milliseconds, not seconds
     /// (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
     #[arg(long, env = "FLOODGATE_REFERENCE_PROMETHEUS_RESPONSE_TIME_MS")]

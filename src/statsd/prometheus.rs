@@ -152,6 +152,37 @@ impl Stats {
         out
     }
 
+    /// Every counter's total and the Redis pool's stats as `name: value` lines, sorted by
+    /// name (the debug port's `/stats`); counters that never moved are left out, as the
+    /// reference's stats store has not created them yet either.
+    pub fn dump(&self) -> String {
+        let mut lines = self.totals();
+        for sampled in self
+            .sampled
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            lines.push((sampled.name.clone(), (sampled.read)()));
+        }
+        let times = &self.response_times;
+        let count = times.count.load(Ordering::Relaxed);
+        if count != 0 {
+            let name = StatName::ResponseTime.name();
+            lines.push((format!("{name}.count"), count));
+            lines.push((
+                format!("{name}.sum_ms"),
+                times.sum_ms.load(Ordering::Relaxed),
+            ));
+        }
+        lines.sort();
+        let mut out = String::new();
+        for (name, value) in lines {
+            let _ = writeln!(out, "{name}: {value}");
+        }
+        out
+    }
+
     /// The reference's Prometheus exposition (text format 0.0.4, as its `promhttp` handler
     /// serves by default); `response_time_ms` is `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
     pub fn encode_prometheus(&self, response_time_ms: bool) -> String {

@@ -167,16 +167,6 @@ const STARTUP: &str = "floodgate starts at once, reports NOT_SERVING until Redis
 
 /// Variables reported as having no effect when set (and not read by a mapping), with why.
 pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
-    (
-        "DEBUG_HOST",
-        "not yet supported, no effect: there is no debug port; /rlconfig and /metrics are \
-         on the HTTP port",
-    ),
-    (
-        "DEBUG_PORT",
-        "not yet supported, no effect: there is no debug port; /rlconfig and /metrics are \
-         on the HTTP port",
-    ),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", ONLY_XDS),
     ("CONFIG_GRPC_XDS_NODE_ID", ONLY_XDS),
     ("CONFIG_GRPC_XDS_NODE_METADATA", ONLY_XDS),

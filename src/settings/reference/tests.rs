@@ -828,15 +828,20 @@ fn statsd_follows_the_reference() {
     }
 }
 
-/// The tracing and debug-port variables are reported as not yet supported.
+/// The tracing variables are reported as not yet supported; DEBUG_PORT opens the debug port
+/// on DEBUG_HOST's default, and without either no debug port is opened.
 #[test]
 fn tracing_and_debug_are_reported() {
-    let (_, on) = apply(
+    let (s, on) = apply(
         &["--config", "x"],
-        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6070")],
+        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071")],
     )
     .unwrap();
-    assert_eq!(on.no_effect.len(), 2, "{:?}", on.no_effect);
+    assert_eq!(s.statsd.debug_addr, Some("0.0.0.0:6071".parse().unwrap()));
+    assert!(on.applied.contains(&"DEBUG_PORT".to_string()));
+    let (s, _) = apply(&["--config", "x"], &[]).unwrap();
+    assert_eq!(s.statsd.debug_addr, None);
+    assert_eq!(on.no_effect.len(), 1, "{:?}", on.no_effect);
     assert!(
         on.no_effect
             .iter()
