@@ -42,6 +42,21 @@ const MAPPED: [&str; 5] = [
     "shadow_mode",
 ];
 
+/// Every metric name of the mapping (unmapped stats aside), as a dashboard queries them.
+pub const SERIES: &[&str] = &[
+    "ratelimit_service_rate_limit_near_limit",
+    "ratelimit_service_rate_limit_over_limit",
+    "ratelimit_service_rate_limit_total_hits",
+    "ratelimit_service_rate_limit_within_limit",
+    "ratelimit_service_rate_limit_shadow_mode",
+    "ratelimit_service_should_rate_limit_error",
+    "ratelimit_service_total_requests",
+    "ratelimit_service_response_time_seconds",
+    "ratelimit_service_config_load_success",
+    "ratelimit_service_config_load_error",
+    "ratelimit_service_global_shadow_mode",
+];
+
 /// A Prometheus series: a metric name and its labels, in the mapping's order.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Series {
