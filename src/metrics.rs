@@ -37,7 +37,7 @@
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
-//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
 //! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
 //! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
 //! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |

@@ -57,13 +57,16 @@ pub const SERIES: &[&str] = &[
     "ratelimit_service_global_shadow_mode",
 ];
 
+/// Label names and values, in the mapping's order.
+type Labels = Vec<(&'static str, String)>;
+
 /// A Prometheus series: a metric name and its labels, in the mapping's order.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Series {
     /// The metric name.
     pub name: String,
     /// Label names and values.
-    pub labels: Vec<(&'static str, String)>,
+    pub labels: Labels,
 }
 
 /// The series the reference's `default_mapper.yaml` puts the counter `stat` in.
@@ -202,8 +205,7 @@ impl Stats {
     /// serves by default); `response_time_ms` is `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
     pub fn encode_prometheus(&self, response_time_ms: bool) -> String {
         // Several stats can land in one series (deeper keys folded): they add up.
-        let mut counters: BTreeMap<String, BTreeMap<Vec<(&'static str, String)>, u64>> =
-            BTreeMap::new();
+        let mut counters: BTreeMap<String, BTreeMap<Labels, u64>> = BTreeMap::new();
         for (stat, value) in self.totals() {
             let Series { name, labels } = series(&stat);
             *counters.entry(name).or_default().entry(labels).or_default() += value;
