@@ -9,10 +9,13 @@
 //!   Turned off by `--json-endpoint=false` (then 404).
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
+//! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
+//!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 //!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
-//! `DEBUG_HOST`/`DEBUG_PORT`), [`reference_prometheus_router`] serves the reference's Prometheus series on their own
-//! port (`--reference-prometheus-addr`, the reference's `PROMETHEUS_ADDR`).
+//! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
+//! Prometheus series on their own port (`--reference-prometheus-addr`, its
+//! `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +29,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::console::{ConsoleOptions, ConsoleState};
 use crate::proto::common::{
     RateLimitDescriptor,
     rate_limit_descriptor::{Entry, RateLimitOverride},
@@ -43,6 +47,8 @@ pub struct AdminState {
     pub serving: Arc<AtomicBool>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
     pub json_endpoint: bool,
+    /// The operator console's access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The admin router.
@@ -54,10 +60,15 @@ pub fn router(state: AdminState) -> Router {
     } else {
         router
     };
+    let console = crate::console::router(ConsoleState {
+        limiter: state.limiter.clone(),
+        options: state.console.clone(),
+    });
     router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
+        .merge(console)
 }
 
 /// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as

@@ -5,7 +5,9 @@
 //! ```text
 //! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
-//!                                                     │ 1. plan::Plan::build   (config matching, costs)
+//!                                                     │ 1. plan::Plan::build   (config matching, costs;
+//!                                                     │    reference counters stamped with the
+//!                                                     │    pod's window: bucket::stamp_…)
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
@@ -26,7 +28,10 @@
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
 //! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
 //!   first frame, undecodable requests are `INVALID_ARGUMENT`; the admin endpoints
-//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`).
+//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes).
+//! - [`console`]: the operator console on the admin port: bucket inspection, reset and
+//!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
+//!   admin token, and the client of `floodgate bucket`.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
@@ -58,6 +63,7 @@ pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod file_watch;
 #[cfg(any(fuzzing, test))]
 #[doc(hidden)]

@@ -16,6 +16,7 @@
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
+//! | `floodgate_rule_errors_total` | domain, rule | hits of requests that failed with a store error (counted on the error path only) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
 //! | `floodgate_request_duration_seconds` | result | ShouldRateLimit calls (gRPC and `/json`) from the decoded request to the answer, by result (as `floodgate_requests_total`), histogram |
 //! | `floodgate_domain_requests_total` | domain, result | answered calls by configured domain (`_unknown` for any other: clients never choose a label value) and result (`ok`, `over_limit`) |
@@ -69,7 +70,11 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::outcome::{Outcome, Tally, Verdict};
+
+pub mod history;
+
 use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
+pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
 /// no bytes (a label set is needed to look a series up, not only to create it).
@@ -228,6 +233,7 @@ pub struct Metrics {
     rule_over_limit: Family<RuleLabels, Counter>,
     rule_shadow_mode: Family<RuleLabels, Counter>,
     rule_near_limit: Family<RuleLabels, Counter>,
+    rule_errors: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
     request_duration: Family<ResultLabels, Histogram>,
@@ -258,6 +264,23 @@ pub struct Metrics {
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
     statsd_dropped: Counter,
+    /// The last limits loads, for the operator console.
+    loads: LoadHistory,
+}
+
+/// A rule's counters, read by the operator console (which derives rates from them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuleCounts {
+    /// Hits evaluated (`floodgate_rule_hits_total`).
+    pub hits: u64,
+    /// Hits admitted.
+    pub within_limit: u64,
+    /// Hits over the limit (a shadow-mode rule's included).
+    pub over_limit: u64,
+    /// Hits a shadow-mode rule would have denied.
+    pub shadow_mode: u64,
+    /// Hits of requests that failed with a store error.
+    pub errors: u64,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
@@ -285,6 +308,7 @@ impl Metrics {
         let rule_over_limit = Family::<RuleLabels, Counter>::default();
         let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
         let rule_near_limit = Family::<RuleLabels, Counter>::default();
+        let rule_errors = Family::<RuleLabels, Counter>::default();
         let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
         // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
@@ -343,6 +367,11 @@ impl Metrics {
             "floodgate_rule_near_limit",
             "Admitted hits above the near-limit ratio of a rule's capacity",
             rule_near_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_errors",
+            "Hits of requests that failed with a store error",
+            rule_errors.clone(),
         );
         registry.register(
             "floodgate_requests",
@@ -467,6 +496,7 @@ impl Metrics {
             rule_over_limit,
             rule_shadow_mode,
             rule_near_limit,
+            rule_errors,
             rule_over_limit_local_cache,
             requests,
             request_duration,
@@ -493,6 +523,7 @@ impl Metrics {
             samplers: Samplers::default(),
             statsd: OnceLock::new(),
             statsd_dropped,
+            loads: LoadHistory::default(),
         }
     }
 
@@ -582,18 +613,7 @@ impl Metrics {
         if let Some(stats) = self.statsd.get() {
             record_stat_tally(stats, tally);
         }
-        let mut labels = RuleLabels {
-            domain: LabelText(Arc::clone(domain)),
-            rule: LabelText(Arc::clone(&tally.rule)),
-        };
-        // Paths with request values are as many as the values clients send: past the cap,
-        // new ones share one overflow series per domain.
-        if tally.detailed
-            && self.rule_hits.get(&labels).is_none()
-            && !self.abuse.admit_detailed_series()
-        {
-            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
-        }
+        let labels = self.rule_labels(domain, &tally.rule, tally.detailed);
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
@@ -616,6 +636,34 @@ impl Metrics {
             self.rule_near_limit
                 .get_or_create(&labels)
                 .inc_by(tally.near_limit);
+        }
+    }
+
+    /// The labels of a rule's series. Paths with request values are as many as the values
+    /// clients send: past the cap, new ones share one overflow series per domain.
+    fn rule_labels(&self, domain: &Arc<str>, rule: &Arc<str>, detailed: bool) -> RuleLabels {
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        if detailed && self.rule_hits.get(&labels).is_none() && !self.abuse.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
+        labels
+    }
+
+    /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
+    /// each matched rule's path, whether it holds request values, and its hits). Only the
+    /// error path calls it.
+    pub fn record_rule_errors<'a>(
+        &self,
+        domain: &Arc<str>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64)>,
+    ) {
+        for (rule, detailed, hits) in rules {
+            let labels = self.rule_labels(domain, rule, detailed);
+            self.rule_errors.get_or_create(&labels).inc_by(hits);
         }
     }
 
@@ -649,6 +697,62 @@ impl Metrics {
         self.store_duration
             .get_or_create(&StoreLabels { store })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The counters of `rule` in `domain` (zero for a series never recorded). Read per
+    /// configured rule when the console asks, so the request path does no extra work.
+    pub fn rule_counts(&self, domain: &Arc<str>, rule: &Arc<str>) -> RuleCounts {
+        let labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        let read =
+            |family: &Family<RuleLabels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        RuleCounts {
+            hits: read(&self.rule_hits),
+            within_limit: read(&self.rule_within_limit),
+            over_limit: read(&self.rule_over_limit),
+            shadow_mode: read(&self.rule_shadow_mode),
+            errors: read(&self.rule_errors),
+        }
+    }
+
+    /// ShouldRateLimit calls so far by result (`ok`, `over_limit`, `invalid`, `store_error`,
+    /// `overloaded`), for the console.
+    pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
+        [
+            RequestResult::Ok,
+            RequestResult::OverLimit,
+            RequestResult::Invalid,
+            RequestResult::StoreError,
+            RequestResult::Overloaded,
+        ]
+        .into_iter()
+        .map(|result| {
+            let labels = ResultLabels {
+                result: result.label(),
+            };
+            (
+                result.label(),
+                self.requests.get(&labels).map_or(0, |c| c.get()),
+            )
+        })
+        .collect()
+    }
+
+    /// The last limits loads, newest first.
+    pub fn loads(&self) -> &LoadHistory {
+        &self.loads
+    }
+
+    /// Counts a limits load like [`Metrics::record_config_load`] and remembers it with
+    /// `detail` (what was loaded, or why it failed) in [`Metrics::loads`].
+    pub fn record_config_load_with(&self, ok: bool, detail: &str) {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.loads.record(at_unix_ms, ok, detail);
+        self.record_config_load(ok);
     }
 
     /// Counts a limits configuration load (start-up or reload) and remembers whether the

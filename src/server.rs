@@ -33,6 +33,7 @@ use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults, Loader};
+use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
@@ -137,6 +138,8 @@ pub struct RunOptions {
     pub keepalive_interval: Option<Duration>,
     /// Connection and stream bounds of both ports.
     pub bounds: Bounds,
+    /// The operator console's token, access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The bounds that keep one client from exhausting the server (docs/security.md).
@@ -204,6 +207,11 @@ impl RunOptions {
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
             bounds: Bounds::from_settings(&settings.bounds),
+            console: ConsoleOptions {
+                token: prepared.admin_token.clone(),
+                read_requires_token: settings.console.admin_read_requires_token,
+                redis: prepared.redis.clone(),
+            },
         }
     }
 }
@@ -223,6 +231,8 @@ pub struct Prepared {
     /// With `--health-requires-limits`: whether the limits in force have a domain; hot
     /// reload updates it.
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
+    /// The operator console's bearer token (none configured: mutations refused).
+    pub admin_token: AdminToken,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -256,7 +266,10 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 errors,
             }
         })?;
-    metrics.record_config_load(true);
+    metrics.record_config_load_with(
+        true,
+        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
+    );
     tracing::info!(
         path = %loader.source,
         domains = config.domains().count(),
@@ -318,6 +331,10 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 (resilient.clone(), fallback, Some(resilient))
             }
         };
+    let admin_token = match &settings.console.admin_token_file {
+        Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
+        None => AdminToken::none(),
+    };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -331,6 +348,9 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,
                 dynamic_metadata: settings.response.response_dynamic_metadata,
+                reference_counters: settings
+                    .counters
+                    .plan_options(settings.runtime_layout.is_some()),
             },
             metrics,
         )
@@ -343,6 +363,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         redis,
         tls,
         limits_loaded,
+        admin_token,
         settings,
     })
 }
@@ -435,11 +456,20 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         quota_mode = settings.quota_mode,
         default_algorithm = %crate::config::algorithm_name(settings.algorithm.value.into()),
         default_algorithm_reason = %settings.algorithm_choice.reason(),
+        reference_counters = settings.counters.enabled(settings.runtime_layout.is_some()),
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
     let _watch = watch_limits(&prepared);
     let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
+    let _token_watch = match prepared.admin_token.watch() {
+        Some(Ok(watch)) => Some(watch),
+        Some(Err(e)) => {
+            tracing::error!("{e}; admin token reload is off");
+            None
+        }
+        None => None,
+    };
     let shutdown = shutdown_signal();
     run(
         grpc,
@@ -733,9 +763,15 @@ pub async fn run(
                 limiter,
                 serving: serving.clone(),
                 json_endpoint: options.json_endpoint,
+                console: options.console.clone(),
             });
             let http = Admission::new(http, bounds.http, Port::Http, metrics);
-            let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
+            // With the peer's address: the console logs who changed a bucket.
+            let http_server = axum::serve(
+                http,
+                admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+            )
+            .with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
         }
         // No admin HTTP: a task that only ends with the server keeps the shutdown logic one.

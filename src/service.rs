@@ -22,6 +22,7 @@ use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
@@ -80,6 +81,9 @@ pub struct RateLimiter {
     /// Why not a semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per
     /// request than the one atomic the gauge already updates.
     max_in_flight: usize,
+    /// The pod's clock, which names the window of a counter shared with reference pods (the
+    /// reference takes it from its own clock, not Redis's).
+    clock: Arc<dyn Clock>,
 }
 
 impl RateLimiter {
@@ -97,7 +101,14 @@ impl RateLimiter {
             options,
             metrics,
             max_in_flight: MAX_IN_FLIGHT,
+            clock: Arc::new(SystemClock),
         }
+    }
+
+    /// Names the windows of reference counters by `clock` instead of the system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RateLimiter {
+        self.clock = clock;
+        self
     }
 
     /// Answers at most `max` requests at once; more are refused with
@@ -116,6 +127,32 @@ impl RateLimiter {
     /// The metrics this limiter records into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The store requests are answered from (the operator console inspects and resets
+    /// buckets through it, bypassing metrics and admission).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How requests are planned.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
+    /// Names the window of every counter of `ops` shared with reference pods by the pod's
+    /// clock now, with a freshly drawn expiry (`bucket::stamp_reference_counters`): what the
+    /// request path does after planning, for anything else that plans (the console).
+    pub fn stamp_reference_counters(&self, ops: &mut [BucketOp]) {
+        if let Some(counters) = &self.options.reference_counters {
+            let now_secs = u64::try_from(self.clock.now_us() / 1_000_000).unwrap_or(0);
+            crate::bucket::stamp_reference_counters(
+                ops,
+                now_secs,
+                counters.expiry_jitter_max_secs,
+                jitter_roll,
+            );
+        }
     }
 
     /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
@@ -169,10 +206,12 @@ impl RateLimiter {
 
     async fn answer(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
-        let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
+        let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
+        // Once, before any store call: a refund must name the counter its debit did.
+        self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
             crate::bucket::Applied {
@@ -187,6 +226,9 @@ impl RateLimiter {
                 .record_store_duration(self.store.name(), started.elapsed());
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
@@ -301,4 +343,25 @@ impl RateLimitService for RlsService {
         self.limiter.metrics().record_grpc_call(started.elapsed());
         answered.map(Response::new).map_err(Status::from)
     }
+}
+
+/// A random number for a counter's expiry jitter. Its quality hardly matters (it spreads
+/// expiries, as the reference's `math/rand` does), so a per-thread SplitMix64 seeded from
+/// std's random hasher keys: no lock, no dependency.
+fn jitter_roll() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        );
+    }
+    STATE.with(|state| {
+        let next = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    })
 }

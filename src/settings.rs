@@ -22,11 +22,14 @@ use crate::store::FailurePolicy;
 use crate::store::redis::redact::redact_url;
 
 pub mod connections;
+pub mod console;
+pub mod counters;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
 
 pub use connections::GrpcConnectionSettings;
+pub use counters::ReferenceCounterSettings;
 pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
@@ -48,6 +51,8 @@ pub enum Command {
     Serve(ServeSettings),
     /// Validate a limits file or directory, print the limits, and exit (0 valid, 1 invalid).
     CheckConfig(CheckConfigSettings),
+    /// Inspect, reset or set a bucket of a running server (its admin port's console API).
+    Bucket(console::BucketSettings),
 }
 
 /// `floodgate serve`.
@@ -94,6 +99,10 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_JSON_ENDPOINT", value_name = "BOOL", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub json_endpoint: bool,
+
+    /// The operator console's access rules.
+    #[command(flatten)]
+    pub console: console::ConsoleSettings,
 
     /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
     /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and
@@ -253,6 +262,10 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// Fixed-window counters shared with reference pods while a Deployment rolls.
+    #[command(flatten)]
+    pub counters: ReferenceCounterSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key
@@ -612,6 +625,7 @@ impl fmt::Debug for ServeSettings {
             .field("http_addr", &self.http_addr)
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
+            .field("console", &self.console)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("redis_sentinel", &self.redis_sentinel)
             .field(
@@ -649,6 +663,7 @@ impl fmt::Debug for ServeSettings {
             .field("response", &self.response)
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
+            .field("counters", &self.counters)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)

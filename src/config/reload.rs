@@ -85,15 +85,16 @@ impl Reloader {
                 self.config.store(Arc::new(config));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 (self.on_reload)(&self.config.load());
-                self.metrics.record_config_load(true);
+                self.metrics
+                    .record_config_load_with(true, &format!("reloaded: {domains} domain(s)"));
                 tracing::info!(path = %self.path.display(), domains, "limits reloaded");
             }
             Attempt::Failed(errors) => {
                 self.missing = false;
-                self.metrics.record_config_load(false);
                 let count = errors.0.len();
                 // One line, however many errors: log collectors split records on newlines.
                 let all: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+                self.metrics.record_config_load_with(false, &all.join("; "));
                 tracing::error!(
                     path = %self.path.display(),
                     errors = count,
@@ -106,7 +107,10 @@ impl Reloader {
             }
             Attempt::Missing => {
                 self.missing = true;
-                self.metrics.record_config_load(false);
+                self.metrics.record_config_load_with(
+                    false,
+                    "limits path disappeared; previous limits kept",
+                );
                 tracing::warn!(
                     path = %self.path.display(),
                     "limits path disappeared; keeping the previous limits until it reappears"

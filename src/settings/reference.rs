@@ -134,6 +134,7 @@ pub fn apply_reference_env(
     mapping.redis(settings)?;
     mapping.per_second(settings)?;
     mapping.store(settings)?;
+    mapping.counters(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
     mapping.without_effect();
@@ -416,6 +417,11 @@ impl<'a> Mapping<'a> {
             settings.local_cache_size = bytes.div_ceil(LOCAL_CACHE_BYTES_PER_ENTRY);
             let entries = settings.local_cache_size;
             self.applied(&format!("LOCAL_CACHE_SIZE_IN_BYTES (~{entries} entries)"));
+        } else if settings.runtime_layout.is_some() {
+            // Started from the reference's environment: its default (no local cache) holds.
+            // A cached denial outlives a counter lowered by hand in Redis, or by a reference
+            // pod's refund; without the variable the reference never answers from one.
+            settings.local_cache_size = 0;
         }
         Ok(())
     }
@@ -571,6 +577,7 @@ fn encode(text: &str) -> String {
 }
 
 mod catalogue;
+mod counters;
 mod duration;
 mod redis;
 mod serving;

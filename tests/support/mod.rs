@@ -340,6 +340,7 @@ impl TestServer {
                 max_connection_age_grace: None,
                 keepalive_interval: None,
                 bounds: server::Bounds::default(),
+                console: Default::default(),
             },
             store_health,
             async move {

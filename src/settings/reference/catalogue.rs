@@ -190,10 +190,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("TRACING_EXPORTER_PROTOCOL", NO_TRACING),
     ("TRACING_SAMPLING_RATE", NO_TRACING),
     (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "no effect: floodgate's keys expire when their window or bucket does",
-    ),
-    (
         "MERGE_DOMAIN_CONFIG",
         "not yet supported, no effect: a domain defined in two files is a load error",
     ),

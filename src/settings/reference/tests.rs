@@ -438,6 +438,16 @@ fn remaining_variables() {
     // LOCAL_CACHE_SIZE_IN_BYTES=0 turns the cache off, as in the reference.
     let (s, _) = apply(&["--config", "x"], &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]).unwrap();
     assert_eq!(s.local_cache_size, 0);
+    // Unset, the reference has no local cache: nor has floodgate when started from the
+    // reference's environment; with its own --config, floodgate's default stays.
+    let (s, _) = apply(
+        &[],
+        &[("RUNTIME_ROOT", "/srv"), ("RUNTIME_SUBDIRECTORY", "rl")],
+    )
+    .unwrap();
+    assert_eq!(s.local_cache_size, 0);
+    let (s, _) = apply(&["--config", "x"], &[("REDIS_URL", "r:6379")]).unwrap();
+    assert_eq!(s.local_cache_size, 100_000);
     // RUST_LOG wins over LOG_LEVEL.
     let (_, report) = apply(
         &["--config", "x"],
