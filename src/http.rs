@@ -11,6 +11,11 @@
 //! - `GET /rlconfig`: the limits in force, one line per limit.
 //! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
+//!
+//! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
+//! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
+//! Prometheus series on their own port (`--reference-prometheus-addr`, its
+//! `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,6 +36,7 @@ use crate::proto::common::{
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
 use crate::service::{EntryPoint, RateLimiter, RequestError};
+use crate::statsd::Stats;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -63,6 +69,68 @@ pub fn router(state: AdminState) -> Router {
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
         .merge(console)
+}
+
+/// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as
+/// the reference's sink serves them on their own port: `response_time_ms` is
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
+pub fn reference_prometheus_router(
+    stats: Arc<Stats>,
+    path: &str,
+    response_time_ms: bool,
+) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let stats = Arc::clone(&stats);
+            async move {
+                (
+                    // What client_golang's promhttp handler serves unless OpenMetrics is
+                    // enabled (the reference's is not): counters keep their names, no
+                    // `_total` added.
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    stats.encode_prometheus(response_time_ms),
+                )
+            }
+        }),
+    )
+}
+
+/// The reference's debug port (`DEBUG_HOST`:`DEBUG_PORT`): `/rlconfig` in its text format
+/// ([`crate::config::Config::dump_reference`]) and `/stats`, the current value of every
+/// reference stat as `name: value` lines ([`Stats::dump`]).
+pub fn debug_router(limiter: Arc<RateLimiter>) -> Router {
+    let config = Arc::clone(&limiter);
+    Router::new()
+        .route(
+            "/rlconfig",
+            get(move || {
+                let limiter = Arc::clone(&config);
+                async move { text(limiter.config().dump_reference()) }
+            }),
+        )
+        .route(
+            "/stats",
+            get(move || {
+                let limiter = Arc::clone(&limiter);
+                async move {
+                    text(
+                        limiter
+                            .metrics()
+                            .reference_stats()
+                            .map(|stats| stats.dump())
+                            .unwrap_or_default(),
+                    )
+                }
+            }),
+        )
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {

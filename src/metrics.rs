@@ -18,6 +18,8 @@
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
 //! | `floodgate_rule_errors_total` | domain, rule | hits of requests that failed with a store error (counted on the error path only) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
+//! | `floodgate_request_duration_seconds` | result | ShouldRateLimit calls (gRPC and `/json`) from the decoded request to the answer, by result (as `floodgate_requests_total`), histogram |
+//! | `floodgate_domain_requests_total` | domain, result | answered calls by configured domain (`_unknown` for any other: clients never choose a label value) and result (`ok`, `over_limit`) |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
@@ -36,14 +38,14 @@
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
-//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
 //! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
 //! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
 //! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
 //! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
 //! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
 //!
-//! When statsd is on ([`Metrics::attach_statsd`]), the same recording calls also count the
+//! When statsd or the reference's Prometheus series are on ([`Metrics::attach_reference_stats`]), the same recording calls also count the
 //! reference's statsd stats ([`crate::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
@@ -118,6 +120,10 @@ pub enum Port {
     Grpc,
     /// The admin HTTP port.
     Http,
+    /// The reference's Prometheus series' port (`--reference-prometheus-addr`).
+    Prometheus,
+    /// The reference's debug port (`--debug-addr`).
+    Debug,
 }
 
 impl Port {
@@ -126,6 +132,8 @@ impl Port {
         match self {
             Port::Grpc => "grpc",
             Port::Http => "http",
+            Port::Prometheus => "prometheus",
+            Port::Debug => "debug",
         }
     }
 }
@@ -134,6 +142,17 @@ impl Port {
 struct ResultLabels {
     result: &'static str,
 }
+
+/// A configured domain (or [`UNKNOWN_DOMAIN`]) and how its request ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: LabelText,
+    result: &'static str,
+}
+
+/// The `domain` label of requests for a domain no configuration has: clients choose those
+/// names, so they never become label values of their own.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
@@ -180,7 +199,8 @@ pub enum RequestResult {
 }
 
 impl RequestResult {
-    fn label(self) -> &'static str {
+    /// The `result` label value (also a trace span's `ratelimit.result`).
+    pub fn label(self) -> &'static str {
         match self {
             RequestResult::Ok => "ok",
             RequestResult::OverLimit => "over_limit",
@@ -217,6 +237,8 @@ pub struct Metrics {
     rule_errors: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
+    request_duration: Family<ResultLabels, Histogram>,
+    domain_requests: Family<DomainLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
     config_last_load_ok: Gauge,
@@ -239,7 +261,7 @@ pub struct Metrics {
     abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
-    /// The reference's statsd stats, when they are sent.
+    /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
     statsd_dropped: Counter,
@@ -290,6 +312,12 @@ impl Metrics {
         let rule_errors = Family::<RuleLabels, Counter>::default();
         let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
+        // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
+        // middle, a Redis outage's timeouts near the top.
+        let request_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))) as fn() -> Histogram,
+        );
+        let domain_requests = Family::<DomainLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
         let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
@@ -350,6 +378,18 @@ impl Metrics {
             "floodgate_requests",
             "ShouldRateLimit calls by result",
             requests.clone(),
+        );
+        registry.register(
+            "floodgate_request_duration_seconds",
+            "ShouldRateLimit calls (gRPC and /json) from the decoded request to the answer, \
+             by result",
+            request_duration.clone(),
+        );
+        registry.register(
+            "floodgate_domain_requests",
+            "Answered ShouldRateLimit calls by configured domain (_unknown for any other) \
+             and result",
+            domain_requests.clone(),
         );
         registry.register(
             "floodgate_store_duration_seconds",
@@ -460,6 +500,8 @@ impl Metrics {
             rule_errors,
             rule_over_limit_local_cache,
             requests,
+            request_duration,
+            domain_requests,
             store_duration,
             config_loads,
             config_last_load_ok,
@@ -486,13 +528,20 @@ impl Metrics {
         }
     }
 
-    /// Also counts the reference's statsd stats from now on, and starts sending them (a
-    /// background task: call inside a Tokio runtime). Only the first call has an effect.
-    pub fn attach_statsd(&self, config: StatsdConfig) {
-        let stats = Arc::new(Stats::new(config, self.statsd_dropped.clone()));
+    /// Also counts the reference's statsd stats from now on, and starts sending them to
+    /// `statsd` if given (a background task: call inside a Tokio runtime); without it they
+    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]).
+    /// Only the first call has an effect.
+    pub fn attach_reference_stats(&self, statsd: Option<StatsdConfig>) {
+        let stats = Arc::new(Stats::new(statsd, self.statsd_dropped.clone()));
         if self.statsd.set(Arc::clone(&stats)).is_ok() {
             stats.start();
         }
+    }
+
+    /// The reference's stats, when they are counted.
+    pub fn reference_stats(&self) -> Option<&Arc<Stats>> {
+        self.statsd.get()
     }
 
     /// When statsd is on, sends `name` at every flush with the value `read` returns then
@@ -544,6 +593,16 @@ impl Metrics {
                 self.record_tally(domain, tally);
             }
         }
+        let domain = match &outcome.domain {
+            Some(domain) => Arc::clone(domain),
+            None => Arc::from(UNKNOWN_DOMAIN),
+        };
+        self.domain_requests
+            .get_or_create(&DomainLabels {
+                domain: LabelText(domain),
+                result: result.label(),
+            })
+            .inc();
         if outcome.shadowed {
             self.global_shadow_mode.inc();
             self.stat(StatName::GlobalShadowMode, 1);
@@ -623,6 +682,15 @@ impl Metrics {
                 result: result.label(),
             })
             .inc();
+    }
+
+    /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
+    pub fn record_request_duration(&self, result: RequestResult, elapsed: Duration) {
+        self.request_duration
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 
     /// Records the time one request spent in the store.

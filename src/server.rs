@@ -250,10 +250,17 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
     );
     // Before the limits load, so config_load_success / config_load_error count it.
-    if let Some(statsd) = settings.statsd.config() {
+    let statsd = settings.statsd.config();
+    if let Some(statsd) = &statsd {
         tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
                        flush_interval = ?statsd.flush_interval, "statsd stats on");
-        metrics.attach_statsd(statsd);
+    }
+    // The debug port's /stats shows them too.
+    if statsd.is_some()
+        || settings.statsd.reference_prometheus().is_some()
+        || settings.statsd.debug_addr.is_some()
+    {
+        metrics.attach_reference_stats(statsd);
     }
     let loader = loader(&settings)?;
     let config = loader
@@ -451,6 +458,8 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     } else {
         Some(bind(settings.http_addr).await?)
     };
+    serve_reference_prometheus(&prepared, &bounds).await?;
+    serve_debug(&prepared, &bounds).await?;
     if let Some(memory) = &prepared.memory {
         memory.spawn_sweeper(SWEEP_INTERVAL);
     }
@@ -503,6 +512,61 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     }
     served?;
     tracing::info!("floodgate stopped");
+    Ok(())
+}
+
+/// Binds and serves the reference's Prometheus series when asked to, within the HTTP port's
+/// connection bounds. The task lives as long as the process: a scrape is read-only and
+/// needs no draining.
+async fn serve_reference_prometheus(
+    prepared: &Prepared,
+    bounds: &Bounds,
+) -> Result<(), ServerError> {
+    let Some(prom) = prepared.settings.statsd.reference_prometheus() else {
+        return Ok(());
+    };
+    let metrics = prepared.limiter.metrics();
+    let Some(stats) = metrics.reference_stats() else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(prom.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: prom.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServerError::Http)?;
+    let router =
+        http::reference_prometheus_router(Arc::clone(stats), &prom.path, prom.response_time_ms);
+    let admission = Admission::new(listener, bounds.http, Port::Prometheus, Arc::clone(metrics));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admission, router).await {
+            tracing::error!(error = %e, "the reference's Prometheus listener failed");
+        }
+    });
+    tracing::info!(%addr, path = %prom.path, "serving the reference's Prometheus series");
+    Ok(())
+}
+
+/// Binds and serves the reference's debug port when asked to (`--debug-addr`), within the
+/// HTTP port's connection bounds; like the Prometheus one, it lives as long as the process.
+async fn serve_debug(prepared: &Prepared, bounds: &Bounds) -> Result<(), ServerError> {
+    let Some(addr) = prepared.settings.statsd.debug_addr else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(ServerError::Http)?;
+    let router = http::debug_router(Arc::clone(&prepared.limiter));
+    let metrics = Arc::clone(prepared.limiter.metrics());
+    let admission = Admission::new(listener, bounds.http, Port::Debug, metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admission, router).await {
+            tracing::error!(error = %e, "the debug listener failed");
+        }
+    });
+    tracing::info!(addr = %bound, "serving the debug port (/rlconfig, /stats)");
     Ok(())
 }
 

@@ -28,7 +28,8 @@ use crate::metrics::{Metrics, RequestResult};
 use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::rls::{
-    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
+    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
 
@@ -212,7 +213,8 @@ impl RateLimiter {
         self.answer_traced(request, entry, Some(headers)).await
     }
 
-    /// Answers one request already holding a place from [`RateLimiter::admit`].
+    /// Answers one request already holding a place from [`RateLimiter::admit`], timed in
+    /// `floodgate_request_duration_seconds` (both gRPC and `/json` come this way).
     pub async fn answer_admitted(
         &self,
         request: &RateLimitRequest,
@@ -220,42 +222,44 @@ impl RateLimiter {
         self.answer_traced(request, EntryPoint::Grpc, None).await
     }
 
-    /// Answers one admitted request that came through `entry`, a child span of the caller's
-    /// trace found in `headers` (when tracing is on).
+    /// Answers one admitted request that came through `entry`, timed in
+    /// `floodgate_request_duration_seconds`, and a child span of the caller's trace found in
+    /// `headers` when tracing is on.
     pub async fn answer_traced(
         &self,
         request: &RateLimitRequest,
         entry: EntryPoint,
         headers: Option<&http::HeaderMap>,
     ) -> Result<RateLimitResponse, RequestError> {
-        let Some(traces) = &self.traces else {
-            return self.answer(request, None).await;
-        };
-        let name = match entry {
-            EntryPoint::Grpc => crate::otel::GRPC_SPAN,
-            EntryPoint::Json => crate::otel::JSON_SPAN,
-        };
-        let span = traces.request(name, headers);
-        let answered = self.answer(request, Some(&span)).await;
+        let started = Instant::now();
+        let span = self.traces.as_ref().map(|traces| {
+            let name = match entry {
+                EntryPoint::Grpc => crate::otel::GRPC_SPAN,
+                EntryPoint::Json => crate::otel::JSON_SPAN,
+            };
+            traces.request(name, headers)
+        });
+        let answered = self.answer(request, span.as_ref()).await;
         let result = match &answered {
-            Ok(response)
-                if response.overall_code
-                    == crate::proto::rls::rate_limit_response::Code::OverLimit as i32 =>
-            {
-                "over_limit"
+            Ok(response) if response.overall_code == Code::OverLimit as i32 => {
+                RequestResult::OverLimit
             }
-            Ok(_) => "ok",
-            Err(RequestError::Invalid(_)) => "invalid",
-            Err(RequestError::Store(_)) => "store_error",
-            Err(RequestError::Overloaded { .. }) => "overloaded",
+            Ok(_) => RequestResult::Ok,
+            Err(RequestError::Invalid(_)) => RequestResult::Invalid,
+            Err(RequestError::Store(_)) => RequestResult::StoreError,
+            Err(RequestError::Overloaded { .. }) => RequestResult::Overloaded,
         };
-        span.end(
-            &request.domain,
-            request.descriptors.len(),
-            result,
-            self.store.name(),
-            answered.as_ref().err().map(|e| e as &dyn std::fmt::Display),
-        );
+        self.metrics
+            .record_request_duration(result, started.elapsed());
+        if let Some(span) = span {
+            span.end(
+                &request.domain,
+                request.descriptors.len(),
+                result.label(),
+                self.store.name(),
+                answered.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+            );
+        }
         answered
     }
 
@@ -302,8 +306,7 @@ impl RateLimiter {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
-        let over = outcome.response.overall_code
-            == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
+        let over = outcome.response.overall_code == Code::OverLimit as i32;
         self.metrics.record_outcome(
             &outcome,
             if over {

@@ -197,6 +197,39 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The limits in the reference's debug-port `/rlconfig` text (its config `Dump`): one
+    /// `<domain.key_value…>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>,
+    /// quota_mode: <bool>` line per limit, domains in order and rules sorted by path (the
+    /// reference's order is Go map order, which varies). Unlimited is `unit=UNKNOWN requests_per_unit=0`, as the
+    /// reference holds it; floodgate's extensions (several limits on one descriptor,
+    /// `unit_multiplier`, algorithms) show only as their base unit, one line per limit.
+    pub fn dump_reference(&self) -> String {
+        let mut out = String::new();
+        for domain in self.domains() {
+            for rule in domain.rules() {
+                for limit in &rule.limits {
+                    let (unit, rpu) = if limit.unlimited {
+                        ("UNKNOWN".to_string(), 0)
+                    } else {
+                        (
+                            limit.unit.name().to_ascii_uppercase(),
+                            limit.requests_per_unit,
+                        )
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{}: unit={unit} requests_per_unit={rpu}, shadow_mode: {}, \
+                         quota_mode: {}",
+                        rule.path, rule.shadow_mode, rule.quota_mode
+                    );
+                }
+            }
+        }
+        out
+    }
+}
+
 fn describe_limit(rule: &Rule, limit: &Limit) -> String {
     let mut line = format!("{}: {}", rule.path, limit.rate());
     if !limit.unlimited {

@@ -128,6 +128,7 @@ pub fn apply_reference_env(
     mapping.runtime(settings)?;
     mapping.serving(settings)?;
     mapping.stats(settings)?;
+    mapping.prometheus(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
     mapping.redis(settings)?;
@@ -301,6 +302,36 @@ impl<'a> Mapping<'a> {
                 self.report.applied.push(port.to_string());
             }
         }
+        self.debug(settings)
+    }
+
+    /// `DEBUG_HOST` / `DEBUG_PORT`: the debug port (`/rlconfig`, `/stats`) is opened when
+    /// either is set (the other defaults as in the reference: `0.0.0.0`, `6070`). Unlike the
+    /// reference, an environment naming neither opens no debug port: a fixed well-known port
+    /// nobody asked for is one more listener to secure, and one more reason to fail to start.
+    fn debug(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const VARS: [&str; 2] = ["DEBUG_HOST", "DEBUG_PORT"];
+        if self.own("debug_addr") {
+            self.override_by(&VARS, "--debug-addr");
+            return Ok(());
+        }
+        if self.present(&VARS).is_empty() {
+            return Ok(());
+        }
+        let mut addr = std::net::SocketAddr::from(([0, 0, 0, 0], 6070));
+        if let Some(value) = self.get("DEBUG_HOST") {
+            addr.set_ip(parse_host("DEBUG_HOST", value)?);
+            self.applied("DEBUG_HOST");
+        }
+        if let Some(value) = self.get("DEBUG_PORT") {
+            addr.set_port(
+                value
+                    .parse()
+                    .map_err(|_| bad("DEBUG_PORT", value, "a port, 0 to 65535"))?,
+            );
+            self.applied("DEBUG_PORT");
+        }
+        settings.statsd.debug_addr = Some(addr);
         Ok(())
     }
 
@@ -396,7 +427,7 @@ impl<'a> Mapping<'a> {
         Ok(())
     }
 
-    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers, `USE_PROMETHEUS`.
+    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers.
     fn service(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         let shadow = self.parse_bool("SHADOW_MODE")?;
         if self.own("shadow_mode") {
@@ -433,12 +464,6 @@ impl<'a> Mapping<'a> {
             *slot = Some(v.to_string());
         }
         self.response(settings);
-        if self.parse_bool("USE_PROMETHEUS")?.is_some() {
-            self.no_effect(
-                "USE_PROMETHEUS",
-                "Prometheus metrics are always served at /metrics on the HTTP port",
-            );
-        }
         Ok(())
     }
 

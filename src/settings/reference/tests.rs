@@ -426,8 +426,12 @@ fn remaining_variables() {
             log_filter: Some("warn,notify=error".into()),
         }
     );
-    let no_effect = report.no_effect.join("\n");
-    assert!(no_effect.contains("USE_PROMETHEUS"), "{no_effect}");
+    // USE_PROMETHEUS alone: the reference's series on its default address.
+    assert_eq!(
+        s.statsd.reference_prometheus_addr,
+        Some("0.0.0.0:9090".parse().unwrap())
+    );
+    assert!(report.applied.contains(&"USE_PROMETHEUS".to_string()));
     let overridden = report.overridden.join("\n");
     for name in ["RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES"] {
         assert!(overridden.contains(name), "{name}: {overridden}");
@@ -835,18 +839,22 @@ fn statsd_follows_the_reference() {
     }
 }
 
-/// The debug-port variables are reported as not yet supported; TRACING_ENABLED is applied.
+/// TRACING_ENABLED is applied; DEBUG_PORT opens the debug port on DEBUG_HOST's default, and
+/// without either no debug port is opened.
 #[test]
-fn tracing_applied_and_debug_reported() {
+fn tracing_and_debug_are_applied() {
     let (s, on) = apply(
         &["--config", "x"],
-        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6070")],
+        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071")],
     )
     .unwrap();
     assert!(s.traces.tracing);
     assert!(on.applied.iter().any(|a| a == "TRACING_ENABLED"));
-    assert_eq!(on.no_effect.len(), 1, "{:?}", on.no_effect);
-    assert!(on.no_effect[0].contains("not yet supported, no effect"));
+    assert_eq!(s.statsd.debug_addr, Some("0.0.0.0:6071".parse().unwrap()));
+    assert!(on.applied.contains(&"DEBUG_PORT".to_string()));
+    assert!(on.no_effect.is_empty(), "{:?}", on.no_effect);
+    let (s, _) = apply(&["--config", "x"], &[]).unwrap();
+    assert_eq!(s.statsd.debug_addr, None);
 }
 
 /// The reference's tracing variables reach the trace settings with the reference's
