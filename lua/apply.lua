@@ -8,21 +8,26 @@ writes the new state of every admitted operation (and of every overdraft debit, 
 not) if every enforcing, non-overdraft operation was admitted, and writes nothing otherwise
 (a denied request debits nothing: docs/algorithms.md).
 
-KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes).
+KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes; for a counter,
+         flag 16, the reference server's name: CACHE_KEY_PREFIX + domain + `_`-joined
+         entries + `_` + window start in Unix seconds, bucket::ReferenceCounter).
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
 ARGV[2]  the operations' numbers, packed: per operation i in order, five little-endian IEEE
          754 doubles (40 bytes), each a whole number:
-         flags                algorithm + 4 * enforce + 8 * overdraft:
+         flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter:
                               algorithm 0 token_bucket, 1 fixed_window, 2 sliding_window;
                               enforce: enforcing (else shadow: evaluated, never blocks the
                               request); overdraft: a debit always applies, into debt beyond
-                              the capacity, and never blocks the request
+                              the capacity, and never blocks the request; counter: a fixed
+                              window shared with reference pods (see Storage), fixed_window
+                              only
          requests_per_period  >= 0
          period_us            >= 0
          cost                 signed: > 0 debit, 0 check only, < 0 refund
-         burst                >= 0 (token bucket capacity; ignored by the windows)
+         burst                >= 0 (token bucket capacity; ignored by the windows; a counter's
+                              EXPIRE in seconds, >= 1)
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
@@ -42,6 +47,15 @@ Storage  token bucket: a string, the theoretical arrival time as a decimal numbe
          the limit's ticks (limiter::Tat; f = 0, a plain integer, whenever the time per token
          is a whole number of µs). SET key tat PX ttl.
          fixed window: a hash {w = window index, c = count}.
+         counter (flag 16): the reference server's plain integer count, under its key name,
+         which ends with the window start in Unix seconds (`_<digits>`): the window is the one
+         the key names (the pod's clock chose it, as the reference's does), and `now` is
+         clamped into it, so Redis TIME only measures how much of it is left
+         (limiter::evaluate_counter). Written INCRBY by the change + EXPIRE burst seconds, as
+         the reference writes it; a refund to 0 deletes the key; a key that is not a
+         non-negative integer is treated as absent and replaced (SET). The same counter twice
+         in one call (ambiguous names, an override): each op sees the count the earlier ones
+         leave, as the reference's sequential INCRBYs do.
          sliding window: a hash {w = window index, c = current count, p = previous count}.
          Every write sets a TTL of ceil(ttl_us / 1000) ms — rounded up, so a key never expires
          before its state is equivalent to absent; a ttl_us of 0 deletes the key instead.
@@ -248,7 +262,7 @@ end
 -- The window algorithms, built on first use: returns fixed(rate, period, overdraft, key,
 -- now, cost) and sliding(...), which read the key and evaluate it.
 ------------------------------------------------------------------------------------------
-local function window_algorithms()
+local function window_algorithms(pending)
   -- ceil(a / b) for integers 0 <= a, 0 < b (u64::div_ceil).
   local function cdiv(a, b)
     return fdiv(a + b - 1, b)
@@ -504,7 +518,44 @@ local function window_algorithms()
     return flat(sliding_window(p, read_window(key, true), now, cost))
   end
 
-  return fixed, sliding
+  ----------------------------------------------------------------------------------------
+  -- Reference counter, limiter::evaluate_counter: a fixed window whose count is a plain
+  -- integer and whose window is named by the key. `pending[key]` is the count an earlier op
+  -- of this call leaves (if the call commits). Returns nil for a key without a window start.
+  ----------------------------------------------------------------------------------------
+  local function counter(rate, period, overdraft, key, now, cost)
+    local start_s = match(key, '_(%d+)$')
+    if not start_s then
+      return nil
+    end
+    local p = { rate = rate, period = period, overdraft = overdraft }
+    local window = period_of(p)
+    local index = fdiv(min(tonumber(start_s) * 1000000, MAX_NOW), window)
+    local start = index * window
+    local at = min(max(now, start), start + window - 1, MAX_NOW)
+    local count, replace = pending[key], false
+    if count == nil then
+      local v = rpcall('GET', key)
+      if type(v) == 'table' or v then
+        count = parse_uint(v)
+        replace = count == nil -- another type, or not an integer: overwritten with SET
+      end
+    end
+    local stored = nil
+    if count then
+      stored = { w = index, c = count }
+    end
+    local e = flat(fixed_window(p, stored, at, cost))
+    -- The count the evaluation read, from which the write is a change (capped like the
+    -- limiter caps it; a zero or unreadable count is 0).
+    e.base, e.replace = min(count or 0, MAX_COUNT), replace
+    if e.ttl then
+      pending[key] = e.c
+    end
+    return e
+  end
+
+  return fixed, sliding, counter
 end
 
 ------------------------------------------------------------------------------------------
@@ -541,7 +592,8 @@ end
 
 -- Phase 1: read and evaluate everything before writing anything.
 local evaluations, algorithms, overdrafts = {}, {}, {}
-local fixed, sliding -- the window algorithms, once a window operation needs them
+local fixed, sliding, counter -- the window algorithms, once a window operation needs them
+local counters, pending = {}, {} -- reference counters: which ops, counts this call leaves
 local committed = true
 local pos = 1
 for i = 1, n_ops do
@@ -549,16 +601,30 @@ for i = 1, n_ops do
   flags, rate, period, cost, burst, pos = unpack(OP_FORMAT, blob, pos)
   -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
   if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-    or flags < 0 or flags >= 16 or rate < 0 or period < 0 or burst < 0
+    or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
   then
     return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
+  end
+  if flags >= 16 then
+    counters[i], flags = burst, flags - 16
   end
   local algorithm = flags % 4
   local enforce = flags % 8 >= 4
   local overdraft = flags >= 8
   local key = keys[i]
   local e
-  if algorithm == 0 then
+  if counters[i] then
+    if algorithm ~= 1 then
+      return redis.error_reply('ERR floodgate apply.lua: a counter must be a fixed window, key ' .. i)
+    end
+    if not fixed then
+      fixed, sliding, counter = window_algorithms(pending)
+    end
+    e = counter(rate, period, overdraft, key, now, cost)
+    if not e then
+      return redis.error_reply('ERR floodgate apply.lua: no window start in counter key ' .. i)
+    end
+  elseif algorithm == 0 then
     -- pcall: a key of another type answers WRONGTYPE, which must read as absent, not abort.
     local tat_us, tat_frac, tat_digits = parse_tat(rpcall('GET', key))
     e = token_bucket(rate, period, burst, overdraft, tat_us, tat_frac, tat_digits, now, cost)
@@ -566,7 +632,7 @@ for i = 1, n_ops do
     return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
   else
     if not fixed then
-      fixed, sliding = window_algorithms()
+      fixed, sliding, counter = window_algorithms(pending)
     end
     if algorithm == 1 then
       e = fixed(rate, period, overdraft, key, now, cost)
@@ -590,7 +656,17 @@ for i = 1, n_ops do
   if committed and (e.admitted or overdrafts[i]) then
     remaining, reset = e.kr, e.ks
     local ttl = e.ttl
-    if ttl == 0 then
+    if counters[i] then
+      -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (in `burst`).
+      if ttl == 0 then
+        rcall('DEL', keys[i])
+      elseif ttl and e.replace then
+        rcall('SET', keys[i], format('%d', e.c), 'EX', format('%d', max(counters[i], 1)))
+      elseif ttl then
+        rcall('INCRBY', keys[i], format('%d', e.c - e.base))
+        rcall('EXPIRE', keys[i], format('%d', max(counters[i], 1)))
+      end
+    elseif ttl == 0 then
       rcall('DEL', keys[i])
     elseif ttl then
       local key, ttl_ms = keys[i], format('%d', fdiv(ttl + 999, 1000))

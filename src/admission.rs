@@ -20,7 +20,6 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tonic::Status;
@@ -29,7 +28,7 @@ use tonic_prost::ProstCodec;
 use tower::{Layer, Service};
 
 use crate::metrics::RequestResult;
-use crate::service::RateLimiter;
+use crate::service::{RateLimiter, Reached};
 
 /// The path prefix of the rate-limit service's calls.
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
@@ -63,22 +62,6 @@ impl<S> Layer<S> for AdmissionLayer {
 pub struct Admit<S> {
     inner: S,
     limiter: Arc<RateLimiter>,
-}
-
-/// Set by the rate-limit handler on the request it was called with: a call the handler never
-/// saw, answered with an error, failed before its request was decoded.
-#[derive(Clone, Debug, Default)]
-pub struct Reached(Arc<AtomicBool>);
-
-impl Reached {
-    /// The handler saw the request (it was decoded).
-    pub fn mark(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    fn is_marked(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

@@ -5,7 +5,9 @@
 //! them — [`settle`] is that decision, shared by every store so they cannot disagree.
 //!
 //! [`BucketKey`] is the bucket's identity: an unambiguous, printable byte encoding of
-//! (domain, entries, limit identity) that is also the Redis key (after the configured prefix).
+//! (domain, entries, limit identity) that is also the Redis key (after the configured prefix) —
+//! except for a fixed window shared with reference pods, which Redis keeps under the
+//! reference's own name ([`ReferenceCounter`], see `reference`).
 //!
 //! ```text
 //! <domain>:<key>=<value>:<key>=<value>|<algorithm><period seconds>
@@ -22,7 +24,7 @@
 
 mod reference;
 
-pub use reference::{ReferenceKey, expiry_secs, window_reset_secs, window_start};
+pub use reference::{ReferenceCounter, ReferenceKey, expiry_secs, window_reset_secs, window_start};
 
 use std::fmt;
 
@@ -190,6 +192,27 @@ pub struct BucketOp {
     pub cost: Cost,
     /// False when every limit reaching this bucket is in shadow mode: it never denies.
     pub enforce: bool,
+    /// A fixed window shared with reference pods (reference counters on): Redis keeps it
+    /// under the reference's name as a plain integer; `key` stays its identity in-process.
+    pub reference: Option<ReferenceCounter>,
+}
+
+/// Stamps every reference counter of `ops` with the window of `now_secs` (the pod's clock,
+/// as the reference takes it) and an expiry of its unit plus a jitter below
+/// `jitter_max_secs`, each drawn by `roll`. Done once per request, before the first store
+/// call, so refunds name the very counters the debits did.
+pub fn stamp_reference_counters(
+    ops: &mut [BucketOp],
+    now_secs: u64,
+    jitter_max_secs: u64,
+    mut roll: impl FnMut() -> u64,
+) {
+    for op in ops {
+        if let Some(counter) = &mut op.reference {
+            let unit_secs = op.params.period_us / 1_000_000;
+            counter.stamp(now_secs, unit_secs, jitter_max_secs, roll());
+        }
+    }
 }
 
 /// A store's answer for one bucket.
@@ -363,6 +386,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         };
         let now = 1_700_000_040_000_000;
         let ops = [op(b"a", true, 5), op(b"b", false, 1)];

@@ -25,8 +25,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use notify::RecursiveMode;
 use notify::event::{AccessKind, AccessMode, EventKind, MetadataKind, ModifyKind};
-use notify::{Event, RecommendedWatcher, RecursiveMode, Watcher};
+use notify::{Event, RecommendedWatcher, Watcher};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -65,11 +66,14 @@ impl Drop for FileWatch {
 }
 
 /// Watches `paths` (files or directories, which must exist) and calls `reload` on a blocking
-/// thread after each settled burst of changes, until the returned guard is dropped. `what`
-/// names the files in log lines ("limits", "TLS"). Must be called inside a tokio runtime; the
-/// watches are in place when it returns, so any later change is seen.
+/// thread after each settled burst of changes, until the returned guard is dropped. `depth`:
+/// `Recursive` watches the directories among `paths` with every directory below them (the
+/// reference layout's walk reads nested directories), `NonRecursive` their entries only.
+/// `what` names the files in log lines ("limits", "TLS"). Must be called inside a tokio
+/// runtime; the watches are in place when it returns, so any later change is seen.
 pub fn spawn(
     paths: &[&Path],
+    depth: RecursiveMode,
     what: &'static str,
     reload: impl FnMut() + Send + 'static,
 ) -> Result<FileWatch, WatchError> {
@@ -79,6 +83,7 @@ pub fn spawn(
             .iter()
             .map(|path| Target::new(std::path::absolute(path).unwrap_or_else(|_| path.into())))
             .collect(),
+        depth,
     );
     let (tx, events) = mpsc::unbounded_channel();
     let filter = targets.clone();
@@ -103,7 +108,7 @@ pub fn spawn(
     // are best effort.
     for (target, path) in targets.0.iter().zip(paths) {
         watcher
-            .watch(&target.path, RecursiveMode::NonRecursive)
+            .watch(&target.path, targets.1)
             .map_err(error(path))?;
     }
     for parent in targets.parents() {
@@ -142,9 +147,10 @@ async fn run(
     }
 }
 
-/// Every watched path.
+/// Every watched path, and whether the directories among them are watched with their
+/// subdirectories (their parents never are).
 #[derive(Clone, Debug)]
-struct Targets(Vec<Target>);
+struct Targets(Vec<Target>, RecursiveMode);
 
 impl Targets {
     /// Whether `event` may have changed what reloading reads.
@@ -177,11 +183,16 @@ impl Targets {
     /// a watch emits nothing; a change between the two is read by the reload that follows.
     fn rewatch(&self, watcher: &mut RecommendedWatcher) {
         let paths: BTreeSet<PathBuf> = self.0.iter().map(|t| t.path.clone()).collect();
-        for path in paths.iter().chain(&self.parents()) {
+        let parents = self.parents();
+        let modes = paths
+            .iter()
+            .map(|p| (p, self.1))
+            .chain(parents.iter().map(|p| (p, RecursiveMode::NonRecursive)));
+        for (path, mode) in modes {
             // Not found is normal: the backend drops the watch of a deleted path by itself.
             let _ = watcher.unwatch(path);
             if path.exists()
-                && let Err(e) = watcher.watch(path, RecursiveMode::NonRecursive)
+                && let Err(e) = watcher.watch(path, mode)
             {
                 tracing::warn!(path = %path.display(), error = %e, "cannot watch");
             }
@@ -242,6 +253,7 @@ mod tests {
                 .iter()
                 .map(|p| Target::new(PathBuf::from(p)))
                 .collect(),
+            RecursiveMode::NonRecursive,
         )
     }
 

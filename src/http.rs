@@ -9,25 +9,34 @@
 //!   Turned off by `--json-endpoint=false` (then 404).
 //! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
+//! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
+//!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
+//!
+//! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
+//! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
+//! Prometheus series on their own port (`--reference-prometheus-addr`, its
+//! `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRequest, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
+use crate::console::{ConsoleOptions, ConsoleState};
 use crate::proto::common::{
     RateLimitDescriptor,
     rate_limit_descriptor::{Entry, RateLimitOverride},
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::service::{RateLimiter, RequestError};
+use crate::service::{EntryPoint, RateLimiter, RequestError};
+use crate::statsd::Stats;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
@@ -38,6 +47,8 @@ pub struct AdminState {
     pub serving: Arc<AtomicBool>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
     pub json_endpoint: bool,
+    /// The operator console's access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The admin router.
@@ -49,10 +60,77 @@ pub fn router(state: AdminState) -> Router {
     } else {
         router
     };
+    let console = crate::console::router(ConsoleState {
+        limiter: state.limiter.clone(),
+        options: state.console.clone(),
+    });
     router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
+        .merge(console)
+}
+
+/// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as
+/// the reference's sink serves them on their own port: `response_time_ms` is
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`.
+pub fn reference_prometheus_router(
+    stats: Arc<Stats>,
+    path: &str,
+    response_time_ms: bool,
+) -> Router {
+    Router::new().route(
+        path,
+        get(move || {
+            let stats = Arc::clone(&stats);
+            async move {
+                (
+                    // What client_golang's promhttp handler serves unless OpenMetrics is
+                    // enabled (the reference's is not): counters keep their names, no
+                    // `_total` added.
+                    [(
+                        header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    stats.encode_prometheus(response_time_ms),
+                )
+            }
+        }),
+    )
+}
+
+/// The reference's debug port (`DEBUG_HOST`:`DEBUG_PORT`): `/rlconfig` in its text format
+/// ([`crate::config::Config::dump_reference`]) and `/stats`, the current value of every
+/// reference stat as `name: value` lines ([`Stats::dump`]).
+pub fn debug_router(limiter: Arc<RateLimiter>) -> Router {
+    let config = Arc::clone(&limiter);
+    Router::new()
+        .route(
+            "/rlconfig",
+            get(move || {
+                let limiter = Arc::clone(&config);
+                async move { text(limiter.config().dump_reference()) }
+            }),
+        )
+        .route(
+            "/stats",
+            get(move || {
+                let limiter = Arc::clone(&limiter);
+                async move {
+                    text(
+                        limiter
+                            .metrics()
+                            .reference_stats()
+                            .map(|stats| stats.dump())
+                            .unwrap_or_default(),
+                    )
+                }
+            }),
+        )
+}
+
+fn text(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {
@@ -83,12 +161,26 @@ async fn rlconfig(State(state): State<AdminState>) -> Response {
         .into_response()
 }
 
-async fn json_should_rate_limit(State(state): State<AdminState>, body: Bytes) -> Response {
+async fn json_should_rate_limit(
+    State(state): State<AdminState>,
+    mut request: axum::extract::Request,
+) -> Response {
+    // Moved out, not copied (an empty map does not allocate): only a traced request reads
+    // them, for the caller's trace context.
+    let headers = std::mem::take(request.headers_mut());
+    let body = match Bytes::from_request(request, &state).await {
+        Ok(body) => body,
+        Err(rejection) => return rejection.into_response(),
+    };
     let request = match parse_json_request(&body) {
         Ok(request) => request,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
     };
-    match state.limiter.should_rate_limit(&request).await {
+    match state
+        .limiter
+        .should_rate_limit_from(&request, EntryPoint::Json, &headers)
+        .await
+    {
         Ok(response) => {
             let status = if response.overall_code == rate_limit_response::Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

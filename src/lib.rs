@@ -5,26 +5,36 @@
 //! ```text
 //! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
-//!                                                     │ 1. plan::Plan::build   (config matching, costs)
+//!                                                     │ 1. plan::Plan::build   (config matching, costs;
+//!                                                     │    reference counters stamped with the
+//!                                                     │    pod's window: bucket::stamp_…)
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
-//!                                                     └─▶ metrics (Prometheus; statsd)
+//!                                                     └─▶ metrics (Prometheus; statsd),
+//!                                                         otel (spans, when tracing is on)
 //! ```
 //!
 //! # The modules, top to bottom
 //!
-//! Each layer imports only the layers below it.
+//! Each module uses only the modules on its own line or below it, never in a circle
+//! (`tests/layering.rs` checks it; `docs/architecture.md` explains the rules).
 //!
-//! - [`server`]: binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
+//! - [`server`]: the composition root: builds the store, the limiter and the watchers from
+//!   the settings; binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
 //!   shuts down gracefully.
+//! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
+//!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
-//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
-//! - [`admission`]: every gRPC stream takes a `--max-in-flight` place from its first frame;
-//!   undecodable requests are `INVALID_ARGUMENT`.
+//! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
+//!   first frame, undecodable requests are `INVALID_ARGUMENT`; the admin endpoints
+//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes).
+//! - [`console`]: the operator console on the admin port: bucket inspection, reset and
+//!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
+//!   admin token, and the client of `floodgate bucket`.
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
-//! - [`http`]: admin endpoints: `/healthcheck`, `/json`, `/metrics`, `/rlconfig`.
+//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
 //! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
@@ -41,12 +51,15 @@
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
-//! - [`settings`], [`metrics`], [`clock`], [`proto`]: flags, Prometheus metrics, time, the
-//!   generated RLS v3 types.
-//! - [`statsd`]: the reference's statsd stats, recorded through [`metrics`] and sent by a
-//!   background task (below `metrics`: it imports nothing of the crate).
+//! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
+//! - [`statsd`]: sends the reference's statsd stats from a background task.
+//! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
+//! - [`otel`]: OpenTelemetry traces (off by default): a server span per request, joined to
+//!   the caller's `traceparent` / B3 trace, a child span per store call, exported over OTLP.
+//! - [`clock`], [`proto`]: time; the generated RLS v3 types.
 //!
-//! `fuzzing` (hidden, not API) holds the entry points of the fuzz targets in `fuzz/`.
+//! `fuzzing` (hidden, not API; built only for the fuzz targets, `--cfg fuzzing`, and the
+//! unit tests) holds their entry points.
 #![forbid(unsafe_code)]
 
 pub mod admission;
@@ -54,13 +67,17 @@ pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod file_watch;
+#[cfg(any(fuzzing, test))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
 pub mod limiter;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
+pub mod outcome;
 pub mod plan;
 pub mod proto;
 pub mod runtime;

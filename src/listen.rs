@@ -169,6 +169,25 @@ impl Admission {
     }
 }
 
+/// The peer of an admin HTTP connection, for handlers that log who called them (axum
+/// provides its `ConnectInfo` for its own `TcpListener` only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Admission>>
+    for PeerAddr
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Admission>) -> PeerAddr {
+        PeerAddr(*stream.remote_addr())
+    }
+}
+
+impl std::fmt::Display for PeerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl axum::serve::Listener for Admission {
     type Io = Guarded<TcpStream>;
     type Addr = SocketAddr;

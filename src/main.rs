@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
 use floodgate::config::{Config, Defaults};
+use floodgate::console::{BucketEntry, BucketRequest, client};
 use floodgate::server;
+use floodgate::settings::console::{BucketAction, BucketSettings};
 use floodgate::settings::{CheckConfigSettings, Cli, Command, LogFormat, apply_reference_env};
 use mimalloc::MiMalloc;
 
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::CheckConfig(settings) => check_config(&settings),
+        Command::Bucket(settings) => bucket(&settings),
         Command::Serve(mut settings) => {
             // The reference server's environment variables fill in what our own flags left
             // at their defaults.
@@ -123,6 +126,90 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `floodgate bucket get|reset|set`: one console call; prints the JSON answer. Exit 0 on
+/// success, 1 when the server refused or failed, 64 for a bad argument.
+fn bucket(settings: &BucketSettings) -> ExitCode {
+    let (request, call) = match console_request(settings) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("floodgate: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let token = match &settings.token_file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(token) => Some(token.trim().to_owned()),
+            Err(e) => {
+                eprintln!("floodgate: cannot read {}: {e}", path.display());
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => None,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("floodgate: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(client::send(
+        &settings.admin,
+        call,
+        &request,
+        token.as_deref(),
+    )) {
+        Ok((status, body)) => {
+            println!("{body}");
+            if (200..300).contains(&status) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("floodgate: the server answered HTTP {status}");
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("floodgate: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The console request the `bucket` flags describe.
+fn console_request(settings: &BucketSettings) -> Result<(BucketRequest, client::Call), String> {
+    let entries = settings
+        .entries
+        .iter()
+        .map(|entry| {
+            let (key, value) = entry.split_once('=').unwrap_or((entry, ""));
+            if key.is_empty() {
+                return Err(format!("--entry {entry:?}: the key is empty"));
+            }
+            Ok(BucketEntry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let (call, remaining) = match settings.action {
+        BucketAction::Get => (client::Call::Get, None),
+        BucketAction::Reset => (client::Call::Reset, None),
+        BucketAction::Set { remaining } => (client::Call::Set, Some(remaining)),
+    };
+    Ok((
+        BucketRequest {
+            domain: settings.domain.clone(),
+            entries,
+            key: settings.key.clone(),
+            remaining,
+        },
+        call,
+    ))
 }
 
 /// Logs in `format`, filtered by `RUST_LOG`, else by `fallback` (from the reference's

@@ -16,7 +16,10 @@
 //! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
 //! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
 //! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
+//! | `floodgate_rule_errors_total` | domain, rule | hits of requests that failed with a store error (counted on the error path only) |
 //! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
+//! | `floodgate_request_duration_seconds` | result | ShouldRateLimit calls (gRPC and `/json`) from the decoded request to the answer, by result (as `floodgate_requests_total`), histogram |
+//! | `floodgate_domain_requests_total` | domain, result | answered calls by configured domain (`_unknown` for any other: clients never choose a label value) and result (`ok`, `over_limit`) |
 //! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
 //! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
@@ -35,14 +38,14 @@
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
-//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
 //! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
 //! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
 //! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
 //! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
 //! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
 //!
-//! When statsd is on ([`Metrics::attach_statsd`]), the same recording calls also count the
+//! When statsd or the reference's Prometheus series are on ([`Metrics::attach_reference_stats`]), the same recording calls also count the
 //! reference's statsd stats ([`crate::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
@@ -66,8 +69,12 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::plan::{Outcome, Tally, Verdict};
+use crate::outcome::{Outcome, Tally, Verdict};
+
+pub mod history;
+
 use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
+pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
 /// no bytes (a label set is needed to look a series up, not only to create it).
@@ -113,6 +120,10 @@ pub enum Port {
     Grpc,
     /// The admin HTTP port.
     Http,
+    /// The reference's Prometheus series' port (`--reference-prometheus-addr`).
+    Prometheus,
+    /// The reference's debug port (`--debug-addr`).
+    Debug,
 }
 
 impl Port {
@@ -121,6 +132,8 @@ impl Port {
         match self {
             Port::Grpc => "grpc",
             Port::Http => "http",
+            Port::Prometheus => "prometheus",
+            Port::Debug => "debug",
         }
     }
 }
@@ -129,6 +142,17 @@ impl Port {
 struct ResultLabels {
     result: &'static str,
 }
+
+/// A configured domain (or [`UNKNOWN_DOMAIN`]) and how its request ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DomainLabels {
+    domain: LabelText,
+    result: &'static str,
+}
+
+/// The `domain` label of requests for a domain no configuration has: clients choose those
+/// names, so they never become label values of their own.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
@@ -175,7 +199,8 @@ pub enum RequestResult {
 }
 
 impl RequestResult {
-    fn label(self) -> &'static str {
+    /// The `result` label value (also a trace span's `ratelimit.result`).
+    pub fn label(self) -> &'static str {
         match self {
             RequestResult::Ok => "ok",
             RequestResult::OverLimit => "over_limit",
@@ -209,8 +234,11 @@ pub struct Metrics {
     rule_over_limit: Family<RuleLabels, Counter>,
     rule_shadow_mode: Family<RuleLabels, Counter>,
     rule_near_limit: Family<RuleLabels, Counter>,
+    rule_errors: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
     requests: Family<ResultLabels, Counter>,
+    request_duration: Family<ResultLabels, Histogram>,
+    domain_requests: Family<DomainLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
     config_last_load_ok: Gauge,
@@ -233,10 +261,27 @@ pub struct Metrics {
     abuse: Abuse,
     /// Run before every exposition.
     samplers: Samplers,
-    /// The reference's statsd stats, when they are sent.
+    /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
     statsd_dropped: Counter,
+    /// The last limits loads, for the operator console.
+    loads: LoadHistory,
+}
+
+/// A rule's counters, read by the operator console (which derives rates from them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuleCounts {
+    /// Hits evaluated (`floodgate_rule_hits_total`).
+    pub hits: u64,
+    /// Hits admitted.
+    pub within_limit: u64,
+    /// Hits over the limit (a shadow-mode rule's included).
+    pub over_limit: u64,
+    /// Hits a shadow-mode rule would have denied.
+    pub shadow_mode: u64,
+    /// Hits of requests that failed with a store error.
+    pub errors: u64,
 }
 
 /// Counts one request in `floodgate_requests_in_flight` while it lives.
@@ -264,8 +309,15 @@ impl Metrics {
         let rule_over_limit = Family::<RuleLabels, Counter>::default();
         let rule_shadow_mode = Family::<RuleLabels, Counter>::default();
         let rule_near_limit = Family::<RuleLabels, Counter>::default();
+        let rule_errors = Family::<RuleLabels, Counter>::default();
         let rule_over_limit_local_cache = Family::<RuleLabels, Counter>::default();
         let requests = Family::<ResultLabels, Counter>::default();
+        // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
+        // middle, a Redis outage's timeouts near the top.
+        let request_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))) as fn() -> Histogram,
+        );
+        let domain_requests = Family::<DomainLabels, Counter>::default();
         // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the middle.
         let store_duration = Family::<StoreLabels, Histogram>::new_with_constructor(
             (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
@@ -318,9 +370,26 @@ impl Metrics {
             rule_near_limit.clone(),
         );
         registry.register(
+            "floodgate_rule_errors",
+            "Hits of requests that failed with a store error",
+            rule_errors.clone(),
+        );
+        registry.register(
             "floodgate_requests",
             "ShouldRateLimit calls by result",
             requests.clone(),
+        );
+        registry.register(
+            "floodgate_request_duration_seconds",
+            "ShouldRateLimit calls (gRPC and /json) from the decoded request to the answer, \
+             by result",
+            request_duration.clone(),
+        );
+        registry.register(
+            "floodgate_domain_requests",
+            "Answered ShouldRateLimit calls by configured domain (_unknown for any other) \
+             and result",
+            domain_requests.clone(),
         );
         registry.register(
             "floodgate_store_duration_seconds",
@@ -428,8 +497,11 @@ impl Metrics {
             rule_over_limit,
             rule_shadow_mode,
             rule_near_limit,
+            rule_errors,
             rule_over_limit_local_cache,
             requests,
+            request_duration,
+            domain_requests,
             store_duration,
             config_loads,
             config_last_load_ok,
@@ -452,16 +524,24 @@ impl Metrics {
             samplers: Samplers::default(),
             statsd: OnceLock::new(),
             statsd_dropped,
+            loads: LoadHistory::default(),
         }
     }
 
-    /// Also counts the reference's statsd stats from now on, and starts sending them (a
-    /// background task: call inside a Tokio runtime). Only the first call has an effect.
-    pub fn attach_statsd(&self, config: StatsdConfig) {
-        let stats = Arc::new(Stats::new(config, self.statsd_dropped.clone()));
+    /// Also counts the reference's statsd stats from now on, and starts sending them to
+    /// `statsd` if given (a background task: call inside a Tokio runtime); without it they
+    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]).
+    /// Only the first call has an effect.
+    pub fn attach_reference_stats(&self, statsd: Option<StatsdConfig>) {
+        let stats = Arc::new(Stats::new(statsd, self.statsd_dropped.clone()));
         if self.statsd.set(Arc::clone(&stats)).is_ok() {
             stats.start();
         }
+    }
+
+    /// The reference's stats, when they are counted.
+    pub fn reference_stats(&self) -> Option<&Arc<Stats>> {
+        self.statsd.get()
     }
 
     /// When statsd is on, sends `name` at every flush with the value `read` returns then
@@ -513,6 +593,16 @@ impl Metrics {
                 self.record_tally(domain, tally);
             }
         }
+        let domain = match &outcome.domain {
+            Some(domain) => Arc::clone(domain),
+            None => Arc::from(UNKNOWN_DOMAIN),
+        };
+        self.domain_requests
+            .get_or_create(&DomainLabels {
+                domain: LabelText(domain),
+                result: result.label(),
+            })
+            .inc();
         if outcome.shadowed {
             self.global_shadow_mode.inc();
             self.stat(StatName::GlobalShadowMode, 1);
@@ -524,18 +614,7 @@ impl Metrics {
         if let Some(stats) = self.statsd.get() {
             record_stat_tally(stats, tally);
         }
-        let mut labels = RuleLabels {
-            domain: LabelText(Arc::clone(domain)),
-            rule: LabelText(Arc::clone(&tally.rule)),
-        };
-        // Paths with request values are as many as the values clients send: past the cap,
-        // new ones share one overflow series per domain.
-        if tally.detailed
-            && self.rule_hits.get(&labels).is_none()
-            && !self.abuse.admit_detailed_series()
-        {
-            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
-        }
+        let labels = self.rule_labels(domain, &tally.rule, tally.detailed);
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
         let family = match tally.verdict {
             Verdict::WithinLimit => &self.rule_within_limit,
@@ -561,6 +640,34 @@ impl Metrics {
         }
     }
 
+    /// The labels of a rule's series. Paths with request values are as many as the values
+    /// clients send: past the cap, new ones share one overflow series per domain.
+    fn rule_labels(&self, domain: &Arc<str>, rule: &Arc<str>, detailed: bool) -> RuleLabels {
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        if detailed && self.rule_hits.get(&labels).is_none() && !self.abuse.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
+        labels
+    }
+
+    /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
+    /// each matched rule's path, whether it holds request values, and its hits). Only the
+    /// error path calls it.
+    pub fn record_rule_errors<'a>(
+        &self,
+        domain: &Arc<str>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64)>,
+    ) {
+        for (rule, detailed, hits) in rules {
+            let labels = self.rule_labels(domain, rule, detailed);
+            self.rule_errors.get_or_create(&labels).inc_by(hits);
+        }
+    }
+
     /// Counts a ShouldRateLimit call by result.
     pub fn record_request(&self, result: RequestResult) {
         // The reference's two error counters: a Redis failure, and every other error its
@@ -577,11 +684,76 @@ impl Metrics {
             .inc();
     }
 
+    /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
+    pub fn record_request_duration(&self, result: RequestResult, elapsed: Duration) {
+        self.request_duration
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
     /// Records the time one request spent in the store.
     pub fn record_store_duration(&self, store: &'static str, elapsed: Duration) {
         self.store_duration
             .get_or_create(&StoreLabels { store })
             .observe(elapsed.as_secs_f64());
+    }
+
+    /// The counters of `rule` in `domain` (zero for a series never recorded). Read per
+    /// configured rule when the console asks, so the request path does no extra work.
+    pub fn rule_counts(&self, domain: &Arc<str>, rule: &Arc<str>) -> RuleCounts {
+        let labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        let read =
+            |family: &Family<RuleLabels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        RuleCounts {
+            hits: read(&self.rule_hits),
+            within_limit: read(&self.rule_within_limit),
+            over_limit: read(&self.rule_over_limit),
+            shadow_mode: read(&self.rule_shadow_mode),
+            errors: read(&self.rule_errors),
+        }
+    }
+
+    /// ShouldRateLimit calls so far by result (`ok`, `over_limit`, `invalid`, `store_error`,
+    /// `overloaded`), for the console.
+    pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
+        [
+            RequestResult::Ok,
+            RequestResult::OverLimit,
+            RequestResult::Invalid,
+            RequestResult::StoreError,
+            RequestResult::Overloaded,
+        ]
+        .into_iter()
+        .map(|result| {
+            let labels = ResultLabels {
+                result: result.label(),
+            };
+            (
+                result.label(),
+                self.requests.get(&labels).map_or(0, |c| c.get()),
+            )
+        })
+        .collect()
+    }
+
+    /// The last limits loads, newest first.
+    pub fn loads(&self) -> &LoadHistory {
+        &self.loads
+    }
+
+    /// Counts a limits load like [`Metrics::record_config_load`] and remembers it with
+    /// `detail` (what was loaded, or why it failed) in [`Metrics::loads`].
+    pub fn record_config_load_with(&self, ok: bool, detail: &str) {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.loads.record(at_unix_ms, ok, detail);
+        self.record_config_load(ok);
     }
 
     /// Counts a limits configuration load (start-up or reload) and remembers whether the
@@ -626,11 +798,9 @@ impl Metrics {
         self.memory_evictions.inc_by(evicted);
     }
 
-    /// Counts a store failure by kind.
-    pub fn record_store_error(&self, error: &crate::store::StoreError) {
-        self.store_errors
-            .get_or_create(&KindLabels { kind: error.kind() })
-            .inc();
+    /// Counts a store failure by kind (`StoreError::kind`).
+    pub fn record_store_error(&self, kind: &'static str) {
+        self.store_errors.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// Counts a request answered by the failure policy.

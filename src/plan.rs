@@ -15,9 +15,10 @@ use prost_types::Duration;
 
 pub use crate::annotate::HeaderOptions;
 use crate::annotate::{self, Reported};
-use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue};
+use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
+pub use crate::outcome::{Outcome, Tally, Verdict};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit},
@@ -67,6 +68,21 @@ pub struct PlanOptions {
     /// Report the request and the `metadata:` of the rules it was admitted by in
     /// `dynamic_metadata`, as the reference does with `RESPONSE_DYNAMIC_METADATA`.
     pub dynamic_metadata: bool,
+    /// Share fixed-window counters with reference pods (`--reference-counters`): `None` off.
+    pub reference_counters: Option<ReferenceCounters>,
+}
+
+/// How buckets are shared with reference pods while a Deployment rolls: a fixed-window
+/// limit the reference could express (the rule's only limit, no `unit_multiplier`, a domain
+/// without `redis_hash_tag`) and descriptor `limit` overrides counted in fixed windows get a
+/// [`ReferenceCounter`]; in Redis they are the reference's integer under its key name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceCounters {
+    /// The reference's `CACHE_KEY_PREFIX`, starting every counter's name.
+    pub prefix: Arc<[u8]>,
+    /// `EXPIRATION_JITTER_MAX_SECONDS`: a counter's `EXPIRE` is its unit plus a random
+    /// jitter below this, as the reference sets it.
+    pub expiry_jitter_max_secs: u64,
 }
 
 impl Default for PlanOptions {
@@ -80,6 +96,7 @@ impl Default for PlanOptions {
             headers: None,
             near_limit_ratio: 0.8,
             dynamic_metadata: false,
+            reference_counters: None,
         }
     }
 }
@@ -122,6 +139,8 @@ struct MatchedLimit<'c> {
     /// A quota-mode descriptor (per rule, or global).
     quota: bool,
     key: BucketKey,
+    /// The reference's counter name, when this bucket is shared with reference pods.
+    reference: Option<ReferenceKey>,
 }
 
 /// A rule's metric path, and whether it holds request values (`detailed_metric`,
@@ -175,47 +194,19 @@ pub struct Plan<'c> {
     global_quota: bool,
 }
 
-/// How one limit of one descriptor fared, for metrics.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tally {
-    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
+/// One matched limit of a planned descriptor, as [`Plan::limits_of`] shows it.
+#[derive(Debug, Clone)]
+pub struct PlannedLimitView<'c> {
+    /// The configured limit; `None` for a descriptor `limit` override.
+    pub limit: Option<&'c Limit>,
+    /// The rule's metric path (`domain.key_value.key`).
     pub rule: Arc<str>,
-    /// `rule` holds request values (`detailed_metric`, `value_to_metric`), so it is not one
-    /// of the configuration's bounded set of paths.
-    pub detailed: bool,
-    /// Hits the descriptor asked for (0 for check-only and refunds).
-    pub hits: u64,
-    /// The verdict for this limit.
-    pub verdict: Verdict,
-    /// Of `hits`, how many were admitted above the near-limit threshold.
-    pub near_limit: u64,
-    /// The verdict came from the local over-limit cache, without a store call.
-    pub local_cache: bool,
-}
-
-/// A limit's verdict, as metrics count it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    /// The limit admitted the hits.
-    WithinLimit,
-    /// The limit denied the hits.
-    OverLimit,
-    /// The limit would have denied, but it is in shadow mode.
-    ShadowOverLimit,
-}
-
-/// The response and what metrics should count.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
-    /// The answer for Envoy.
-    pub response: RateLimitResponse,
-    /// The request's domain as a metric label; `None` when no domain is configured by that
-    /// name (then there are no tallies).
-    pub domain: Option<Arc<str>>,
-    /// One tally per evaluated limit.
-    pub tallies: Vec<Tally>,
-    /// The request would have been denied but for global shadow mode.
-    pub shadowed: bool,
+    /// Index of its bucket in [`Plan::ops`].
+    pub op: usize,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+    /// The descriptor is a quota-mode one.
+    pub quota: bool,
 }
 
 impl<'c> Plan<'c> {
@@ -275,6 +266,13 @@ impl<'c> Plan<'c> {
                     params.period_us,
                 )
                 .with_override_rate(limit.requests_per_unit);
+                // The reference names an override's counter like the configured limit's.
+                let reference = reference_key(
+                    options,
+                    domain,
+                    params,
+                    entries.iter().map(|&(k, v)| (k, v)),
+                );
                 // Never a shadow-mode or quota-mode rule (the reference's choice); the
                 // global switches cover overrides too.
                 limits.push(MatchedLimit {
@@ -289,6 +287,7 @@ impl<'c> Plan<'c> {
                     enforce: true,
                     quota: options.quota_mode,
                     key,
+                    reference,
                 });
             } else if let Some(found) = domain.find(&entries) {
                 let rule = found.rule;
@@ -302,6 +301,25 @@ impl<'c> Plan<'c> {
                 metadata = rule.metadata.as_ref();
                 for limit in &rule.limits {
                     let params = limit.params();
+                    // Only a rule the reference could express has a reference counter.
+                    let reference = (rule.limits.len() == 1 && limit.unit_multiplier == 1)
+                        .then(|| {
+                            reference_key(
+                                options,
+                                domain,
+                                params,
+                                entries.iter().zip(&found.steps).map(
+                                    |(&(k, v), step)| match step {
+                                        Step::Wildcard {
+                                            pattern,
+                                            shared: true,
+                                        } => (k, pattern.as_bytes()),
+                                        _ => (k, v),
+                                    },
+                                ),
+                            )
+                        })
+                        .flatten();
                     let key = BucketKey::in_domain(
                         domain.key_prefix(),
                         entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
@@ -323,6 +341,7 @@ impl<'c> Plan<'c> {
                         enforce: !rule.shadow_mode,
                         quota: rule.quota_mode || options.quota_mode,
                         key,
+                        reference,
                     });
                 }
             }
@@ -352,6 +371,7 @@ impl<'c> Plan<'c> {
                 enforce,
                 quota,
                 key,
+                reference,
             } in limits
             {
                 let params = match source {
@@ -371,7 +391,7 @@ impl<'c> Plan<'c> {
                     }
                     LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
                 };
-                let op = op_slot(&mut ops, &mut op_index, key, params);
+                let op = op_slot(&mut ops, &mut op_index, key, params, reference);
                 ops[op].cost = ops[op].cost.saturating_add(cost);
                 // `overdraft` is not part of the key: if any limit reaching the bucket asks
                 // for it, debits of this bucket always apply.
@@ -407,6 +427,58 @@ impl<'c> Plan<'c> {
             global_shadow: options.shadow_mode,
             global_quota: options.quota_mode,
         })
+    }
+
+    /// The limits matched by descriptor `index`, each with the index of its op in
+    /// [`Plan::ops`] (empty for an unmatched or `unlimited` descriptor, or a bad index). The
+    /// operator console shows them beside the store's answer.
+    pub fn limits_of(&self, index: usize) -> Vec<PlannedLimitView<'c>> {
+        let Some(DescriptorPlan::Limited(limits, _)) = self.descriptors.get(index) else {
+            return Vec::new();
+        };
+        limits
+            .iter()
+            .map(|limit| PlannedLimitView {
+                limit: match limit.source {
+                    LimitSource::Configured(limit) => Some(limit),
+                    LimitSource::Override(..) => None,
+                },
+                rule: Arc::clone(&limit.rule.path),
+                op: limit.op,
+                shadow: !limit.enforce,
+                quota: limit.quota,
+            })
+            .collect()
+    }
+
+    /// The request's domain as a metric label; `None` when no such domain is configured.
+    pub fn domain_label(&self) -> Option<&Arc<str>> {
+        self.domain.as_ref()
+    }
+
+    /// Each matched limit's rule (path, whether it holds request values, hits asked): what
+    /// metrics count per rule when the store fails and there is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64)> {
+        let mut rules = Vec::new();
+        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
+            if let DescriptorPlan::Limited(limits, _) = descriptor {
+                let hits = u64::try_from(cost).unwrap_or(0);
+                rules.extend(
+                    limits
+                        .iter()
+                        .map(|limit| (&limit.rule.path, limit.rule.detailed, hits)),
+                );
+            }
+        }
+        rules
+    }
+
+    /// Whether descriptor `index` matched an `unlimited` rule (no bucket, always OK).
+    pub fn is_unlimited(&self, index: usize) -> bool {
+        matches!(
+            self.descriptors.get(index),
+            Some(DescriptorPlan::Unlimited { .. })
+        )
     }
 
     /// Whether the request is answered OVER_LIMIT, as the reference decides it
@@ -703,6 +775,7 @@ fn op_slot(
     index: &mut HashMap<BucketKey, usize>,
     key: BucketKey,
     params: LimitParams,
+    reference: Option<ReferenceKey>,
 ) -> usize {
     let found = if ops.len() <= LINEAR_OPS {
         ops.iter().position(|op| op.key == key)
@@ -722,9 +795,27 @@ fn op_slot(
             params,
             cost: 0,
             enforce: false,
+            reference: reference.map(ReferenceCounter::new),
         });
         ops.len() - 1
     })
+}
+
+/// The reference's counter name for a bucket of `params` reached through `entries` (values
+/// as the reference writes them: a `share_threshold` entry's pattern), when reference
+/// counters are on and the reference counts such a bucket: a fixed window in a domain without
+/// a hash tag (the reference's names have none, so they would leave the domain's slot).
+fn reference_key<'a>(
+    options: &PlanOptions,
+    domain: &crate::config::Domain,
+    params: LimitParams,
+    entries: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+) -> Option<ReferenceKey> {
+    let counters = options.reference_counters.as_ref()?;
+    if params.algorithm != Algorithm::FixedWindow || domain.hash_tag {
+        return None;
+    }
+    Some(ReferenceKey::new(&counters.prefix, &domain.name, entries))
 }
 
 fn override_params(requests_per_unit: u32, unit: Unit, options: &PlanOptions) -> LimitParams {
@@ -902,6 +993,91 @@ descriptors:
         assert_eq!(keys, [&b"{t}:a=x|tb1"[..], b"{t}:z=y|tb60o4"]);
         let plan = Plan::build(&request(vec![descriptor("a", "x")]), &config, &options()).unwrap();
         assert_eq!(plan.ops[0].key.as_bytes(), b"d:a=x|tb1");
+    }
+
+    /// With reference counters on, exactly the fixed windows the reference could express get
+    /// its counter name (a `share_threshold` entry by its pattern, an override like the
+    /// configured limit): not token buckets, not a rule with two limits, not a
+    /// `unit_multiplier`, not a hash-tagged domain; off, none does.
+    #[test]
+    fn reference_counters_only_where_the_reference_counts() {
+        const SHARED: &str = r#"
+domain: r
+descriptors:
+  - key: ip
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 3, algorithm: fixed_window}
+  - key: tb
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: two
+    rate_limits:
+      - {unit: second, requests_per_unit: 3, algorithm: fixed_window}
+      - {unit: day, requests_per_unit: 9, algorithm: fixed_window}
+  - key: multi
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+        const TAGGED: &str = "domain: t\nredis_hash_tag: true\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3, algorithm: fixed_window}\n";
+        let config = Config::from_sources(
+            &[
+                ("r.yaml".to_string(), SHARED.to_string()),
+                ("t.yaml".to_string(), TAGGED.to_string()),
+            ],
+            &Defaults {
+                algorithm: Algorithm::TokenBucket,
+            },
+        )
+        .unwrap();
+        let on = PlanOptions {
+            default_algorithm: Algorithm::FixedWindow,
+            reference_counters: Some(ReferenceCounters {
+                prefix: Arc::from(&b"rl_"[..]),
+                expiry_jitter_max_secs: 0,
+            }),
+            ..options()
+        };
+        let mut overridden = descriptor("ip", "9");
+        overridden.limit = Some(
+            crate::proto::common::rate_limit_descriptor::RateLimitOverride {
+                requests_per_unit: 1,
+                unit: 2,
+            },
+        );
+        let mut req = request(vec![
+            descriptor("ip", "1.2.3.4"),
+            descriptor("path", "/api/x"),
+            descriptor("tb", "x"),
+            descriptor("two", "x"),
+            descriptor("multi", "x"),
+            overridden,
+        ]);
+        req.domain = "r".into();
+        let names = |options: &PlanOptions, req: &RateLimitRequest| -> Vec<Option<Vec<u8>>> {
+            Plan::build(req, &config, options)
+                .unwrap()
+                .ops
+                .iter()
+                .map(|op| op.reference.as_ref().map(|r| r.base.as_bytes().to_vec()))
+                .collect()
+        };
+        assert_eq!(
+            names(&on, &req),
+            [
+                Some(b"rl_r_ip_1.2.3.4_".to_vec()),
+                Some(b"rl_r_path_/api/*_".to_vec()),
+                None,
+                None,
+                None,
+                None,
+                Some(b"rl_r_ip_9_".to_vec()),
+            ]
+        );
+        assert!(names(&options(), &req).iter().all(Option::is_none));
+        let mut tagged = request(vec![descriptor("a", "x")]);
+        tagged.domain = "t".into();
+        assert_eq!(names(&on, &tagged), [None]);
     }
 
     /// Two descriptors reaching one bucket make one op with the summed cost.
@@ -1176,6 +1352,7 @@ descriptors:
             },
             cost,
             enforce: true,
+            reference: None,
         };
         // Threshold 8: 7 → 10 has two hits above it; 8 → 9 has one; 5 → 8 none.
         assert_eq!(near_limit_hits(&op(3), 0, 3, 0.8), 2);

@@ -33,10 +33,12 @@ use crate::admission::AdmissionLayer;
 use crate::clock::SystemClock;
 use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults, Loader};
+use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
 use crate::metrics::{Metrics, Port};
+use crate::otel::{TraceError, Traces};
 use crate::plan::PlanOptions;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
@@ -113,6 +115,9 @@ pub enum ServerError {
     /// Reflection could not be built from the embedded descriptors (a build defect).
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    /// The trace exporter cannot be built as configured.
+    #[error("tracing: {0}")]
+    Traces(#[from] TraceError),
 }
 
 /// How [`run`] serves, besides its listeners, limiter and store health.
@@ -138,6 +143,8 @@ pub struct RunOptions {
     pub keepalive_interval: Option<Duration>,
     /// Connection and stream bounds of both ports.
     pub bounds: Bounds,
+    /// The operator console's token, access rules and store health.
+    pub console: ConsoleOptions,
 }
 
 /// The bounds that keep one client from exhausting the server (docs/security.md).
@@ -205,6 +212,11 @@ impl RunOptions {
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
             bounds: Bounds::from_settings(&settings.bounds),
+            console: ConsoleOptions {
+                token: prepared.admin_token.clone(),
+                read_requires_token: settings.console.admin_read_requires_token,
+                redis: prepared.redis.clone(),
+            },
         }
     }
 }
@@ -226,6 +238,10 @@ pub struct Prepared {
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
     /// The xDS client's options, when a control plane pushes the limits.
     pub xds: Option<crate::config::xds::XdsOptions>,
+    /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
+    pub traces: Option<Arc<Traces>>,
+    /// The operator console's bearer token (none configured: mutations refused).
+    pub admin_token: AdminToken,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -237,10 +253,17 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
     );
     // Before the limits load, so config_load_success / config_load_error count it.
-    if let Some(statsd) = settings.statsd.config() {
+    let statsd = settings.statsd.config();
+    if let Some(statsd) = &statsd {
         tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
                        flush_interval = ?statsd.flush_interval, "statsd stats on");
-        metrics.attach_statsd(statsd);
+    }
+    // The debug port's /stats shows them too.
+    if statsd.is_some()
+        || settings.statsd.reference_prometheus().is_some()
+        || settings.statsd.debug_addr.is_some()
+    {
+        metrics.attach_reference_stats(statsd);
     }
     let xds = match &settings.xds.config_xds {
         Some(url) => Some(xds::options(
@@ -312,6 +335,28 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 (resilient.clone(), fallback, Some(resilient))
             }
         };
+    let traces = match settings.traces.export() {
+        Some(export) => {
+            let traces = Traces::start(&export)?;
+            tracing::info!(
+                transport = ?export.transport,
+                endpoint = export
+                    .endpoint
+                    .as_deref()
+                    .unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
+                service_name = %export.service_name,
+                sampling_rate = export.sampling_rate,
+                parent_based = export.parent_based,
+                "OpenTelemetry traces on"
+            );
+            Some(Arc::new(traces))
+        }
+        None => None,
+    };
+    let admin_token = match &settings.console.admin_token_file {
+        Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
+        None => AdminToken::none(),
+    };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
         RateLimiter::new(
@@ -325,12 +370,17 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,
                 dynamic_metadata: settings.response.response_dynamic_metadata,
+                reference_counters: settings
+                    .counters
+                    .plan_options(settings.runtime_layout.is_some()),
             },
             metrics,
         )
-        .with_max_in_flight(settings.max_in_flight as usize),
+        .with_max_in_flight(settings.max_in_flight as usize)
+        .with_traces(traces.clone()),
     );
     Ok(Prepared {
+        traces,
         limiter,
         config,
         memory,
@@ -338,6 +388,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         tls,
         limits_loaded,
         xds,
+        admin_token,
         settings,
     })
 }
@@ -357,7 +408,10 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
                 errors,
             }
         })?;
-    metrics.record_config_load(true);
+    metrics.record_config_load_with(
+        true,
+        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
+    );
     tracing::info!(
         path = %loader.source,
         domains = config.domains().count(),
@@ -441,6 +495,8 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     } else {
         Some(bind(settings.http_addr).await?)
     };
+    serve_reference_prometheus(&prepared, &bounds).await?;
+    serve_debug(&prepared, &bounds).await?;
     if let Some(memory) = &prepared.memory {
         memory.spawn_sweeper(SWEEP_INTERVAL);
     }
@@ -455,7 +511,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     }
     tracing::info!(
         store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
-        redis = ?settings.redis_url.as_deref().map(crate::settings::redact_url),
+        redis = ?settings.redis_url.as_deref().map(crate::store::redis::redact::redact_url),
         redis_sentinel = ?settings.redis_sentinel,
         redis_cluster = ?settings.redis_cluster_redacted(),
         on_store_error = settings.on_store_error.as_str(),
@@ -463,6 +519,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         quota_mode = settings.quota_mode,
         default_algorithm = %crate::config::algorithm_name(settings.algorithm.value.into()),
         default_algorithm_reason = %settings.algorithm_choice.reason(),
+        reference_counters = settings.counters.enabled(settings.runtime_layout.is_some()),
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
@@ -471,8 +528,16 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         Some(options) => Some(Following::Xds(follow_xds(&prepared, options.clone()))),
     };
     let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
+    let _token_watch = match prepared.admin_token.watch() {
+        Some(Ok(watch)) => Some(watch),
+        Some(Err(e)) => {
+            tracing::error!("{e}; admin token reload is off");
+            None
+        }
+        None => None,
+    };
     let shutdown = shutdown_signal();
-    run(
+    let served = run(
         grpc,
         http,
         prepared.limiter.clone(),
@@ -480,8 +545,68 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         store_health,
         shutdown,
     )
-    .await?;
+    .await;
+    // Spans of the drained requests are still queued: export them before the process exits.
+    if let Some(traces) = &prepared.traces {
+        traces.shutdown(crate::otel::FLUSH_DEADLINE).await;
+    }
+    served?;
     tracing::info!("floodgate stopped");
+    Ok(())
+}
+
+/// Binds and serves the reference's Prometheus series when asked to, within the HTTP port's
+/// connection bounds. The task lives as long as the process: a scrape is read-only and
+/// needs no draining.
+async fn serve_reference_prometheus(
+    prepared: &Prepared,
+    bounds: &Bounds,
+) -> Result<(), ServerError> {
+    let Some(prom) = prepared.settings.statsd.reference_prometheus() else {
+        return Ok(());
+    };
+    let metrics = prepared.limiter.metrics();
+    let Some(stats) = metrics.reference_stats() else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(prom.addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: prom.addr,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(ServerError::Http)?;
+    let router =
+        http::reference_prometheus_router(Arc::clone(stats), &prom.path, prom.response_time_ms);
+    let admission = Admission::new(listener, bounds.http, Port::Prometheus, Arc::clone(metrics));
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admission, router).await {
+            tracing::error!(error = %e, "the reference's Prometheus listener failed");
+        }
+    });
+    tracing::info!(%addr, path = %prom.path, "serving the reference's Prometheus series");
+    Ok(())
+}
+
+/// Binds and serves the reference's debug port when asked to (`--debug-addr`), within the
+/// HTTP port's connection bounds; like the Prometheus one, it lives as long as the process.
+async fn serve_debug(prepared: &Prepared, bounds: &Bounds) -> Result<(), ServerError> {
+    let Some(addr) = prepared.settings.statsd.debug_addr else {
+        return Ok(());
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServerError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(ServerError::Http)?;
+    let router = http::debug_router(Arc::clone(&prepared.limiter));
+    let metrics = Arc::clone(prepared.limiter.metrics());
+    let admission = Admission::new(listener, bounds.http, Port::Debug, metrics);
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(admission, router).await {
+            tracing::error!(error = %e, "the debug listener failed");
+        }
+    });
+    tracing::info!(addr = %bound, "serving the debug port (/rlconfig, /stats)");
     Ok(())
 }
 
@@ -750,9 +875,15 @@ pub async fn run(
                 limiter,
                 serving: serving.clone(),
                 json_endpoint: options.json_endpoint,
+                console: options.console.clone(),
             });
             let http = Admission::new(http, bounds.http, Port::Http, metrics);
-            let http_server = axum::serve(http, admin).with_graceful_shutdown(stopped(stop_rx));
+            // With the peer's address: the console logs who changed a bucket.
+            let http_server = axum::serve(
+                http,
+                admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+            )
+            .with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
         }
         // No admin HTTP: a task that only ends with the server keeps the shutdown logic one.

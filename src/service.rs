@@ -15,17 +15,21 @@
 //! so streams that never send one count too.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
+use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::metrics::{Metrics, RequestResult};
+use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::rls::{
-    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
+    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
+    rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
 
@@ -78,6 +82,20 @@ pub struct RateLimiter {
     /// Why not a semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per
     /// request than the one atomic the gauge already updates.
     max_in_flight: usize,
+    /// The pod's clock, which names the window of a counter shared with reference pods (the
+    /// reference takes it from its own clock, not Redis's).
+    clock: Arc<dyn Clock>,
+    /// Where request spans go; `None` (tracing off) costs the request path one branch.
+    traces: Option<Arc<Traces>>,
+}
+
+/// Which entry point a request came through, for its span's name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryPoint {
+    /// gRPC `ShouldRateLimit`.
+    Grpc,
+    /// HTTP `POST /json`.
+    Json,
 }
 
 impl RateLimiter {
@@ -95,7 +113,21 @@ impl RateLimiter {
             options,
             metrics,
             max_in_flight: MAX_IN_FLIGHT,
+            clock: Arc::new(SystemClock),
+            traces: None,
         }
+    }
+
+    /// Names the windows of reference counters by `clock` instead of the system clock.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RateLimiter {
+        self.clock = clock;
+        self
+    }
+
+    /// Records a span per request (and per store call) in `traces`.
+    pub fn with_traces(mut self, traces: Option<Arc<Traces>>) -> RateLimiter {
+        self.traces = traces;
+        self
     }
 
     /// Answers at most `max` requests at once; more are refused with
@@ -114,6 +146,32 @@ impl RateLimiter {
     /// The metrics this limiter records into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
+    }
+
+    /// The store requests are answered from (the operator console inspects and resets
+    /// buckets through it, bypassing metrics and admission).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// How requests are planned.
+    pub fn options(&self) -> &PlanOptions {
+        &self.options
+    }
+
+    /// Names the window of every counter of `ops` shared with reference pods by the pod's
+    /// clock now, with a freshly drawn expiry (`bucket::stamp_reference_counters`): what the
+    /// request path does after planning, for anything else that plans (the console).
+    pub fn stamp_reference_counters(&self, ops: &mut [BucketOp]) {
+        if let Some(counters) = &self.options.reference_counters {
+            let now_secs = u64::try_from(self.clock.now_us() / 1_000_000).unwrap_or(0);
+            crate::bucket::stamp_reference_counters(
+                ops,
+                now_secs,
+                counters.expiry_jitter_max_secs,
+                jitter_roll,
+            );
+        }
     }
 
     /// Takes one of the `max_in_flight` places, or refuses (counted) when none is left. The
@@ -143,16 +201,81 @@ impl RateLimiter {
         self.answer_admitted(request).await
     }
 
-    /// Answers one request already holding a place from [`RateLimiter::admit`].
+    /// Answers one request that came through `entry` with `headers` (admitting it first),
+    /// traced as a child of the caller's span found in them when tracing is on.
+    pub async fn should_rate_limit_from(
+        &self,
+        request: &RateLimitRequest,
+        entry: EntryPoint,
+        headers: &http::HeaderMap,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let _admitted = self.admit()?;
+        self.answer_traced(request, entry, Some(headers)).await
+    }
+
+    /// Answers one request already holding a place from [`RateLimiter::admit`], timed in
+    /// `floodgate_request_duration_seconds` (both gRPC and `/json` come this way).
     pub async fn answer_admitted(
         &self,
         request: &RateLimitRequest,
     ) -> Result<RateLimitResponse, RequestError> {
+        self.answer_traced(request, EntryPoint::Grpc, None).await
+    }
+
+    /// Answers one admitted request that came through `entry`, timed in
+    /// `floodgate_request_duration_seconds`, and a child span of the caller's trace found in
+    /// `headers` when tracing is on.
+    pub async fn answer_traced(
+        &self,
+        request: &RateLimitRequest,
+        entry: EntryPoint,
+        headers: Option<&http::HeaderMap>,
+    ) -> Result<RateLimitResponse, RequestError> {
+        let started = Instant::now();
+        let span = self.traces.as_ref().map(|traces| {
+            let name = match entry {
+                EntryPoint::Grpc => crate::otel::GRPC_SPAN,
+                EntryPoint::Json => crate::otel::JSON_SPAN,
+            };
+            traces.request(name, headers)
+        });
+        let answered = self.answer(request, span.as_ref()).await;
+        let result = match &answered {
+            Ok(response) if response.overall_code == Code::OverLimit as i32 => {
+                RequestResult::OverLimit
+            }
+            Ok(_) => RequestResult::Ok,
+            Err(RequestError::Invalid(_)) => RequestResult::Invalid,
+            Err(RequestError::Store(_)) => RequestResult::StoreError,
+            Err(RequestError::Overloaded { .. }) => RequestResult::Overloaded,
+        };
+        self.metrics
+            .record_request_duration(result, started.elapsed());
+        if let Some(span) = span {
+            span.end(
+                &request.domain,
+                request.descriptors.len(),
+                result.label(),
+                self.store.name(),
+                answered.as_ref().err().map(|e| e as &dyn std::fmt::Display),
+            );
+        }
+        answered
+    }
+
+    /// The request path proper; `span`, when the request is traced.
+    async fn answer(
+        &self,
+        request: &RateLimitRequest,
+        span: Option<&RequestSpan<'_>>,
+    ) -> Result<RateLimitResponse, RequestError> {
         let config = self.config.load_full();
-        let plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
+        let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
+        // Once, before any store call: a refund must name the counter its debit did.
+        self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
             crate::bucket::Applied {
@@ -161,12 +284,19 @@ impl RateLimiter {
                 from_local_cache: false,
             }
         } else {
+            let store_span = span.map(|span| span.store_call(self.store.name(), plan.ops.len()));
             let started = Instant::now();
             let applied = self.store.apply(&plan.ops).await;
             self.metrics
                 .record_store_duration(self.store.name(), started.elapsed());
+            if let Some(store_span) = store_span {
+                store_span.end(applied.as_ref().err().map(|e| e as &dyn std::fmt::Display));
+            }
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
+                if let Some(domain) = plan.domain_label() {
+                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
@@ -176,8 +306,7 @@ impl RateLimiter {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
-        let over = outcome.response.overall_code
-            == crate::proto::rls::rate_limit_response::Code::OverLimit as i32;
+        let over = outcome.response.overall_code == Code::OverLimit as i32;
         self.metrics.record_outcome(
             &outcome,
             if over {
@@ -243,6 +372,23 @@ impl RlsService {
     }
 }
 
+/// Put on every rate-limit call by `crate::admission` and set by the handler when it is called:
+/// a call the handler never saw, answered with an error, failed before its request was decoded.
+#[derive(Clone, Debug, Default)]
+pub struct Reached(Arc<AtomicBool>);
+
+impl Reached {
+    /// The handler saw the request (it was decoded).
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the handler saw the request.
+    pub fn is_marked(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 #[tonic::async_trait]
 impl RateLimitService for RlsService {
     async fn should_rate_limit(
@@ -253,16 +399,51 @@ impl RateLimitService for RlsService {
         // Streams are admitted when they open (crate::admission), before their body arrives;
         // a call that did not pass that way (a service used without the layer) is admitted
         // here.
-        let answered = match request.extensions().get::<crate::admission::Reached>() {
+        let answered = match request.extensions().get::<Reached>() {
             Some(reached) => {
                 reached.mark();
-                self.limiter.answer_admitted(request.get_ref()).await
+                self.limiter
+                    .answer_traced(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        Some(request.metadata().as_ref()),
+                    )
+                    .await
             }
-            None => self.limiter.should_rate_limit(request.get_ref()).await,
+            None => {
+                self.limiter
+                    .should_rate_limit_from(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        request.metadata().as_ref(),
+                    )
+                    .await
+            }
         };
         // The reference's interceptor times every call that reaches the handler, errors
         // included.
         self.limiter.metrics().record_grpc_call(started.elapsed());
         answered.map(Response::new).map_err(Status::from)
     }
+}
+
+/// A random number for a counter's expiry jitter. Its quality hardly matters (it spreads
+/// expiries, as the reference's `math/rand` does), so a per-thread SplitMix64 seeded from
+/// std's random hasher keys: no lock, no dependency.
+fn jitter_roll() -> u64 {
+    use std::cell::Cell;
+    use std::hash::{BuildHasher, Hasher};
+    thread_local! {
+        static STATE: Cell<u64> = Cell::new(
+            std::collections::hash_map::RandomState::new().build_hasher().finish(),
+        );
+    }
+    STATE.with(|state| {
+        let next = state.get().wrapping_add(0x9E37_79B9_7F4A_7C15);
+        state.set(next);
+        let mut z = next;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    })
 }

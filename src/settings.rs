@@ -19,14 +19,19 @@ use crate::config::{RuntimeLayout, Source};
 use crate::limiter::Algorithm;
 use crate::plan::RequestLimits;
 use crate::store::FailurePolicy;
+use crate::store::redis::redact::redact_url;
 
 pub mod connections;
+pub mod console;
+pub mod counters;
 pub mod per_second;
 pub mod reference;
 pub mod statsd;
+pub mod traces;
 pub mod xds;
 
 pub use connections::GrpcConnectionSettings;
+pub use counters::ReferenceCounterSettings;
 pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 
@@ -48,6 +53,8 @@ pub enum Command {
     Serve(ServeSettings),
     /// Validate a limits file or directory, print the limits, and exit (0 valid, 1 invalid).
     CheckConfig(CheckConfigSettings),
+    /// Inspect, reset or set a bucket of a running server (its admin port's console API).
+    Bucket(console::BucketSettings),
 }
 
 /// `floodgate serve`.
@@ -94,6 +101,10 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_JSON_ENDPOINT", value_name = "BOOL", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub json_endpoint: bool,
+
+    /// The operator console's access rules.
+    #[command(flatten)]
+    pub console: console::ConsoleSettings,
 
     /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
     /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and
@@ -257,6 +268,14 @@ pub struct ServeSettings {
     /// The reference's statsd stats.
     #[command(flatten)]
     pub statsd: statsd::StatsdSettings,
+
+    /// OpenTelemetry trace export.
+    #[command(flatten)]
+    pub traces: traces::TraceSettings,
+
+    /// Fixed-window counters shared with reference pods while a Deployment rolls.
+    #[command(flatten)]
+    pub counters: ReferenceCounterSettings,
 
     // ---- Reference limits layout and answers (drop-in) ----
     /// Merge limits files that name the same domain into one domain (a composite key
@@ -605,82 +624,6 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("'{text}' is not a number of seconds (0 or more)"))
 }
 
-/// Replaces the password of a URL like `redis://user:secret@host` with `***`, and that of a
-/// unix-socket URL's `pass=` / `password=` query parameter
-/// (`redis+unix:///run/redis.sock?pass=secret`).
-///
-/// Written not to be fooled by URL syntax in a password that was not percent-encoded (`/`,
-/// `?`, `#`, `@`, `:`): the user information is everything between `://` and the *last* `@`
-/// (hosts, paths and queries hold none), and it is kept only up to its first `:`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let (userinfo, location) = match rest.rsplit_once('@') {
-        Some((userinfo, location)) => (Some(userinfo), location),
-        None => (None, rest),
-    };
-    let location = match location.split_once('?') {
-        Some((path, query)) => {
-            let query: Vec<String> = query
-                .split('&')
-                .map(|pair| match pair.split_once('=') {
-                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
-                    _ => pair.to_string(),
-                })
-                .collect();
-            format!("{path}?{}", query.join("&"))
-        }
-        None => location.to_string(),
-    };
-    match userinfo {
-        Some(userinfo) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let masked = if userinfo.contains(':') || !user.is_empty() {
-                format!("{user}:***")
-            } else {
-                "***".to_string()
-            };
-            format!("{scheme}://{masked}@{location}")
-        }
-        None => format!("{scheme}://{location}"),
-    }
-}
-
-/// `text` (an error message about `url`, which may quote it or parts of it) with every
-/// secret of `url` (its password, its `pass=` value) replaced by `***`.
-pub fn redact_in(text: &str, url: &str) -> String {
-    let mut secrets: Vec<&str> = Vec::new();
-    if let Some((_, rest)) = url.split_once("://") {
-        let location = match rest.rsplit_once('@') {
-            Some((userinfo, location)) => {
-                secrets.extend(userinfo.split_once(':').map(|(_, password)| password));
-                // A bare `redis://secret@host` may be a password too (older URL forms).
-                if !userinfo.contains(':') {
-                    secrets.push(userinfo);
-                }
-                location
-            }
-            None => rest,
-        };
-        if let Some((_, query)) = location.split_once('?') {
-            secrets.extend(
-                query
-                    .split('&')
-                    .filter_map(|pair| match pair.split_once('=') {
-                        Some(("pass" | "password", value)) => Some(value),
-                        _ => None,
-                    }),
-            );
-        }
-    }
-    let mut text = text.replace(url, &redact_url(url));
-    for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
-        text = text.replace(secret, "***");
-    }
-    text
-}
-
 impl fmt::Debug for ServeSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ServeSettings")
@@ -692,6 +635,7 @@ impl fmt::Debug for ServeSettings {
             .field("http_addr", &self.http_addr)
             .field("no_http", &self.no_http)
             .field("json_endpoint", &self.json_endpoint)
+            .field("console", &self.console)
             .field("redis_url", &self.redis_url.as_deref().map(redact_url))
             .field("redis_sentinel", &self.redis_sentinel)
             .field(
@@ -730,6 +674,7 @@ impl fmt::Debug for ServeSettings {
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
             .field("xds", &self.xds)
+            .field("counters", &self.counters)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)
             .field("runtime_layout", &self.runtime_layout)
@@ -1003,30 +948,6 @@ mod tests {
     /// Passwords never reach Debug output.
     #[test]
     fn redis_password_is_redacted() {
-        assert_eq!(
-            redact_url("redis://user:s3cret@host:6379/0"),
-            "redis://user:***@host:6379/0"
-        );
-        assert_eq!(redact_url("rediss://:s3cret@host"), "rediss://:***@host");
-        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
-        assert_eq!(
-            redact_url("redis+unix:///run/r.sock?pass=s3cret&user=u"),
-            "redis+unix:///run/r.sock?pass=***&user=u"
-        );
-        // URL syntax inside an unencoded password does not expose it.
-        for (url, secret) in [
-            ("redis://:pa/ss@host:6379/0", "pa/ss"),
-            ("redis://u:p?w=1@host:6379", "p?w=1"),
-            ("redis://u:p#x@host", "p#x"),
-            ("redis://u:a@b:c@host/0", "a@b:c"),
-            ("rediss://:sec/r?et@h:1?pass=also/secret", "also/secret"),
-        ] {
-            let redacted = redact_url(url);
-            assert!(!redacted.contains(secret), "{url} -> {redacted}");
-            let said = redact_in(&format!("cannot parse {url} (near '{secret}')"), url);
-            assert!(!said.contains(secret), "{said}");
-        }
-        assert_eq!(redact_url("redis://u:p/w@h:1/2"), "redis://u:***@h:1/2");
         let Command::Serve(s) = parse(&["serve", "--config", "x", "--redis-url", "redis://:pw@h"])
             .unwrap()
             .command

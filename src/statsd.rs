@@ -32,6 +32,7 @@ use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
 mod names;
+pub mod prometheus;
 pub use names::{StatName, sanitize};
 
 /// How lines reach the statsd host.
@@ -84,7 +85,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(3);
 
-/// The six counters of one rule path (the reference's `RateLimitStats`).
+/// The six counters of one rule path (the reference's `RateLimitStats`). Cumulative: the
+/// statsd sink sends each one's delta since its last flush, the reference's Prometheus
+/// exposition ([`prometheus`]) its total.
 #[derive(Debug, Default)]
 pub struct RuleCounters {
     /// The rule path, sanitized (the stat name between the scope and the counter's name).
@@ -101,18 +104,86 @@ pub struct RuleCounters {
     pub within_limit: AtomicU64,
     /// `shadow_mode`.
     pub shadow_mode: AtomicU64,
+    /// The values last sent to statsd, in [`RuleCounters::counters`] order.
+    sent: [AtomicU64; 6],
+}
+
+impl RuleCounters {
+    /// Each counter with its stat name's last segment.
+    pub fn counters(&self) -> [(&'static str, &AtomicU64); 6] {
+        [
+            ("total_hits", &self.total_hits),
+            ("over_limit", &self.over_limit),
+            ("near_limit", &self.near_limit),
+            (
+                "over_limit_with_local_cache",
+                &self.over_limit_with_local_cache,
+            ),
+            ("within_limit", &self.within_limit),
+            ("shadow_mode", &self.shadow_mode),
+        ]
+    }
+}
+
+/// A cumulative count and the value last sent to statsd.
+#[derive(Debug, Default)]
+struct Tracked {
+    value: AtomicU64,
+    sent: AtomicU64,
+}
+
+impl Tracked {
+    /// What moved since the last call (only the flush task calls it).
+    fn delta(&self) -> u64 {
+        let value = self.value.load(Ordering::Relaxed);
+        value.saturating_sub(self.sent.swap(value, Ordering::Relaxed))
+    }
+}
+
+/// Upper bounds, in whole milliseconds, that `response_time` samples are counted under:
+/// every bound either exposition needs (the statsd_exporter's default histogram buckets,
+/// 5 ms to 10 s, and the same bounds read as milliseconds when
+/// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` is set: samples are whole milliseconds, so
+/// 0.005 to 2.5 are 0, 1 and 2).
+pub(crate) const RESPONSE_BOUNDS_MS: [u64; 14] = [
+    0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000,
+];
+
+/// `ShouldRateLimit.response_time` samples as a histogram (what statsd_exporter makes of
+/// the reference's timer).
+#[derive(Debug, Default)]
+pub(crate) struct ResponseTimes {
+    /// Samples at most [`RESPONSE_BOUNDS_MS`]`[i]` and above the previous bound.
+    pub(crate) buckets: [AtomicU64; RESPONSE_BOUNDS_MS.len()],
+    /// Every sample.
+    pub(crate) count: AtomicU64,
+    /// Their sum, in milliseconds.
+    pub(crate) sum_ms: AtomicU64,
+}
+
+impl ResponseTimes {
+    fn observe(&self, ms: u64) {
+        if let Some(i) = RESPONSE_BOUNDS_MS.iter().position(|&le| ms <= le) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+    }
 }
 
 /// Every stat being counted, and where samples wait to be sent.
 #[derive(Debug)]
 pub struct Stats {
-    config: StatsdConfig,
+    /// Where they are sent; `None` when they are only exposed ([`prometheus`]).
+    config: Option<StatsdConfig>,
     /// Rule path (as planned, unsanitized) → its counters and sanitized name.
     rules: RwLock<HashMap<Arc<str>, Arc<RuleCounters>>>,
     /// Unknown domain (sanitized) → `domain_not_found`.
-    domains: RwLock<HashMap<Box<str>, Arc<AtomicU64>>>,
+    domains: RwLock<HashMap<Box<str>, Arc<Tracked>>>,
     /// The fixed-name counters, by [`StatName`] index.
-    fixed: [AtomicU64; StatName::COUNT],
+    fixed: [Tracked; StatName::COUNT],
+    /// `ShouldRateLimit.response_time`, for the Prometheus exposition.
+    response_times: ResponseTimes,
     /// `ShouldRateLimit.response_time` samples, in milliseconds.
     timers: mpsc::Sender<u64>,
     /// Taken by [`Stats::start`].
@@ -149,14 +220,16 @@ impl std::fmt::Debug for Sampled {
 }
 
 impl Stats {
-    /// Stats to be sent as `config` says; `dropped` counts what could not be.
-    pub fn new(config: StatsdConfig, dropped: Counter) -> Stats {
+    /// Stats to be sent as `config` says (or only counted, for [`prometheus`], when `None`);
+    /// `dropped` counts what could not be sent.
+    pub fn new(config: Option<StatsdConfig>, dropped: Counter) -> Stats {
         let (timers, rx) = mpsc::channel(TIMER_QUEUE);
         Stats {
             config,
             rules: RwLock::default(),
             domains: RwLock::default(),
-            fixed: std::array::from_fn(|_| AtomicU64::new(0)),
+            fixed: std::array::from_fn(|_| Tracked::default()),
+            response_times: ResponseTimes::default(),
             timers,
             timer_rx: std::sync::Mutex::new(Some(rx)),
             dropped,
@@ -184,7 +257,9 @@ impl Stats {
 
     /// Adds `n` to a fixed-name counter.
     pub fn count(&self, name: StatName, n: u64) {
-        self.fixed[name as usize].fetch_add(n, Ordering::Relaxed);
+        self.fixed[name as usize]
+            .value
+            .fetch_add(n, Ordering::Relaxed);
     }
 
     /// The counters of the rule path `rule` (`domain.key_value…`), created on first use;
@@ -212,7 +287,7 @@ impl Stats {
     pub fn domain_not_found(&self, domain: &str, n: u64) {
         let name = sanitize(domain);
         if let Some(found) = read(&self.domains).get(name.as_str()) {
-            found.fetch_add(n, Ordering::Relaxed);
+            found.value.fetch_add(n, Ordering::Relaxed);
             return;
         }
         let mut domains = write(&self.domains);
@@ -223,6 +298,7 @@ impl Stats {
         domains
             .entry(name.into_boxed_str())
             .or_default()
+            .value
             .fetch_add(n, Ordering::Relaxed);
     }
 
@@ -231,13 +307,19 @@ impl Stats {
     pub fn should_rate_limit(&self, elapsed: Duration) {
         self.count(StatName::TotalRequests, 1);
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
-        if self.timers.try_send(ms).is_err() {
+        self.response_times.observe(ms);
+        if self.config.is_some() && self.timers.try_send(ms).is_err() {
             self.dropped.inc();
         }
     }
 
     /// Starts the task that sends stats; call once, inside a Tokio runtime.
     pub fn start(self: &Arc<Stats>) {
+        let Some(config) = &self.config else {
+            return;
+        };
+        let (addr, protocol, interval) =
+            (config.addr.clone(), config.protocol, config.flush_interval);
         let Some(timers) = self
             .timer_rx
             .lock()
@@ -246,13 +328,18 @@ impl Stats {
         else {
             return;
         };
-        tokio::spawn(Arc::clone(self).run(timers));
+        let sink = Sink::new(addr, protocol);
+        tokio::spawn(Arc::clone(self).run(sink, interval, timers));
     }
 
-    async fn run(self: Arc<Stats>, mut timers: mpsc::Receiver<u64>) {
-        let mut sink = Sink::new(self.config.addr.clone(), self.config.protocol);
-        let mut flush = tokio::time::interval(self.config.flush_interval);
-        let mut tick = tokio::time::interval(TIMER_INTERVAL.min(self.config.flush_interval));
+    async fn run(
+        self: Arc<Stats>,
+        mut sink: Sink,
+        interval: Duration,
+        mut timers: mpsc::Receiver<u64>,
+    ) {
+        let mut flush = tokio::time::interval(interval);
+        let mut tick = tokio::time::interval(TIMER_INTERVAL.min(interval));
         // Both fire at once first: nothing to send yet, harmless.
         loop {
             let mut lines = Vec::new();
@@ -276,7 +363,7 @@ impl Stats {
     fn drain_counters(&self, out: &mut Vec<u8>) {
         for name in StatName::ALL {
             if name.is_counter() {
-                let delta = self.fixed[name as usize].swap(0, Ordering::Relaxed);
+                let delta = self.fixed[name as usize].delta();
                 if delta != 0 {
                     self.line(out, name.name(), delta, "c");
                 }
@@ -303,18 +390,9 @@ impl Stats {
         for (_, rule) in read(&self.rules).iter() {
             let counters = &**rule;
             let path = &counters.name;
-            for (suffix, counter) in [
-                ("total_hits", &counters.total_hits),
-                ("over_limit", &counters.over_limit),
-                ("near_limit", &counters.near_limit),
-                (
-                    "over_limit_with_local_cache",
-                    &counters.over_limit_with_local_cache,
-                ),
-                ("within_limit", &counters.within_limit),
-                ("shadow_mode", &counters.shadow_mode),
-            ] {
-                let delta = counter.swap(0, Ordering::Relaxed);
+            for ((suffix, counter), sent) in counters.counters().into_iter().zip(&counters.sent) {
+                let value = counter.load(Ordering::Relaxed);
+                let delta = value.saturating_sub(sent.swap(value, Ordering::Relaxed));
                 if delta != 0 {
                     let name = format!("ratelimit.service.rate_limit.{path}.{suffix}");
                     self.line(out, &name, delta, "c");
@@ -322,7 +400,7 @@ impl Stats {
             }
         }
         for (domain, counter) in read(&self.domains).iter() {
-            let delta = counter.swap(0, Ordering::Relaxed);
+            let delta = counter.delta();
             if delta != 0 {
                 let name = format!("ratelimit.service.rate_limit.{domain}.domain_not_found");
                 self.line(out, &name, delta, "c");
@@ -332,14 +410,9 @@ impl Stats {
 
     /// One line in the configured dialect.
     fn line(&self, out: &mut Vec<u8>, name: &str, value: u64, kind: &str) {
-        format_line(
-            out,
-            self.config.flavor,
-            &self.config.tags,
-            name,
-            value,
-            kind,
-        );
+        if let Some(config) = &self.config {
+            format_line(out, config.flavor, &config.tags, name, value, kind);
+        }
     }
 }
 

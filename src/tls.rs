@@ -138,10 +138,15 @@ impl GrpcTls {
         let mut paths = vec![files.cert.as_path(), files.key.as_path()];
         paths.extend(files.client_ca.as_deref());
         let tls = self.clone();
-        let watch = file_watch::spawn(&paths, "TLS", move || {
-            // Logged and counted by reload.
-            let _ = tls.reload();
-        })?;
+        let watch = file_watch::spawn(
+            &paths,
+            file_watch::RecursiveMode::NonRecursive,
+            "TLS",
+            move || {
+                // Logged and counted by reload.
+                let _ = tls.reload();
+            },
+        )?;
         tracing::info!(cert = %files.cert.display(), "watching TLS files for changes");
         Ok(watch)
     }

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -23,19 +22,6 @@ use tokio::net::TcpStream;
 const DEADLINE: Duration = Duration::from_secs(20);
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
-
-/// Polls `check` every 10 ms until it holds.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 /// Starts the binary on a limits file with `args`.
 fn start(args: &[&str]) -> (Floodgate, tempfile::TempDir) {

@@ -8,7 +8,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ::redis::cluster_routing::Slot;
 use floodgate::bucket::{BucketKey, KeyValue, hash_tagged_domain};
@@ -99,7 +99,7 @@ fn refunds(metrics: &Metrics, result: &str) -> u64 {
 /// each on the master that serves its slot.
 #[tokio::test]
 async fn descriptors_over_several_slots_are_all_applied() {
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     // One value per eighth of the slot space (CRC16 keeps similar keys close together).
     let values: Vec<String> = (0..8u16)
@@ -217,12 +217,12 @@ impl Values {
 /// the memory store's.
 #[tokio::test]
 async fn denial_in_one_slot_leaves_other_slots_untouched() {
-    let memory = TestServer::start_on(Backend::Memory, LIMITS, options()).await;
+    let memory = TestServer::with(LIMITS).on(Backend::Memory).start().await;
     let expected = denial_sequence(&memory, |_| {}).await;
     memory.stop().await;
     assert_eq!(expected[2].overall_code, OVER);
 
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let values = Values::new();
     let keys = values.used_keys();
@@ -259,7 +259,7 @@ async fn denial_in_one_slot_leaves_other_slots_untouched() {
 /// the next request is redirected (`MOVED`) and debits the moved bucket on its new master.
 #[tokio::test]
 async fn moved_slot_is_followed() {
-    let server = TestServer::start_on(Backend::Cluster, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let key = redis_key("a", "moving", Algorithm::TokenBucket);
     assert_eq!(remaining(&server.ask(one("a", "moving")).await), 4);
@@ -281,20 +281,6 @@ async fn moved_slot_is_followed() {
 fn remaining(response: &RateLimitResponse) -> u32 {
     assert_eq!(response.statuses.len(), 1, "{response:?}");
     response.statuses[0].limit_remaining
-}
-
-/// Polls `check` every 50 ms until it holds, for at most [`CLUSTER_DEADLINE`] (failover is
-/// asynchronous).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + CLUSTER_DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Losing a master gives the failure policy's answer (here `deny`: OVER_LIMIT) for its slots,
@@ -327,7 +313,7 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
     ));
     resilient.spawn_probe(Duration::from_millis(50));
     let store: Arc<dyn Store> = resilient;
-    let server = TestServer::start_with_store(LIMITS, store, None, metrics).await;
+    let server = TestServer::with(LIMITS).store(store, metrics).start().await;
     assert_eq!(server.ask(one("a", "x")).await.overall_code, OK);
 
     let key = redis_key("a", "x", Algorithm::TokenBucket);
@@ -340,8 +326,9 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
     cluster.nodes[dead].stop();
     assert_eq!(server.ask(one("a", "x")).await.overall_code, OVER);
 
-    eventually(
+    eventually_within(
         "the replica to take over and the request to pass again",
+        CLUSTER_DEADLINE,
         || async { server.ask(one("a", "x")).await.overall_code == OK },
     )
     .await;
@@ -421,7 +408,7 @@ descriptors:
   - key: b
     rate_limit: {unit: minute, requests_per_unit: 1}
 "#;
-    let server = TestServer::start_on(Backend::Cluster, TAGGED, options()).await;
+    let server = TestServer::with(TAGGED).on(Backend::Cluster).start().await;
     let cluster = server.cluster();
     let values: Vec<String> = (0..8).map(|i| format!("user-{i}-{}", i * 7919)).collect();
     let mut descriptors: Vec<_> = values.iter().map(|v| descriptor(&[("a", v)])).collect();
@@ -513,6 +500,7 @@ async fn cluster_down_at_start_is_served_once_up() {
         },
         cost: 1,
         enforce: true,
+        reference: None,
     }];
     let down = store.apply(&ops).await.unwrap_err();
     assert!(down.is_transient(), "{down}");
@@ -523,12 +511,16 @@ async fn cluster_down_at_start_is_served_once_up() {
     cluster.wait_until(CLUSTER_DEADLINE, "the restarted cluster to be ok", |c| {
         c.masters().len() == 3
     });
-    eventually("the store to serve the restarted cluster", || async {
-        store
-            .apply(&ops)
-            .await
-            .is_ok_and(|applied| applied.committed)
-    })
+    eventually_within(
+        "the store to serve the restarted cluster",
+        CLUSTER_DEADLINE,
+        || async {
+            store
+                .apply(&ops)
+                .await
+                .is_ok_and(|applied| applied.committed)
+        },
+    )
     .await;
     assert!(store.probe().await.is_ok());
 }
@@ -557,6 +549,7 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         },
         cost: 1,
         enforce: true,
+        reference: None,
     };
     let mut cluster = RedisCluster::start(3, 0);
     let metrics = Metrics::shared();
@@ -599,9 +592,11 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         let ops = [op("a", &a, 5), op("b", "x", 1)];
         tokio::spawn(async move { store.apply(&ops).await })
     };
-    eventually("the other group's debit to be stored", || async {
-        stored(&cluster, &a_key).is_some()
-    })
+    eventually_within(
+        "the other group's debit to be stored",
+        CLUSTER_DEADLINE,
+        || async { stored(&cluster, &a_key).is_some() },
+    )
     .await;
     let a_owner = cluster.owner(&a_key).port();
     let dead = cluster

@@ -577,3 +577,48 @@ fn envoy_gateway_runs_floodgates_image() {
         "the image must carry /bin/ratelimit"
     );
 }
+
+/// The Grafana dashboard is valid JSON and every PromQL expression in it names only series
+/// floodgate serves: the reference's (`floodgate::statsd::prometheus::SERIES`) or its own
+/// (`floodgate_*`, as `src/metrics.rs` registers them).
+#[test]
+fn grafana_dashboard_queries_served_series() {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/ratelimit.json")).unwrap();
+    let own = read("src/metrics.rs");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(target["expr"].as_str().unwrap().to_string());
+        }
+    }
+    assert!(exprs.len() >= 10, "{exprs:?}");
+    let mut reference = 0;
+    for expr in &exprs {
+        let names: Vec<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|word| word.starts_with("ratelimit_") || word.starts_with("floodgate_"))
+            .collect();
+        assert!(!names.is_empty(), "{expr}");
+        for name in names {
+            let base = ["_bucket", "_count", "_sum", "_total"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name);
+            if name.starts_with("ratelimit_") {
+                reference += 1;
+                assert!(
+                    floodgate::statsd::prometheus::SERIES.contains(&base)
+                        || floodgate::statsd::prometheus::SERIES.contains(&name),
+                    "{name} in {expr}"
+                );
+            } else {
+                assert!(own.contains(&format!("\"{base}\"")), "{name} in {expr}");
+            }
+        }
+    }
+    assert!(
+        reference >= 10,
+        "the dashboard is built on the reference's series"
+    );
+}

@@ -13,7 +13,6 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -77,20 +76,6 @@ async fn client(addr: SocketAddr) -> RateLimitServiceClient<Channel> {
         .unwrap()
 }
 
-/// Polls `check` every 10 ms until it holds; returns when it first held.
-async fn eventually<F, Fut>(what: &str, mut check: F) -> Instant
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Instant::now()
-}
-
 /// SIGTERM, exit 0, and a log free of panics; returns the log.
 async fn stop(server: Floodgate) -> String {
     let (exit, log) = tokio::task::spawn_blocking(move || server.terminate())
@@ -119,7 +104,8 @@ async fn logged(server: &Floodgate, transition: &str, before: usize) -> Instant 
     eventually(transition, || async {
         server.log_count(transition) > before
     })
-    .await
+    .await;
+    Instant::now()
 }
 
 /// Counts outcomes by result, for failure messages and reports.
@@ -192,10 +178,11 @@ async fn redis_killed_under_load_policy_error() {
     redis.restart();
     let ready = Instant::now();
     logged(&server, CLOSED, closes).await;
-    let serving = eventually("health SERVING after the restart", || async {
+    eventually("health SERVING after the restart", || async {
         health(server.grpc).await == ServingStatus::Serving as i32
     })
     .await;
+    let serving = Instant::now();
     load.until_answered(200).await;
     let outcomes = load.finish().await;
 

@@ -117,7 +117,7 @@ async fn grpcurl_over_mutual_tls() {
     let trust = write("ca.crt", &ca.pem).display().to_string();
     let cert = write("client.crt", &client.cert_pem).display().to_string();
     let key = write("client.key", &client.key_pem).display().to_string();
-    let server = TestServer::start_tls(LIMITS, files).await;
+    let server = TestServer::with(LIMITS).tls(files).start().await;
     let call = |identity: &[&str]| {
         let mut args: Vec<String> = ["-cacert", &trust, "-servername", "localhost"]
             .iter()

@@ -54,7 +54,7 @@ fn metric(text: &str, line: &str) {
 /// and its near-limit accounting with hits_addend > 1 (only hits above ⌊10 × 0.8⌋ count).
 #[tokio::test]
 async fn fixed_window_headers_and_counters() {
-    let server = TestServer::start_with(LIMITS, headers_on()).await;
+    let server = TestServer::with(LIMITS).options(headers_on()).start().await;
     server.advance_ms(20_000); // 40 s left in the minute window.
     // 0 → 7: nothing near. 7 → 9: one hit above 8. 9 → 10: one more. 10 + 3: denied.
     let first = server.ask(client(7)).await;
@@ -110,7 +110,7 @@ async fn token_bucket_retry_after_and_custom_names() {
         }),
         ..options()
     };
-    let server = TestServer::start_with(LIMITS, options).await;
+    let server = TestServer::with(LIMITS).options(options).start().await;
     let tokens = || request("web", vec![with_hits(descriptor(&[("tokens", "t")]), 4)]);
     let full = server.ask(tokens()).await;
     assert_eq!(

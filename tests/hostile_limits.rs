@@ -6,37 +6,20 @@
 
 mod support;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::eventually;
 use support::h2raw::rss_bytes;
 use support::http::metric;
 use support::process::Floodgate;
-
-/// Longest any awaited condition may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(20);
 
 fn limits(rpu: u32) -> String {
     format!(
         "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{unit: minute, requests_per_unit: {rpu}}}\n"
     )
-}
-
-/// Polls `check` every 10 ms until it holds; returns how long that took.
-async fn eventually<F, Fut>(what: &str, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < DEADLINE, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    started.elapsed()
 }
 
 async fn loads(http: SocketAddr, result: &str) -> f64 {

@@ -182,7 +182,11 @@ async fn start_tuned(tuning: Tuning) -> TestServer {
     let store = std::sync::Arc::new(floodgate::store::MemoryStore::new(std::sync::Arc::new(
         floodgate::clock::ManualClock::new(START_US),
     )));
-    TestServer::start_tuned(LIMITS, store, floodgate::metrics::Metrics::shared(), tuning).await
+    TestServer::with(LIMITS)
+        .store(store, floodgate::metrics::Metrics::shared())
+        .tuning(tuning)
+        .start()
+        .await
 }
 
 /// --json-endpoint=false: POST /json answers 404; the other admin endpoints and gRPC stay.
@@ -231,6 +235,44 @@ async fn admin_http_can_be_turned_off() {
             .await
             .is_err(),
         "nothing may listen on the admin address"
+    );
+    server.stop().await;
+}
+
+/// Every answered call, gRPC and /json alike, is timed in
+/// `floodgate_request_duration_seconds` by result, and counted per configured domain, with
+/// every domain no configuration has under the one label `_unknown`.
+#[tokio::test]
+async fn request_duration_and_domain_counters() {
+    let server = TestServer::start(LIMITS).await;
+    for _ in 0..3 {
+        post_json(server.http_addr, &body("client", "a")).await;
+    }
+    server.ask(simple("web", "client", "b")).await;
+    for domain in ["nope-1", "nope-2"] {
+        server.ask(simple(domain, "k", "v")).await;
+    }
+    assert!(server.ask_err(request("web", vec![])).await.code() == tonic::Code::InvalidArgument);
+    let count = |result: &str| {
+        server.metric(&format!(
+            "floodgate_request_duration_seconds_count{{result=\"{result}\"}}"
+        ))
+    };
+    assert_eq!(
+        (count("ok"), count("over_limit"), count("invalid")),
+        (5, 1, 1)
+    );
+    let domain = |domain: &str, result: &str| {
+        server.metric(&format!(
+            "floodgate_domain_requests_total{{domain=\"{domain}\",result=\"{result}\"}}"
+        ))
+    };
+    assert_eq!(domain("web", "ok"), 3);
+    assert_eq!(domain("web", "over_limit"), 1);
+    assert_eq!(domain("_unknown", "ok"), 2);
+    assert!(
+        !server.metrics.encode().contains("nope-"),
+        "a client's domain became a label value"
     );
     server.stop().await;
 }

@@ -20,7 +20,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use floodgate::bucket::{Applied, BucketKey, BucketOp, KeyValue, settle};
+use floodgate::bucket::{
+    Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey, settle,
+};
 use floodgate::clock::{Clock, ManualClock, SystemClock};
 use floodgate::limiter::{self, Algorithm, LimitParams, State, Tat};
 use floodgate::store::redis::script;
@@ -69,6 +71,7 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
         params,
         cost,
         enforce,
+        reference: None,
     }
 }
 
@@ -315,6 +318,7 @@ fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey]) -> Vec<BucketOp
             params,
             cost: spec.cost,
             enforce: spec.enforce,
+            reference: None,
         });
     }
     ops
@@ -865,9 +869,17 @@ async fn malformed_call_is_an_error() {
     let mut conn = server.connection().await;
     // (flags, rate, period, cost, burst), what the error says
     let good = [4.0, 1.0, 1e6, 1.0, 1.0];
-    let cases: [([f64; 5], &str); 7] = [
+    let cases: [([f64; 5], &str); 9] = [
         ([3.0, 1.0, 1e6, 1.0, 1.0], "unknown algorithm"),
-        ([16.0, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
+        ([32.0, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
+        (
+            [20.0, 1.0, 1e6, 1.0, 1.0],
+            "a counter must be a fixed window",
+        ),
+        (
+            [21.0, 1.0, 1e6, 1.0, 60.0],
+            "no window start in counter key",
+        ),
         ([4.5, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
         ([4.0, 1.5, 1e6, 1.0, 1.0], "malformed arguments"),
         ([4.0, 1.0, -1e6, 1.0, 1.0], "malformed arguments"),
@@ -918,4 +930,290 @@ async fn script_reloads_after_restart() {
         lua(&mut conn, &ops, Some(NOW)).await,
         spec(&ops, &[None, None, None], NOW)
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Reference counters (flag 16): the reference server's integer under its key name.
+// ---------------------------------------------------------------------------------------
+
+/// The reference's prefix in these tests.
+const REF_PREFIX: &[u8] = b"rl_";
+
+/// A counter op for the reference name of entry `k=<name>`, stamped at the pod's `pod_secs`
+/// with `expiry` seconds of EXPIRE.
+fn counter_op(
+    name: &str,
+    params: LimitParams,
+    cost: i64,
+    enforce: bool,
+    pod_secs: u64,
+    expiry: u64,
+) -> BucketOp {
+    let base = ReferenceKey::new(REF_PREFIX, "eq", [(&b"k"[..], name.as_bytes())]);
+    let mut counter = ReferenceCounter::new(base);
+    let unit = params.period_us / SECOND;
+    counter.stamp(pod_secs, unit, 0, 0);
+    counter.expiry_secs = expiry;
+    BucketOp {
+        reference: Some(counter),
+        ..op(name, params, cost, enforce)
+    }
+}
+
+/// What the specification answers for counter `ops` at `now` against `counts` (the stored
+/// integers by key), and the counts a commit leaves: each op sees what the earlier ops of
+/// the call leave (`limiter::evaluate_counter`, then `bucket::settle`).
+fn counter_spec(
+    ops: &[BucketOp],
+    counts: &HashMap<Vec<u8>, u64>,
+    now: i64,
+) -> (Applied, HashMap<Vec<u8>, u64>) {
+    let mut pending: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut evaluations = Vec::new();
+    for op in ops {
+        let counter = op.reference.as_ref().unwrap();
+        let key = counter.key();
+        let count = pending.get(&key).or(counts.get(&key)).copied();
+        let start_us = i64::try_from(counter.window_start_secs)
+            .unwrap()
+            .saturating_mul(1_000_000);
+        let e = limiter::evaluate_counter(&op.params, start_us, count, now, op.cost);
+        if let Some((State::FixedWindow { count, .. }, _)) = e.next {
+            pending.insert(key, count);
+        }
+        evaluations.push(e);
+    }
+    let (applied, store) = settle(ops, &evaluations);
+    let mut after = counts.clone();
+    for ((op, e), stored) in ops.iter().zip(&evaluations).zip(store) {
+        if let (true, Some((State::FixedWindow { count, .. }, ttl))) = (stored, e.next) {
+            let key = op.reference.as_ref().unwrap().key();
+            if ttl == 0 {
+                after.remove(&key);
+            } else {
+                after.insert(key, count);
+            }
+        }
+    }
+    (applied, after)
+}
+
+/// One step of a counter case: clock move, the pod's clock skew against the store's (µs),
+/// and (pool key, cost, enforce, overdraft) per op.
+#[derive(Clone, Debug)]
+struct CounterStep {
+    dt: i64,
+    skew: i64,
+    ops: Vec<(usize, i64, bool, bool)>,
+}
+
+fn counter_case() -> impl Strategy<Value = (Vec<LimitParams>, Vec<CounterStep>)> {
+    let limit = (
+        prop_oneof![3 => 0u64..=8, 1 => Just(u64::from(u32::MAX))],
+        prop::sample::select(vec![1u64, 60, 3600]),
+    )
+        .prop_map(|(rate, period)| params(Algorithm::FixedWindow, rate, period, 0));
+    let step = (
+        prop_oneof![2 => Just(0i64), 3 => 0i64..2_000_000, 1 => 0i64..120_000_000],
+        prop_oneof![3 => Just(0i64), 1 => -2_000_000i64..2_000_000],
+        prop::collection::vec(
+            (
+                0..3usize,
+                prop_oneof![6 => -3i64..=6, 1 => Just(0i64), 1 => Just(i64::MAX)],
+                prop::bool::weighted(0.85),
+                prop::bool::weighted(0.2),
+            ),
+            1..=4,
+        ),
+    )
+        .prop_map(|(dt, skew, ops)| CounterStep { dt, skew, ops });
+    (
+        prop::collection::vec(limit, 3),
+        prop::collection::vec(step, 1..30),
+    )
+}
+
+/// Drives one counter case through the script and the specification.
+async fn run_counter_case(
+    conn: &mut MultiplexedConnection,
+    pool: &[LimitParams],
+    steps: &[CounterStep],
+) -> Result<(), String> {
+    flush(conn).await;
+    let mut counts: HashMap<Vec<u8>, u64> = HashMap::new();
+    let mut now = START_US + 30 * 1_000_000 + 400_000;
+    for (n, step) in steps.iter().enumerate() {
+        now += step.dt;
+        let pod_secs = u64::try_from((now + step.skew).max(0) / 1_000_000).unwrap();
+        let ops: Vec<BucketOp> = step
+            .ops
+            .iter()
+            .map(|&(k, cost, enforce, overdraft)| {
+                let params = LimitParams {
+                    overdraft,
+                    ..pool[k]
+                };
+                let expiry = params.period_us / SECOND + 3;
+                counter_op(&k.to_string(), params, cost, enforce, pod_secs, expiry)
+            })
+            .collect();
+        let (expected, after) = counter_spec(&ops, &counts, now);
+        let keys = script::keys(PREFIX, &ops);
+        let mut pipe = redis::pipe();
+        pipe.atomic()
+            .add_command(script::command(PREFIX, &ops, Some(now)));
+        for key in &keys {
+            pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
+        }
+        let sent = Instant::now();
+        let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
+        let took_ms = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX) + 1;
+        let ttls: Vec<i64> = results
+            .split_off(1)
+            .into_iter()
+            .map(|v| redis::from_redis_value(v).map_err(|e| e.to_string()))
+            .collect::<Result<_, _>>()?;
+        let reply: Vec<i64> =
+            redis::from_redis_value(results.remove(0)).map_err(|e| e.to_string())?;
+        let got = script::decode(&reply, ops.len()).map_err(|e| e.to_string())?;
+        let context = || format!("step {n} at now {now} (pod {pod_secs} s) with ops {ops:#?}");
+        if got != expected {
+            return Err(format!(
+                "answers differ at {}:\n lua  {got:?}\n spec {expected:?}",
+                context()
+            ));
+        }
+        for ((key, op), pttl) in keys.iter().zip(&ops).zip(&ttls) {
+            let stored: Option<u64> = conn.get(key).await.map_err(|e| e.to_string())?;
+            if stored != after.get(key).copied() {
+                return Err(format!(
+                    "{} holds {stored:?}, spec {:?} at {}",
+                    String::from_utf8_lossy(key),
+                    after.get(key),
+                    context()
+                ));
+            }
+            // Written by this call: the EXPIRE it set (PTTL counts real time, within took).
+            let expiry_ms =
+                i64::try_from(op.reference.as_ref().unwrap().expiry_secs).unwrap() * 1000;
+            if *pttl >= 0 && !(expiry_ms - took_ms..=expiry_ms).contains(pttl) {
+                return Err(format!(
+                    "PTTL {pttl}, EXPIRE {expiry_ms} ms at {}",
+                    context()
+                ));
+            }
+        }
+        counts = after;
+    }
+    Ok(())
+}
+
+/// For random counter batches, limits, costs, times and pod clock skews, the script answers
+/// and stores (the reference's integer, EXPIRE as stamped) exactly what the specification
+/// does.
+#[test]
+fn script_matches_counter_spec() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let conn = rt.block_on(async {
+        let mut conn = server.connection().await;
+        script::script().load_async(&mut conn).await.unwrap();
+        conn
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 120,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&counter_case(), |(pool, steps)| {
+        let mut conn = conn.clone();
+        rt.block_on(run_counter_case(&mut conn, &pool, &steps))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// A counter seeded as a reference pod writes it (its key text, a plain integer) is read as
+/// the count: at the limit a debit is denied and the integer is unchanged; below it the
+/// debit is an INCRBY, with the stamped EXPIRE; a full refund deletes it.
+#[tokio::test]
+async fn counter_is_the_reference_integer() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let start = pod / 60 * 60;
+    let key = format!("rl_eq_k_v_{start}");
+    let () = conn.set(&key, "5").await.unwrap();
+    let ops = vec![counter_op("v", p, 1, true, pod, 67)];
+    assert_eq!(script::keys(PREFIX, &ops), vec![key.clone().into_bytes()]);
+    let denied = lua(&mut conn, &ops, Some(NOW)).await;
+    assert!(!denied.committed && !denied.buckets[0].admitted);
+    let held: String = conn.get(&key).await.unwrap();
+    assert_eq!(held, "5");
+
+    let () = conn.set(&key, "2").await.unwrap();
+    let admitted = lua(&mut conn, &ops, Some(NOW)).await;
+    assert!(admitted.committed);
+    assert_eq!(admitted.buckets[0].view.remaining, 2);
+    let held: String = conn.get(&key).await.unwrap();
+    assert_eq!(held, "3");
+    let ttl: i64 = conn.ttl(&key).await.unwrap();
+    assert!((66..=67).contains(&ttl), "TTL {ttl}");
+
+    let refund = vec![counter_op("v", p, -3, true, pod, 67)];
+    assert!(lua(&mut conn, &refund, Some(NOW)).await.committed);
+    let exists: bool = conn.exists(&key).await.unwrap();
+    assert!(!exists, "a full refund leaves the counter");
+}
+
+/// A counter key of another type or holding no integer reads as absent and is replaced by
+/// the integer (never a script error half-way through the writes).
+#[tokio::test]
+async fn counter_garbage_is_replaced() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let ops = vec![counter_op("v", p, 2, true, pod, 60)];
+    let key = &script::keys(PREFIX, &ops)[0];
+    for seed in ["text", "hash", "negative"] {
+        flush(&mut conn).await;
+        let cmd = match seed {
+            "text" => redis::cmd("SET").arg(key).arg("abc").to_owned(),
+            "hash" => redis::cmd("HSET").arg(key).arg("c").arg("4").to_owned(),
+            _ => redis::cmd("SET").arg(key).arg("-4").to_owned(),
+        };
+        let () = cmd.query_async(&mut conn).await.unwrap();
+        let got = lua(&mut conn, &ops, Some(NOW)).await;
+        assert_eq!(got, counter_spec(&ops, &HashMap::new(), NOW).0, "{seed}");
+        let held: String = conn.get(key).await.unwrap();
+        assert_eq!(held, "2", "{seed}");
+    }
+}
+
+/// The same counter twice in one call: the second op sees the first's count, as the
+/// reference's sequential INCRBYs would, so together they cannot pass the limit.
+#[tokio::test]
+async fn repeated_counter_sees_the_earlier_op() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let ops = vec![
+        counter_op("v", p, 3, true, pod, 60),
+        counter_op("v", p, 3, true, pod, 60),
+    ];
+    let got = lua(&mut conn, &ops, Some(NOW)).await;
+    assert_eq!(got, counter_spec(&ops, &HashMap::new(), NOW).0);
+    assert!(!got.committed && got.buckets[0].admitted && !got.buckets[1].admitted);
+    let ops = vec![
+        counter_op("v", p, 2, true, pod, 60),
+        counter_op("v", p, 3, true, pod, 60),
+    ];
+    assert!(lua(&mut conn, &ops, Some(NOW)).await.committed);
+    let held: String = conn.get(&script::keys(PREFIX, &ops)[0]).await.unwrap();
+    assert_eq!(held, "5");
 }

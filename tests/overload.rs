@@ -66,16 +66,14 @@ const LIMITS: &str =
 async fn beyond_max_in_flight_is_refused_at_once() {
     let (store, mut arrivals) = HeldStore::new();
     let metrics = Metrics::shared();
-    let server = TestServer::start_tuned(
-        LIMITS,
-        store.clone(),
-        metrics.clone(),
-        Tuning {
+    let server = TestServer::with(LIMITS)
+        .store(store.clone(), metrics.clone())
+        .tuning(Tuning {
             max_in_flight: Some(2),
             ..Tuning::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let held: Vec<_> = (0..2)
         .map(|i| {
             let addr = server.grpc_addr;
@@ -132,16 +130,14 @@ async fn oversized_grpc_request_is_refused() {
     let metrics = Metrics::shared();
     let (store, _arrivals) = HeldStore::new();
     store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
-    let server = TestServer::start_tuned(
-        LIMITS,
-        store,
-        metrics,
-        Tuning {
+    let server = TestServer::with(LIMITS)
+        .store(store, metrics)
+        .tuning(Tuning {
             grpc_max_message_bytes: Some(1024),
             ..Tuning::default()
-        },
-    )
-    .await;
+        })
+        .start()
+        .await;
     let mut client = server.client().await;
     let huge = "x".repeat(2048);
     let refused = client

@@ -71,7 +71,11 @@ async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) 
     resilient.spawn_probe(Duration::from_millis(50));
     let health = (policy == FailurePolicy::Error).then(|| resilient.availability());
     let store: Arc<dyn Store> = resilient;
-    TestServer::start_with_store(LIMITS, store, health, metrics).await
+    TestServer::with(LIMITS)
+        .store(store, metrics)
+        .store_health(health)
+        .start()
+        .await
 }
 
 async fn setup() -> Setup {
@@ -89,19 +93,6 @@ async fn keys(redis: &RedisServer) -> Vec<String> {
     keys.retain(|key| key != "fg:probe");
     keys.sort();
     keys
-}
-
-/// Polls `check` every 20 ms until it holds, for at most 10 s (recovery is asynchronous).
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn many(n: usize) -> floodgate::proto::rls::RateLimitRequest {

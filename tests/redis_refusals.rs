@@ -7,10 +7,9 @@
 
 mod support;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
@@ -20,25 +19,10 @@ use support::redis::RedisServer;
 use support::*;
 use tonic::transport::Channel;
 
-/// Longest any awaited condition may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(20);
-
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
 
 /// A request value that must never appear in a log line.
 const SECRET: &str = "secret-user-value-4711";
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let started = Instant::now();
-    while !check().await {
-        assert!(started.elapsed() < DEADLINE, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
 
 fn start(url: &str, policy: &str) -> (Floodgate, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();

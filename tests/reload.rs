@@ -82,7 +82,7 @@ async fn edited_file_is_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("d.yaml");
     fs::write(&file, limits("d", 10)).unwrap();
-    let server = TestServer::start_watching(dir.path()).await;
+    let server = TestServer::watching(dir.path()).start().await;
     until_limit(&server, "d", Some(10)).await;
 
     // In place, as `echo > file` or a simple editor does.
@@ -100,7 +100,7 @@ async fn edited_file_is_reloaded() {
 async fn added_and_deleted_files_are_followed() {
     let dir = tempfile::tempdir().unwrap();
     fs::write(dir.path().join("a.yaml"), limits("a", 1)).unwrap();
-    let server = TestServer::start_watching(dir.path()).await;
+    let server = TestServer::watching(dir.path()).start().await;
     until_limit(&server, "b", None).await;
 
     fs::write(dir.path().join("b.yaml"), limits("b", 2)).unwrap();
@@ -117,7 +117,7 @@ async fn added_and_deleted_files_are_followed() {
 async fn configmap_swap_is_reloaded() {
     let dir = tempfile::tempdir().unwrap();
     let mut map = Volume::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
-    let server = TestServer::start_watching(dir.path()).await;
+    let server = TestServer::watching(dir.path()).start().await;
     until_limit(&server, "d", Some(10)).await;
 
     map.update(&[("limits.yaml", &limits("d", 30))]);
@@ -132,7 +132,7 @@ async fn bad_edit_keeps_previous_limits() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("d.yaml");
     fs::write(&file, limits("d", 10)).unwrap();
-    let server = TestServer::start_watching(dir.path()).await;
+    let server = TestServer::watching(dir.path()).start().await;
 
     for bad in [invalid("d"), "domain: d\ndescriptors: [\n".to_string()] {
         let errors = loads(&server, "error");
@@ -168,7 +168,7 @@ async fn single_file_replaced_by_rename_is_reloaded() {
     fs::write(&file, limits("d", 10)).unwrap();
     // A sibling that is not part of the configuration, even when broken.
     fs::write(dir.path().join("other.yaml"), "not: [valid").unwrap();
-    let server = TestServer::start_watching(&file).await;
+    let server = TestServer::watching(&file).start().await;
 
     replace(&file, &limits("d", 50));
     until_limit(&server, "d", Some(50)).await;
@@ -185,7 +185,9 @@ async fn single_file_replaced_by_rename_is_reloaded() {
 async fn single_file_in_configmap_follows_the_swap() {
     let dir = tempfile::tempdir().unwrap();
     let mut map = Volume::new(dir.path(), &[("limits.yaml", &limits("d", 10))]);
-    let server = TestServer::start_watching(&dir.path().join("limits.yaml")).await;
+    let server = TestServer::watching(&dir.path().join("limits.yaml"))
+        .start()
+        .await;
 
     map.update(&[("limits.yaml", &limits("d", 70))]);
     until_limit(&server, "d", Some(70)).await;
@@ -200,7 +202,7 @@ async fn deleted_directory_keeps_limits_until_it_returns() {
     let dir = root.path().join("limits");
     fs::create_dir(&dir).unwrap();
     fs::write(dir.join("d.yaml"), limits("d", 10)).unwrap();
-    let server = TestServer::start_watching(&dir).await;
+    let server = TestServer::watching(&dir).start().await;
 
     let errors = loads(&server, "error");
     fs::remove_dir_all(&dir).unwrap();

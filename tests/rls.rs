@@ -82,7 +82,7 @@ async fn tb(server: &TestServer) -> RateLimitResponse {
 
 /// One status per descriptor, in request order: limited, unmatched (bare OK), unlimited.
 async fn statuses_follow_request_order(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let response = server
         .ask(request(
             "test",
@@ -121,7 +121,7 @@ async fn statuses_follow_request_order(backend: Backend) {
 
 /// An unknown domain answers a bare OK per descriptor and touches no bucket.
 async fn unknown_domain_is_bare_ok(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let response = server.ask(simple("nope", "tb", "x")).await;
     assert_eq!(response.overall_code, OK);
     assert_eq!(
@@ -137,7 +137,7 @@ async fn unknown_domain_is_bare_ok(backend: Backend) {
 
 /// A token bucket admits its burst at once, denies the next, and refills continuously.
 async fn token_bucket_burst_deny_refill(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     for expected in [2, 1, 0] {
         let response = tb(&server).await;
         assert_eq!(response.overall_code, OK);
@@ -159,7 +159,7 @@ async fn token_bucket_burst_deny_refill(backend: Backend) {
 
 /// `burst` sets the token bucket's capacity independently of its rate.
 async fn burst_sets_capacity(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     for _ in 0..5 {
         assert_eq!(
             server.ask(simple("test", "burst", "x")).await.overall_code,
@@ -181,7 +181,7 @@ async fn burst_sets_capacity(backend: Backend) {
 
 /// Fixed windows count per aligned window and reset at the boundary, like the reference.
 async fn fixed_window_counts_per_window(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     server.advance_ms(500);
     let first = server.ask(simple("test", "fw", "x")).await;
     assert_eq!(remaining(&first), 1);
@@ -201,7 +201,7 @@ async fn fixed_window_counts_per_window(backend: Backend) {
 
 /// The sliding window carries the previous window's weight into the next one.
 async fn sliding_window_weighs_previous_window(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
     assert_eq!(server.ask(simple("test", "sw", "x")).await.overall_code, OK);
     assert_eq!(
@@ -226,7 +226,7 @@ async fn sliding_window_weighs_previous_window(backend: Backend) {
 
 /// A denied request debits nothing: the bucket that would have admitted is left untouched.
 async fn denied_request_debits_nothing(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     server.ask(simple("test", "fw", "x")).await;
     server.ask(simple("test", "fw", "x")).await;
     let both = server
@@ -248,7 +248,7 @@ async fn denied_request_debits_nothing(backend: Backend) {
 
 /// The same bucket reached by two descriptors is debited once with the summed cost.
 async fn same_bucket_twice_is_debited_once_with_summed_cost(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let twice = || {
         request(
             "test",
@@ -267,7 +267,7 @@ async fn same_bucket_twice_is_debited_once_with_summed_cost(backend: Backend) {
 
 /// A cost above the capacity never passes and debits nothing.
 async fn cost_above_capacity_never_passes(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let mut big = simple("test", "tb", "x");
     big.hits_addend = 4;
     let response = server.ask(big).await;
@@ -280,7 +280,7 @@ async fn cost_above_capacity_never_passes(backend: Backend) {
 /// hits_addend: request-level 0 means 1, N debits N; a present descriptor-level value wins,
 /// present-and-zero only checks, and is_negative_hits refunds.
 async fn hits_addend_rules(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let mut two = simple("test", "tb", "x");
     two.hits_addend = 2;
     assert_eq!(remaining(&server.ask(two).await), 1);
@@ -308,7 +308,7 @@ async fn hits_addend_rules(backend: Backend) {
 
 /// A descriptor `limit` override replaces the configured limit (in a known domain only).
 async fn limit_override_replaces_configured_limit(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let overridden = || {
         request(
             "test",
@@ -371,7 +371,7 @@ async fn limit_override_replaces_configured_limit(backend: Backend) {
 
 /// `unlimited` answers OK with 4294967295 remaining and never touches the store.
 async fn unlimited_never_touches_the_store(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     for _ in 0..10 {
         let response = server.ask(simple("test", "free", "x")).await;
         assert_eq!(remaining(&response), u32::MAX);
@@ -382,7 +382,7 @@ async fn unlimited_never_touches_the_store(backend: Backend) {
 
 /// A shadow-mode rule is evaluated (remaining drops) but never denies.
 async fn shadow_rule_never_denies(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     for _ in 0..3 {
         let response = server.ask(simple("test", "shadow", "x")).await;
         assert_eq!(response.overall_code, OK);
@@ -396,7 +396,11 @@ async fn shadow_rule_never_denies(backend: Backend) {
 async fn global_shadow_mode_never_denies(backend: Backend) {
     let mut options = options();
     options.shadow_mode = true;
-    let server = TestServer::start_on(backend, LIMITS, options).await;
+    let server = TestServer::with(LIMITS)
+        .on(backend)
+        .options(options)
+        .start()
+        .await;
     let mut codes = Vec::new();
     for _ in 0..5 {
         let response = tb(&server).await;
@@ -422,7 +426,7 @@ async fn global_shadow_mode_never_denies(backend: Backend) {
 
 /// A matched limit named in another matched limit's `replaces` is dropped.
 async fn replaced_limit_is_dropped(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let both = || {
         request(
             "test",
@@ -467,7 +471,7 @@ async fn replaced_limit_is_dropped(backend: Backend) {
 
 /// Several limits on one descriptor all apply; the status reports the one that binds.
 async fn several_limits_on_one_descriptor(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let multi = || simple("test", "multi", "x");
     let first = server.ask(multi()).await;
     // Per minute: 1 left; per day: 2 left → the per-minute limit is the tighter one.
@@ -498,7 +502,7 @@ async fn several_limits_on_one_descriptor(backend: Backend) {
 
 /// Matching precedence per level: exact value, then wildcard, then bare key.
 async fn exact_then_wildcard_then_bare_key(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let rpu = |response: RateLimitResponse| {
         only(&response)
             .current_limit
@@ -523,7 +527,7 @@ async fn exact_then_wildcard_then_bare_key(backend: Backend) {
 
 /// With share_threshold, every value matching the wildcard shares one bucket.
 async fn share_threshold_shares_one_bucket(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     assert_eq!(
         server
             .ask(simple("test", "shared", "abc"))
@@ -547,7 +551,7 @@ async fn share_threshold_shares_one_bucket(backend: Backend) {
 
 /// Wildcard values without share_threshold get a bucket per distinct value.
 async fn wildcard_without_share_threshold_is_per_value(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let ask = |path: &'static str| {
         server.ask(request(
             "test",
@@ -564,7 +568,7 @@ async fn wildcard_without_share_threshold_is_per_value(backend: Backend) {
 
 /// Raw, non-UTF-8 descriptor bytes are answered, not rejected.
 async fn non_utf8_values_are_accepted(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let mut d = descriptor(&[("user", ""), ("path", "")]);
     d.entries[0].value = vec![0xff, 0xfe, b'{'];
     d.entries[1].value = vec![0xc3, 0x28];
@@ -584,7 +588,7 @@ async fn non_utf8_values_are_accepted(backend: Backend) {
 /// A descriptor without entries is answered OK with no limit, as the reference does; the
 /// request's other descriptors are answered as usual.
 async fn empty_descriptor_is_ok_without_limit(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let response = server
         .ask(request(
             "test",
@@ -605,7 +609,7 @@ async fn empty_descriptor_is_ok_without_limit(backend: Backend) {
 
 /// Malformed requests get INVALID_ARGUMENT with a precise message, and debit nothing.
 async fn malformed_requests_are_invalid_argument(backend: Backend) {
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let cases: Vec<(RateLimitRequest, &str)> = vec![
         (simple("", "tb", "x"), "rate limit domain must not be empty"),
         (
@@ -639,7 +643,7 @@ async fn health_reports_serving(backend: Backend) {
     use tonic_health::pb::{
         HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
     };
-    let server = TestServer::start_on(backend, LIMITS, options()).await;
+    let server = TestServer::with(LIMITS).on(backend).start().await;
     let channel = tonic::transport::Channel::from_shared(format!("http://{}", server.grpc_addr))
         .unwrap()
         .connect()
@@ -689,7 +693,11 @@ fn quota_options() -> floodgate::plan::PlanOptions {
 /// An over quota-mode descriptor reports OVER_LIMIT while another quota-mode descriptor still
 /// has room, and the request is OK (the reference's current answer); it is not debited.
 async fn quota_mode_over_alone_does_not_deny(backend: Backend) {
-    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    let server = TestServer::with(QUOTA_LIMITS)
+        .on(backend)
+        .options(quota_options())
+        .start()
+        .await;
     let both = || {
         request(
             "q",
@@ -717,7 +725,11 @@ async fn quota_mode_over_alone_does_not_deny(backend: Backend) {
 /// Every quota-mode descriptor over denies the request, and the non-quota bucket that the
 /// store had already debited is refunded: a denied request debits nothing.
 async fn quota_mode_all_over_denies_and_debits_nothing(backend: Backend) {
-    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    let server = TestServer::with(QUOTA_LIMITS)
+        .on(backend)
+        .options(quota_options())
+        .start()
+        .await;
     server.ask(simple("q", "soft", "a")).await;
     let mixed = || {
         request(
@@ -738,7 +750,11 @@ async fn quota_mode_all_over_denies_and_debits_nothing(backend: Backend) {
 
 /// A non-quota limit that denies still denies, and the quota-mode bucket is not debited.
 async fn quota_mode_non_quota_limit_still_denies(backend: Backend) {
-    let server = TestServer::start_on(backend, QUOTA_LIMITS, quota_options()).await;
+    let server = TestServer::with(QUOTA_LIMITS)
+        .on(backend)
+        .options(quota_options())
+        .start()
+        .await;
     let hard = with_hits(descriptor(&[("hard", "h")]), 3);
     let response = server
         .ask(request("q", vec![descriptor(&[("soft", "c")]), hard]))
@@ -757,7 +773,7 @@ async fn quota_mode_non_quota_limit_still_denies(backend: Backend) {
 /// The token-quota pattern as Envoy runs it (check with hits_addend 0, charge on stream done):
 /// with `overdraft: true` charges go into debt and checks deny until refill repays it.
 async fn token_quota_pattern(backend: Backend) {
-    let server = TestServer::start_on(backend, QUOTA_LIMITS, options()).await;
+    let server = TestServer::with(QUOTA_LIMITS).on(backend).start().await;
     let ask = |key: &'static str, hits| {
         let request = request("q", vec![with_hits(descriptor(&[(key, "t")]), hits)]);
         let server = &server;
@@ -882,7 +898,7 @@ async fn fastest_answers(server: &TestServer, value: &str) -> (Vec<(i32, u32)>, 
 /// bucket refills at its rate to the fs ([`FASTEST`]); a burst of 5 at u32::MAX per 7 s;
 /// 1 per year (and per two years) admits its burst and then waits a whole period per token.
 async fn extreme_limits_every_algorithm(backend: Backend) {
-    let server = TestServer::start_on(backend, EXTREMES, options()).await;
+    let server = TestServer::with(EXTREMES).on(backend).start().await;
     let expected: Vec<(i32, u32)> = FASTEST.iter().map(|(_, answer)| *answer).collect();
     // The test clock is manual but Redis expires keys in real time, and these buckets are
     // full again (their keys expire) one real second after they were emptied: a run slower

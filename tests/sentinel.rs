@@ -209,7 +209,10 @@ async fn readonly_retires_the_connection() {
     let server = RedisServer::start();
     let other = RedisServer::start();
     let store = RedisStore::new(&redis_settings(&server.url())).unwrap();
-    let app = TestServer::start_with_store(LIMITS, Arc::new(store), None, Metrics::shared()).await;
+    let app = TestServer::with(LIMITS)
+        .store(Arc::new(store), Metrics::shared())
+        .start()
+        .await;
     assert_eq!(app.ask(simple("s", "k", "a")).await.overall_code, OK);
     let connections = || async {
         info_field(&server, "stats", "total_connections_received")

@@ -47,8 +47,10 @@ async fn shutdown_drains_in_flight_requests() {
         entered: Notify::new(),
         release: Notify::new(),
     });
-    let mut server =
-        TestServer::start_with_store(LIMITS, store.clone(), None, Metrics::shared()).await;
+    let mut server = TestServer::with(LIMITS)
+        .store(store.clone(), Metrics::shared())
+        .start()
+        .await;
     let grpc_addr = server.grpc_addr;
     let mut client = server.client().await;
     let in_flight =

@@ -16,7 +16,7 @@ use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::http::metric;
 use support::process::Floodgate;
-use support::{descriptor, request, simple, with_override};
+use support::{descriptor, eventually, request, simple, with_override};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, UdpSocket};
 use tonic::transport::Channel;
@@ -100,15 +100,6 @@ async fn udp_listener() -> (SocketAddr, Received) {
         }
     });
     (addr, received)
-}
-
-/// Polls `check` every 20 ms until it holds, for at most 10 s.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !check() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A `RUNTIME_ROOT` tree with [`LIMITS`], kept alive with the returned directory.
@@ -230,13 +221,15 @@ async fn reference_environment_sends_reference_stats_over_tcp() {
     .into_iter()
     .collect();
     eventually("every expected counter total", || {
-        expected
-            .iter()
-            .all(|(name, want)| received.sum(name, "c").0 == *want)
-            && received
-                .sum("ratelimit_server.ShouldRateLimit.response_time", "ms")
-                .1
-                == calls as usize
+        std::future::ready({
+            expected
+                .iter()
+                .all(|(name, want)| received.sum(name, "c").0 == *want)
+                && received
+                    .sum("ratelimit_server.ShouldRateLimit.response_time", "ms")
+                    .1
+                    == calls as usize
+        })
     })
     .await;
     // Byte-exact: every line is `name:integer|c` or `|ms`, and no name outside the set.
@@ -293,8 +286,10 @@ async fn udp_tags_and_dogstatsd() {
             "ratelimit.service.rate_limit.test.key1_value1.total_hits.__app=rl.__zone=eu_west:1|c\n"
         };
         eventually("tagged lines", || {
-            let text = received.text();
-            text.contains(want) && text.contains(total)
+            std::future::ready({
+                let text = received.text();
+                text.contains(want) && text.contains(total)
+            })
         })
         .await;
         server.stop().await;
@@ -398,17 +393,19 @@ async fn redis_pool_stats() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eventually("pool stats", || {
-        received.sum("ratelimit.redis_pool.cx_total", "c").0 == 2
-            && received
-                .text()
-                .contains("\nratelimit.redis_pool.cx_active:2|g\n")
-            && received
-                .sum(
-                    "ratelimit.service.rate_limit.test.key1_value1.total_hits",
-                    "c",
-                )
-                .0
-                == 1
+        std::future::ready({
+            received.sum("ratelimit.redis_pool.cx_total", "c").0 == 2
+                && received
+                    .text()
+                    .contains("\nratelimit.redis_pool.cx_active:2|g\n")
+                && received
+                    .sum(
+                        "ratelimit.service.rate_limit.test.key1_value1.total_hits",
+                        "c",
+                    )
+                    .0
+                    == 1
+        })
     })
     .await;
     assert_eq!(

@@ -51,7 +51,7 @@ async fn setup(client_ca: Option<&Ca>) -> Setup {
         key: volume.path("tls.key"),
         client_ca: client_ca.map(|_| volume.path("ca.crt")),
     };
-    let server = TestServer::start_tls(LIMITS, files).await;
+    let server = TestServer::with(LIMITS).tls(files).start().await;
     Setup {
         ca,
         first,

@@ -63,6 +63,52 @@ impl std::fmt::Debug for ReferenceKey {
     }
 }
 
+/// A bucket shared with reference pods: the counter's name and expiry, carried by its
+/// [`super::BucketOp`] so that every store call for the op — its debit, and any refund of it
+/// (across Redis Cluster slots, the per-second split, quota mode) — names the same counter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceCounter {
+    /// The name without its window start (the planner builds it).
+    pub base: ReferenceKey,
+    /// Start of the window, Unix seconds of the pod's clock, as the reference takes it
+    /// (`time.Now().Unix()` when the request is answered); set by [`ReferenceCounter::stamp`].
+    pub window_start_secs: u64,
+    /// The `EXPIRE` written with every debit: the unit plus the jitter drawn for this
+    /// request ([`expiry_secs`]); set by [`ReferenceCounter::stamp`].
+    pub expiry_secs: u64,
+}
+
+impl ReferenceCounter {
+    /// A counter named `base`, not yet stamped.
+    pub fn new(base: ReferenceKey) -> ReferenceCounter {
+        ReferenceCounter {
+            base,
+            window_start_secs: 0,
+            expiry_secs: 0,
+        }
+    }
+
+    /// Fixes the window (`now_secs` of the pod's clock) and the expiry (`jitter_max_secs`,
+    /// `roll` as [`expiry_secs`] takes them) for a limit of `unit_secs` seconds.
+    pub fn stamp(&mut self, now_secs: u64, unit_secs: u64, jitter_max_secs: u64, roll: u64) {
+        self.window_start_secs = window_start(now_secs, unit_secs);
+        self.expiry_secs = expiry_secs(unit_secs.max(1), jitter_max_secs, roll);
+    }
+
+    /// The counter's full Redis key: the base, then the window start in decimal.
+    pub fn key(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.base.0.len() + 20);
+        self.write_key(&mut out);
+        out
+    }
+
+    /// Appends [`ReferenceCounter::key`] to `out` (a command's buffer).
+    pub fn write_key(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.base.0);
+        super::push_decimal(out, self.window_start_secs);
+    }
+}
+
 /// Start of the fixed window holding `now_secs`, as the reference computes it; a zero unit
 /// (never configured) is read as one second rather than dividing by zero.
 pub fn window_start(now_secs: u64, unit_secs: u64) -> u64 {
@@ -152,5 +198,19 @@ mod tests {
         let a = ReferenceKey::new(b"", "a_b", [(&b"c"[..], &b"d"[..])]);
         let b = ReferenceKey::new(b"", "a", [(&b"b_c"[..], &b"d"[..])]);
         assert_eq!(a, b);
+    }
+
+    /// A stamp fixes the window from the pod's clock and the expiry in [unit, unit + jitter);
+    /// the key is the base followed by the window start.
+    #[test]
+    fn stamp_names_the_window_and_expiry() {
+        let mut counter =
+            ReferenceCounter::new(ReferenceKey::new(b"rl_", "d", [(&b"k"[..], &b"v"[..])]));
+        counter.stamp(1_700_000_123, 60, 300, 7);
+        assert_eq!(counter.window_start_secs, 1_700_000_100);
+        assert_eq!(counter.expiry_secs, 67);
+        assert_eq!(counter.key(), b"rl_d_k_v_1700000100".to_vec());
+        counter.stamp(1_700_000_123, 60, 0, 7);
+        assert_eq!(counter.expiry_secs, 60);
     }
 }

@@ -14,6 +14,10 @@
 //!   quadratic in that depth (100,000 levels pin a core for many seconds), and no limits file
 //!   needs more than a few levels.
 //!
+//! A listing is bounded too: at most [`MAX_FILES`] directory entries are looked at and the
+//! reference layout's walk goes at most [`MAX_WALK_DEPTH`] directories deep; past either the
+//! load is refused, naming the directory, and the limits in force stay.
+//!
 //! [`load_within`] runs a load on its own thread and gives up after a deadline, so reload and
 //! shutdown never wait on it; at most [`MAX_LOADS_RUNNING`] loads run at once, abandoned ones
 //! included.
@@ -36,6 +40,14 @@ pub const MAX_LOAD_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Deepest nesting of YAML flow collections accepted in a limits file.
 pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// Most directory entries one listing looks at (files and directories together). A ConfigMap
+/// holds at most 1 MiB, so thousands of keys at the very most; a million empty files would
+/// otherwise pass the byte bounds and cost a `stat` each on every reload.
+pub const MAX_FILES: usize = 10_000;
+
+/// Deepest directory the reference layout's recursive walk enters, below its start.
+pub const MAX_WALK_DEPTH: usize = 32;
 
 /// Longest a load (reading, parsing, validating every file) may take before it is abandoned.
 pub const LOAD_DEADLINE: Duration = Duration::from_secs(10);

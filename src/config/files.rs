@@ -18,6 +18,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::file::{MAX_FILES, MAX_WALK_DEPTH};
+
 /// Where the limits files are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Source {
@@ -102,6 +104,26 @@ pub(crate) struct Listing {
     pub(crate) skipped: Vec<(PathBuf, &'static str)>,
     /// Why nothing could be listed at all, when that is the case and not an error.
     pub(crate) empty_because: Option<String>,
+    /// Why the listing was abandoned (a bound of [`super::file`] exceeded): an error, and
+    /// nothing is loaded.
+    pub(crate) refused: Option<String>,
+    /// Directory entries looked at so far (bounded by [`MAX_FILES`]).
+    seen: usize,
+}
+
+impl Listing {
+    /// Counts one more directory entry; false (and the listing refused) past [`MAX_FILES`].
+    fn count(&mut self, dir: &Path) -> bool {
+        self.seen += 1;
+        if self.seen > MAX_FILES && self.refused.is_none() {
+            self.refused = Some(format!(
+                "more than {MAX_FILES} entries under {}: not a limits directory (nothing \
+                 loaded)",
+                dir.display()
+            ));
+        }
+        self.refused.is_none()
+    }
 }
 
 /// Lists the runtime layout's files as the reference's loader does (see the module doc).
@@ -136,10 +158,14 @@ pub(crate) fn list_runtime(layout: &RuntimeLayout) -> Listing {
     walk(
         &start,
         &start,
+        0,
         layout.ignore_dotfiles,
         &mut found,
         &mut listing,
     );
+    if listing.refused.is_some() {
+        return listing;
+    }
     for (name, path) in found {
         match &prefix {
             Some(prefix) if !name.starts_with(prefix.as_str()) => {
@@ -153,10 +179,12 @@ pub(crate) fn list_runtime(layout: &RuntimeLayout) -> Listing {
 
 /// Depth-first, entries in byte order of their names, as Go's `filepath.Walk`: directories
 /// are entered (not through symlinks), everything else is a file named by its path relative
-/// to `start` with `/` turned into `.`.
+/// to `start` with `/` turned into `.`. Stops, the listing refused, past [`MAX_FILES`]
+/// entries or [`MAX_WALK_DEPTH`] directories below `start`.
 fn walk(
     dir: &Path,
     start: &Path,
+    depth: usize,
     ignore_dotfiles: bool,
     found: &mut Vec<(String, PathBuf)>,
     listing: &mut Listing,
@@ -172,6 +200,9 @@ fn walk(
     };
     entries.sort_by_key(|entry| entry.file_name());
     for entry in entries {
+        if !listing.count(dir) {
+            return;
+        }
         let path = entry.path();
         let dot = entry.file_name().to_string_lossy().starts_with('.');
         let Ok(meta) = fs::symlink_metadata(&path) else {
@@ -179,8 +210,21 @@ fn walk(
             continue;
         };
         if meta.is_dir() {
-            if !(ignore_dotfiles && dot) {
-                walk(&path, start, ignore_dotfiles, found, listing);
+            if ignore_dotfiles && dot {
+                continue;
+            }
+            if depth >= MAX_WALK_DEPTH {
+                listing.refused = Some(format!(
+                    "{} is more than {MAX_WALK_DEPTH} directories below {}: not a limits \
+                     directory (nothing loaded)",
+                    path.display(),
+                    start.display()
+                ));
+                return;
+            }
+            walk(&path, start, depth + 1, ignore_dotfiles, found, listing);
+            if listing.refused.is_some() {
+                return;
             }
             continue;
         }
@@ -218,6 +262,10 @@ pub(crate) fn list_path(path: &Path) -> std::io::Result<Listing> {
     }
     for entry in fs::read_dir(path)? {
         let entry = entry?;
+        if !listing.count(path) {
+            listing.files.clear();
+            return Ok(listing);
+        }
         let name = entry.file_name().to_string_lossy().to_ascii_lowercase();
         // `fs::metadata` follows symlinks; a directory (even one named `x.yaml`, or the
         // kubelet's `..data`) is not a file. A broken symlink is kept so that reading it
@@ -349,5 +397,60 @@ mod tests {
             .map(|(p, _)| p.strip_prefix(&dir).unwrap().display().to_string())
             .collect();
         assert_eq!(skipped, [".hidden.yaml", "config"]);
+    }
+
+    /// A directory of more than `MAX_FILES` entries is refused, not listed, in both layouts.
+    #[test]
+    fn too_many_entries_are_refused() {
+        let tmp = tree();
+        let dir = tmp.path().join("ratelimit/config");
+        // The tree holds a few entries already: MAX_FILES more is past the bound.
+        for i in 0..MAX_FILES {
+            fs::write(dir.join(format!("f{i}.yaml")), "").unwrap();
+        }
+        let listing = list_path(&dir).unwrap();
+        assert!(listing.files.is_empty());
+        assert!(listing.refused.unwrap().contains("more than 10000 entries"));
+        let listing = list_runtime(&layout(tmp.path(), false, true));
+        assert!(listing.files.is_empty());
+        assert!(listing.refused.unwrap().contains("more than 10000 entries"));
+        // At the bound exactly, everything is listed.
+        fs::remove_dir_all(&dir).unwrap();
+        fs::create_dir_all(&dir).unwrap();
+        for i in 0..MAX_FILES {
+            fs::write(dir.join(format!("f{i}.yaml")), "").unwrap();
+        }
+        let listing = list_path(&dir).unwrap();
+        assert_eq!((listing.files.len(), listing.refused), (MAX_FILES, None));
+    }
+
+    /// The reference layout's walk enters at most `MAX_WALK_DEPTH` directories below its
+    /// start; deeper is refused, naming the directory.
+    #[test]
+    fn too_deep_is_refused() {
+        let tmp = tree();
+        let base = tmp.path().join("ratelimit/config");
+        let mut deep = base.clone();
+        for _ in 0..MAX_WALK_DEPTH {
+            deep.push("d");
+        }
+        fs::create_dir_all(&deep).unwrap();
+        fs::write(deep.join("limits.yaml"), "").unwrap();
+        let listing = list_runtime(&layout(tmp.path(), false, true));
+        assert_eq!(listing.refused, None);
+        assert!(
+            names(&listing, &base)
+                .iter()
+                .any(|n| n.ends_with("/d/limits.yaml"))
+        );
+        fs::create_dir(deep.join("d")).unwrap();
+        let listing = list_runtime(&layout(tmp.path(), false, true));
+        assert!(listing.files.is_empty());
+        assert!(
+            listing
+                .refused
+                .unwrap()
+                .contains("more than 32 directories below")
+        );
     }
 }

@@ -67,6 +67,10 @@ pub(crate) fn read_source(source: &Source) -> (Vec<(String, String)>, Vec<Config
     if let Some(why) = &listing.empty_because {
         tracing::warn!("no limits file read: {why}");
     }
+    if let Some(why) = listing.refused {
+        let label = source.watch_path().display().to_string();
+        return (Vec::new(), vec![error(&label, "", why)]);
+    }
     read_files(&listing.files)
 }
 

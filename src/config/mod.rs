@@ -42,7 +42,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-pub use file::{LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING};
+pub use file::{
+    LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FILES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING,
+    MAX_WALK_DEPTH,
+};
 pub use files::{RuntimeLayout, Source};
 pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name};
 pub use load::{ConfigError, ConfigErrors};
@@ -188,6 +191,39 @@ impl Config {
             for rule in rules {
                 for limit in &rule.limits {
                     let _ = writeln!(out, "{}", describe_limit(rule, limit));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Config {
+    /// The limits in the reference's debug-port `/rlconfig` text (its config `Dump`): one
+    /// `<domain.key_value…>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>,
+    /// quota_mode: <bool>` line per limit, domains in order and rules sorted by path (the
+    /// reference's order is Go map order, which varies). Unlimited is `unit=UNKNOWN requests_per_unit=0`, as the
+    /// reference holds it; floodgate's extensions (several limits on one descriptor,
+    /// `unit_multiplier`, algorithms) show only as their base unit, one line per limit.
+    pub fn dump_reference(&self) -> String {
+        let mut out = String::new();
+        for domain in self.domains() {
+            for rule in domain.rules() {
+                for limit in &rule.limits {
+                    let (unit, rpu) = if limit.unlimited {
+                        ("UNKNOWN".to_string(), 0)
+                    } else {
+                        (
+                            limit.unit.name().to_ascii_uppercase(),
+                            limit.requests_per_unit,
+                        )
+                    };
+                    let _ = writeln!(
+                        out,
+                        "{}: unit={unit} requests_per_unit={rpu}, shadow_mode: {}, \
+                         quota_mode: {}",
+                        rule.path, rule.shadow_mode, rule.quota_mode
+                    );
                 }
             }
         }

@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::{Config, ConfigErrors, Loader};
-use crate::file_watch::{self, FileWatch, WatchError};
+use super::{Config, ConfigErrors, Loader, Source};
+use crate::file_watch::{self, FileWatch, RecursiveMode, WatchError};
 use crate::metrics::Metrics;
 
 /// Watches the limits of `loader` and reloads them into `config` after each change, until the
@@ -32,6 +32,11 @@ pub fn spawn(
     on_reload: impl Fn(&Config) + Send + Sync + 'static,
 ) -> Result<FileWatch, WatchError> {
     let path = loader.source.watch_path();
+    // The reference layout's walk reads nested directories: a change in any of them counts.
+    let depth = match loader.source {
+        Source::Runtime(_) => RecursiveMode::Recursive,
+        Source::Path(_) => RecursiveMode::NonRecursive,
+    };
     let mut reloader = Reloader {
         path: path.clone(),
         loader,
@@ -40,7 +45,7 @@ pub fn spawn(
         on_reload: Box::new(on_reload),
         missing: false,
     };
-    let watch = file_watch::spawn(&[path.as_path()], "limits", move || {
+    let watch = file_watch::spawn(&[path.as_path()], depth, "limits", move || {
         let attempt = load(&reloader.path, &reloader.loader);
         reloader.apply(attempt);
     })?;
@@ -80,15 +85,16 @@ impl Reloader {
                 self.config.store(Arc::new(config));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 (self.on_reload)(&self.config.load());
-                self.metrics.record_config_load(true);
+                self.metrics
+                    .record_config_load_with(true, &format!("reloaded: {domains} domain(s)"));
                 tracing::info!(path = %self.path.display(), domains, "limits reloaded");
             }
             Attempt::Failed(errors) => {
                 self.missing = false;
-                self.metrics.record_config_load(false);
                 let count = errors.0.len();
                 // One line, however many errors: log collectors split records on newlines.
                 let all: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+                self.metrics.record_config_load_with(false, &all.join("; "));
                 tracing::error!(
                     path = %self.path.display(),
                     errors = count,
@@ -101,7 +107,10 @@ impl Reloader {
             }
             Attempt::Missing => {
                 self.missing = true;
-                self.metrics.record_config_load(false);
+                self.metrics.record_config_load_with(
+                    false,
+                    "limits path disappeared; previous limits kept",
+                );
                 tracing::warn!(
                     path = %self.path.display(),
                     "limits path disappeared; keeping the previous limits until it reappears"

@@ -186,14 +186,17 @@ async fn session(
                 config.store(Arc::new(loaded));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 on_load(&config.load());
-                metrics.record_config_load(true);
+                metrics.record_config_load_with(
+                    true,
+                    &format!("xDS version {}: {domains} domain(s)", response.version_info),
+                );
                 resume.version.clone_from(&response.version_info);
                 tracing::info!(version = %response.version_info, domains, "limits from xDS loaded (ACK)");
                 request(options, &resume.version, &response.nonce, None)
             }
             Err(errors) => {
-                metrics.record_config_load(false);
                 let all: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+                metrics.record_config_load_with(false, &all.join("; "));
                 tracing::error!(version = %response.version_info, errors = all.len(),
                     "limits from xDS rejected (NACK), keeping the previous limits: {}", all.join("; "));
                 let detail = RpcStatus {

@@ -22,11 +22,13 @@
 //! panics; for valid inputs the clamps are no-ops. The operator-facing description of the math
 //! is `docs/algorithms.md`.
 
+mod counter;
 mod fixed_window;
 mod sliding_window;
 mod token_bucket;
 mod window;
 
+pub use counter::evaluate_counter;
 pub use token_bucket::{
     MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL, reset_at_configured_rate,
 };

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{parse_millis, redact_url};
+use super::parse_millis;
+use crate::store::redis::redact::redact_url;
 
 /// Where per-second buckets live, when not in the main Redis.
 #[derive(Clone, Default, Args)]

@@ -128,13 +128,16 @@ pub fn apply_reference_env(
     mapping.runtime(settings)?;
     mapping.serving(settings)?;
     mapping.stats(settings)?;
+    mapping.prometheus(settings)?;
     mapping.addresses(settings)?;
     mapping.grpc_tls(settings)?;
     mapping.redis(settings)?;
     mapping.per_second(settings)?;
     mapping.store(settings)?;
+    mapping.counters(settings)?;
     mapping.service(settings)?;
     mapping.logs(settings)?;
+    mapping.traces(settings)?;
     mapping.without_effect();
     if settings.config.is_none() && settings.xds.config_xds.is_none() {
         return Err(SettingsError::NoLimits);
@@ -299,6 +302,36 @@ impl<'a> Mapping<'a> {
                 self.report.applied.push(port.to_string());
             }
         }
+        self.debug(settings)
+    }
+
+    /// `DEBUG_HOST` / `DEBUG_PORT`: the debug port (`/rlconfig`, `/stats`) is opened when
+    /// either is set (the other defaults as in the reference: `0.0.0.0`, `6070`). Unlike the
+    /// reference, an environment naming neither opens no debug port: a fixed well-known port
+    /// nobody asked for is one more listener to secure, and one more reason to fail to start.
+    fn debug(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const VARS: [&str; 2] = ["DEBUG_HOST", "DEBUG_PORT"];
+        if self.own("debug_addr") {
+            self.override_by(&VARS, "--debug-addr");
+            return Ok(());
+        }
+        if self.present(&VARS).is_empty() {
+            return Ok(());
+        }
+        let mut addr = std::net::SocketAddr::from(([0, 0, 0, 0], 6070));
+        if let Some(value) = self.get("DEBUG_HOST") {
+            addr.set_ip(parse_host("DEBUG_HOST", value)?);
+            self.applied("DEBUG_HOST");
+        }
+        if let Some(value) = self.get("DEBUG_PORT") {
+            addr.set_port(
+                value
+                    .parse()
+                    .map_err(|_| bad("DEBUG_PORT", value, "a port, 0 to 65535"))?,
+            );
+            self.applied("DEBUG_PORT");
+        }
+        settings.statsd.debug_addr = Some(addr);
         Ok(())
     }
 
@@ -385,11 +418,16 @@ impl<'a> Mapping<'a> {
             settings.local_cache_size = bytes.div_ceil(LOCAL_CACHE_BYTES_PER_ENTRY);
             let entries = settings.local_cache_size;
             self.applied(&format!("LOCAL_CACHE_SIZE_IN_BYTES (~{entries} entries)"));
+        } else if settings.runtime_layout.is_some() {
+            // Started from the reference's environment: its default (no local cache) holds.
+            // A cached denial outlives a counter lowered by hand in Redis, or by a reference
+            // pod's refund; without the variable the reference never answers from one.
+            settings.local_cache_size = 0;
         }
         Ok(())
     }
 
-    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers, `USE_PROMETHEUS`.
+    /// `SHADOW_MODE`, `NEAR_LIMIT_RATIO`, the response headers.
     fn service(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         let shadow = self.parse_bool("SHADOW_MODE")?;
         if self.own("shadow_mode") {
@@ -426,12 +464,6 @@ impl<'a> Mapping<'a> {
             *slot = Some(v.to_string());
         }
         self.response(settings);
-        if self.parse_bool("USE_PROMETHEUS")?.is_some() {
-            self.no_effect(
-                "USE_PROMETHEUS",
-                "Prometheus metrics are always served at /metrics on the HTTP port",
-            );
-        }
         Ok(())
     }
 
@@ -486,7 +518,7 @@ fn bad(name: &'static str, value: &str, expected: &str) -> SettingsError {
         "***".to_string()
     } else if name.ends_with("_URL") {
         match value.contains("://") {
-            true => super::redact_url(value),
+            true => crate::store::redis::redact::redact_url(value),
             // `user:password@host:port`, which no parser accepted: hide all before the host.
             false => match value.rsplit_once('@') {
                 Some((_, host)) => format!("***@{host}"),
@@ -546,10 +578,12 @@ fn encode(text: &str) -> String {
 }
 
 mod catalogue;
+mod counters;
 mod duration;
 mod redis;
 mod serving;
 mod stats;
+mod traces;
 mod xds;
 
 pub use catalogue::REFERENCE_VARIABLES;

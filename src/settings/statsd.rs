@@ -3,6 +3,7 @@
 //! mode the reference's variables turn them on as the reference would (`USE_STATSD`
 //! defaults to true there).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -48,6 +49,56 @@ pub struct StatsdSettings {
     /// Speak dogstatsd (tags as `|#key:value`) instead of plain statsd (tags in the name).
     #[arg(long, env = "FLOODGATE_STATSD_DOGSTATSD")]
     pub statsd_dogstatsd: bool,
+
+    /// Serve the reference server's Prometheus series (its `USE_PROMETHEUS` sink: the statsd
+    /// stats through its statsd_exporter mapping) on this address. Off by default;
+    /// floodgate's own `floodgate_*` metrics stay on the HTTP port.
+    #[arg(
+        long,
+        env = "FLOODGATE_REFERENCE_PROMETHEUS_ADDR",
+        value_name = "HOST:PORT"
+    )]
+    pub reference_prometheus_addr: Option<SocketAddr>,
+
+    /// The path of those series (`PROMETHEUS_PATH`).
+    #[arg(
+        long,
+        env = "FLOODGATE_REFERENCE_PROMETHEUS_PATH",
+        value_name = "PATH",
+        default_value = "/metrics",
+        value_parser = parse_path
+    )]
+    pub reference_prometheus_path: String,
+
+    /// Serve the reference server's debug port here: `/rlconfig` in its text format and
+    /// `/stats` (`name: value` lines of the reference's stats). Off by default; on in
+    /// reference mode, at `DEBUG_HOST`:`DEBUG_PORT` (`0.0.0.0:6070`), as the reference.
+    #[arg(long, env = "FLOODGATE_DEBUG_ADDR", value_name = "HOST:PORT")]
+    pub debug_addr: Option<SocketAddr>,
+
+    /// Observe `ratelimit_service_response_time_seconds` in milliseconds, not seconds
+    /// (`PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`).
+    #[arg(long, env = "FLOODGATE_REFERENCE_PROMETHEUS_RESPONSE_TIME_MS")]
+    pub reference_prometheus_response_time_ms: bool,
+}
+
+/// Where the reference's Prometheus series are served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferencePrometheus {
+    /// The listening address.
+    pub addr: SocketAddr,
+    /// The path.
+    pub path: String,
+    /// Response times in milliseconds.
+    pub response_time_ms: bool,
+}
+
+fn parse_path(text: &str) -> Result<String, String> {
+    if text.starts_with('/') {
+        Ok(text.to_string())
+    } else {
+        Err(format!("'{text}' does not start with /"))
+    }
 }
 
 /// Parsed `key:value` tags, sorted by key.
@@ -59,6 +110,15 @@ fn parse_tag_list(text: &str) -> Result<TagList, String> {
 }
 
 impl StatsdSettings {
+    /// Where the reference's Prometheus series are served, or `None` when they are not.
+    pub fn reference_prometheus(&self) -> Option<ReferencePrometheus> {
+        Some(ReferencePrometheus {
+            addr: self.reference_prometheus_addr?,
+            path: self.reference_prometheus_path.clone(),
+            response_time_ms: self.reference_prometheus_response_time_ms,
+        })
+    }
+
     /// What the statsd task needs, or `None` when statsd is off.
     pub fn config(&self) -> Option<StatsdConfig> {
         Some(StatsdConfig {

@@ -42,13 +42,13 @@ fn lines_in_both_dialects() {
 #[test]
 fn counters_flush_as_deltas() {
     let stats = Stats::new(
-        StatsdConfig {
+        Some(StatsdConfig {
             addr: "127.0.0.1:1".into(),
             protocol: Protocol::Tcp,
             flavor: Flavor::Statsd,
             flush_interval: Duration::from_secs(1),
             tags: Vec::new(),
-        },
+        }),
         Counter::default(),
     );
     let rule: Arc<str> = "d.ip_1.2.3.4".into();

@@ -349,6 +349,15 @@ impl Store for MemoryStore {
         Ok(self.apply_now(ops))
     }
 
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        for op in ops {
+            lock(&self.shards[self.shard_of(&op.key)])
+                .map
+                .remove(&op.key);
+        }
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }
@@ -380,12 +389,37 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 
     fn store() -> (Arc<ManualClock>, MemoryStore) {
         let clock = Arc::new(ManualClock::new(NOW));
         (clock.clone(), MemoryStore::new(clock))
+    }
+
+    /// A reset removes the buckets, of every algorithm: each is full again, and a check-only
+    /// op (what the console inspects with) reports what is left without debiting.
+    #[tokio::test]
+    async fn reset_gives_full_capacity_back_and_checks_debit_nothing() {
+        let (_clock, store) = store();
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ] {
+            let debit = op("a", algorithm, 4, 3);
+            store.apply_now(std::slice::from_ref(&debit));
+            let check = op("a", algorithm, 4, 0);
+            for _ in 0..3 {
+                let seen = store.apply_now(std::slice::from_ref(&check));
+                assert_eq!(seen.buckets[0].view.remaining, 1, "{algorithm:?}");
+            }
+            store.reset(std::slice::from_ref(&check)).await.unwrap();
+            assert!(store.state_of(&check.key).is_none(), "{algorithm:?}");
+            let seen = store.apply_now(std::slice::from_ref(&check));
+            assert_eq!(seen.buckets[0].view.remaining, 4, "{algorithm:?}");
+        }
     }
 
     /// Idle buckets expire: they read as absent after their TTL and the sweep frees them.

@@ -14,7 +14,7 @@
 
 use async_trait::async_trait;
 
-use crate::bucket::{Applied, BucketOp};
+use crate::bucket::{Applied, BucketKey, BucketOp};
 
 pub mod breaker;
 pub mod fanout;
@@ -59,6 +59,25 @@ pub trait Store: Send + Sync + 'static {
     /// Evaluates every op and stores the debits of all of them or of none (see
     /// [`crate::bucket::settle`]). Returns one result per op, in order.
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError>;
+
+    /// Gives every bucket of `ops` its full capacity back by deleting its stored state: an
+    /// absent bucket is a full bucket (an empty window) for every algorithm, so no store
+    /// needs to know how a state is encoded to reset it. The ops' costs are ignored.
+    /// The operator console calls it (never the request path); a store that cannot reset
+    /// says so.
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        let _ = ops;
+        Err(StoreError::Failed(format!(
+            "the {} store cannot reset buckets",
+            self.name()
+        )))
+    }
+
+    /// The name under which this store keeps `key`'s state (Redis: after the configured key
+    /// prefix), shown to operators so they can find it with their own tools.
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        key.as_bytes().to_vec()
+    }
 
     /// A short name for logs and metrics (`memory`, `redis`, `redis_cluster`).
     fn name(&self) -> &'static str;

@@ -165,6 +165,13 @@ impl OverLimitCache {
         }
     }
 
+    /// Forgets what it knows of the buckets of `ops` (they were reset).
+    pub fn forget(&self, ops: &[BucketOp]) {
+        for op in ops {
+            self.entries.invalidate(&op.key);
+        }
+    }
+
     /// Forgets everything (the limits changed).
     pub fn clear(&self) {
         self.entries.invalidate_all();
@@ -194,6 +201,7 @@ mod tests {
             },
             cost,
             enforce: true,
+            reference: None,
         }
     }
 
@@ -233,6 +241,18 @@ mod tests {
             cache.answer(&[op(b"a", 2)], later).is_none(),
             "retry time reached"
         );
+    }
+
+    /// A reset bucket is forgotten; the others stay known.
+    #[test]
+    fn forgets_reset_buckets_only() {
+        let cache = OverLimitCache::new(100, None);
+        let sent = Instant::now();
+        cache.learn(&[op(b"a", 1)], &denied(1_000_000), sent);
+        cache.learn(&[op(b"b", 1)], &denied(1_000_000), sent);
+        cache.forget(&[op(b"a", 0)]);
+        assert!(cache.answer(&[op(b"a", 1)], sent).is_none());
+        assert!(cache.answer(&[op(b"b", 1)], sent).is_some());
     }
 
     /// Checks, refunds and shadow ops never get a cached denial.

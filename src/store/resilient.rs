@@ -28,7 +28,7 @@ use clap::ValueEnum;
 use super::breaker::CircuitBreaker;
 use super::overlimit::OverLimitCache;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
-use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::View;
 use crate::metrics::Metrics;
 
@@ -136,6 +136,16 @@ impl ResilientStore {
     /// Availability updates (true = Redis usable).
     pub fn availability(&self) -> tokio::sync::watch::Receiver<bool> {
         self.breaker.subscribe()
+    }
+
+    /// True while requests go to Redis (the circuit breaker is closed).
+    pub fn breaker_closed(&self) -> bool {
+        self.breaker.is_closed()
+    }
+
+    /// The failure policy answering while Redis is unusable.
+    pub fn policy(&self) -> FailurePolicy {
+        self.policy
     }
 
     /// Forgets cached denials (the limits changed).
@@ -249,7 +259,7 @@ impl Store for ResilientStore {
                     return Ok(applied);
                 }
                 Err(error) if error.is_transient() => {
-                    self.metrics.record_store_error(&error);
+                    self.metrics.record_store_error(error.kind());
                     self.breaker.record_failure(&error);
                     self.degraded(ops, error)
                 }
@@ -257,7 +267,7 @@ impl Store for ResilientStore {
                     // Not an outage: a defect (bad script reply, missing ACL permission).
                     // Report it, once per distinct error at warn level; masking it with a
                     // policy answer would hide it.
-                    self.metrics.record_store_error(&error);
+                    self.metrics.record_store_error(error.kind());
                     self.log_defect(&error);
                     return Err(error);
                 }
@@ -272,6 +282,24 @@ impl Store for ResilientStore {
             DegradedAnswer::Ready(result) => result,
             DegradedAnswer::Local(memory) => memory.apply(ops).await,
         }
+    }
+
+    /// Resets in Redis, and forgets what this replica cached or counted locally about the
+    /// buckets: a cached denial would otherwise outlive the reset until it expired. Other
+    /// replicas' caches are not reached (docs/console.md). Not behind the breaker: an
+    /// operator acting during an outage gets Redis's own error.
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        if let Some(cache) = &self.cache {
+            cache.forget(ops);
+        }
+        if let Some(fallback) = &self.fallback {
+            fallback.reset(ops).await?;
+        }
+        self.redis.reset(ops).await
+    }
+
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        self.redis.stored_key(key)
     }
 
     fn name(&self) -> &'static str {

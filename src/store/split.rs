@@ -17,7 +17,7 @@ use async_trait::async_trait;
 
 use super::fanout::apply_groups;
 use super::{RemoteStore, Store, StoreError};
-use crate::bucket::{Applied, BucketOp};
+use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::metrics::Metrics;
 
 /// The period routed to the per-second store: one second, in microseconds.
@@ -82,6 +82,20 @@ impl Store for SplitStore {
             |ok| self.metrics.record_per_second_refund(ok),
         )
         .await
+    }
+
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        let (per_second, main): (Vec<BucketOp>, Vec<BucketOp>) =
+            ops.iter().cloned().partition(is_per_second);
+        let (main, per_second) =
+            tokio::join!(self.main.reset(&main), self.per_second.reset(&per_second));
+        main.and(per_second)
+    }
+
+    /// The key in the store that holds it (both sides share the prefix, as the reference's
+    /// two Redis do).
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        self.main.stored_key(key)
     }
 
     fn name(&self) -> &'static str {
@@ -164,6 +178,7 @@ mod tests {
             },
             cost: 1,
             enforce: true,
+            reference: None,
         }
     }
 

@@ -3,7 +3,7 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -44,6 +44,37 @@ pub mod redis;
 pub mod tls;
 pub mod volume;
 
+/// How long [`eventually`] waits before failing the test: long enough for a loaded machine
+/// (failovers, reloads, restarts all finish in well under a second on a quiet one).
+pub const EVENTUALLY: Duration = Duration::from_secs(20);
+
+/// Polls `check` every 10 ms until it holds, failing the test after [`EVENTUALLY`]; returns
+/// how long it took. The one way tests wait for something asynchronous: never a sleep.
+pub async fn eventually<F, Fut>(what: &str, check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_within(what, EVENTUALLY, check).await
+}
+
+/// [`eventually`] with its own bound, for what is slow by design (a Redis Cluster failover).
+pub async fn eventually_within<F, Fut>(what: &str, within: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < within,
+            "never happened within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    started.elapsed()
+}
+
 /// Which store a test server uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
@@ -80,74 +111,187 @@ pub struct TestServer {
     /// How many times hot reload swapped in new limits (its `on_reload` hook ran).
     pub reloads: Arc<AtomicUsize>,
     buckets: Buckets,
-    /// Hot reload, when the server watches a limits path or its TLS files.
-    watch: Option<FileWatch>,
+    /// Hot reload, of the limits path or the TLS files, when the server watches them.
+    watches: Vec<FileWatch>,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), ServerError>>>,
 }
 
-impl TestServer {
-    /// Starts a memory-store server with `yaml` as its only limits file and default options.
-    pub async fn start(yaml: &str) -> TestServer {
-        TestServer::start_with(yaml, options()).await
+/// Where a test server's limits come from.
+enum Limits {
+    /// One limits file's text, loaded once.
+    Yaml(String),
+    /// A file or directory, loaded as `floodgate serve` does and hot-reloaded.
+    Watched(PathBuf),
+}
+
+/// How a test server is set up: made by [`TestServer::with`] or [`TestServer::watching`],
+/// adjusted by its methods, started by [`Setup::start`]. The defaults are `floodgate serve`'s
+/// (memory store, default plan options), on a manual clock at [`START_US`].
+#[must_use]
+pub struct Setup {
+    limits: Limits,
+    backend: Backend,
+    options: PlanOptions,
+    /// A store built by the test, with the metrics it reports to.
+    store: Option<(Arc<dyn Store>, Arc<Metrics>)>,
+    store_health: Option<tokio::sync::watch::Receiver<bool>>,
+    tuning: Tuning,
+    tls: Option<TlsFiles>,
+}
+
+impl Setup {
+    /// The store: started for this test (a real redis-server, Sentinel or Cluster).
+    pub fn on(mut self, backend: Backend) -> Setup {
+        self.backend = backend;
+        self
     }
 
-    /// Starts a memory-store server with `yaml` as its only limits file.
-    pub async fn start_with(yaml: &str, options: PlanOptions) -> TestServer {
-        TestServer::start_on(Backend::Memory, yaml, options).await
+    /// The plan options (global shadow or quota mode, header options, request bounds).
+    pub fn options(mut self, options: PlanOptions) -> Setup {
+        self.options = options;
+        self
     }
 
-    /// Starts a server on `backend` with `yaml` as its only limits file.
-    pub async fn start_on(backend: Backend, yaml: &str, options: PlanOptions) -> TestServer {
-        let config = load(yaml);
+    /// A store built by the test (on real time), reporting to `metrics`.
+    pub fn store(mut self, store: Arc<dyn Store>, metrics: Arc<Metrics>) -> Setup {
+        self.store = Some((store, metrics));
+        self
+    }
+
+    /// The store's health, reported through the health service as `floodgate serve` does.
+    pub fn store_health(mut self, health: Option<tokio::sync::watch::Receiver<bool>>) -> Setup {
+        self.store_health = health;
+        self
+    }
+
+    /// Overload and listener settings.
+    pub fn tuning(mut self, tuning: Tuning) -> Setup {
+        self.tuning = tuning;
+        self
+    }
+
+    /// gRPC over TLS from `files`, reloaded when they change, as `floodgate serve` does.
+    pub fn tls(mut self, files: TlsFiles) -> Setup {
+        self.tls = Some(files);
+        self
+    }
+
+    /// Starts the server on ephemeral loopback ports.
+    pub async fn start(self) -> TestServer {
         let clock = Arc::new(ManualClock::new(START_US));
-        let metrics = Metrics::shared();
-        let (store, buckets): (Arc<dyn Store>, Buckets) = match backend {
-            Backend::Memory => {
-                let memory = Arc::new(MemoryStore::new(clock.clone()));
-                (memory.clone(), Buckets::Memory(memory))
-            }
-            Backend::Redis => {
-                let server = redis::RedisServer::start();
-                let store = RedisStore::new(&redis_settings(&server.url()))
-                    .unwrap()
-                    .with_test_clock(clock.clone());
-                (Arc::new(store), Buckets::Redis(server))
-            }
-            Backend::Sentinel => {
-                let setup = redis::sentinel::SentinelSetup::start_steady(1).await;
-                let master_name = redis::sentinel::MASTER_NAME;
-                let store = RedisStore::new(&RedisSettings {
-                    sentinel: Some(SentinelSettings {
-                        master_name: master_name.to_string(),
-                        nodes: setup.node_urls(),
-                    }),
-                    ..redis_settings(&format!("redis://{master_name}"))
+        let metrics = match &self.store {
+            Some((_, metrics)) => metrics.clone(),
+            None => Metrics::shared(),
+        };
+        let reloads = Arc::new(AtomicUsize::new(0));
+        let mut watches = Vec::new();
+        let config = match &self.limits {
+            Limits::Yaml(yaml) => shared(load(yaml)),
+            Limits::Watched(path) => {
+                let config = shared(
+                    Config::load(path, &defaults())
+                        .unwrap_or_else(|e| panic!("test limits do not load:\n{e}")),
+                );
+                let counter = reloads.clone();
+                let loader = floodgate::config::Loader {
+                    source: floodgate::config::Source::Path(path.clone()),
+                    defaults: defaults(),
+                    merge_domains: false,
+                };
+                let watch = reload::spawn(loader, config.clone(), metrics.clone(), move |_| {
+                    counter.fetch_add(1, Ordering::SeqCst);
                 })
-                .unwrap()
-                .with_test_clock(clock.clone());
-                (Arc::new(store), Buckets::Sentinel(Box::new(setup)))
-            }
-            Backend::Cluster => {
-                let cluster = redis::RedisCluster::start(3, 0);
-                let store =
-                    ClusterStore::new(&cluster_settings(&cluster.seeds()), metrics.clone(), None)
-                        .unwrap()
-                        .with_test_clock(clock.clone());
-                (Arc::new(store), Buckets::Cluster(cluster))
+                .unwrap();
+                watches.push(watch);
+                config
             }
         };
-        TestServer::launch(
-            shared(config),
+        let tls = self.tls.map(|files| {
+            let tls = GrpcTls::load(files, metrics.clone()).unwrap();
+            watches.push(tls.watch().unwrap());
+            tls
+        });
+        let (store, buckets): (Arc<dyn Store>, Buckets) = match (self.store, self.backend) {
+            (Some((store, _)), _) => (store, Buckets::External),
+            (None, backend) => start_store(backend, &clock, &metrics).await,
+        };
+        let mut server = TestServer::launch(
+            config,
             store,
             buckets,
             clock,
-            options,
-            None,
+            self.options,
+            self.store_health,
             metrics,
-            Tuning::default(),
+            tls,
+            self.tuning,
         )
-        .await
+        .await;
+        server.reloads = reloads;
+        server.watches = watches;
+        server
+    }
+}
+
+/// A store of `backend` at `clock`'s time, with what keeps it alive.
+async fn start_store(
+    backend: Backend,
+    clock: &Arc<ManualClock>,
+    metrics: &Arc<Metrics>,
+) -> (Arc<dyn Store>, Buckets) {
+    match backend {
+        Backend::Memory => {
+            let memory = Arc::new(MemoryStore::new(clock.clone()));
+            (memory.clone(), Buckets::Memory(memory))
+        }
+        Backend::Redis => {
+            let server = redis::RedisServer::start();
+            let store = RedisStore::new(&redis_settings(&server.url()))
+                .unwrap()
+                .with_test_clock(clock.clone());
+            (Arc::new(store), Buckets::Redis(server))
+        }
+        Backend::Sentinel => {
+            let setup = redis::sentinel::SentinelSetup::start_steady(1).await;
+            let master_name = redis::sentinel::MASTER_NAME;
+            let store = RedisStore::new(&RedisSettings {
+                sentinel: Some(SentinelSettings {
+                    master_name: master_name.to_string(),
+                    nodes: setup.node_urls(),
+                }),
+                ..redis_settings(&format!("redis://{master_name}"))
+            })
+            .unwrap()
+            .with_test_clock(clock.clone());
+            (Arc::new(store), Buckets::Sentinel(Box::new(setup)))
+        }
+        Backend::Cluster => {
+            let cluster = redis::RedisCluster::start(3, 0);
+            let store =
+                ClusterStore::new(&cluster_settings(&cluster.seeds()), metrics.clone(), None)
+                    .unwrap()
+                    .with_test_clock(clock.clone());
+            (Arc::new(store), Buckets::Cluster(cluster))
+        }
+    }
+}
+
+impl TestServer {
+    /// A server with `yaml` as its only limits file; see [`Setup`] for the rest.
+    pub fn with(yaml: &str) -> Setup {
+        Setup::new(Limits::Yaml(yaml.to_string()))
+    }
+
+    /// A server on the limits at `path` (a file or directory, loaded as `floodgate serve`
+    /// does), hot-reloaded as `floodgate serve` does; see [`Setup`] for the rest.
+    pub fn watching(path: &Path) -> Setup {
+        Setup::new(Limits::Watched(path.to_path_buf()))
+    }
+
+    /// Starts a memory-store server with `yaml` as its only limits file and default options.
+    pub async fn start(yaml: &str) -> TestServer {
+        TestServer::with(yaml).start().await
     }
 
     /// The Redis Cluster behind a [`Backend::Cluster`] server.
@@ -156,116 +300,6 @@ impl TestServer {
             Buckets::Cluster(cluster) => cluster,
             _ => panic!("not a Redis Cluster server"),
         }
-    }
-
-    /// Starts a memory-store server on the limits at `path` (a file or directory, loaded as
-    /// `floodgate serve` does) and hot-reloads them as `floodgate serve` does.
-    pub async fn start_watching(path: &Path) -> TestServer {
-        let config = shared(
-            Config::load(path, &defaults())
-                .unwrap_or_else(|e| panic!("test limits do not load:\n{e}")),
-        );
-        let metrics = Metrics::shared();
-        let reloads = Arc::new(AtomicUsize::new(0));
-        let counter = reloads.clone();
-        let loader = floodgate::config::Loader {
-            source: floodgate::config::Source::Path(path.to_path_buf()),
-            defaults: defaults(),
-            merge_domains: false,
-        };
-        let watch = reload::spawn(
-            loader,
-            config.clone(),
-            metrics.clone(),
-            move |_: &Config| {
-                counter.fetch_add(1, Ordering::SeqCst);
-            },
-        )
-        .unwrap();
-        let mut server = TestServer::launch_on_memory(config, metrics, Tuning::default()).await;
-        server.reloads = reloads;
-        server.watch = Some(watch);
-        server
-    }
-
-    /// Starts a memory-store server with `yaml` as its only limits file, serving gRPC over TLS
-    /// from `files` and reloading them when they change, as `floodgate serve` does.
-    pub async fn start_tls(yaml: &str, files: TlsFiles) -> TestServer {
-        let metrics = Metrics::shared();
-        let tls = GrpcTls::load(files, metrics.clone()).unwrap();
-        let watch = tls.watch().unwrap();
-        let tuning = Tuning {
-            tls: Some(tls),
-            ..Tuning::default()
-        };
-        let mut server = TestServer::launch_on_memory(shared(load(yaml)), metrics, tuning).await;
-        server.watch = Some(watch);
-        server
-    }
-
-    /// Launches a server on a fresh memory store with default plan options.
-    async fn launch_on_memory(
-        config: Arc<ArcSwap<Config>>,
-        metrics: Arc<Metrics>,
-        tuning: Tuning,
-    ) -> TestServer {
-        let clock = Arc::new(ManualClock::new(START_US));
-        let memory = Arc::new(MemoryStore::new(clock.clone()));
-        TestServer::launch(
-            config,
-            memory.clone(),
-            Buckets::Memory(memory),
-            clock,
-            options(),
-            None,
-            metrics,
-            tuning,
-        )
-        .await
-    }
-
-    /// Starts a server over a store built by the test (real time), reporting `store_health`
-    /// through the health service as `floodgate serve` does.
-    pub async fn start_with_store(
-        yaml: &str,
-        store: Arc<dyn Store>,
-        store_health: Option<tokio::sync::watch::Receiver<bool>>,
-        metrics: Arc<Metrics>,
-    ) -> TestServer {
-        let clock = Arc::new(ManualClock::new(START_US));
-        TestServer::launch(
-            shared(load(yaml)),
-            store,
-            Buckets::External,
-            clock,
-            options(),
-            store_health,
-            metrics,
-            Tuning::default(),
-        )
-        .await
-    }
-
-    /// Starts a server over a store built by the test, with the overload and listener
-    /// settings of `tuning`.
-    pub async fn start_tuned(
-        yaml: &str,
-        store: Arc<dyn Store>,
-        metrics: Arc<Metrics>,
-        tuning: Tuning,
-    ) -> TestServer {
-        let clock = Arc::new(ManualClock::new(START_US));
-        TestServer::launch(
-            shared(load(yaml)),
-            store,
-            Buckets::External,
-            clock,
-            options(),
-            None,
-            metrics,
-            tuning,
-        )
-        .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -277,6 +311,7 @@ impl TestServer {
         options: PlanOptions,
         store_health: Option<tokio::sync::watch::Receiver<bool>>,
         metrics: Arc<Metrics>,
+        tls: Option<GrpcTls>,
         tuning: Tuning,
     ) -> TestServer {
         let mut limiter = RateLimiter::new(config, store, options, metrics.clone());
@@ -299,12 +334,13 @@ impl TestServer {
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
                 json_endpoint: !tuning.no_json_endpoint,
-                tls: tuning.tls.clone(),
+                tls,
                 limits_health: None,
                 max_connection_age: None,
                 max_connection_age_grace: None,
                 keepalive_interval: None,
                 bounds: server::Bounds::default(),
+                console: Default::default(),
             },
             store_health,
             async move {
@@ -318,7 +354,7 @@ impl TestServer {
             metrics,
             reloads: Arc::new(AtomicUsize::new(0)),
             buckets,
-            watch: None,
+            watches: Vec::new(),
             shutdown: Some(tx),
             task: Some(task),
         }
@@ -393,7 +429,7 @@ impl TestServer {
 
     /// Waits for a server whose shutdown has begun; re-raises any panic or error from it.
     pub async fn join(mut self) {
-        self.watch.take();
+        self.watches.clear();
         let result = self.task.take().unwrap().await;
         match result {
             Ok(result) => result.unwrap(),
@@ -414,8 +450,20 @@ pub struct Tuning {
     pub no_http: bool,
     /// `--json-endpoint=false`.
     pub no_json_endpoint: bool,
-    /// TLS on the gRPC port.
-    pub tls: Option<GrpcTls>,
+}
+
+impl Setup {
+    fn new(limits: Limits) -> Setup {
+        Setup {
+            limits,
+            backend: Backend::Memory,
+            options: options(),
+            store: None,
+            store_health: None,
+            tuning: Tuning::default(),
+            tls: None,
+        }
+    }
 }
 
 /// Loader settings of every test server: token bucket by default.

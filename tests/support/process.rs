@@ -143,6 +143,12 @@ impl Floodgate {
         (exit, log)
     }
 
+    /// The first log line so far that contains `text`.
+    pub fn log_line(&self, text: &str) -> Option<String> {
+        let lines = self.lines.lock().unwrap();
+        lines.iter().find(|line| line.contains(text)).cloned()
+    }
+
     /// How many log lines so far contain `text`.
     pub fn log_count(&self, text: &str) -> usize {
         let lines = self.lines.lock().unwrap();

@@ -150,11 +150,6 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
     ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", NO_MEMCACHE),
 ];
 
-/// Why the Prometheus-exporter variables change nothing.
-const NO_STATSD: &str = "not yet supported, no effect: floodgate's Prometheus metrics are its \
-                         own, served at /metrics on the HTTP port";
-/// Why the tracing variables change nothing.
-const NO_TRACING: &str = "not yet supported, no effect: no traces are exported";
 /// Why the xDS client variables change nothing.
 const ONLY_XDS: &str = "read only with CONFIG_TYPE=GRPC_XDS_SOTW, as in the reference";
 /// Why the pipelining variables change nothing.
@@ -170,16 +165,6 @@ const STARTUP: &str = "floodgate starts at once, reports NOT_SERVING until Redis
 
 /// Variables reported as having no effect when set (and not read by a mapping), with why.
 pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
-    (
-        "DEBUG_HOST",
-        "not yet supported, no effect: there is no debug port; /rlconfig and /metrics are \
-         on the HTTP port",
-    ),
-    (
-        "DEBUG_PORT",
-        "not yet supported, no effect: there is no debug port; /rlconfig and /metrics are \
-         on the HTTP port",
-    ),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", ONLY_XDS),
     ("CONFIG_GRPC_XDS_NODE_ID", ONLY_XDS),
     ("CONFIG_GRPC_XDS_NODE_METADATA", ONLY_XDS),
@@ -196,20 +181,6 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", ONLY_XDS),
     ("XDS_CLIENT_BACKOFF_JITTER", ONLY_XDS),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", ONLY_XDS),
-    ("PROMETHEUS_ADDR", NO_STATSD),
-    ("PROMETHEUS_PATH", NO_STATSD),
-    ("PROMETHEUS_MAPPER_YAML", NO_STATSD),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", NO_STATSD),
-    ("TRACING_ENABLED", NO_TRACING),
-    ("TRACING_SERVICE_NAME", NO_TRACING),
-    ("TRACING_SERVICE_NAMESPACE", NO_TRACING),
-    ("TRACING_SERVICE_INSTANCE_ID", NO_TRACING),
-    ("TRACING_EXPORTER_PROTOCOL", NO_TRACING),
-    ("TRACING_SAMPLING_RATE", NO_TRACING),
-    (
-        "EXPIRATION_JITTER_MAX_SECONDS",
-        "no effect: floodgate's keys expire when their window or bucket does",
-    ),
     (
         "MERGE_DOMAIN_CONFIG",
         "not yet supported, no effect: a domain defined in two files is a load error",

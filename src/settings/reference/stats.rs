@@ -155,3 +155,113 @@ impl Mapping<'_> {
         Ok(())
     }
 }
+
+/// The reference's Prometheus sink variables.
+const PROMETHEUS_VARS: [&str; 5] = [
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+];
+
+impl Mapping<'_> {
+    /// `USE_PROMETHEUS` and its `PROMETHEUS_*`: the reference's series served on their own
+    /// port exactly when the reference's runner picks its Prometheus sink: `DISABLE_STATS`
+    /// not true and `USE_PROMETHEUS` true; with `USE_STATSD` or `USE_DOG_STATSD` also true
+    /// the reference exits, and so does floodgate (64). `USE_STATSD` unset counts as false
+    /// here (statsd is then off, `super::stats`), although the reference's default true
+    /// would make it exit.
+    pub(super) fn prometheus(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        let on = self.parse_bool("USE_PROMETHEUS")?.unwrap_or(false);
+        let ms = self.parse_bool("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS")?;
+        if self.own("reference_prometheus_addr") {
+            self.override_by(&PROMETHEUS_VARS, "--reference-prometheus-addr");
+            return Ok(());
+        }
+        let why_off = if !on {
+            Some("USE_PROMETHEUS is not true")
+        } else if self.parse_bool("DISABLE_STATS")?.unwrap_or(false) {
+            Some("DISABLE_STATS is true: no stats are kept")
+        } else {
+            None
+        };
+        if let Some(why) = why_off {
+            for name in self.present(&PROMETHEUS_VARS) {
+                if name == "USE_PROMETHEUS" {
+                    self.applied(name);
+                } else {
+                    self.no_effect(name, why);
+                }
+            }
+            return Ok(());
+        }
+        for other in ["USE_STATSD", "USE_DOG_STATSD"] {
+            if self.parse_bool(other)? == Some(true) {
+                // The reference's runner exits here: one stats sink at a time.
+                return Err(SettingsError::Refused {
+                    name: "USE_PROMETHEUS",
+                    value: "true".into(),
+                    why: format!(
+                        "the reference sends to one stats sink at a time and {other} is true: \
+                         set {other}=false with USE_PROMETHEUS=true"
+                    ),
+                });
+            }
+        }
+        if let Some(path) = self.get("PROMETHEUS_MAPPER_YAML") {
+            // A custom mapping renames the series: serving the default ones instead would
+            // break the dashboards built on it without a word.
+            return Err(SettingsError::Refused {
+                name: "PROMETHEUS_MAPPER_YAML",
+                value: path.into(),
+                why: "custom statsd_exporter mappings are not supported; floodgate serves the \
+                      reference's default mapping"
+                    .into(),
+            });
+        }
+        let text = self.get("PROMETHEUS_ADDR").unwrap_or(":9090");
+        let addr = listen_addr(text).ok_or_else(|| bad("PROMETHEUS_ADDR", text, "host:port"))?;
+        settings.statsd.reference_prometheus_addr = Some(addr);
+        if let Some(path) = self.get("PROMETHEUS_PATH") {
+            if !path.starts_with('/') {
+                return Err(bad("PROMETHEUS_PATH", path, "a path starting with /"));
+            }
+            if self.own("reference_prometheus_path") {
+                self.override_by(&["PROMETHEUS_PATH"], "--reference-prometheus-path");
+            } else {
+                settings.statsd.reference_prometheus_path = path.to_string();
+                self.applied("PROMETHEUS_PATH");
+            }
+        }
+        if let Some(ms) = ms {
+            if self.own("reference_prometheus_response_time_ms") {
+                self.override_by(
+                    &["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS"],
+                    "--reference-prometheus-response-time-ms",
+                );
+            } else {
+                settings.statsd.reference_prometheus_response_time_ms = ms;
+                self.applied("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS");
+            }
+        }
+        for name in self.present(&["USE_PROMETHEUS", "PROMETHEUS_ADDR"]) {
+            self.applied(name);
+        }
+        Ok(())
+    }
+}
+
+/// A Go listen address: `:port` is every interface, as Go's `net.Listen` reads it;
+/// `localhost` is loopback.
+fn listen_addr(text: &str) -> Option<std::net::SocketAddr> {
+    let (host, port) = text.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let ip = match host {
+        "" => std::net::IpAddr::from([0, 0, 0, 0]),
+        "localhost" => std::net::IpAddr::from([127, 0, 0, 1]),
+        host => host.parse().ok()?,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
+}

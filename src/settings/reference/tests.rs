@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches};
 
 use super::*;
+use crate::settings::traces::OtlpProtocol;
 use crate::settings::{Cli, Command};
 use crate::statsd::{Flavor, Protocol};
 
@@ -425,8 +426,12 @@ fn remaining_variables() {
             log_filter: Some("warn,notify=error".into()),
         }
     );
-    let no_effect = report.no_effect.join("\n");
-    assert!(no_effect.contains("USE_PROMETHEUS"), "{no_effect}");
+    // USE_PROMETHEUS alone: the reference's series on its default address.
+    assert_eq!(
+        s.statsd.reference_prometheus_addr,
+        Some("0.0.0.0:9090".parse().unwrap())
+    );
+    assert!(report.applied.contains(&"USE_PROMETHEUS".to_string()));
     let overridden = report.overridden.join("\n");
     for name in ["RUNTIME_WATCH_ROOT", "RUNTIME_IGNOREDOTFILES"] {
         assert!(overridden.contains(name), "{name}: {overridden}");
@@ -434,6 +439,16 @@ fn remaining_variables() {
     // LOCAL_CACHE_SIZE_IN_BYTES=0 turns the cache off, as in the reference.
     let (s, _) = apply(&["--config", "x"], &[("LOCAL_CACHE_SIZE_IN_BYTES", "0")]).unwrap();
     assert_eq!(s.local_cache_size, 0);
+    // Unset, the reference has no local cache: nor has floodgate when started from the
+    // reference's environment; with its own --config, floodgate's default stays.
+    let (s, _) = apply(
+        &[],
+        &[("RUNTIME_ROOT", "/srv"), ("RUNTIME_SUBDIRECTORY", "rl")],
+    )
+    .unwrap();
+    assert_eq!(s.local_cache_size, 0);
+    let (s, _) = apply(&["--config", "x"], &[("REDIS_URL", "r:6379")]).unwrap();
+    assert_eq!(s.local_cache_size, 100_000);
     // RUST_LOG wins over LOG_LEVEL.
     let (_, report) = apply(
         &["--config", "x"],
@@ -823,22 +838,124 @@ fn statsd_follows_the_reference() {
     }
 }
 
-/// The tracing and debug-port variables are reported as not yet supported.
+/// TRACING_ENABLED is applied; DEBUG_PORT opens the debug port on DEBUG_HOST's default, and
+/// without either no debug port is opened.
 #[test]
-fn tracing_and_debug_are_reported() {
-    let (_, on) = apply(
+fn tracing_and_debug_are_applied() {
+    let (s, on) = apply(
         &["--config", "x"],
-        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6070")],
+        &[("TRACING_ENABLED", "true"), ("DEBUG_PORT", "6071")],
     )
     .unwrap();
-    assert_eq!(on.no_effect.len(), 2, "{:?}", on.no_effect);
+    assert!(s.traces.tracing);
+    assert!(on.applied.iter().any(|a| a == "TRACING_ENABLED"));
+    assert_eq!(s.statsd.debug_addr, Some("0.0.0.0:6071".parse().unwrap()));
+    assert!(on.applied.contains(&"DEBUG_PORT".to_string()));
+    assert!(on.no_effect.is_empty(), "{:?}", on.no_effect);
+    let (s, _) = apply(&["--config", "x"], &[]).unwrap();
+    assert_eq!(s.statsd.debug_addr, None);
+}
+
+/// The reference's tracing variables reach the trace settings with the reference's
+/// defaults (service RateLimit, HTTP, parent-based rate 1), and win over OTEL_*.
+#[test]
+fn reference_tracing_variables() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("TRACING_ENABLED", "true"),
+            ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+            ("TRACING_SERVICE_NAMESPACE", "edge"),
+            ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+            ("TRACING_SAMPLING_RATE", "0.25"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "ignored"),
+        ],
+    )
+    .unwrap();
+    let t = &s.traces;
+    assert!(t.tracing && t.tracing_parent_based);
+    assert_eq!(t.tracing_protocol, OtlpProtocol::Grpc);
+    assert_eq!(t.tracing_service_name, "RateLimit");
+    assert_eq!(t.tracing_service_namespace, "edge");
+    assert_eq!(t.tracing_service_instance_id.as_deref(), Some("pod-1"));
+    assert_eq!(t.tracing_sampling_rate, 0.25);
+    assert!(report.no_effect.is_empty(), "{:?}", report.no_effect);
+    // The reference clamps its ratio; a non-number is refused.
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[("TRACING_ENABLED", "1"), ("TRACING_SAMPLING_RATE", "7")],
+    )
+    .unwrap();
+    assert_eq!(s.traces.tracing_sampling_rate, 1.0);
     assert!(
-        on.no_effect
-            .iter()
-            .all(|entry| entry.contains("not yet supported, no effect")),
-        "{:?}",
-        on.no_effect
+        apply(
+            &["--config", "x"],
+            &[
+                ("TRACING_ENABLED", "1"),
+                ("TRACING_EXPORTER_PROTOCOL", "udp")
+            ]
+        )
+        .is_err()
     );
+}
+
+/// Off, the tracing options are reported without effect; floodgate's flags win over them.
+#[test]
+fn tracing_off_or_overridden() {
+    let (s, report) = apply(
+        &["--config", "x"],
+        &[
+            ("TRACING_ENABLED", "false"),
+            ("TRACING_SAMPLING_RATE", "0.5"),
+        ],
+    )
+    .unwrap();
+    assert!(!s.traces.tracing);
+    assert!(report.no_effect[0].starts_with("TRACING_SAMPLING_RATE (tracing is off"));
+    let (s, report) = apply(
+        &["--config", "x", "--tracing", "--tracing-service-name", "fg"],
+        &[("TRACING_ENABLED", "false"), ("TRACING_SERVICE_NAME", "RL")],
+    )
+    .unwrap();
+    assert!(s.traces.tracing);
+    assert_eq!(s.traces.tracing_service_name, "fg");
+    assert_eq!(report.overridden.len(), 2, "{:?}", report.overridden);
+}
+
+/// The standard OTEL_* variables choose the protocol, service name and sampler.
+#[test]
+fn otel_variables() {
+    let (s, _) = apply(
+        &["--config", "x", "--tracing"],
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "gate"),
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.1"),
+        ],
+    )
+    .unwrap();
+    let t = &s.traces;
+    assert_eq!(t.tracing_protocol, OtlpProtocol::Grpc);
+    assert_eq!(t.tracing_service_name, "gate");
+    assert!(!t.tracing_parent_based);
+    assert_eq!(t.tracing_sampling_rate, 0.1);
+    let (s, report) = apply(
+        &["--config", "x", "--tracing"],
+        &[("OTEL_TRACES_SAMPLER", "jaeger_remote")],
+    )
+    .unwrap();
+    assert!(s.traces.tracing_parent_based);
+    assert_eq!(s.traces.tracing_sampling_rate, 1.0);
+    assert_eq!(report.no_effect.len(), 1);
+    let (s, _) = apply(
+        &["--config", "x"],
+        &[("TRACING_ENABLED", "true"), ("OTEL_SDK_DISABLED", "true")],
+    )
+    .unwrap();
+    assert!(!s.traces.tracing);
 }
 
 /// GRPC_UDS, the connection age and grace, and HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED reach

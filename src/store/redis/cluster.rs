@@ -28,11 +28,11 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
+use super::redact::{redact_in, redact_url};
 use super::{classify, deadline, script};
-use crate::bucket::{Applied, BucketOp};
+use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::settings::{redact_in, redact_url};
 use crate::store::fanout::apply_groups;
 use crate::store::{RemoteStore, Store, StoreError};
 
@@ -203,12 +203,14 @@ fn eval(evalsha: &Cmd) -> Cmd {
     eval
 }
 
-/// The indices of `ops` grouped by the hash slot of their Redis key, groups in order of
-/// first appearance.
+/// The indices of `ops` grouped by the hash slot of their Redis key ([`script::op_key`]),
+/// groups in order of first appearance.
 pub fn slot_groups(prefix: &[u8], ops: &[BucketOp]) -> Vec<(Slot, Vec<usize>)> {
     let mut groups: Vec<(Slot, Vec<usize>)> = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        let slot = Slot::for_key(script::full_key(prefix, &op.key));
+        // A reference counter's name (window start included) decides its slot, as it does
+        // for reference pods.
+        let slot = Slot::for_key(script::op_key(prefix, op));
         match groups.iter_mut().find(|(s, _)| *s == slot) {
             Some((_, members)) => members.push(i),
             None => groups.push((slot, vec![i])),
@@ -242,6 +244,27 @@ impl Store for ClusterStore {
             |ok| self.metrics.record_cluster_refund(ok),
         )
         .await
+    }
+
+    /// One `DEL` per key, sent concurrently: keys of different slots cannot share one.
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        let deletes = script::keys(&self.prefix, ops).into_iter().map(|key| {
+            let mut conn = self.conn.clone();
+            deadline(self.command_timeout, async move {
+                redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<()>(&mut conn)
+                    .await
+                    .map_err(|e| classify(&e))
+            })
+        });
+        futures_util::future::try_join_all(deletes)
+            .await
+            .map(|_| ())
+    }
+
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        script::full_key(&self.prefix, key)
     }
 
     fn name(&self) -> &'static str {
@@ -300,6 +323,7 @@ mod tests {
             },
             cost: 1,
             enforce: true,
+            reference: None,
         }
     }
 

@@ -24,12 +24,13 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
+use self::redact::{redact_in, redact_url};
 use super::{RemoteStore, Store, StoreError};
-use crate::bucket::{Applied, BucketOp};
+use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
-use crate::settings::{redact_in, redact_url};
 
 pub mod cluster;
+pub mod redact;
 pub mod script;
 pub mod sentinel;
 pub mod tls;
@@ -443,6 +444,28 @@ impl Store for RedisStore {
             script::decode(&reply, ops.len())
         })
         .await
+    }
+
+    /// One `DEL` of every key.
+    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let keys = script::keys(&self.prefix, ops);
+        self.with_deadline(async {
+            let lent = self.lend().await?;
+            let mut conn = lent.conn.clone();
+            redis::cmd("DEL")
+                .arg(keys)
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|e| classify_on(&lent, e))
+        })
+        .await
+    }
+
+    fn stored_key(&self, key: &BucketKey) -> Vec<u8> {
+        script::full_key(&self.prefix, key)
     }
 
     fn name(&self) -> &'static str {

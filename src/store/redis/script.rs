@@ -8,10 +8,10 @@
 //! operations and times). Its header documents the layout; in short:
 //!
 //! ```text
-//! KEYS   prefix + BucketKey, one per op
+//! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
 //! ARGV   now_us ("" = Redis TIME), then one binary string: per op, five little-endian f64s
-//!        flags (algorithm + 4·enforce + 8·overdraft), requests_per_period, period_us, cost,
-//!        burst
+//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter),
+//!        requests_per_period, period_us, cost, burst (a reference counter: its EXPIRE, s)
 //! reply  committed, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
 //! ```
 
@@ -38,6 +38,7 @@ pub const OP_BYTES: usize = 40;
 /// The flags value of an op: the algorithm in the low two bits, then one bit each.
 const ENFORCE: u8 = 4;
 const OVERDRAFT: u8 = 8;
+const COUNTER: u8 = 16;
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
@@ -55,21 +56,37 @@ pub fn full_key(prefix: &[u8], key: &BucketKey) -> Vec<u8> {
     out
 }
 
-/// KEYS for `ops`, in order.
-pub fn keys(prefix: &[u8], ops: &[BucketOp]) -> Vec<Vec<u8>> {
-    ops.iter().map(|op| full_key(prefix, &op.key)).collect()
+/// The Redis key of an op: [`full_key`], or for a counter shared with reference pods the
+/// reference's own name (its prefix is in it) with the op's window start.
+pub fn op_key(prefix: &[u8], op: &BucketOp) -> Vec<u8> {
+    match &op.reference {
+        Some(counter) => counter.key(),
+        None => full_key(prefix, &op.key),
+    }
 }
 
-/// The `KEYS` entry of one op: the prefix and the key bytes, written straight into the
-/// command's buffer (no intermediate `Vec`).
-struct FullKey<'a>(&'a [u8], &'a BucketKey);
+/// KEYS for `ops`, in order.
+pub fn keys(prefix: &[u8], ops: &[BucketOp]) -> Vec<Vec<u8>> {
+    ops.iter().map(|op| op_key(prefix, op)).collect()
+}
+
+/// The `KEYS` entry of one op ([`op_key`]), written straight into the command's buffer (no
+/// intermediate `Vec` for floodgate's own keys).
+struct FullKey<'a>(&'a [u8], &'a BucketOp);
 
 impl ToRedisArgs for FullKey<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
         // Writes into the command's Vec<u8>, which cannot fail.
-        let _ = arg.write_all(self.0);
-        let _ = arg.write_all(self.1.as_bytes());
+        match &self.1.reference {
+            Some(counter) => {
+                let _ = arg.write_all(&counter.key());
+            }
+            None => {
+                let _ = arg.write_all(self.0);
+                let _ = arg.write_all(self.1.key.as_bytes());
+            }
+        }
     }
 }
 
@@ -87,7 +104,13 @@ impl ToRedisArgs for PackedOps<'_> {
                 Algorithm::FixedWindow => 1,
                 Algorithm::SlidingWindow => 2,
             } | if op.enforce { ENFORCE } else { 0 }
-                | if params.overdraft { OVERDRAFT } else { 0 };
+                | if params.overdraft { OVERDRAFT } else { 0 }
+                | if op.reference.is_some() { COUNTER } else { 0 };
+            // A reference counter has no burst; its slot carries the counter's EXPIRE.
+            let burst = match &op.reference {
+                Some(counter) => counter.expiry_secs,
+                None => params.burst,
+            };
             // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
             // double, exactly as the script's tonumber rounded the decimal string it once got.
             let numbers = [
@@ -95,7 +118,7 @@ impl ToRedisArgs for PackedOps<'_> {
                 params.requests_per_period as f64,
                 params.period_us as f64,
                 op.cost as f64,
-                params.burst as f64,
+                burst as f64,
             ];
             for number in numbers {
                 // Writes into the command's Vec<u8>, which cannot fail.
@@ -116,12 +139,12 @@ impl ToRedisArgs for PackedOps<'_> {
 pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
     let bytes: usize = ops
         .iter()
-        .map(|op| prefix.len() + op.key.as_bytes().len() + OP_BYTES)
+        .map(|op| prefix.len() + op.key.as_bytes().len() + 20 + OP_BYTES)
         .sum();
     let mut cmd = Cmd::with_capacity(5 + ops.len(), 80 + bytes);
     cmd.arg("EVALSHA").arg(script().get_hash()).arg(ops.len());
     for op in ops {
-        cmd.arg(FullKey(prefix, &op.key));
+        cmd.arg(FullKey(prefix, op));
     }
     match now_us {
         Some(now) => cmd.arg(now),
@@ -226,6 +249,7 @@ mod tests {
             },
             cost,
             enforce,
+            reference: None,
         }
     }
 
@@ -317,6 +341,40 @@ mod tests {
         let (empty, packed) = words(&command(b"", &[], Some(5)));
         assert_eq!(empty, ["EVALSHA", &sha, "0", "5"]);
         assert!(packed.is_empty());
+    }
+
+    /// A reference counter's KEYS entry is its own name (the store's prefix is not added)
+    /// ending with the stamped window start, and its numbers carry flag 16 and its EXPIRE in
+    /// the burst slot.
+    #[test]
+    fn reference_counter_layout() {
+        use crate::bucket::{ReferenceCounter, ReferenceKey};
+        let mut counter = ReferenceCounter::new(ReferenceKey::new(
+            b"rl_",
+            "edge",
+            [(&b"ip"[..], &b"10.0.0.1"[..])],
+        ));
+        counter.stamp(1_700_000_123, 60, 0, 0);
+        let mut shared = op(Algorithm::FixedWindow, 2, true);
+        shared.reference = Some(counter);
+        let ops = [shared, op(Algorithm::FixedWindow, 1, false)];
+        assert_eq!(
+            keys(b"fg:", &ops),
+            vec![
+                b"rl_edge_ip_10.0.0.1_1700000100".to_vec(),
+                b"fg:edge:ip=10.0.0.1|fw60".to_vec()
+            ]
+        );
+        let (words, packed) = words(&command(b"fg:", &ops, None));
+        assert_eq!(words[3], "rl_edge_ip_10.0.0.1_1700000100");
+        assert_eq!(
+            unpack(&packed),
+            [
+                // fixed window (1) + enforce (4) + counter (16); EXPIRE 60 s
+                [21.0, 7.0, 60_000_000.0, 2.0, 60.0],
+                [1.0, 7.0, 60_000_000.0, 1.0, 9.0],
+            ]
+        );
     }
 
     /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).

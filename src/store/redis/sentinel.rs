@@ -25,7 +25,7 @@ use redis::{
 };
 use tokio::sync::Mutex;
 
-use crate::settings::{redact_in, redact_url};
+use super::redact::{redact_in, redact_url};
 
 /// Which master, through which sentinels.
 #[derive(Clone, PartialEq, Eq)]

@@ -1,0 +1,422 @@
+//! The operator console on the admin port: bucket inspection, reset and set-remaining, and
+//! a live dashboard.
+//!
+//! Place in the flow: beside the request path, served by [`crate::http`]. An inspection is
+//! the [`Plan`] of one descriptor with cost 0 (`hits_addend` present and 0: "check only"),
+//! applied to the store: every store evaluates a check without changing state, so it debits
+//! nothing, and no metric counts it. A reset deletes the buckets' state through
+//! [`Store::reset`] (an absent bucket is a full one); set-remaining resets, then debits the
+//! difference to the capacity through the ordinary [`Store::apply`], so every algorithm's
+//! state is written by the code that owns it (the limiter, or the Lua script agreeing with
+//! it) and no store learns a new operation.
+//!
+//! The dashboard (`GET /`) is one embedded page that polls `GET /console/state`: the limits
+//! in force, each rule's counters (read from [`crate::metrics`] only when polled: the page
+//! derives rates from successive reads, so the request path pays nothing when no one
+//! watches), the store's health and the last limits loads.
+//!
+//! Access rules (docs/security.md): mutations need the bearer token ([`token`]); reads need
+//! it only with `--admin-read-requires-token`; every mutation is logged with the peer.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::bucket::BucketOp;
+use crate::config::algorithm_name;
+use crate::limiter::{Algorithm, LimitParams};
+use crate::listen::PeerAddr;
+use crate::plan::Plan;
+use crate::proto::common::{RateLimitDescriptor, rate_limit_descriptor::Entry};
+use crate::proto::rls::RateLimitRequest;
+use crate::service::RateLimiter;
+use crate::store::{ResilientStore, Store, StoreError};
+
+pub mod client;
+mod dashboard;
+pub mod token;
+
+pub use token::{AdminToken, Refusal, TokenError};
+
+/// The page served at `/`: self-contained (no external script, font or stylesheet), as
+/// clusters are often offline.
+const PAGE: &str = include_str!("page.html");
+
+/// What the console needs besides the request path.
+#[derive(Clone, Default)]
+pub struct ConsoleOptions {
+    /// The bearer token of mutating calls.
+    pub token: AdminToken,
+    /// Read-only calls need the token too.
+    pub read_requires_token: bool,
+    /// The Redis store with its breaker, when buckets live in Redis (health on the page).
+    pub redis: Option<Arc<ResilientStore>>,
+}
+
+impl std::fmt::Debug for ConsoleOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsoleOptions")
+            .field("token", &self.token)
+            .field("read_requires_token", &self.read_requires_token)
+            .field("redis", &self.redis.as_ref().map(|redis| redis.name()))
+            .finish()
+    }
+}
+
+/// The console's handler state.
+#[derive(Clone)]
+pub struct ConsoleState {
+    /// The request path: limits, store, metrics.
+    pub limiter: Arc<RateLimiter>,
+    /// Access rules and store health.
+    pub options: ConsoleOptions,
+}
+
+/// The console's routes, merged into the admin router.
+pub fn router(state: ConsoleState) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/console/state", get(dashboard::state))
+        .route("/buckets/get", post(inspect))
+        .route("/buckets/reset", post(reset))
+        .route("/buckets/set", post(set_remaining))
+        .with_state(state)
+}
+
+/// A console call: a descriptor (domain and entries, as in ShouldRateLimit), optionally
+/// narrowed to one bucket by its store key.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BucketRequest {
+    /// The descriptor's domain.
+    pub domain: String,
+    /// The descriptor's entries.
+    #[serde(default)]
+    pub entries: Vec<BucketEntry>,
+    /// Only the bucket with this store key (as an inspection reports it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// For set-remaining: the requests (tokens) left after the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remaining: Option<u64>,
+}
+
+/// One descriptor entry.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BucketEntry {
+    /// The entry's key.
+    pub key: String,
+    /// The entry's value (empty: none).
+    #[serde(default)]
+    pub value: String,
+}
+
+/// One matched limit and its bucket.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BucketView {
+    /// The rule's metric path.
+    pub rule: String,
+    /// The limit's `name`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `token_bucket`, `fixed_window` or `sliding_window`.
+    pub algorithm: String,
+    /// Requests per period.
+    pub requests_per_unit: u64,
+    /// The period in seconds (unit × `unit_multiplier`).
+    pub period_seconds: u64,
+    /// Most requests the bucket can hold: `burst` for a token bucket, else the limit.
+    pub capacity: u64,
+    /// Requests (tokens) that could pass now.
+    pub remaining: u64,
+    /// µs until the bucket is full again (token bucket) or its window resets.
+    pub reset_us: u64,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+    /// The descriptor is a quota-mode one.
+    pub quota: bool,
+    /// The store's key of the bucket (Redis: with the prefix).
+    pub key: String,
+}
+
+/// An inspection's answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Inspection {
+    /// The domain asked about.
+    pub domain: String,
+    /// `limited` (buckets below), `unlimited` (an `unlimited` rule: no bucket) or `none`
+    /// (unknown domain, or no rule matches).
+    pub matched: String,
+    /// Every matched limit's bucket (those narrowed to by `key`, if given).
+    pub buckets: Vec<BucketView>,
+}
+
+/// Why a console call failed, and its HTTP status.
+#[derive(Debug, thiserror::Error)]
+enum ConsoleError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("authorization required: Authorization: Bearer <token>")]
+    Unauthorized,
+    #[error("forbidden: wrong admin token, or none configured (--admin-token-file)")]
+    Forbidden,
+    #[error("{0}")]
+    Store(#[from] StoreError),
+}
+
+impl IntoResponse for ConsoleError {
+    fn into_response(self) -> Response {
+        let status = match &self {
+            ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ConsoleError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ConsoleError::Forbidden => StatusCode::FORBIDDEN,
+            ConsoleError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        let mut response =
+            (status, axum::Json(json!({ "error": self.to_string() }))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        response
+    }
+}
+
+impl ConsoleState {
+    /// Refuses the call unless it carries the token.
+    fn authorize(&self, headers: &HeaderMap) -> Result<(), ConsoleError> {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .map(header::HeaderValue::as_bytes);
+        self.options
+            .token
+            .check(presented)
+            .map_err(|refusal| match refusal {
+                Refusal::Missing => ConsoleError::Unauthorized,
+                Refusal::Wrong => ConsoleError::Forbidden,
+            })
+    }
+
+    /// Refuses a read-only call when reads need the token and it does not carry it.
+    fn authorize_read(&self, headers: &HeaderMap) -> Result<(), ConsoleError> {
+        if self.options.read_requires_token {
+            self.authorize(headers)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The matched limits of `request`'s descriptor, each with its bucket op (cost 0) and
+    /// its view without the store's numbers yet.
+    fn plan(
+        &self,
+        request: &BucketRequest,
+    ) -> Result<(String, Vec<(BucketOp, BucketView)>), ConsoleError> {
+        let config = self.limiter.config();
+        let rls = RateLimitRequest {
+            domain: request.domain.clone(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: request
+                    .entries
+                    .iter()
+                    .map(|e| Entry {
+                        key: e.key.clone().into_bytes(),
+                        value: e.value.clone().into_bytes(),
+                    })
+                    .collect(),
+                limit: None,
+                // Present and 0: check only, debit nothing.
+                hits_addend: Some(0),
+                is_negative_hits: false,
+            }],
+            hits_addend: 0,
+        };
+        let mut plan = Plan::build(&rls, &config, self.limiter.options())
+            .map_err(|e| ConsoleError::BadRequest(e.0))?;
+        // A counter shared with reference pods is the current window's, as for a request.
+        self.limiter.stamp_reference_counters(&mut plan.ops);
+        if plan.is_unlimited(0) {
+            return Ok(("unlimited".into(), Vec::new()));
+        }
+        let store = self.limiter.store();
+        let mut found = Vec::new();
+        for limit in plan.limits_of(0) {
+            let Some(op) = plan.ops.get(limit.op) else {
+                continue;
+            };
+            let key = match &op.reference {
+                Some(counter) => counter.key(),
+                None => store.stored_key(&op.key),
+            };
+            let key = String::from_utf8_lossy(&key).into_owned();
+            if request.key.as_ref().is_some_and(|wanted| *wanted != key) {
+                continue;
+            }
+            let params = op.params;
+            found.push((
+                BucketOp {
+                    cost: 0,
+                    ..op.clone()
+                },
+                BucketView {
+                    rule: limit.rule.to_string(),
+                    name: limit.limit.and_then(|l| l.name.clone()),
+                    algorithm: algorithm_name(params.algorithm).to_owned(),
+                    requests_per_unit: params.requests_per_period,
+                    period_seconds: params.period_us / 1_000_000,
+                    capacity: capacity(&params),
+                    remaining: 0,
+                    reset_us: 0,
+                    shadow: limit.shadow,
+                    quota: limit.quota,
+                    key,
+                },
+            ));
+        }
+        let matched = if found.is_empty() && request.key.is_none() {
+            "none"
+        } else {
+            "limited"
+        };
+        Ok((matched.into(), found))
+    }
+
+    /// Inspects `request`'s buckets: a check-only apply, debiting nothing.
+    async fn inspect(&self, request: &BucketRequest) -> Result<Inspection, ConsoleError> {
+        let (matched, found) = self.plan(request)?;
+        let (ops, mut views): (Vec<BucketOp>, Vec<BucketView>) = found.into_iter().unzip();
+        // With the breaker open the store would answer by the failure policy (made-up or
+        // local numbers): an operator asked about Redis's buckets, so say Redis is down.
+        if let Some(redis) = &self.options.redis
+            && !redis.breaker_closed()
+        {
+            return Err(ConsoleError::Store(StoreError::Unavailable(
+                "Redis unavailable (circuit open): its buckets cannot be read now".into(),
+            )));
+        }
+        if !ops.is_empty() {
+            let applied = self.limiter.store().apply(&ops).await?;
+            for (view, result) in views.iter_mut().zip(&applied.buckets) {
+                view.remaining = result.view.remaining;
+                view.reset_us = result.view.reset_us;
+            }
+        }
+        Ok(Inspection {
+            domain: request.domain.clone(),
+            matched,
+            buckets: views,
+        })
+    }
+}
+
+/// The most a bucket holds: a token bucket's `burst`, a window's limit.
+fn capacity(params: &LimitParams) -> u64 {
+    match params.algorithm {
+        Algorithm::TokenBucket => params.burst,
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => params.requests_per_period,
+    }
+}
+
+fn parse(body: &[u8]) -> Result<BucketRequest, ConsoleError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ConsoleError::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Nothing but itself: no external script, font or frame, whatever a value says.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+            ),
+        ],
+        Html(PAGE),
+    )
+        .into_response()
+}
+
+async fn inspect(
+    State(state): State<ConsoleState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Inspection>, ConsoleError> {
+    state.authorize_read(&headers)?;
+    let request = parse(&body)?;
+    Ok(axum::Json(state.inspect(&request).await?))
+}
+
+async fn reset(
+    State(state): State<ConsoleState>,
+    ConnectInfo(peer): ConnectInfo<PeerAddr>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Inspection>, ConsoleError> {
+    state.authorize(&headers)?;
+    let request = parse(&body)?;
+    let (_, found) = state.plan(&request)?;
+    let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
+    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
+    state.limiter.store().reset(&ops).await?;
+    tracing::info!(%peer, action = "reset", domain = %request.domain, ?keys,
+                   "console: buckets reset");
+    Ok(axum::Json(state.inspect(&request).await?))
+}
+
+async fn set_remaining(
+    State(state): State<ConsoleState>,
+    ConnectInfo(peer): ConnectInfo<PeerAddr>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Inspection>, ConsoleError> {
+    state.authorize(&headers)?;
+    let request = parse(&body)?;
+    let Some(remaining) = request.remaining else {
+        return Err(ConsoleError::BadRequest("\"remaining\" is required".into()));
+    };
+    let (_, found) = state.plan(&request)?;
+    if let Some((_, view)) = found.iter().find(|(_, view)| remaining > view.capacity) {
+        return Err(ConsoleError::BadRequest(format!(
+            "remaining {remaining} exceeds the capacity {} of {}",
+            view.capacity, view.key
+        )));
+    }
+    let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
+    let store = state.limiter.store();
+    store.reset(&ops).await?;
+    // From full, debit the difference: the state every algorithm writes for it is its own.
+    let debits: Vec<BucketOp> = ops
+        .into_iter()
+        .zip(&found)
+        .filter_map(|(op, (_, view))| {
+            let cost = i64::try_from(view.capacity - remaining).unwrap_or(i64::MAX);
+            (cost > 0).then_some(BucketOp {
+                cost,
+                enforce: false,
+                params: LimitParams {
+                    overdraft: false,
+                    ..op.params
+                },
+                ..op
+            })
+        })
+        .collect();
+    if !debits.is_empty() {
+        store.apply(&debits).await?;
+    }
+    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
+    tracing::info!(%peer, action = "set_remaining", remaining, domain = %request.domain, ?keys,
+                   "console: buckets set");
+    Ok(axum::Json(state.inspect(&request).await?))
+}

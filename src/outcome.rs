@@ -1,0 +1,53 @@
+//! What a rate-limit request decided: the response and, per evaluated limit, the verdict that
+//! metrics and stats count.
+//!
+//! Produced by [`crate::plan`] (`Plan::respond`), read by [`crate::metrics`] and the service.
+//! A module of its own so that metrics, which every store reports to, need not import the
+//! planner (which imports the configuration, which reports to metrics).
+
+use std::sync::Arc;
+
+use crate::proto::rls::RateLimitResponse;
+
+/// How one limit of one descriptor fared, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
+    pub rule: Arc<str>,
+    /// `rule` holds request values (`detailed_metric`, `value_to_metric`), so it is not one
+    /// of the configuration's bounded set of paths.
+    pub detailed: bool,
+    /// Hits the descriptor asked for (0 for check-only and refunds).
+    pub hits: u64,
+    /// The verdict for this limit.
+    pub verdict: Verdict,
+    /// Of `hits`, how many were admitted above the near-limit threshold.
+    pub near_limit: u64,
+    /// The verdict came from the local over-limit cache, without a store call.
+    pub local_cache: bool,
+}
+
+/// A limit's verdict, as metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The limit admitted the hits.
+    WithinLimit,
+    /// The limit denied the hits.
+    OverLimit,
+    /// The limit would have denied, but it is in shadow mode.
+    ShadowOverLimit,
+}
+
+/// The response and what metrics should count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The answer for Envoy.
+    pub response: RateLimitResponse,
+    /// The request's domain as a metric label; `None` when no domain is configured by that
+    /// name (then there are no tallies).
+    pub domain: Option<Arc<str>>,
+    /// One tally per evaluated limit.
+    pub tallies: Vec<Tally>,
+    /// The request would have been denied but for global shadow mode.
+    pub shadowed: bool,
+}

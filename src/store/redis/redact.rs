@@ -1,0 +1,111 @@
+//! Redis URLs without their secrets, for logs, `Debug` output and error messages.
+
+/// Replaces the password of a URL like `redis://user:secret@host` with `***`, and that of a
+/// unix-socket URL's `pass=` / `password=` query parameter
+/// (`redis+unix:///run/redis.sock?pass=secret`).
+///
+/// Written not to be fooled by URL syntax in a password that was not percent-encoded (`/`,
+/// `?`, `#`, `@`, `:`): the user information is everything between `://` and the *last* `@`
+/// (hosts, paths and queries hold none), and it is kept only up to its first `:`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (userinfo, location) = match rest.rsplit_once('@') {
+        Some((userinfo, location)) => (Some(userinfo), location),
+        None => (None, rest),
+    };
+    let location = match location.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((name @ ("pass" | "password"), _)) => format!("{name}=***"),
+                    _ => pair.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => location.to_string(),
+    };
+    match userinfo {
+        Some(userinfo) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let masked = if userinfo.contains(':') || !user.is_empty() {
+                format!("{user}:***")
+            } else {
+                "***".to_string()
+            };
+            format!("{scheme}://{masked}@{location}")
+        }
+        None => format!("{scheme}://{location}"),
+    }
+}
+
+/// `text` (an error message about `url`, which may quote it or parts of it) with every
+/// secret of `url` (its password, its `pass=` value) replaced by `***`.
+pub fn redact_in(text: &str, url: &str) -> String {
+    let mut secrets: Vec<&str> = Vec::new();
+    if let Some((_, rest)) = url.split_once("://") {
+        let location = match rest.rsplit_once('@') {
+            Some((userinfo, location)) => {
+                secrets.extend(userinfo.split_once(':').map(|(_, password)| password));
+                // A bare `redis://secret@host` may be a password too (older URL forms).
+                if !userinfo.contains(':') {
+                    secrets.push(userinfo);
+                }
+                location
+            }
+            None => rest,
+        };
+        if let Some((_, query)) = location.split_once('?') {
+            secrets.extend(
+                query
+                    .split('&')
+                    .filter_map(|pair| match pair.split_once('=') {
+                        Some(("pass" | "password", value)) => Some(value),
+                        _ => None,
+                    }),
+            );
+        }
+    }
+    let mut text = text.replace(url, &redact_url(url));
+    for secret in secrets.into_iter().filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "***");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Passwords and `pass=` values are masked, whatever URL syntax the password holds.
+    #[test]
+    fn secrets_are_masked() {
+        assert_eq!(
+            redact_url("redis://user:s3cret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:s3cret@host"), "rediss://:***@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(
+            redact_url("redis+unix:///run/r.sock?pass=s3cret&user=u"),
+            "redis+unix:///run/r.sock?pass=***&user=u"
+        );
+        // URL syntax inside an unencoded password does not expose it.
+        for (url, secret) in [
+            ("redis://:pa/ss@host:6379/0", "pa/ss"),
+            ("redis://u:p?w=1@host:6379", "p?w=1"),
+            ("redis://u:p#x@host", "p#x"),
+            ("redis://u:a@b:c@host/0", "a@b:c"),
+            ("rediss://:sec/r?et@h:1?pass=also/secret", "also/secret"),
+        ] {
+            let redacted = redact_url(url);
+            assert!(!redacted.contains(secret), "{url} -> {redacted}");
+            let said = redact_in(&format!("cannot parse {url} (near '{secret}')"), url);
+            assert!(!said.contains(secret), "{said}");
+        }
+        assert_eq!(redact_url("redis://u:p/w@h:1/2"), "redis://u:***@h:1/2");
+    }
+}
