@@ -27,6 +27,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 # :nonroot runs as uid/gid 65532 ("nonroot") and has no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/floodgate /floodgate
+# The reference image's command, which Envoy Gateway's rate-limit deployment runs: invoked as
+# `ratelimit`, floodgate serves as `floodgate serve` from the reference's environment.
+COPY --from=build /out/floodgate /bin/ratelimit
 COPY examples/limits /etc/floodgate/limits
 USER 65532:65532
 # 8081: gRPC (envoy.service.ratelimit.v3, grpc.health.v1, reflection); 8080: HTTP

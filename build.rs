@@ -6,6 +6,8 @@
 //! - a decoding variant in which `RateLimitDescriptor.Entry.key/value` are `bytes`. The wire
 //!   encoding of `string` and `bytes` is identical, but prost rejects a `string` that is not
 //!   UTF-8 and fails the whole RPC; Envoy may send raw header bytes, so we decode them as bytes.
+//!   This one also holds the xDS client's protos (ADS, `RateLimitConfig`), compiled into code
+//!   (client, and a server for the tests' control plane) but never offered by reflection.
 
 use std::{env, error::Error, fs, path::PathBuf};
 
@@ -13,6 +15,12 @@ use prost::Message;
 use prost_types::field_descriptor_proto::Type;
 
 const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+/// The xDS client's protos (ADS and the pushed `RateLimitConfig`): compiled into code, but
+/// not served by reflection, since floodgate serves no such service.
+const XDS_PROTOS: &[&str] = &[
+    "envoy/service/discovery/v3/ads.proto",
+    "ratelimit/config/ratelimit/v3/rls_conf.proto",
+];
 const ENTRY_FILE: &str = "envoy/extensions/common/ratelimit/v3/ratelimit.proto";
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -29,7 +37,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         canonical.encode_to_vec(),
     )?;
 
-    let mut decoding = canonical.clone();
+    let mut decoding = protox::Compiler::new(["proto"])?
+        .include_imports(true)
+        .include_source_info(false)
+        .open_files(PROTOS.iter().chain(XDS_PROTOS))?
+        .file_descriptor_set();
     let entry = decoding
         .file
         .iter_mut()

@@ -49,6 +49,8 @@ mapfile -t plain < <(find deploy/kubernetes -name '*.yaml' ! -name kustomization
 for file in "${plain[@]}"; do
     check "schema $file" validate "$file"
 done
+check "schema deploy/envoy-gateway/envoy-gateway-config.yaml" \
+    validate deploy/envoy-gateway/envoy-gateway-config.yaml
 for overlay in redis memory redis-tls; do
     check "render overlays/$overlay" render "$overlay"
     check "schema overlays/$overlay (rendered)" validate "$work/rendered/$overlay.yaml"

@@ -46,7 +46,8 @@
 //!   (`store::resilient`).
 //! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
 //!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
-//!   service reads).
+//!   service reads), or limits pushed by an xDS control plane ([`config::xds`]: the same
+//!   loader, the same swap, ACK/NACK on the ADS stream).
 //! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).

@@ -20,9 +20,23 @@ static GLOBAL: MiMalloc = MiMalloc;
 /// Exit code for bad flags or an unloadable configuration (EX_USAGE): nothing was started.
 const EXIT_USAGE: u8 = 64;
 
+/// The command line; invoked as `ratelimit` (the reference's `/bin/ratelimit`, which Envoy
+/// Gateway and other installations name as the container's command), `serve` is implied.
+fn arguments() -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let invoked_as_reference = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|name| name == "ratelimit");
+    if invoked_as_reference {
+        args.insert(1, "serve".into());
+    }
+    args
+}
+
 fn main() -> ExitCode {
     let parsed = Cli::command()
-        .try_get_matches()
+        .try_get_matches_from(arguments())
         .and_then(|matches| Cli::from_arg_matches(&matches).map(|cli| (cli, matches)));
     let (cli, matches) = match parsed {
         Ok(parsed) => parsed,

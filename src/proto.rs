@@ -12,4 +12,6 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/floodgate_descriptor.bin"));
 
 pub use envoy::extensions::common::ratelimit::v3 as common;
+pub use envoy::service::discovery::v3 as discovery;
 pub use envoy::service::ratelimit::v3 as rls;
+pub use ratelimit::config::ratelimit::v3 as rls_conf;

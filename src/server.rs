@@ -50,6 +50,7 @@ use crate::tls::{GrpcTls, TlsError};
 pub mod health;
 pub mod listener;
 mod remote;
+mod xds;
 
 pub use listener::GrpcListener;
 use listener::{Aged, TcpListeners};
@@ -233,8 +234,10 @@ pub struct Prepared {
     /// TLS on the gRPC port, loaded, when configured.
     pub tls: Option<GrpcTls>,
     /// With `--health-requires-limits`: whether the limits in force have a domain; hot
-    /// reload updates it.
+    /// reload updates it. With xDS: whether a first configuration has loaded.
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
+    /// The xDS client's options, when a control plane pushes the limits.
+    pub xds: Option<crate::config::xds::XdsOptions>,
     /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
     pub traces: Option<Arc<Traces>>,
     /// The operator console's bearer token (none configured: mutations refused).
@@ -262,36 +265,31 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
     {
         metrics.attach_reference_stats(statsd);
     }
-    let loader = loader(&settings)?;
-    let config = loader
-        .load_within(crate::config::LOAD_DEADLINE)
-        .map_err(|errors| {
-            metrics.record_config_load(false);
-            ServerError::Config {
-                path: loader.source.to_string(),
-                errors,
+    let xds = match &settings.xds.config_xds {
+        Some(url) => Some(xds::options(
+            &settings.xds,
+            url,
+            Defaults {
+                algorithm: settings.algorithm.value.into(),
+            },
+            settings.merge_domains,
+        )?),
+        None => None,
+    };
+    let (config, limits_loaded) = match &xds {
+        // The control plane pushes the limits once connected: none until then.
+        Some(_) => {
+            let ready = settings.xds.xds_force_start;
+            if !ready {
+                tracing::warn!(
+                    "limits from xDS: NOT_SERVING until a first configuration has loaded \
+                     (--xds-force-start to serve before)"
+                );
             }
-        })?;
-    metrics.record_config_load_with(
-        true,
-        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
-    );
-    tracing::info!(
-        path = %loader.source,
-        domains = config.domains().count(),
-        merge_domains = settings.merge_domains,
-        "limits loaded"
-    );
-    let limits_loaded = settings.health_requires_limits.then(|| {
-        let loaded = has_domains(&config);
-        if !loaded {
-            tracing::warn!(
-                limits = %loader.source,
-                "no domain loaded: NOT_SERVING until one is (--health-requires-limits)"
-            );
+            (Config::empty(), Some(Arc::new(watch::Sender::new(ready))))
         }
-        Arc::new(watch::Sender::new(loaded))
-    });
+        None => load_files(&settings, &metrics)?,
+    };
     let tls = match settings.grpc_tls.files() {
         Some(files) => {
             let tls = GrpcTls::load(files, metrics.clone())?;
@@ -389,9 +387,48 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
         redis,
         tls,
         limits_loaded,
+        xds,
         admin_token,
         settings,
     })
+}
+
+/// The limits from files, loaded once at start-up, and (with `--health-requires-limits`)
+/// whether they have a domain.
+type Loaded = (Config, Option<Arc<watch::Sender<bool>>>);
+
+fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded, ServerError> {
+    let loader = loader(settings)?;
+    let config = loader
+        .load_within(crate::config::LOAD_DEADLINE)
+        .map_err(|errors| {
+            metrics.record_config_load(false);
+            ServerError::Config {
+                path: loader.source.to_string(),
+                errors,
+            }
+        })?;
+    metrics.record_config_load_with(
+        true,
+        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
+    );
+    tracing::info!(
+        path = %loader.source,
+        domains = config.domains().count(),
+        merge_domains = settings.merge_domains,
+        "limits loaded"
+    );
+    let limits_loaded = settings.health_requires_limits.then(|| {
+        let loaded = has_domains(&config);
+        if !loaded {
+            tracing::warn!(
+                limits = %loader.source,
+                "no domain loaded: NOT_SERVING until one is (--health-requires-limits)"
+            );
+        }
+        Arc::new(watch::Sender::new(loaded))
+    });
+    Ok((config, limits_loaded))
 }
 
 /// Whether `config` has at least one domain (what `--health-requires-limits` asks).
@@ -486,7 +523,10 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
-    let _watch = watch_limits(&prepared);
+    let _watch = match &prepared.xds {
+        None => watch_limits(&prepared).map(Following::Files),
+        Some(options) => Some(Following::Xds(follow_xds(&prepared, options.clone()))),
+    };
     let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
     let _token_watch = match prepared.admin_token.watch() {
         Some(Ok(watch)) => Some(watch),
@@ -621,6 +661,47 @@ fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
             None
         }
     }
+}
+
+/// How the limits are followed while serving: dropping it stops that.
+enum Following {
+    /// File watches.
+    Files(#[allow(dead_code, reason = "held for its Drop")] FileWatch),
+    /// The xDS client task.
+    Xds(#[allow(dead_code, reason = "held for its Drop")] AbortOnDrop),
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts the xDS client: each configuration that loads is swapped in, clears the over-limit
+/// cache and makes the server ready (unless `--health-requires-limits` finds no domain).
+fn follow_xds(prepared: &Prepared, options: crate::config::xds::XdsOptions) -> AbortOnDrop {
+    let redis = prepared.redis.clone();
+    let limits_loaded = prepared.limits_loaded.clone();
+    let requires_domain = prepared.settings.health_requires_limits;
+    let on_load = move |config: &Config| {
+        // Denials cached under the old limits may be wrong under the new ones.
+        if let Some(redis) = &redis {
+            redis.clear_cache();
+        }
+        if let Some(loaded) = &limits_loaded {
+            loaded.send_replace(!requires_domain || has_domains(config));
+        }
+    };
+    tracing::info!(node_id = %options.node.id, "limits from an xDS management server");
+    AbortOnDrop(crate::config::xds::spawn(
+        options,
+        prepared.config.clone(),
+        prepared.limiter.metrics().clone(),
+        on_load,
+    ))
 }
 
 /// Starts reloading the TLS files when they change. As for the limits, a watcher that cannot

@@ -28,6 +28,7 @@ pub mod per_second;
 pub mod reference;
 pub mod statsd;
 pub mod traces;
+pub mod xds;
 
 pub use connections::GrpcConnectionSettings;
 pub use counters::ReferenceCounterSettings;
@@ -259,6 +260,10 @@ pub struct ServeSettings {
     /// Connection, stream and label bounds that keep one client from exhausting the server.
     #[command(flatten)]
     pub bounds: BoundsSettings,
+
+    /// Limits from an xDS control plane instead of files.
+    #[command(flatten)]
+    pub xds: xds::XdsSettings,
 
     /// The reference's statsd stats.
     #[command(flatten)]
@@ -668,6 +673,7 @@ impl fmt::Debug for ServeSettings {
             .field("response", &self.response)
             .field("bounds", &self.bounds)
             .field("statsd", &self.statsd)
+            .field("xds", &self.xds)
             .field("counters", &self.counters)
             .field("merge_domains", &self.merge_domains)
             .field("quota_mode", &self.quota_mode)

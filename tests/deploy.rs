@@ -543,6 +543,41 @@ fn istio_filters_target_floodgate() {
     );
 }
 
+/// The Envoy Gateway example is an EnvoyGateway configuration whose rate-limit deployment
+/// runs floodgate's image with a Redis backend, and the image carries the command Envoy
+/// Gateway runs (`/bin/ratelimit`).
+#[test]
+fn envoy_gateway_runs_floodgates_image() {
+    let config_map = yaml("deploy/envoy-gateway/envoy-gateway-config.yaml");
+    assert_eq!(
+        str_at(&config_map, "/metadata/name"),
+        "envoy-gateway-config"
+    );
+    assert_eq!(
+        str_at(&config_map, "/metadata/namespace"),
+        "envoy-gateway-system"
+    );
+    let embedded = str_at(&config_map, "/data/envoy-gateway.yaml");
+    let gateway: Value = serde_yaml_ng::from_str(embedded).unwrap();
+    assert_eq!(
+        str_at(&gateway, "/apiVersion"),
+        "gateway.envoyproxy.io/v1alpha1"
+    );
+    assert_eq!(str_at(&gateway, "/kind"), "EnvoyGateway");
+    let image = str_at(
+        &gateway,
+        "/provider/kubernetes/rateLimitDeployment/container/image",
+    );
+    assert!(image.contains("/floodgate:"), "{image}");
+    assert_eq!(str_at(&gateway, "/rateLimit/backend/type"), "Redis");
+    assert!(!str_at(&gateway, "/rateLimit/backend/redis/url").is_empty());
+    let dockerfile = read("Dockerfile");
+    assert!(
+        dockerfile.contains("COPY --from=build /out/floodgate /bin/ratelimit"),
+        "the image must carry /bin/ratelimit"
+    );
+}
+
 /// The Grafana dashboard is valid JSON and every PromQL expression in it names only series
 /// floodgate serves: the reference's (`floodgate::statsd::prometheus::SERIES`) or its own
 /// (`floodgate_*`, as `src/metrics.rs` registers them).

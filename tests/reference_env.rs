@@ -1228,7 +1228,6 @@ fn unsupported_reference_variables_exit_64() {
     for (name, value) in [
         ("BACKEND_TYPE", "memcache"),
         ("MEMCACHE_HOST_PORT", "memcached:11211"),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
         ("REDIS_PERSECOND", "true"),
         ("GRPC_MAX_CONNECTION_AGE", "forever"),
     ] {

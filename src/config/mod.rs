@@ -33,6 +33,7 @@ mod model;
 pub mod reload;
 mod tree;
 mod validate;
+pub mod xds;
 
 #[cfg(test)]
 mod tests;

@@ -139,7 +139,7 @@ pub fn apply_reference_env(
     mapping.logs(settings)?;
     mapping.traces(settings)?;
     mapping.without_effect();
-    if settings.config.is_none() {
+    if settings.config.is_none() && settings.xds.config_xds.is_none() {
         return Err(SettingsError::NoLimits);
     }
     Ok(mapping.report)
@@ -584,6 +584,7 @@ mod redis;
 mod serving;
 mod stats;
 mod traces;
+mod xds;
 
 pub use catalogue::REFERENCE_VARIABLES;
 pub use duration::parse_go_duration;

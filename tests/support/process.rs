@@ -41,6 +41,17 @@ impl Floodgate {
         Floodgate::spawn(command)
     }
 
+    /// Starts the binary through a link named `ratelimit` (as the reference's image runs
+    /// `/bin/ratelimit`) with no arguments and exactly the environment variables `env`.
+    pub fn start_as_ratelimit(env: &[(&str, &str)]) -> (Floodgate, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("ratelimit");
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_floodgate"), &link).unwrap();
+        let mut command = Command::new(&link);
+        command.env_clear().envs(env.iter().copied());
+        (Floodgate::spawn(command), dir)
+    }
+
     /// Starts `floodgate serve` with `args` (plus ephemeral loopback ports) under a hard and
     /// soft open-files limit of `open_files` (`prlimit`, which execs the binary in place).
     pub fn start_with_open_files(open_files: u32, args: &[&str]) -> Floodgate {

@@ -17,7 +17,7 @@ impl Mapping<'_> {
     /// Every variable of this module.
     pub(super) fn serving(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         self.backend_type(settings)?;
-        self.config_type()?;
+        self.config_type(settings)?;
         self.grpc_listener(settings)?;
         self.health(settings)?;
         if let Some(stop) = self.parse_bool("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")? {
@@ -62,9 +62,9 @@ impl Mapping<'_> {
         }
     }
 
-    /// `CONFIG_TYPE`: `FILE` is floodgate's way; limits from an xDS control plane are not
-    /// served yet, and starting with none would admit everything.
-    fn config_type(&mut self) -> Result<(), SettingsError> {
+    /// `CONFIG_TYPE`: `FILE` is floodgate's way; `GRPC_XDS_SOTW` takes the limits from an
+    /// xDS control plane (see `xds`).
+    fn config_type(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
         let Some(value) = self.get("CONFIG_TYPE") else {
             return Ok(());
         };
@@ -73,13 +73,10 @@ impl Mapping<'_> {
                 self.applied("CONFIG_TYPE");
                 Ok(())
             }
-            "GRPC_XDS_SOTW" => Err(SettingsError::Refused {
-                name: "CONFIG_TYPE",
-                value: value.to_string(),
-                why: "limits from an xDS control plane are not supported yet; give them as \
-                      files (CONFIG_TYPE=FILE and the RUNTIME_* directory)"
-                    .into(),
-            }),
+            "GRPC_XDS_SOTW" => {
+                self.applied("CONFIG_TYPE");
+                self.xds(settings)
+            }
             _ => Err(bad("CONFIG_TYPE", value, "FILE or GRPC_XDS_SOTW")),
         }
     }

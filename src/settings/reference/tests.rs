@@ -704,8 +704,8 @@ fn the_migration_table_lists_every_variable() {
     }
 }
 
-/// Memcache, and limits from xDS, are refused by name: serving from memory or with no
-/// limits instead would change the answers without a word.
+/// Memcache is refused by name: serving from memory instead would change the answers
+/// without a word.
 #[test]
 fn what_cannot_be_honoured_is_refused() {
     for (name, value, why) in [
@@ -716,7 +716,6 @@ fn what_cannot_be_honoured_is_refused() {
             "_memcache._tcp.example",
             "no memcache store",
         ),
-        ("CONFIG_TYPE", "GRPC_XDS_SOTW", "xDS"),
     ] {
         let error = apply(&["--config", "x"], &[(name, value)]).unwrap_err();
         let message = error.to_string();
@@ -1186,4 +1185,39 @@ fn per_second_redis() {
     )
     .unwrap_err();
     assert!(!error.to_string().contains("hunter2"), "{error}");
+}
+
+/// `CONFIG_TYPE=GRPC_XDS_SOTW` takes the limits from the control plane the reference's
+/// variables name, with the reference's defaults, and needs no limits path.
+#[test]
+fn xds_variables_reach_the_xds_settings() {
+    let (s, report) = apply(
+        &[],
+        &[
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "ratelimit"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a:1"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "2s"),
+            ("XDS_CLIENT_BACKOFF_JITTER", "false"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ],
+    )
+    .unwrap();
+    assert_eq!(s.xds.config_xds.as_deref(), Some("envoy-gateway:18001"));
+    assert_eq!(s.xds.xds_node_id, "ratelimit");
+    assert_eq!(s.xds.xds_node_metadata, "a:1");
+    assert!(s.xds.xds_tls && s.xds.xds_force_start);
+    assert_eq!(s.xds.xds_tls_ca, Some(PathBuf::from("/certs/ca.crt")));
+    assert_eq!(s.xds.xds_tls_key, Some(PathBuf::from("/certs/tls.key")));
+    assert_eq!(s.xds.xds_backoff_initial, std::time::Duration::from_secs(2));
+    assert_eq!(s.xds.xds_backoff_jitter, 0.0);
+    assert!(report.no_effect.is_empty(), "{:?}", report.no_effect);
+    // The reference's default server.
+    let (s, _) = apply(&[], &[("CONFIG_TYPE", "GRPC_XDS_SOTW")]).unwrap();
+    assert_eq!(s.xds.config_xds.as_deref(), Some("localhost:18000"));
 }

@@ -1,0 +1,444 @@
+//! Limits from an xDS control plane: a test ADS management server (tonic, ephemeral port,
+//! the real protocol) pushes configurations to the real binary, which answers real
+//! ShouldRateLimit calls with the limits each push put in force.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use floodgate::config::xds::TYPE_URL;
+use floodgate::proto::discovery::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use floodgate::proto::discovery::{DiscoveryRequest, DiscoveryResponse};
+use floodgate::proto::rls::RateLimitResponse;
+use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use floodgate::proto::rls_conf::{
+    RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
+};
+use prost::Message;
+use support::certs::{Pki, arg};
+use support::http::call;
+use support::process::Floodgate;
+use support::simple;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// What the test control plane holds: the snapshot to push, and every request seen.
+#[derive(Default)]
+struct Shared {
+    /// `(version, configurations)` pushed to every stream, now and on each change.
+    snapshot: Mutex<Option<(String, Vec<RateLimitConfig>)>>,
+    /// Every request received, in order, and the stream it came on.
+    seen: Mutex<Vec<(u64, DiscoveryRequest)>>,
+    /// Streams opened so far.
+    streams: Mutex<u64>,
+    /// Nonces handed out so far.
+    nonces: Mutex<u64>,
+}
+
+/// A management server: a snapshot pushed to every ADS stream.
+#[derive(Clone)]
+struct ControlPlane {
+    shared: Arc<Shared>,
+    /// (changes, streams ended so far by `kill_streams`).
+    epoch: watch::Sender<(u64, u64)>,
+}
+
+impl ControlPlane {
+    fn new() -> ControlPlane {
+        let (epoch, _) = watch::channel((0, 0));
+        ControlPlane {
+            shared: Arc::new(Shared::default()),
+            epoch,
+        }
+    }
+
+    /// Serves ADS on `addr` (port 0: an ephemeral one), with TLS when `tls` is given.
+    async fn serve(&self, addr: SocketAddr, tls: Option<&Pki>) -> (SocketAddr, JoinHandle<()>) {
+        let listener = TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut builder = Server::builder();
+        if let Some(pki) = tls {
+            let identity = Identity::from_pem(
+                std::fs::read(&pki.server_cert).unwrap(),
+                std::fs::read(&pki.server_key).unwrap(),
+            );
+            builder = builder
+                .tls_config(ServerTlsConfig::new().identity(identity))
+                .unwrap();
+        }
+        let router = builder.add_service(AggregatedDiscoveryServiceServer::new(self.clone()));
+        let task = tokio::spawn(async move {
+            router
+                .serve_with_incoming(TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        (addr, task)
+    }
+
+    /// Pushes `configs` as `version` to every stream.
+    fn push(&self, version: &str, configs: Vec<RateLimitConfig>) {
+        *self.shared.snapshot.lock().unwrap() = Some((version.to_string(), configs));
+        self.epoch.send_modify(|(n, _)| *n += 1);
+    }
+
+    /// Ends every open stream with UNAVAILABLE (as a control plane going away does).
+    fn kill_streams(&self) {
+        self.epoch.send_modify(|(n, kills)| {
+            *n += 1;
+            *kills += 1;
+        });
+    }
+
+    /// The request that answers the response with `nonce`, once it has arrived.
+    async fn answer_to(&self, nonce: &str) -> DiscoveryRequest {
+        self.until(|seen| {
+            seen.iter()
+                .map(|(_, r)| r)
+                .find(|r| r.response_nonce == nonce)
+                .cloned()
+        })
+        .await
+    }
+
+    /// The last nonce handed out.
+    fn last_nonce(&self) -> String {
+        self.shared.nonces.lock().unwrap().to_string()
+    }
+
+    /// Polls the requests seen until `found` returns something.
+    async fn until<T>(&self, found: impl Fn(&[(u64, DiscoveryRequest)]) -> Option<T>) -> T {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(t) = found(&self.shared.seen.lock().unwrap()) {
+                return t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "control plane: not seen in {:?}",
+                self.shared.seen.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for ControlPlane {
+    type StreamAggregatedResourcesStream = ReceiverStream<Result<DiscoveryResponse, Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: Request<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(8);
+        let shared = self.shared.clone();
+        let mut epoch = self.epoch.subscribe();
+        let kills = epoch.borrow().1;
+        let stream = {
+            let mut streams = shared.streams.lock().unwrap();
+            *streams += 1;
+            *streams
+        };
+        tokio::spawn(async move {
+            // The first request subscribes; the snapshot in place follows it.
+            match incoming.message().await {
+                Ok(Some(first)) => shared.seen.lock().unwrap().push((stream, first)),
+                _ => return,
+            }
+            epoch.mark_changed();
+            loop {
+                tokio::select! {
+                    message = incoming.message() => match message {
+                        Ok(Some(r)) => shared.seen.lock().unwrap().push((stream, r)),
+                        _ => return,
+                    },
+                    changed = epoch.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        if epoch.borrow_and_update().1 != kills {
+                            let _ = tx.send(Err(Status::unavailable("control plane going away"))).await;
+                            return;
+                        }
+                        let snapshot = shared.snapshot.lock().unwrap().clone();
+                        let Some((version, configs)) = snapshot else { continue };
+                        let nonce = {
+                            let mut nonces = shared.nonces.lock().unwrap();
+                            *nonces += 1;
+                            nonces.to_string()
+                        };
+                        let response = DiscoveryResponse {
+                            version_info: version,
+                            resources: configs.iter().map(|c| prost_types::Any {
+                                type_url: TYPE_URL.into(),
+                                value: c.encode_to_vec(),
+                            }).collect(),
+                            canary: false,
+                            type_url: TYPE_URL.into(),
+                            nonce,
+                        };
+                        if tx.send(Ok(response)).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// Domain `edge`: `k=v` limited to `rpu` per hour (`unit` overrides the unit).
+fn edge(rpu: u32, unit: RateLimitUnit) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "edge".into(),
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            key: "k".into(),
+            value: "v".into(),
+            rate_limit: Some(RateLimitPolicy {
+                unit: unit as i32,
+                requests_per_unit: rpu,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+    }
+}
+
+async fn ask(server: &Floodgate) -> RateLimitResponse {
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    client
+        .should_rate_limit(simple("edge", "k", "v"))
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// The configured requests per unit of `edge`'s `k=v` (None: no limit matched).
+async fn limit(server: &Floodgate) -> Option<u32> {
+    ask(server).await.statuses[0]
+        .current_limit
+        .as_ref()
+        .map(|l| l.requests_per_unit)
+}
+
+async fn until_limit(server: &Floodgate, expected: u32) {
+    let deadline = Instant::now() + DEADLINE;
+    while limit(server).await != Some(expected) {
+        assert!(Instant::now() < deadline, "limit never became {expected}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn healthcheck(server: &Floodgate) -> u16 {
+    call(server.http, "GET", "/healthcheck", None).await.status
+}
+
+fn start(url: &str, extra: &[&str]) -> Floodgate {
+    let mut args = vec![
+        "--config-xds",
+        url,
+        "--xds-node-id",
+        "test-node",
+        "--xds-node-metadata",
+        "zone:a",
+        "--xds-headers",
+        "x-tenant:blue",
+        "--xds-backoff-initial",
+        "0.05",
+        "--xds-backoff-max",
+        "0.2",
+    ];
+    args.extend_from_slice(extra);
+    Floodgate::start(&args)
+}
+
+/// A push is ACKed and enforced, a bad push is NACKed with the loader's error while the old
+/// limits stay enforced, an update takes over, and after the control plane restarts the
+/// stream resumes with the last version and nonce while the limits in force keep answering.
+#[tokio::test]
+async fn push_nack_update_and_restart() {
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![edge(2, RateLimitUnit::Hour)]);
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let server = start(&addr.to_string(), &[]);
+
+    // v1: ACKed (version echoed, no error), and the node says who it is.
+    until_limit(&server, 2).await;
+    let ack = plane.answer_to("1").await;
+    assert_eq!(ack.version_info, "v1");
+    assert!(ack.error_detail.is_none());
+    let node = ack.node.unwrap();
+    assert_eq!(node.id, "test-node");
+    assert_eq!(
+        node.metadata.unwrap().fields["zone"].kind,
+        Some(prost_types::value::Kind::StringValue("a".into()))
+    );
+    assert_eq!(ack.type_url, TYPE_URL);
+    assert_eq!(healthcheck(&server).await, 200);
+
+    // v2 does not load: NACKed with the loader's error, v1 stays in force.
+    plane.push("v2", vec![edge(5, RateLimitUnit::Unknown)]);
+    let nack = plane.answer_to("2").await;
+    assert_eq!(
+        nack.version_info, "v1",
+        "a NACK names the version still in force"
+    );
+    let detail = nack.error_detail.unwrap();
+    assert!(
+        detail
+            .message
+            .contains("xds:edge: descriptors[0].rate_limit"),
+        "{}",
+        detail.message
+    );
+    // The second of two per hour passes, the third is over the limit: v1 enforced.
+    let second = ask(&server).await;
+    assert_eq!(second.overall_code, 1);
+    assert_eq!(
+        second.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        2
+    );
+    assert_eq!(
+        ask(&server).await.overall_code,
+        2,
+        "v1's limit is enforced after the NACK"
+    );
+    let metrics = call(server.http, "GET", "/metrics", None).await.body;
+    assert!(
+        metrics.contains("floodgate_config_loads_total{result=\"error\"} 1"),
+        "{metrics}"
+    );
+
+    // v3: an update, ACKed and in force.
+    plane.push("v3", vec![edge(50, RateLimitUnit::Minute)]);
+    until_limit(&server, 50).await;
+    assert_eq!(plane.answer_to("3").await.version_info, "v3");
+
+    // The control plane goes away: the limits in force keep answering.
+    plane.kill_streams();
+    task.abort();
+    let _ = task.await;
+    assert_eq!(limit(&server).await, Some(50));
+    assert_eq!(
+        healthcheck(&server).await,
+        200,
+        "still ready without a control plane"
+    );
+
+    // It comes back on the same address: the new stream resumes from v3 and its nonce.
+    let last_nonce = plane.last_nonce();
+    let (_, task) = plane.serve(addr, None).await;
+    let resumed = plane
+        .until(|seen| {
+            seen.iter()
+                .find(|(stream, _)| *stream > 1)
+                .map(|(_, r)| r.clone())
+        })
+        .await;
+    assert_eq!(resumed.version_info, "v3");
+    assert_eq!(resumed.response_nonce, last_nonce);
+    plane.push("v4", vec![edge(7, RateLimitUnit::Minute)]);
+    until_limit(&server, 7).await;
+    server.stop().await;
+    task.abort();
+}
+
+/// Until a first configuration has loaded the server is not ready; after it, it is.
+#[tokio::test]
+async fn not_ready_until_first_config() {
+    let plane = ControlPlane::new();
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let server = start(&addr.to_string(), &[]);
+    // Subscribed, nothing pushed yet: NOT_SERVING.
+    plane.until(|seen| seen.first().cloned()).await;
+    assert_eq!(healthcheck(&server).await, 503);
+    assert_eq!(support::health(server.grpc).await, 2);
+    plane.push("v1", vec![edge(3, RateLimitUnit::Second)]);
+    until_limit(&server, 3).await;
+    assert_eq!(healthcheck(&server).await, 200);
+    server.stop().await;
+    task.abort();
+}
+
+/// With --xds-force-start the server is ready (answering OK) before any configuration.
+#[tokio::test]
+async fn force_start_serves_before_first_config() {
+    let plane = ControlPlane::new();
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let server = start(&addr.to_string(), &["--xds-force-start"]);
+    plane.until(|seen| seen.first().cloned()).await;
+    assert_eq!(healthcheck(&server).await, 200);
+    assert_eq!(limit(&server).await, None);
+    server.stop().await;
+    task.abort();
+}
+
+/// The ADS stream runs over TLS, verifying the control plane against the given CA.
+#[tokio::test]
+async fn over_tls() {
+    let pki = Pki::generate();
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![edge(4, RateLimitUnit::Hour)]);
+    let (addr, task) = plane
+        .serve("127.0.0.1:0".parse().unwrap(), Some(&pki))
+        .await;
+    let server = start(
+        &format!("localhost:{}", addr.port()),
+        &["--xds-tls", "--xds-tls-ca", arg(&pki.ca)],
+    );
+    until_limit(&server, 4).await;
+    server.stop().await;
+    task.abort();
+}
+
+/// Started as Envoy Gateway starts the reference (`/bin/ratelimit`, no arguments, its
+/// environment), floodgate follows the control plane the variables name.
+#[tokio::test]
+async fn envoy_gateway_environment() {
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![edge(6, RateLimitUnit::Hour)]);
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let url = addr.to_string();
+    let (server, _dir) = Floodgate::start_as_ratelimit(&[
+        ("RUNTIME_ROOT", "/data"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("RUNTIME_IGNOREDOTFILES", "true"),
+        ("RUNTIME_WATCH_ROOT", "false"),
+        ("LOG_LEVEL", "info"),
+        ("USE_STATSD", "false"),
+        ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+        ("CONFIG_GRPC_XDS_SERVER_URL", &url),
+        ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms"),
+        ("HOST", "127.0.0.1"),
+        ("PORT", "0"),
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", "0"),
+    ]);
+    until_limit(&server, 6).await;
+    let ack = plane.answer_to("1").await;
+    assert_eq!(ack.node.unwrap().id, "envoy-ratelimit");
+    server.stop().await;
+    task.abort();
+}
