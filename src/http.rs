@@ -1,7 +1,8 @@
 //! Admin HTTP endpoints, as the reference server serves them on port 8080.
 //!
-//! - `GET /healthcheck`: `200 OK` while serving; `503 NOT_SERVING` once shutdown has begun, or
-//!   while Redis is unusable under failure policy `error`.
+//! - `GET /healthcheck`: `200 OK` while serving; `503 NOT_SERVING: <why>` once shutdown has
+//!   begun, while Redis is unusable under failure policy `error`, or while no limits are loaded
+//!   (no xDS configuration yet, or no domain under `--health-requires-limits`).
 //! - `POST /json`: ShouldRateLimit with a JSON body in protobuf's JSON mapping (field names in
 //!   `snake_case` or `lowerCamelCase`); answers the JSON response with `200` for OK, `429`
 //!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed
@@ -18,7 +19,7 @@
 //! `PROMETHEUS_ADDR`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -44,7 +45,7 @@ pub struct AdminState {
     /// The request path shared with gRPC.
     pub limiter: Arc<RateLimiter>,
     /// False once shutdown has begun.
-    pub serving: Arc<AtomicBool>,
+    pub serving: Arc<Readiness>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
     pub json_endpoint: bool,
     /// The operator console's access rules and store health.
@@ -134,11 +135,74 @@ fn text(body: String) -> Response {
 }
 
 async fn healthcheck(State(state): State<AdminState>) -> Response {
-    if state.serving.load(Ordering::SeqCst) {
-        (StatusCode::OK, "OK\n").into_response()
-    } else {
-        // Shutting down, or the store is down under policy `error`.
-        (StatusCode::SERVICE_UNAVAILABLE, "NOT_SERVING\n").into_response()
+    match state.serving.get() {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("NOT_SERVING: {}\n", why.reason()),
+        )
+            .into_response(),
+    }
+}
+
+/// Why the server is not ready (gRPC health NOT_SERVING, `/healthcheck` 503).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum NotReady {
+    /// The store is unavailable under failure policy `error`.
+    Store = 1,
+    /// No limits are loaded: a first xDS configuration has not arrived, or no domain is
+    /// loaded under `--health-requires-limits`.
+    Limits = 2,
+    /// Shutdown has begun.
+    ShuttingDown = 3,
+}
+
+impl NotReady {
+    /// The reason, as `/healthcheck` says it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            NotReady::Store => "the store is unavailable (failure policy error)",
+            NotReady::Limits => {
+                "no limits loaded yet (no xDS configuration received, or no domain loaded \
+                 under --health-requires-limits)"
+            }
+            NotReady::ShuttingDown => "shutting down",
+        }
+    }
+}
+
+/// Whether the server is ready, and why not: written by the health mirror, read by
+/// `/healthcheck`.
+#[derive(Debug)]
+pub struct Readiness(AtomicU8);
+
+impl Readiness {
+    /// Readiness starting at `state`.
+    pub fn new(state: Result<(), NotReady>) -> Readiness {
+        Readiness(AtomicU8::new(Readiness::code(state)))
+    }
+
+    /// Records `state`.
+    pub fn set(&self, state: Result<(), NotReady>) {
+        self.0.store(Readiness::code(state), Ordering::SeqCst);
+    }
+
+    /// The state last recorded.
+    pub fn get(&self) -> Result<(), NotReady> {
+        match self.0.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            1 => Err(NotReady::Store),
+            2 => Err(NotReady::Limits),
+            _ => Err(NotReady::ShuttingDown),
+        }
+    }
+
+    fn code(state: Result<(), NotReady>) -> u8 {
+        match state {
+            Ok(()) => 0,
+            Err(why) => why as u8,
+        }
     }
 }
 

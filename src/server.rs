@@ -20,7 +20,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -35,7 +34,7 @@ use crate::config::reload;
 use crate::config::{Config, ConfigErrors, Defaults, Loader};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
-use crate::http::{self, AdminState};
+use crate::http::{self, AdminState, NotReady, Readiness};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
 use crate::metrics::{Metrics, Port};
 use crate::otel::{TraceError, Traces};
@@ -745,7 +744,7 @@ pub async fn run(
     let (health, health_service) = tonic_health::server::health_reporter();
     let limits_health = options.limits_health.clone();
     let initially = health::initially_serving(store_health.as_ref(), limits_health.as_ref());
-    let serving = Arc::new(AtomicBool::new(initially));
+    let serving = Arc::new(Readiness::new(initially));
     health::publish(&health, &serving, initially).await;
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
@@ -915,7 +914,7 @@ pub async fn run(
         mirror.abort();
         let _ = mirror.await;
     }
-    health::publish(&health, &serving, false).await;
+    health::publish(&health, &serving, Err(NotReady::ShuttingDown)).await;
     let _ = stop_tx.send(true);
 
     let grace = options.grace;

@@ -364,7 +364,8 @@ async fn push_nack_update_and_restart() {
     task.abort();
 }
 
-/// Until a first configuration has loaded the server is not ready; after it, it is.
+/// Until a first configuration has loaded the server is not ready, and `/healthcheck` says
+/// why; after it, it is ready.
 #[tokio::test]
 async fn not_ready_until_first_config() {
     let plane = ControlPlane::new();
@@ -372,7 +373,13 @@ async fn not_ready_until_first_config() {
     let server = start(&addr.to_string(), &[]);
     // Subscribed, nothing pushed yet: NOT_SERVING.
     plane.until(|seen| seen.first().cloned()).await;
-    assert_eq!(healthcheck(&server).await, 503);
+    let reply = call(server.http, "GET", "/healthcheck", None).await;
+    assert_eq!(reply.status, 503);
+    assert!(
+        reply.body.starts_with("NOT_SERVING: no limits loaded yet"),
+        "{}",
+        reply.body
+    );
     assert_eq!(support::health(server.grpc).await, 2);
     plane.push("v1", vec![edge(3, RateLimitUnit::Second)]);
     until_limit(&server, 3).await;

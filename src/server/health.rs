@@ -12,11 +12,12 @@
 //! server gets the same answer.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
+
+use crate::http::{NotReady, Readiness};
 
 /// The names under which health is reported.
 pub const SERVICE_NAMES: [&str; 3] = [
@@ -63,25 +64,37 @@ impl Component {
     }
 }
 
-/// Publishes `serving` under every name and to `/healthcheck`.
-pub async fn publish(health: &HealthReporter, http: &AtomicBool, serving: bool) {
-    let status = if serving {
+/// Publishes `state` under every name and to `/healthcheck` (which also says why not).
+pub async fn publish(health: &HealthReporter, http: &Readiness, state: Result<(), NotReady>) {
+    let status = if state.is_ok() {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing
     };
-    http.store(serving, Ordering::SeqCst);
+    http.set(state);
     for name in SERVICE_NAMES {
         health.set_service_status(name, status).await;
     }
 }
 
-/// Whether the components say SERVING now (shutdown aside).
+/// Whether the components say SERVING now, or why not (shutdown aside).
 pub fn initially_serving(
     store: Option<&watch::Receiver<bool>>,
     limits: Option<&watch::Receiver<bool>>,
-) -> bool {
-    store.is_none_or(|rx| *rx.borrow()) && limits.is_none_or(|rx| *rx.borrow())
+) -> Result<(), NotReady> {
+    readiness(
+        store.is_none_or(|rx| *rx.borrow()),
+        limits.is_none_or(|rx| *rx.borrow()),
+    )
+}
+
+/// Ready when both are healthy; else the first reason (the store's, then the limits').
+fn readiness(store: bool, limits: bool) -> Result<(), NotReady> {
+    match (store, limits) {
+        (false, _) => Err(NotReady::Store),
+        (true, false) => Err(NotReady::Limits),
+        (true, true) => Ok(()),
+    }
 }
 
 /// Mirrors the store's and the limits' health (either may be absent: always healthy) into
@@ -90,14 +103,14 @@ pub async fn mirror(
     store: Option<watch::Receiver<bool>>,
     limits: Option<watch::Receiver<bool>>,
     health: HealthReporter,
-    http: Arc<AtomicBool>,
+    http: Arc<Readiness>,
 ) {
     let mut store = Component::new(store);
     let mut limits = Component::new(limits);
     loop {
         store.refresh();
         limits.refresh();
-        publish(&health, &http, store.healthy && limits.healthy).await;
+        publish(&health, &http, readiness(store.healthy, limits.healthy)).await;
         tokio::select! {
             () = store.changed() => {}
             () = limits.changed() => {}
@@ -114,11 +127,14 @@ mod tests {
     fn all_components_must_be_healthy() {
         let (_up_tx, up) = watch::channel(true);
         let (_down_tx, down) = watch::channel(false);
-        assert!(initially_serving(None, None));
-        assert!(initially_serving(Some(&up), None));
-        assert!(initially_serving(Some(&up), Some(&up)));
-        assert!(!initially_serving(Some(&down), Some(&up)));
-        assert!(!initially_serving(None, Some(&down)));
+        assert_eq!(initially_serving(None, None), Ok(()));
+        assert_eq!(initially_serving(Some(&up), None), Ok(()));
+        assert_eq!(initially_serving(Some(&up), Some(&up)), Ok(()));
+        assert_eq!(
+            initially_serving(Some(&down), Some(&down)),
+            Err(NotReady::Store)
+        );
+        assert_eq!(initially_serving(None, Some(&down)), Err(NotReady::Limits));
     }
 
     /// A component whose sender is gone keeps its last value.
