@@ -154,6 +154,13 @@ struct DomainLabels {
 /// names, so they never become label values of their own.
 pub const UNKNOWN_DOMAIN: &str = "_unknown";
 
+/// [`UNKNOWN_DOMAIN`] as the label value, made once.
+fn unknown_domain() -> &'static Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(UNKNOWN_DOMAIN));
+    &UNKNOWN
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: &'static str,
@@ -595,7 +602,8 @@ impl Metrics {
         }
         let domain = match &outcome.domain {
             Some(domain) => Arc::clone(domain),
-            None => Arc::from(UNKNOWN_DOMAIN),
+            // Shared, not allocated per request: every unknown domain is this one label.
+            None => Arc::clone(unknown_domain()),
         };
         self.domain_requests
             .get_or_create(&DomainLabels {
