@@ -1,0 +1,261 @@
+//! Pure request planning: `(request, config) → bucket operations`, then
+//! `(plan, store answer) → response`. No I/O, no clock; everything here is unit-tested.
+//!
+//! [`Plan::build`] validates the request, matches each descriptor against its domain's rules
+//! (or takes its `limit` override), drops limits named in another matched limit's `replaces`,
+//! works out each descriptor's cost, and folds the result into one [`BucketOp`] per distinct
+//! bucket (the same bucket reached twice is debited once, with the summed cost).
+//! [`Plan::respond`] turns the store's [`Applied`] into Envoy's response: one status per
+//! descriptor in request order, never `UNKNOWN`.
+//!
+//! Here the plan's types and what it tells about itself; `validate` (a request's bounds),
+//! `build` (matching, costs, one operation per bucket) and `respond` (statuses, refunds,
+//! tallies) each hold one step; the headers and metadata are [`crate::annotate`]'s.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prost_types::Duration;
+
+pub use crate::annotate::HeaderOptions;
+use crate::annotate::{self, Reported};
+use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey};
+use crate::config::{Config, Limit, Metadata, Step, Unit};
+use crate::limiter::{Algorithm, Cost, LimitParams};
+pub use crate::outcome::{Outcome, Tally, Verdict};
+use crate::proto::rls::{
+    RateLimitRequest, RateLimitResponse,
+    rate_limit_response::{Code, DescriptorStatus, RateLimit},
+};
+
+mod build;
+mod respond;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use validate::validate;
+
+/// Bounds on what one request may carry; beyond them the request is rejected as invalid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Maximum descriptors per request.
+    pub max_descriptors: usize,
+    /// Maximum entries per descriptor.
+    pub max_entries: usize,
+    /// Maximum length of an entry key or value, in bytes.
+    pub max_value_len: usize,
+}
+
+impl Default for RequestLimits {
+    /// Far above anything Envoy's route actions produce, far below what would hurt us.
+    fn default() -> Self {
+        RequestLimits {
+            max_descriptors: 64,
+            max_entries: 32,
+            max_value_len: 4096,
+        }
+    }
+}
+
+/// Settings that shape planning and the response.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanOptions {
+    /// Global shadow mode (the reference's `SHADOW_MODE`): every limit is evaluated, counted
+    /// and reported (a descriptor over its limit still says OVER_LIMIT), but the request as
+    /// a whole is always OK.
+    pub shadow_mode: bool,
+    /// Global quota mode (the reference's `QUOTA_MODE`): every descriptor is a quota-mode
+    /// one (see [`Plan::respond`]).
+    pub quota_mode: bool,
+    /// Algorithm for descriptor `limit` overrides (configured limits carry their own).
+    pub default_algorithm: Algorithm,
+    /// Request-size bounds.
+    pub limits: RequestLimits,
+    /// Rate-limit response headers to add; `None` adds none (the reference's default).
+    pub headers: Option<HeaderOptions>,
+    /// Fraction of a limit's capacity above which admitted hits count as near the limit
+    /// (`floodgate_rule_near_limit_total`), as the reference's `NEAR_LIMIT_RATIO`.
+    pub near_limit_ratio: f32,
+    /// Report the request and the `metadata:` of the rules it was admitted by in
+    /// `dynamic_metadata`, as the reference does with `RESPONSE_DYNAMIC_METADATA`.
+    pub dynamic_metadata: bool,
+    /// Share fixed-window counters with reference pods (`--reference-counters`): `None` off.
+    pub reference_counters: Option<ReferenceCounters>,
+}
+
+/// How buckets are shared with reference pods while a Deployment rolls: a fixed-window
+/// limit the reference could express (the rule's only limit, no `unit_multiplier`, a domain
+/// without `redis_hash_tag`) and descriptor `limit` overrides counted in fixed windows get a
+/// [`ReferenceCounter`]; in Redis they are the reference's integer under its key name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReferenceCounters {
+    /// The reference's `CACHE_KEY_PREFIX`, starting every counter's name.
+    pub prefix: Arc<[u8]>,
+    /// `EXPIRATION_JITTER_MAX_SECONDS`: a counter's `EXPIRE` is its unit plus a random
+    /// jitter below this, as the reference sets it.
+    pub expiry_jitter_max_secs: u64,
+}
+
+impl Default for PlanOptions {
+    /// The reference's defaults: no shadow mode, no headers, no metadata, near limit at 0.8.
+    fn default() -> Self {
+        PlanOptions {
+            shadow_mode: false,
+            quota_mode: false,
+            default_algorithm: Algorithm::TokenBucket,
+            limits: RequestLimits::default(),
+            headers: None,
+            near_limit_ratio: 0.8,
+            dynamic_metadata: false,
+            reference_counters: None,
+        }
+    }
+}
+
+/// Why a request was rejected before touching any bucket. The message is for the caller.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidRequest(pub String);
+
+/// The limit a descriptor is checked against.
+#[derive(Debug, Clone, Copy)]
+enum LimitSource<'c> {
+    Configured(&'c Limit),
+    /// A descriptor `limit` override (`requests_per_unit`, unit).
+    Override(u32, Unit),
+}
+
+/// A matched limit before `replaces` is applied.
+struct MatchedLimit<'c> {
+    source: LimitSource<'c>,
+    /// Metric path.
+    rule: MetricPath,
+    /// Not a shadow-mode rule.
+    enforce: bool,
+    /// A quota-mode descriptor (per rule, or global).
+    quota: bool,
+    key: BucketKey,
+    /// The reference's counter name, when this bucket is shared with reference pods.
+    reference: Option<ReferenceKey>,
+}
+
+/// A rule's metric path, and whether it holds request values (`detailed_metric`,
+/// `value_to_metric`): such paths are as many as the values clients send, so metrics caps
+/// them.
+#[derive(Clone, Debug)]
+struct MetricPath {
+    path: Arc<str>,
+    detailed: bool,
+}
+
+#[derive(Debug)]
+struct PlannedLimit<'c> {
+    source: LimitSource<'c>,
+    /// Metric path of the rule (shared with the configuration; built per request only where
+    /// the rule opts in with `detailed_metric` / `value_to_metric`).
+    rule: MetricPath,
+    /// Index into [`Plan::ops`].
+    op: usize,
+    /// Not a shadow-mode rule: going over makes the descriptor's status OVER_LIMIT.
+    enforce: bool,
+    /// A quota-mode descriptor (per rule or global): going over does not deny by itself.
+    quota: bool,
+}
+
+#[derive(Debug)]
+enum DescriptorPlan<'c> {
+    /// Unknown domain, no entries, no matching rule, or every matched limit replaced.
+    Unmatched,
+    /// Matched an `unlimited` rule: always OK, no store access.
+    Unlimited { rule: MetricPath },
+    /// One or more limits, each backed by a bucket op, and the rule's `metadata:`.
+    Limited(Vec<PlannedLimit<'c>>, Option<&'c Metadata>),
+}
+
+/// What a request asks of the store, and how to answer it afterwards.
+#[derive(Debug)]
+pub struct Plan<'c> {
+    /// The domain's metric label; `None` for an unknown domain (which has no tallies).
+    domain: Option<Arc<str>>,
+    /// Each descriptor's cost (signed, summed into ops).
+    costs: Vec<Cost>,
+    descriptors: Vec<DescriptorPlan<'c>>,
+    /// One op per distinct bucket, in first-seen order.
+    pub ops: Vec<BucketOp>,
+    /// The request as `dynamic_metadata` reports it, when that is enabled.
+    metadata: Option<annotate::RequestSummary>,
+    /// Global shadow mode: the request is never denied.
+    global_shadow: bool,
+    /// Global quota mode: every descriptor is a quota-mode one.
+    global_quota: bool,
+}
+
+/// One matched limit of a planned descriptor, as [`Plan::limits_of`] shows it.
+#[derive(Debug, Clone)]
+pub struct PlannedLimitView<'c> {
+    /// The configured limit; `None` for a descriptor `limit` override.
+    pub limit: Option<&'c Limit>,
+    /// The rule's metric path (`domain.key_value.key`).
+    pub rule: Arc<str>,
+    /// Index of its bucket in [`Plan::ops`].
+    pub op: usize,
+    /// The rule is in shadow mode.
+    pub shadow: bool,
+    /// The descriptor is a quota-mode one.
+    pub quota: bool,
+}
+
+impl<'c> Plan<'c> {
+    /// The limits matched by descriptor `index`, each with the index of its op in
+    /// [`Plan::ops`] (empty for an unmatched or `unlimited` descriptor, or a bad index). The
+    /// operator console shows them beside the store's answer.
+    pub fn limits_of(&self, index: usize) -> Vec<PlannedLimitView<'c>> {
+        let Some(DescriptorPlan::Limited(limits, _)) = self.descriptors.get(index) else {
+            return Vec::new();
+        };
+        limits
+            .iter()
+            .map(|limit| PlannedLimitView {
+                limit: match limit.source {
+                    LimitSource::Configured(limit) => Some(limit),
+                    LimitSource::Override(..) => None,
+                },
+                rule: Arc::clone(&limit.rule.path),
+                op: limit.op,
+                shadow: !limit.enforce,
+                quota: limit.quota,
+            })
+            .collect()
+    }
+
+    /// The request's domain as a metric label; `None` when no such domain is configured.
+    pub fn domain_label(&self) -> Option<&Arc<str>> {
+        self.domain.as_ref()
+    }
+
+    /// Each matched limit's rule (path, whether it holds request values, hits asked): what
+    /// metrics count per rule when the store fails and there is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64)> {
+        let mut rules = Vec::new();
+        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
+            if let DescriptorPlan::Limited(limits, _) = descriptor {
+                let hits = u64::try_from(cost).unwrap_or(0);
+                rules.extend(
+                    limits
+                        .iter()
+                        .map(|limit| (&limit.rule.path, limit.rule.detailed, hits)),
+                );
+            }
+        }
+        rules
+    }
+
+    /// Whether descriptor `index` matched an `unlimited` rule (no bucket, always OK).
+    pub fn is_unlimited(&self, index: usize) -> bool {
+        matches!(
+            self.descriptors.get(index),
+            Some(DescriptorPlan::Unlimited { .. })
+        )
+    }
+}
