@@ -206,6 +206,20 @@ pub enum RequestResult {
 }
 
 impl RequestResult {
+    /// Every result, in the order of [`RequestResult::index`].
+    const ALL: [RequestResult; 5] = [
+        RequestResult::Ok,
+        RequestResult::OverLimit,
+        RequestResult::Invalid,
+        RequestResult::StoreError,
+        RequestResult::Overloaded,
+    ];
+
+    /// The result's place in [`RequestResult::ALL`].
+    fn index(self) -> usize {
+        self as usize
+    }
+
     /// The `result` label value (also a trace span's `ratelimit.result`).
     pub fn label(self) -> &'static str {
         match self {
@@ -215,6 +229,12 @@ impl RequestResult {
             RequestResult::StoreError => "store_error",
             RequestResult::Overloaded => "overloaded",
         }
+    }
+}
+
+fn result_labels(result: RequestResult) -> ResultLabels {
+    ResultLabels {
+        result: result.label(),
     }
 }
 
@@ -243,8 +263,10 @@ pub struct Metrics {
     rule_near_limit: Family<RuleLabels, Counter>,
     rule_errors: Family<RuleLabels, Counter>,
     rule_over_limit_local_cache: Family<RuleLabels, Counter>,
-    requests: Family<ResultLabels, Counter>,
-    request_duration: Family<ResultLabels, Histogram>,
+    /// `floodgate_requests_total` and `floodgate_request_duration_seconds` by result, resolved
+    /// once: every request records both, so none looks its series up.
+    requests: [Counter; 5],
+    request_duration: [Histogram; 5],
     domain_requests: Family<DomainLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
     config_loads: Family<ResultLabels, Counter>,
@@ -506,8 +528,9 @@ impl Metrics {
             rule_near_limit,
             rule_errors,
             rule_over_limit_local_cache,
-            requests,
-            request_duration,
+            requests: RequestResult::ALL.map(|r| requests.get_or_create(&result_labels(r)).clone()),
+            request_duration: RequestResult::ALL
+                .map(|r| request_duration.get_or_create(&result_labels(r)).clone()),
             domain_requests,
             store_duration,
             config_loads,
@@ -685,20 +708,12 @@ impl Metrics {
             RequestResult::Invalid => self.stat(StatName::ServiceError, 1),
             _ => {}
         }
-        self.requests
-            .get_or_create(&ResultLabels {
-                result: result.label(),
-            })
-            .inc();
+        self.requests[result.index()].inc();
     }
 
     /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
     pub fn record_request_duration(&self, result: RequestResult, elapsed: Duration) {
-        self.request_duration
-            .get_or_create(&ResultLabels {
-                result: result.label(),
-            })
-            .observe(elapsed.as_secs_f64());
+        self.request_duration[result.index()].observe(elapsed.as_secs_f64());
     }
 
     /// Records the time one request spent in the store.
@@ -729,24 +744,10 @@ impl Metrics {
     /// ShouldRateLimit calls so far by result (`ok`, `over_limit`, `invalid`, `store_error`,
     /// `overloaded`), for the console.
     pub fn request_counts(&self) -> Vec<(&'static str, u64)> {
-        [
-            RequestResult::Ok,
-            RequestResult::OverLimit,
-            RequestResult::Invalid,
-            RequestResult::StoreError,
-            RequestResult::Overloaded,
-        ]
-        .into_iter()
-        .map(|result| {
-            let labels = ResultLabels {
-                result: result.label(),
-            };
-            (
-                result.label(),
-                self.requests.get(&labels).map_or(0, |c| c.get()),
-            )
-        })
-        .collect()
+        RequestResult::ALL
+            .into_iter()
+            .map(|result| (result.label(), self.requests[result.index()].get()))
+            .collect()
     }
 
     /// The last limits loads, newest first.
