@@ -71,9 +71,12 @@ Numbers  Lua 5.1 computes in doubles, so every value stays below 2^53 (the Rust 
          string, so a tat of 25 significant digits is never one double. Values are written with string.format('%d'),
          which is cheaper than letting Redis format a number argument ("%.17g").
 
-Cost     Every EVALSHA runs this whole chunk, so each `local function` below is a closure
-         allocated (and later collected) per call: the token-bucket path uses few, and the
-         window algorithms are built only when a call has a window operation.
+Cost     Every EVALSHA runs this whole chunk, so each closure it creates, each chunk local a
+         closure captures and each table is an allocation on every call: the token bucket is
+         written inline in the main loop with no helper function, the window algorithms are
+         built only when a call has a window operation (capturing nothing), and each
+         operation's evaluation is one table. bench/script_cost.py measures the Redis time
+         per call against bench/gcra_min.lua.
 
 The same key twice in one call (the planner sums costs per bucket, so it should not happen):
 every operation is evaluated against the state before the call and the later operation's
@@ -86,9 +89,7 @@ local MAX_DEBT = 1125899906842624 -- 2^50 ticks, limiter::MAX_DEBT_TICKS
 local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
 local PRECISE_INTERVAL = 1000000 -- limiter::PRECISE_INTERVAL
 local MAX_SCALED_PERIOD = 4503599627370496 -- 2^52, token_bucket::MAX_SCALED_PERIOD
-local POW10 = { [0] = 1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000 }
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
-local ONE = 65536 -- fixed-point one of the sliding window's weight
 local OP_FORMAT, OP_BYTES = '<ddddd', 40 -- one operation's numbers in ARGV[2]
 
 -- Locals, not globals: every use of a global is a table lookup.
@@ -96,176 +97,55 @@ local floor, min, max = math.floor, math.min, math.max
 local tonumber, find, match, type, format = tonumber, string.find, string.match, type, string.format
 local rcall, rpcall, unpack = redis.call, redis.pcall, struct.unpack
 
--- Scripts that call TIME and then write must be replicated by effects (the default since
--- Redis 5, and the only mode since 7); ask for it on older servers.
-if redis.replicate_commands then
+-- Scripts that call TIME and then write must be replicated by effects: the only mode since
+-- Redis 7 (which has REDIS_VERSION_NUM), the default since 5; ask for it on older servers.
+if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   redis.replicate_commands()
 end
 
--- floor(a / b) for integers 0 <= a, 0 < b, both below 2^53: the double quotient may round to
--- a neighbour, so correct it until q * b <= a < (q + 1) * b (limiter::window::floor_div).
-local function fdiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  end
-  if (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
--- A decimal integer (optionally negative), or nil for anything else (false, floats, junk).
-local function parse_int(s)
-  if type(s) == 'string' and find(s, '^%-?%d+$') then
-    return tonumber(s)
-  end
-  return nil
-end
-
--- An evaluation (limiter::Evaluation) is one flat table: admitted; retry (µs until the cost
--- could pass, nil = never); the current view cr, cs and the committed view kr, ks
--- (remaining, reset_us); and, when there is a state to write, its ttl (µs; 0 deletes) with
--- debt, digits, scale (token bucket: the new tat is `debt` ticks after now) or w, c[, p]
--- (windows).
-
-------------------------------------------------------------------------------------------
--- Token bucket (GCRA), limiter/token_bucket.rs. The math runs in ticks of 10^-digits µs;
--- `tat_us`, `tat_frac`, `tat_digits` are the stored time (nil when absent or unreadable).
-------------------------------------------------------------------------------------------
--- The view of a bucket `d` ticks in debt: whole tokens left, µs until full (rounded up).
-local function tb_view(d, tolerance, interval, scale)
-  local until_full = fdiv(d + scale - 1, scale)
-  if d <= tolerance then
-    return fdiv(tolerance - d, interval), until_full
-  end
-  return 0, until_full
-end
-
-local function token_bucket(rate, period, burst, overdraft, tat_us, tat_frac, tat_digits, now, cost)
-  -- limiter::period_us and limiter::limit, inline: a helper is a closure per call.
-  if period < 1000 then
-    period = 1000
-  elseif period > MAX_PERIOD then
-    period = MAX_PERIOD
-  end
-  rate = min(rate, MAX_COUNT)
-  if rate == 0 then
-    -- Nothing passes; there is nothing to refill or refund.
-    if cost > 0 then
-      return { admitted = false, cr = 0, cs = 0, kr = 0, ks = 0 }
-    end
-    return { admitted = true, retry = 0, cr = 0, cs = 0, kr = 0, ks = 0 }
-  end
-  -- Gcra::new: finer ticks while T is neither exact nor precise and every bound holds.
-  burst = min(burst, MAX_COUNT)
-  local digits, scale = 0, 1
-  local interval = fdiv(period + rate - 1, rate)
-  while interval < PRECISE_INTERVAL and fdiv(period * scale, rate) * rate ~= period * scale
-    and digits < MAX_TAT_DIGITS
-  do
-    local finer = scale * 10
-    if period > fdiv(MAX_SCALED_PERIOD, finer) then
-      break
-    end
-    local finer_interval = fdiv(period * finer + rate - 1, rate)
-    if burst > fdiv(MAX_DEBT, finer_interval) then
-      break
-    end
-    digits, scale, interval = digits + 1, finer, finer_interval
-  end
-  burst = min(burst, fdiv(MAX_DEBT, interval))
-  local tolerance = burst * interval
-  -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
-  local debt = 0
-  if tat_us and tat_us >= now then
-    if tat_us - now > fdiv(MAX_DEBT, scale) then
-      debt = MAX_DEBT
-    else
-      local frac = tat_frac
-      if tat_digits <= digits then
-        frac = frac * POW10[digits - tat_digits]
-      else
-        local unit = POW10[tat_digits - digits]
-        frac = fdiv(frac + unit - 1, unit)
-      end
-      debt = min((tat_us - now) * scale + frac, MAX_DEBT)
-    end
-  end
-  local cr, cs = tb_view(debt, tolerance, interval, scale)
-  local new_debt
-  if cost == 0 then
-    if debt <= tolerance then
-      return { admitted = true, retry = 0, cr = cr, cs = cs, kr = cr, ks = cs }
-    end
-    local wait = fdiv(debt - tolerance + scale - 1, scale)
-    return { admitted = false, retry = wait, cr = cr, cs = cs, kr = cr, ks = cs }
-  elseif cost > 0 then
-    new_debt = debt + cost * interval
-    if not (cost <= burst and new_debt <= tolerance) then
-      if overdraft then
-        -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap.
-        if cost > fdiv(MAX_DEBT - debt, interval) then
-          new_debt = MAX_DEBT
-        end
-        local kr, ks = tb_view(new_debt, tolerance, interval, scale)
-        return {
-          admitted = false, retry = fdiv(max(new_debt - tolerance, 0) + scale - 1, scale),
-          cr = cr, cs = cs, kr = kr, ks = ks, debt = new_debt, digits = digits, scale = scale,
-          ttl = ks,
-        }
-      end
-      if cost > burst then
-        return { admitted = false, cr = cr, cs = cs, kr = cr, ks = cs }
-      end
-      local wait = fdiv(new_debt - tolerance + scale - 1, scale)
-      return { admitted = false, retry = wait, cr = cr, cs = cs, kr = cr, ks = cs }
-    end
-  else
-    new_debt = max(debt - min(-cost, burst) * interval, 0)
-  end
-  local kr, ks = tb_view(new_debt, tolerance, interval, scale)
-  return {
-    admitted = true, retry = 0, cr = cr, cs = cs, kr = kr, ks = ks, debt = new_debt,
-    digits = digits, scale = scale, ttl = ks,
-  }
-end
-
--- The stored tat: "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); nil if unreadable.
-local function parse_tat(s)
-  if type(s) ~= 'string' then
-    return nil
-  end
-  local whole, fraction = match(s, '^(%-?%d+)%.(%d+)$')
-  if whole then
-    if #fraction > MAX_TAT_DIGITS then
-      return nil
-    end
-    return tonumber(whole), tonumber(fraction), #fraction
-  end
-  if find(s, '^%-?%d+$') then
-    return tonumber(s), 0, 0
-  end
-  return nil
-end
-
--- The stored form of the tat `debt` ticks after `now` (limiter::Tat's Display).
-local function format_tat(now, debt, digits, scale)
-  local whole = fdiv(debt, scale)
-  if digits == 0 then
-    return format('%d', now + whole)
-  end
-  return format('%d.%0' .. digits .. 'd', now + whole, debt - whole * scale)
-end
+-- An evaluation (limiter::Evaluation) is one table: [1] admitted, [2] retry (µs until the
+-- cost could pass, -1 = never), [3] [4] the current view (remaining, reset_us), [5] [6] the
+-- committed view, [7] when there is a state to write, its ttl in µs (0 deletes), and the
+-- state: [8] the token bucket's stored tat, or the fields w, c[, p] (windows); then the
+-- operation's [9] algorithm, [10] overdraft and [11] counter expiry (nil for a bucket).
 
 ------------------------------------------------------------------------------------------
 -- The window algorithms, built on first use: returns fixed(rate, period, overdraft, key,
--- now, cost) and sliding(...), which read the key and evaluate it.
+-- now, cost) and sliding(...), which read the key and evaluate it. The function captures
+-- nothing from the chunk (what it needs is passed or looked up inside): every chunk local a
+-- closure captures costs an upvalue allocation on every call, window operation or not.
 ------------------------------------------------------------------------------------------
-local function window_algorithms(pending)
+local function window_algorithms(MAX_NOW, MAX_PERIOD, MAX_COUNT)
+  local ONE = 65536 -- fixed-point one of the sliding window's weight
+  local floor, min, max = math.floor, math.min, math.max
+  local tonumber, find, match, type = tonumber, string.find, string.match, type
+  local rpcall = redis.pcall
+  local pending = {} -- reference counters: the count an earlier op of this call leaves
+
+  -- floor(a / b) for integers 0 <= a, 0 < b, both below 2^53: the double quotient may round to
+  -- a neighbour, so correct it until q * b <= a < (q + 1) * b (limiter::window::floor_div).
+  local function fdiv(a, b)
+    local q = floor(a / b)
+    if q * b > a then
+      q = q - 1
+    end
+    if (q + 1) * b <= a then
+      q = q + 1
+    end
+    return q
+  end
+
   -- ceil(a / b) for integers 0 <= a, 0 < b (u64::div_ceil).
   local function cdiv(a, b)
     return fdiv(a + b - 1, b)
+  end
+
+  -- A decimal integer (optionally negative), or nil for anything else (false, floats, junk).
+  local function parse_int(s)
+    if type(s) == 'string' and find(s, '^%-?%d+$') then
+      return tonumber(s)
+    end
+    return nil
   end
 
   -- A non-negative decimal integer, or nil.
@@ -496,14 +376,14 @@ local function window_algorithms(pending)
     return { w = w, c = c }
   end
 
+  -- The evaluation in the main loop's shape (see the top of the chunk).
   local function flat(e)
     local f = {
-      admitted = e.admitted, retry = e.retry, cr = e.current[1], cs = e.current[2],
-      kr = e.committed[1], ks = e.committed[2],
+      e.admitted, e.retry or -1, e.current[1], e.current[2], e.committed[1], e.committed[2],
     }
     local next = e.next
     if next then
-      f.ttl, f.w, f.c, f.p = next.ttl, next.w, next.c, next.p
+      f[7], f.w, f.c, f.p = next.ttl, next.w, next.c, next.p
     end
     return f
   end
@@ -549,7 +429,7 @@ local function window_algorithms(pending)
     -- The count the evaluation read, from which the write is a change (capped like the
     -- limiter caps it; a zero or unreadable count is 0).
     e.base, e.replace = min(count or 0, MAX_COUNT), replace
-    if e.ttl then
+    if e[7] then
       pending[key] = e.c
     end
     return e
@@ -578,11 +458,10 @@ local now
 if argv[1] == '' then
   local t = rcall('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+elseif find(argv[1], '^%-?%d+$') then
+  now = tonumber(argv[1])
 else
-  now = parse_int(argv[1])
-  if not now then
-    return redis.error_reply('ERR floodgate apply.lua: now is not an integer')
-  end
+  return redis.error_reply('ERR floodgate apply.lua: now is not an integer')
 end
 if now < 0 then
   now = 0
@@ -591,9 +470,8 @@ elseif now > MAX_NOW then
 end
 
 -- Phase 1: read and evaluate everything before writing anything.
-local evaluations, algorithms, overdrafts = {}, {}, {}
+local evaluations = {}
 local fixed, sliding, counter -- the window algorithms, once a window operation needs them
-local counters, pending = {}, {} -- reference counters: which ops, counts this call leaves
 local committed = true
 local pos = 1
 for i = 1, n_ops do
@@ -605,46 +483,165 @@ for i = 1, n_ops do
   then
     return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
   end
+  local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
   if flags >= 16 then
-    counters[i], flags = burst, flags - 16
+    expiry, flags = burst, flags - 16
   end
   local algorithm = flags % 4
   local enforce = flags % 8 >= 4
   local overdraft = flags >= 8
   local key = keys[i]
   local e
-  if counters[i] then
-    if algorithm ~= 1 then
-      return redis.error_reply('ERR floodgate apply.lua: a counter must be a fixed window, key ' .. i)
+  if algorithm == 0 and not expiry then
+    ----------------------------------------------------------------------------------------
+    -- Token bucket (GCRA), limiter/token_bucket.rs, inline: every helper function would be
+    -- a closure allocated per call. The math runs in ticks of 10^-digits µs.
+    ----------------------------------------------------------------------------------------
+    -- limiter::period_us and limiter::limit.
+    if period < 1000 then
+      period = 1000
+    elseif period > MAX_PERIOD then
+      period = MAX_PERIOD
     end
-    if not fixed then
-      fixed, sliding, counter = window_algorithms(pending)
+    rate = min(rate, MAX_COUNT)
+    if rate == 0 then
+      -- Nothing passes; there is nothing to refill or refund.
+      if cost > 0 then
+        e = { false, -1, 0, 0, 0, 0 }
+      else
+        e = { true, 0, 0, 0, 0, 0 }
+      end
+    else
+      -- Gcra::new: finer ticks while T is neither exact nor precise and every bound holds.
+      burst = min(burst, MAX_COUNT)
+      local digits, scale = 0, 1
+      local interval = floor((period + rate - 1) / rate)
+      while interval < PRECISE_INTERVAL and digits < MAX_TAT_DIGITS
+        and floor(period * scale / rate) * rate ~= period * scale
+      do
+        local finer = scale * 10
+        if period > floor(MAX_SCALED_PERIOD / finer) then
+          break
+        end
+        local finer_interval = floor((period * finer + rate - 1) / rate)
+        if burst > floor(MAX_DEBT / finer_interval) then
+          break
+        end
+        digits, scale, interval = digits + 1, finer, finer_interval
+      end
+      burst = min(burst, floor(MAX_DEBT / interval))
+      local tolerance = burst * interval
+      -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
+      -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
+      local stored = rpcall('GET', key)
+      local tat_us, tat_frac, tat_digits
+      if type(stored) == 'string' then
+        local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
+        if whole then
+          if #fraction <= MAX_TAT_DIGITS then
+            tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
+          end
+        elseif find(stored, '^%-?%d+$') then
+          tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
+        end
+      end
+      -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
+      local debt = 0
+      if tat_us and tat_us >= now then
+        if tat_us - now > floor(MAX_DEBT / scale) then
+          debt = MAX_DEBT
+        else
+          local frac, unit = tat_frac, 1
+          for _ = digits + 1, tat_digits do
+            unit = unit * 10
+          end
+          if tat_digits <= digits then
+            for _ = tat_digits + 1, digits do
+              frac = frac * 10
+            end
+          else
+            frac = floor((frac + unit - 1) / unit)
+          end
+          debt = min((tat_us - now) * scale + frac, MAX_DEBT)
+        end
+      end
+      -- The view `debt` ticks in debt: whole tokens left, µs until full (rounded up).
+      local cr, cs = 0, floor((debt + scale - 1) / scale)
+      if debt <= tolerance then
+        cr = floor((tolerance - debt) / interval)
+      end
+      local new_debt, admitted
+      if cost == 0 then
+        if debt <= tolerance then
+          e = { true, 0, cr, cs, cr, cs }
+        else
+          e = { false, floor((debt - tolerance + scale - 1) / scale), cr, cs, cr, cs }
+        end
+      elseif cost > 0 then
+        new_debt = debt + cost * interval
+        admitted = cost <= burst and new_debt <= tolerance
+        if not admitted then
+          if overdraft then
+            -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap.
+            if cost > floor((MAX_DEBT - debt) / interval) then
+              new_debt = MAX_DEBT
+            end
+          elseif cost > burst then
+            e = { false, -1, cr, cs, cr, cs }
+          else
+            e = { false, floor((new_debt - tolerance + scale - 1) / scale), cr, cs, cr, cs }
+          end
+        end
+      else
+        new_debt, admitted = max(debt - min(-cost, burst) * interval, 0), true
+      end
+      if not e then
+        -- A debit or refund to store: the committed view, and the tat `new_debt` ticks after
+        -- now as limiter::Tat displays it.
+        local kr, ks = 0, floor((new_debt + scale - 1) / scale)
+        if new_debt <= tolerance then
+          kr = floor((tolerance - new_debt) / interval)
+        end
+        local retry = 0
+        if not admitted then
+          retry = floor((max(new_debt - tolerance, 0) + scale - 1) / scale)
+        end
+        local whole = floor(new_debt / scale)
+        local tat
+        if digits == 0 then
+          tat = format('%d', now + whole)
+        else
+          tat = format('%d.%0' .. digits .. 'd', now + whole, new_debt - whole * scale)
+        end
+        e = { admitted, retry, cr, cs, kr, ks, ks, tat }
+      end
     end
-    e = counter(rate, period, overdraft, key, now, cost)
-    if not e then
-      return redis.error_reply('ERR floodgate apply.lua: no window start in counter key ' .. i)
-    end
-  elseif algorithm == 0 then
-    -- pcall: a key of another type answers WRONGTYPE, which must read as absent, not abort.
-    local tat_us, tat_frac, tat_digits = parse_tat(rpcall('GET', key))
-    e = token_bucket(rate, period, burst, overdraft, tat_us, tat_frac, tat_digits, now, cost)
   elseif algorithm == 3 then
     return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
   else
     if not fixed then
-      fixed, sliding, counter = window_algorithms(pending)
+      fixed, sliding, counter = window_algorithms(MAX_NOW, MAX_PERIOD, MAX_COUNT)
     end
-    if algorithm == 1 then
+    if expiry then
+      if algorithm ~= 1 then
+        return redis.error_reply('ERR floodgate apply.lua: a counter must be a fixed window, key ' .. i)
+      end
+      e = counter(rate, period, overdraft, key, now, cost)
+      if not e then
+        return redis.error_reply('ERR floodgate apply.lua: no window start in counter key ' .. i)
+      end
+    elseif algorithm == 1 then
       e = fixed(rate, period, overdraft, key, now, cost)
     else
       e = sliding(rate, period, overdraft, key, now, cost)
     end
   end
   -- An overdraft operation never blocks the request (bucket::settle).
-  if enforce and not overdraft and not e.admitted then
+  if enforce and not overdraft and not e[1] then
     committed = false
   end
-  evaluations[i], algorithms[i], overdrafts[i] = e, algorithm, overdraft
+  e[9], e[10], e[11] = algorithm, overdraft, expiry
+  evaluations[i] = e
 end
 
 -- Phase 2: all or nothing (bucket::settle). Every write sets a TTL of ceil(ttl / 1 ms).
@@ -652,31 +649,32 @@ local reply = { committed and 1 or 0 }
 local r = 1
 for i = 1, n_ops do
   local e = evaluations[i]
-  local remaining, reset = e.cr, e.cs
-  if committed and (e.admitted or overdrafts[i]) then
-    remaining, reset = e.kr, e.ks
-    local ttl = e.ttl
-    if counters[i] then
+  local remaining, reset = e[3], e[4]
+  if committed and (e[1] or e[10]) then
+    remaining, reset = e[5], e[6]
+    local ttl = e[7]
+    local expiry = e[11]
+    if expiry then
       -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (in `burst`).
       if ttl == 0 then
         rcall('DEL', keys[i])
       elseif ttl and e.replace then
-        rcall('SET', keys[i], format('%d', e.c), 'EX', format('%d', max(counters[i], 1)))
+        rcall('SET', keys[i], format('%d', e.c), 'EX', format('%d', max(expiry, 1)))
       elseif ttl then
         rcall('INCRBY', keys[i], format('%d', e.c - e.base))
-        rcall('EXPIRE', keys[i], format('%d', max(counters[i], 1)))
+        rcall('EXPIRE', keys[i], format('%d', max(expiry, 1)))
       end
     elseif ttl == 0 then
       rcall('DEL', keys[i])
     elseif ttl then
-      local key, ttl_ms = keys[i], format('%d', fdiv(ttl + 999, 1000))
-      if algorithms[i] == 0 then
-        rcall('SET', key, format_tat(now, e.debt, e.digits, e.scale), 'PX', ttl_ms)
+      local key, ttl_ms = keys[i], format('%d', floor((ttl + 999) / 1000))
+      if e[9] == 0 then
+        rcall('SET', key, e[8], 'PX', ttl_ms)
       else
         -- DEL first: the key may hold another type or stray fields (only ever after
         -- corruption or a duplicate key in one call), and the hash must be exactly the state.
         rcall('DEL', key)
-        if algorithms[i] == 1 then
+        if e[9] == 1 then
           rcall('HSET', key, 'w', format('%d', e.w), 'c', format('%d', e.c))
         else
           rcall('HSET', key, 'w', format('%d', e.w), 'c', format('%d', e.c), 'p', format('%d', e.p))
@@ -685,14 +683,10 @@ for i = 1, n_ops do
       end
     end
   end
-  local retry = e.retry
-  if retry == nil then
-    retry = -1
-  end
-  reply[r + 1] = e.admitted and 1 or 0
+  reply[r + 1] = e[1] and 1 or 0
   reply[r + 2] = remaining
   reply[r + 3] = reset
-  reply[r + 4] = retry
+  reply[r + 4] = e[2]
   r = r + 4
 end
 return reply

@@ -719,6 +719,64 @@ async fn fine_ticks_are_stored_as_decimals() {
     }
 }
 
+/// The token bucket at the edges of its numeric domain — the largest rates, periods and
+/// tolerances, a debt at its 2^50-tick cap, `now` at 2^52, stored tats with more and fewer
+/// digits — answers and stores exactly what the specification does. The script divides with a
+/// plain `floor(a / b)` there (exact for every `a` below 2^53), so this is where a rounding
+/// slip would show.
+#[tokio::test]
+async fn token_bucket_at_its_numeric_bounds() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let max = u64::from(u32::MAX);
+    let max_period_s = limiter::MAX_PERIOD_US / SECOND;
+    let limits = [
+        params(Algorithm::TokenBucket, max, 1, max),
+        params(Algorithm::TokenBucket, max, max_period_s, max),
+        params(Algorithm::TokenBucket, 1, max_period_s, 16),
+        params(Algorithm::TokenBucket, 3, 7, max),
+        params(Algorithm::TokenBucket, 7, 3_600, 1),
+        LimitParams {
+            overdraft: true,
+            ..params(Algorithm::TokenBucket, 1, max_period_s, 1)
+        },
+    ];
+    let max_now = limiter::MAX_NOW_US;
+    let costs = [1, i64::from(u32::MAX), -i64::from(u32::MAX), 0, 2];
+    for (i, limit) in limits.iter().enumerate() {
+        for now in [NOW, max_now - 1, max_now] {
+            let stored = [
+                None,
+                Some(format!("{}", now + (1 << 49))),
+                Some(format!("{}.999999999", now + 12_345)),
+                Some(format!("{}.5", now - 1)),
+                Some(format!("{}", max_now + (1 << 50))),
+            ];
+            for (j, text) in stored.iter().enumerate() {
+                for (k, cost) in costs.iter().enumerate() {
+                    let ops = vec![op(&format!("edge{i}-{j}-{k}"), *limit, *cost, true)];
+                    let key = &redis_keys(&ops)[0];
+                    if let Some(text) = text {
+                        let () = conn.set(key, text).await.unwrap();
+                    }
+                    let before = redis_state(&mut conn, key).await;
+                    let got = lua(&mut conn, &ops, Some(now)).await;
+                    let case = format!("limit {i}, now {now}, stored {text:?}, cost {cost}");
+                    assert_eq!(got, spec(&ops, &[before], now), "{case}");
+                    let evaluation = limiter::evaluate(limit, before.as_ref(), now, *cost);
+                    let expected = match evaluation.next {
+                        Some(_) if !got.committed => before,
+                        None => before,
+                        Some((_, 0)) => None,
+                        Some((state, _)) => Some(state),
+                    };
+                    assert_eq!(redis_state(&mut conn, key).await, expected, "{case}");
+                }
+            }
+        }
+    }
+}
+
 /// What a corrupted key holds before the script runs.
 enum Corrupt {
     Text(&'static str),
