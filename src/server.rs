@@ -327,6 +327,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                         cache_capacity: settings.local_cache_size,
                         failure_threshold: settings.redis_failure_threshold,
                         quiet_period: BREAKER_QUIET_PERIOD,
+                        shed_deadline: settings.redis_shedding.then_some(settings.redis_timeout_ms),
                     },
                     fallback.clone(),
                     metrics.clone(),

@@ -183,6 +183,12 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_failure_threshold: u32,
 
+    /// Shed load early when a queue stands in front of Redis: calls that would wait past
+    /// the deadline are answered at once by --on-store-error instead (docs/redis.md).
+    #[arg(long, env = "FLOODGATE_REDIS_SHEDDING", value_name = "BOOL", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub redis_shedding: bool,
+
     /// A second Redis for per-second limits.
     #[command(flatten)]
     pub redis_per_second: PerSecondRedisSettings,
@@ -655,6 +661,7 @@ impl fmt::Debug for ServeSettings {
             .field("redis_connect_timeout_ms", &self.redis_connect_timeout_ms)
             .field("redis_timeout_ms", &self.redis_timeout_ms)
             .field("redis_failure_threshold", &self.redis_failure_threshold)
+            .field("redis_shedding", &self.redis_shedding)
             .field("redis_per_second", &self.redis_per_second)
             .field("on_store_error", &self.on_store_error)
             .field("local_cache_size", &self.local_cache_size)

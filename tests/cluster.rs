@@ -307,6 +307,7 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
             cache_capacity: 0,
             failure_threshold: 3,
             quiet_period: Duration::from_millis(50),
+            shed_deadline: None,
         },
         None,
         metrics.clone(),

@@ -64,6 +64,7 @@ async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) 
             failure_threshold: 3,
             // Unloaded tests: a short quiet period lets an outage open the breaker at once.
             quiet_period: Duration::from_millis(50),
+            shed_deadline: None,
         },
         fallback,
         metrics.clone(),
@@ -328,6 +329,88 @@ async fn hung_redis_is_bounded_by_timeout_and_breaker() {
     );
     server.stop().await;
     held.abort();
+}
+
+/// A Redis that stalls while requests keep arriving (an open loop, as an Envoy fleet's is):
+/// once calls have waited past half the deadline for a whole interval, the calls Redis
+/// cannot finish in time are shed — answered at once by the failure policy, and counted —
+/// and when Redis answers again, shedding ends and every request is answered by Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let redis = RedisServer::start();
+    let deadline = Duration::from_millis(50);
+    let store = RedisStore::new(&RedisSettings {
+        command_timeout: deadline,
+        ..redis_settings(&redis.url())
+    })
+    .unwrap();
+    let metrics = Metrics::shared();
+    let resilient = Arc::new(ResilientStore::new(
+        Arc::new(store),
+        Resilience {
+            policy: FailurePolicy::Deny,
+            cache_capacity: 0,
+            // The breaker never opens: this is about a queue, not an outage.
+            failure_threshold: u32::MAX,
+            quiet_period: Duration::from_secs(3600),
+            shed_deadline: Some(deadline),
+        },
+        None,
+        metrics.clone(),
+    ));
+    let server = Arc::new(
+        TestServer::with(LIMITS)
+            .store(resilient, metrics)
+            .start()
+            .await,
+    );
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+
+    // 32 clients, each sending its next request as soon as the last is answered; every
+    // answer OK extends the streak of consecutive OKs, any other answer resets it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let streak = Arc::new(AtomicU64::new(0));
+    let mut clients = Vec::new();
+    for i in 0..32 {
+        let (server, stop, streak) = (server.clone(), stop.clone(), streak.clone());
+        clients.push(tokio::spawn(async move {
+            let mut client = server.client().await;
+            while !stop.load(Ordering::Relaxed) {
+                let request = simple("r", "many", &format!("c{i}"));
+                let ok = client
+                    .should_rate_limit(request)
+                    .await
+                    .is_ok_and(|r| r.into_inner().overall_code == OK);
+                if ok {
+                    streak.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    streak.store(0, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let shed = || server.metric(r#"floodgate_store_errors_total{kind="shed"}"#);
+    redis.freeze();
+    eventually("calls are shed while Redis stalls", || async { shed() > 0 }).await;
+    redis.thaw();
+    // Shedding ends: a streak of answers from Redis, with nothing shed meanwhile.
+    eventually(
+        "1000 answers in a row from Redis after it recovers",
+        || async { streak.load(Ordering::Relaxed) >= 1000 },
+    )
+    .await;
+    let after = shed();
+    let streak_then = streak.load(Ordering::Relaxed);
+    eventually("another 500 answers from Redis", || async {
+        streak.load(Ordering::Relaxed) >= streak_then + 500
+    })
+    .await;
+    assert_eq!(shed(), after, "nothing shed once Redis keeps up");
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
 }
 
 /// Policy `allow` answers OK (full limit remaining) while Redis is down.

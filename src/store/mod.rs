@@ -22,6 +22,7 @@ pub mod memory;
 pub mod overlimit;
 pub mod redis;
 pub mod resilient;
+pub mod shed;
 pub mod split;
 
 pub use memory::MemoryStore;

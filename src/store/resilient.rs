@@ -4,9 +4,12 @@
 //! 1. the local over-limit cache — a bucket Redis recently said is empty answers OVER_LIMIT
 //!    with no Redis call;
 //! 2. the circuit breaker — while open, Redis is not called at all;
-//! 3. Redis, within the command timeout.
+//! 3. the shedder ([`super::shed`]) — while a queue stands in front of Redis, a call beyond
+//!    what Redis completes within half the deadline is not sent;
+//! 4. Redis, within the command timeout.
 //!
-//! When Redis cannot answer (breaker open, timeout, connection failure), the policy decides:
+//! When Redis cannot answer (breaker open, timeout, connection failure, or the call was shed),
+//! the policy decides:
 //! - `error` (default): the store error, so the gRPC answer is `UNAVAILABLE` and Envoy's
 //!   `failure_mode_deny` decides; health reports NOT_SERVING meanwhile.
 //! - `allow`: every bucket admits (OK), remaining reported as the full limit.
@@ -27,6 +30,7 @@ use clap::ValueEnum;
 
 use super::breaker::CircuitBreaker;
 use super::overlimit::OverLimitCache;
+use super::shed::Shedder;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::View;
@@ -72,6 +76,8 @@ pub struct ResilientStore {
     cache: Option<Arc<OverLimitCache>>,
     /// The answer while Redis is unusable.
     policy: FailurePolicy,
+    /// Early shedding while a queue stands in front of Redis; `None` when disabled.
+    shedder: Option<Shedder>,
     /// The stand-in store for policy `local`.
     fallback: Option<Arc<MemoryStore>>,
     /// Store errors, cache hits and availability are counted here.
@@ -92,6 +98,9 @@ pub struct Resilience {
     pub failure_threshold: u32,
     /// ...once no call has succeeded for this long (1 s in `serve`).
     pub quiet_period: Duration,
+    /// The Redis command deadline, to shed calls that would run out of it while a queue
+    /// stands in front of Redis (`None`: never shed).
+    pub shed_deadline: Option<Duration>,
 }
 
 impl ResilientStore {
@@ -127,6 +136,7 @@ impl ResilientStore {
             breaker,
             cache,
             policy: resilience.policy,
+            shedder: resilience.shed_deadline.map(Shedder::new),
             fallback,
             metrics,
             defect_log: std::sync::Mutex::new((None, 0)),
@@ -212,6 +222,15 @@ enum DegradedAnswer<'a> {
     Local(&'a Arc<MemoryStore>),
 }
 
+impl DegradedAnswer<'_> {
+    async fn resolve(self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        match self {
+            DegradedAnswer::Ready(result) => result,
+            DegradedAnswer::Local(memory) => memory.apply(ops).await,
+        }
+    }
+}
+
 /// The synthetic answer of policies `allow` (every bucket admits, full limit remaining) and
 /// `deny` (every enforcing bucket denies; nothing is debited, retry unknown).
 fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
@@ -249,7 +268,22 @@ impl Store for ResilientStore {
             self.metrics.record_local_cache_hit();
             return Ok(applied);
         }
-        let answer = if self.breaker.is_closed() {
+        let answer = if !self.breaker.is_closed() {
+            self.degraded(
+                ops,
+                StoreError::Unavailable("Redis unavailable (circuit open)".into()),
+            )
+        } else {
+            // Counted in flight until Redis answers or the request is dropped.
+            let call = self.shedder.as_ref().map(Shedder::admit);
+            if let Some(None) = call {
+                self.metrics.record_store_error("shed");
+                let shed = "Redis is saturated: call shed before its deadline";
+                return self
+                    .degraded(ops, StoreError::Unavailable(shed.into()))
+                    .resolve(ops)
+                    .await;
+            }
             match self.redis.apply(ops).await {
                 Ok(applied) => {
                     self.breaker.record_success();
@@ -272,18 +306,9 @@ impl Store for ResilientStore {
                     return Err(error);
                 }
             }
-        } else {
-            self.degraded(
-                ops,
-                StoreError::Unavailable("Redis unavailable (circuit open)".into()),
-            )
         };
-        match answer {
-            DegradedAnswer::Ready(result) => result,
-            DegradedAnswer::Local(memory) => memory.apply(ops).await,
-        }
+        answer.resolve(ops).await
     }
-
     /// Resets in Redis, and forgets what this replica cached or counted locally about the
     /// buckets: a cached denial would otherwise outlive the reset until it expired. Other
     /// replicas' caches are not reached (docs/console.md). Not behind the breaker: an

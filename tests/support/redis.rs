@@ -219,6 +219,26 @@ impl RedisServer {
             .unwrap_or_else(|e| panic!("{args:?}: {e}"));
     }
 
+    /// Suspends the server (SIGSTOP): it keeps its connections and queues what arrives, but
+    /// answers nothing until [`RedisServer::thaw`] — a Redis that stalls under load.
+    pub fn freeze(&self) {
+        self.signal("STOP");
+    }
+
+    /// Resumes a [`RedisServer::freeze`]d server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
+        let child = self.child.as_ref().expect("redis-server running");
+        let status = std::process::Command::new("kill")
+            .args([format!("-{name}"), child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -{name} redis-server");
+    }
+
     /// Kills the server with SIGKILL, as a crash would, and waits for it to exit. Only what it
     /// had persisted (nothing, by default) survives.
     pub fn stop(&mut self) {
