@@ -360,8 +360,10 @@ async fn statsd_host_down_costs_requests_nothing() {
 }
 
 /// With the reference's Redis (REDIS_URL, REDIS_POOL_SIZE), its pool stats: every connection
-/// opened counted once in `ratelimit.redis_pool.cx_total`, and `cx_active` sent as a gauge at
-/// every flush; the rule stats of a Redis-backed request as with memory.
+/// opened counted once in `ratelimit.redis_pool.cx_total` (each thread that calls Redis opens
+/// its own: the probe's and each gRPC thread's that served a request), and `cx_active`, as
+/// many while none closed, sent as a gauge at every flush; the rule stats of a Redis-backed request as
+/// with memory.
 #[tokio::test]
 async fn redis_pool_stats() {
     let redis = support::redis::RedisServer::start();
@@ -394,10 +396,11 @@ async fn redis_pool_stats() {
     }
     eventually("pool stats", || {
         std::future::ready({
-            received.sum("ratelimit.redis_pool.cx_total", "c").0 == 2
+            let opened = received.sum("ratelimit.redis_pool.cx_total", "c").0;
+            opened >= 1
                 && received
                     .text()
-                    .contains("\nratelimit.redis_pool.cx_active:2|g\n")
+                    .contains(&format!("\nratelimit.redis_pool.cx_active:{opened}|g\n"))
                 && received
                     .sum(
                         "ratelimit.service.rate_limit.test.key1_value1.total_hits",

