@@ -16,8 +16,10 @@
 #     `strace -f -c`; strace slows the server, so these are counts, never timed.
 #   - Redis µs/req: the time Redis spent in all commands (INFO commandstats) per request, and
 #     the commands used.
-#   - errors: floodgate's non-OK answers (its /metrics) plus h2load's failures; Limitador's
-#     only h2load's failures (gRPC errors travel in trailers h2load cannot see).
+#   - errors / shed: floodgate's non-OK answers (its /metrics) plus h2load's failures, and of
+#     them the calls shed before Redis (store_errors_total{kind="shed"}); the rest are Redis
+#     deadline misses or failures. Limitador's: only h2load's failures (gRPC errors travel in
+#     trailers h2load cannot see).
 # Then the script cost: lua/apply.lua against bench/gcra_min.lua on a quiet redis-server, the
 # request's own EVALSHA captured from the bench and replayed (bench/script_cost.py).
 #
@@ -119,12 +121,13 @@ h2() {
         "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 }
 
-# floodgate's answers that were not OK so far (0 for Limitador).
+# floodgate's answers that were not OK so far, and the calls shed (0 0 for Limitador).
 not_ok() {
-    [ "$1" = floodgate ] || { echo 0; return; }
+    [ "$1" = floodgate ] || { echo "0 0"; return; }
     curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '
         $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
-        END { print all - ok }'
+        $1 == "floodgate_store_errors_total{kind=\"shed\"}" { shed += $2 }
+        END { print all - ok, shed + 0 }'
 }
 
 # redis_usec : all commands' calls and µs so far, and "cmd:calls" for each command used.
@@ -147,20 +150,20 @@ throughput() {
     start "$server" "$store"
     h2 -n "$WARMUP_REQUESTS" --data "$body" >/dev/null 2>&1
     redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-    local u0 s0 u1 s1 e0 e1 cs0 cs1
+    local u0 s0 u1 s1 e0 e1 sh0 sh1 cs0 cs1
     read -r u0 s0 < <(stat_ticks "$SRV_PID")
     cs0=$(switches "$SRV_PID")
-    e0=$(not_ok "$server")
+    read -r e0 sh0 < <(not_ok "$server")
     h2 -D "$SECONDS_PER_RUN" --data "$body" >"$WORK/h2.out" 2>&1
     read -r u1 s1 < <(stat_ticks "$SRV_PID")
     cs1=$(switches "$SRV_PID")
-    e1=$(not_ok "$server")
+    read -r e1 sh1 < <(not_ok "$server")
     local usec cmds
     read -r usec cmds < <(redis_usec)
     stop
-    python3 - "$WORK/h2.out" "$u0" "$s0" "$u1" "$s1" "$TICKS" "$e0" "$e1" "$usec" "$((cs1 - cs0))" "${cmds:--}" <<'PY'
+    python3 - "$WORK/h2.out" "$u0" "$s0" "$u1" "$s1" "$TICKS" "$e0" "$e1" "$sh0" "$sh1" "$usec" "$((cs1 - cs0))" "${cmds:--}" <<'PY'
 import re, sys
-out, u0, s0, u1, s1, ticks, e0, e1, usec, switches, cmds = sys.argv[1:]
+out, u0, s0, u1, s1, ticks, e0, e1, sh0, sh1, usec, switches, cmds = sys.argv[1:]
 text = open(out).read()
 rps = float(re.search(r"finished in [^,]+, ([\d.]+) req/s", text).group(1))
 m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
@@ -168,7 +171,7 @@ done, failed = int(m.group(1)), int(m.group(3)) + int(m.group(4))
 ticks = int(ticks)
 user = 1e6 * (int(u1) - int(u0)) / ticks / done
 sys_ = 1e6 * (int(s1) - int(s0)) / ticks / done
-errors = int(e1) - int(e0) + failed
+errors = f"{int(e1) - int(e0) + failed}/{int(sh1) - int(sh0)}"
 redis = f"{float(usec) / done:.1f}" if float(usec) else "-"
 print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {redis} {cmds.strip() or '-'}")
 PY
@@ -204,7 +207,7 @@ SERVERS=(floodgate)
 [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
 
 echo
-echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors | Redis µs/req (commands/run) | writev/req | recvfrom/req | epoll_wait/req | futex/req |"
+echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | epoll_wait/req | futex/req |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "${ROWS[@]}"; do
     IFS='|' read -r name store body <<<"$row"
