@@ -14,8 +14,8 @@ KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes; for
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
-ARGV[2]  the operations' numbers, packed: per operation i in order, five little-endian IEEE
-         754 doubles (40 bytes), each a whole number:
+ARGV[2]  the operations' numbers, packed: per operation i in order, six little-endian IEEE
+         754 doubles (48 bytes), each a whole number:
          flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter:
                               algorithm 0 token_bucket, 1 fixed_window, 2 sliding_window;
                               enforce: enforcing (else shadow: evaluated, never blocks the
@@ -28,14 +28,18 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, five little-
          cost                 signed: > 0 debit, 0 check only, < 0 refund
          burst                >= 0 (token bucket capacity; ignored by the windows; a counter's
                               EXPIRE in seconds, >= 1)
+         max_wait_us          >= 0 (token bucket: a debit that does not fit now but would
+                              within this many µs is admitted, its tokens reserved, with a
+                              delay; ignored by the windows and with overdraft)
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
          tonumber would have rounded their decimal form.
 
-Reply    a flat array of integers, 1 + 4 * #KEYS long:
-         committed (0/1), then per operation: admitted (0/1), remaining, reset_us,
-         retry_after_us (-1 = never). As `bucket::settle`: the view is the committed one when
+Reply    a flat array of integers, 2 + 4 * #KEYS long:
+         committed (0/1), delay_us (when committed, the longest delay of an enforcing
+         operation admitted with one, else 0), then per operation: admitted (0/1), remaining,
+         reset_us, retry_after_us (-1 = never). As `bucket::settle`: the view is the committed one when
          committed and (admitted or overdraft), else the current one; retry_after_us is 0 when
          admitted (for an overdraft debit that did not fit: until the debited bucket is no
          longer overdrawn).
@@ -90,7 +94,8 @@ local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
 local PRECISE_INTERVAL = 1000000 -- limiter::PRECISE_INTERVAL
 local MAX_SCALED_PERIOD = 4503599627370496 -- 2^52, token_bucket::MAX_SCALED_PERIOD
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
-local OP_FORMAT, OP_BYTES = '<ddddd', 40 -- one operation's numbers in ARGV[2]
+local MAX_WAIT = 60000000 -- 60 s in µs, limiter::MAX_WAIT_US
+local OP_FORMAT, OP_BYTES = '<dddddd', 48 -- one operation's numbers in ARGV[2]
 
 -- Locals, not globals: every use of a global is a table lookup.
 local floor, min, max = math.floor, math.min, math.max
@@ -473,13 +478,15 @@ end
 local evaluations = {}
 local fixed, sliding, counter -- the window algorithms, once a window operation needs them
 local committed = true
+local delay = 0 -- the longest delay of an enforcing operation admitted with one
 local pos = 1
 for i = 1, n_ops do
-  local flags, rate, period, cost, burst
-  flags, rate, period, cost, burst, pos = unpack(OP_FORMAT, blob, pos)
+  local flags, rate, period, cost, burst, max_wait
+  flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
   -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
   if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-    or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
+    or max_wait % 1 ~= 0 or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
+    or max_wait < 0
   then
     return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
   end
@@ -514,6 +521,7 @@ for i = 1, n_ops do
     else
       -- Gcra::new: finer ticks while T is neither exact nor precise and every bound holds.
       burst = min(burst, MAX_COUNT)
+      max_wait = min(max_wait, MAX_WAIT)
       local digits, scale = 0, 1
       local interval = floor((period + rate - 1) / rate)
       while interval < PRECISE_INTERVAL and digits < MAX_TAT_DIGITS
@@ -524,13 +532,17 @@ for i = 1, n_ops do
           break
         end
         local finer_interval = floor((period * finer + rate - 1) / rate)
-        if burst > floor(MAX_DEBT / finer_interval) then
+        if burst > floor(MAX_DEBT / finer_interval)
+          or max_wait > floor((MAX_DEBT - burst * finer_interval) / finer)
+        then
           break
         end
         digits, scale, interval = digits + 1, finer, finer_interval
       end
       burst = min(burst, floor(MAX_DEBT / interval))
       local tolerance = burst * interval
+      -- How far beyond tau a debit may reserve: max_wait in ticks, within 2^50 - tau.
+      local wait = min(max_wait, floor((MAX_DEBT - tolerance) / scale)) * scale
       -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
       -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
       local stored = rpcall('GET', key)
@@ -570,7 +582,7 @@ for i = 1, n_ops do
       if debt <= tolerance then
         cr = floor((tolerance - debt) / interval)
       end
-      local new_debt, admitted
+      local new_debt, admitted, shaped
       if cost == 0 then
         if debt <= tolerance then
           e = { true, 0, cr, cs, cr, cs }
@@ -580,6 +592,10 @@ for i = 1, n_ops do
       elseif cost > 0 then
         new_debt = debt + cost * interval
         admitted = cost <= burst and new_debt <= tolerance
+        if not admitted and not overdraft and cost <= burst and new_debt - tolerance <= wait then
+          -- Shaped: reserved now, answered when its tokens would have been there.
+          admitted, shaped = true, floor((new_debt - tolerance + scale - 1) / scale)
+        end
         if not admitted then
           if overdraft then
             -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap.
@@ -589,7 +605,7 @@ for i = 1, n_ops do
           elseif cost > burst then
             e = { false, -1, cr, cs, cr, cs }
           else
-            e = { false, floor((new_debt - tolerance + scale - 1) / scale), cr, cs, cr, cs }
+            e = { false, floor((new_debt - tolerance - wait + scale - 1) / scale), cr, cs, cr, cs }
           end
         end
       else
@@ -614,6 +630,9 @@ for i = 1, n_ops do
           tat = format('%d.%0' .. digits .. 'd', now + whole, new_debt - whole * scale)
         end
         e = { admitted, retry, cr, cs, kr, ks, ks, tat }
+        if shaped and enforce then
+          delay = max(delay, shaped)
+        end
       end
     end
   elseif algorithm == 3 then
@@ -645,8 +664,11 @@ for i = 1, n_ops do
 end
 
 -- Phase 2: all or nothing (bucket::settle). Every write sets a TTL of ceil(ttl / 1 ms).
-local reply = { committed and 1 or 0 }
-local r = 1
+if not committed then
+  delay = 0
+end
+local reply = { committed and 1 or 0, delay }
+local r = 2
 for i = 1, n_ops do
   local e = evaluations[i]
   local remaining, reset = e[3], e[4]

@@ -236,6 +236,12 @@ pub struct Applied {
     pub buckets: Vec<BucketResult>,
     /// True when the answer came from the local over-limit cache, without a store call.
     pub from_local_cache: bool,
+    /// µs to hold the request before answering it OK: the longest delay of its enforcing
+    /// buckets that admitted it with one ([`LimitParams::max_wait_us`]); 0 when not
+    /// committed, and when every token was there.
+    ///
+    /// [`LimitParams::max_wait_us`]: crate::limiter::LimitParams::max_wait_us
+    pub delay_us: u64,
 }
 
 /// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
@@ -250,6 +256,13 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
         .zip(evaluations)
         .all(|(op, e)| e.admitted || !op.enforce || op.params.overdraft);
     let mut store = Vec::with_capacity(ops.len());
+    let delay_us = ops
+        .iter()
+        .zip(evaluations)
+        .filter(|(op, e)| committed && op.enforce && e.admitted)
+        .map(|(_, e)| e.delay_us)
+        .max()
+        .unwrap_or(0);
     let buckets = ops
         .iter()
         .zip(evaluations)
@@ -272,6 +285,7 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
             committed,
             buckets,
             from_local_cache: false,
+            delay_us,
         },
         store,
     )
@@ -372,6 +386,7 @@ mod tests {
             period_us: 60_000_000,
             burst: 2,
             overdraft: true,
+            max_wait_us: 0,
         };
         let op = |name: &[u8], overdraft, cost| BucketOp {
             key: BucketKey::new(
@@ -382,6 +397,7 @@ mod tests {
             ),
             params: LimitParams {
                 overdraft,
+                max_wait_us: 0,
                 ..params
             },
             cost,

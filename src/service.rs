@@ -282,6 +282,7 @@ impl RateLimiter {
                 committed: true,
                 buckets: Vec::new(),
                 from_local_cache: false,
+                delay_us: 0,
             }
         } else {
             let store_span = span.map(|span| span.store_call(self.store.name(), plan.ops.len()));

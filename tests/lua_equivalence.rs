@@ -53,6 +53,7 @@ fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitPa
         period_us: period_s * SECOND,
         burst,
         overdraft: false,
+        max_wait_us: 0,
     }
 }
 
@@ -211,7 +212,9 @@ fn burst_for(rate: u64) -> impl Strategy<Value = u64> {
 }
 
 /// Mostly valid limits, mostly of 1 s, 1 min and 1 h; a few that config validation would
-/// refuse, which both sides must clamp the same way. About a third are `overdraft`.
+/// refuse, which both sides must clamp the same way. About a third are `overdraft`, and
+/// about two in five have a `max_wait` (from 1 µs to beyond the longest accepted; with
+/// `overdraft` or a window too, which validation refuses and both sides ignore).
 fn limit_params() -> impl Strategy<Value = LimitParams> {
     let valid = (algorithm(), rate(), period_s())
         .prop_flat_map(|(a, r, p)| burst_for(r).prop_map(move |b| params(a, r, p, b)));
@@ -227,12 +230,29 @@ fn limit_params() -> impl Strategy<Value = LimitParams> {
             period_us,
             burst: b,
             overdraft: false,
+            max_wait_us: 0,
         });
+    let max_wait = prop_oneof![
+        3 => Just(0u64),
+        2 => prop::sample::select(vec![
+            1u64,
+            999,
+            50_000,
+            1_000_000,
+            limiter::MAX_WAIT_US,
+            u64::MAX
+        ]),
+    ];
     (
         prop_oneof![12 => valid, 1 => refused],
         prop::bool::weighted(0.35),
+        max_wait,
     )
-        .prop_map(|(p, overdraft)| LimitParams { overdraft, ..p })
+        .prop_map(|(p, overdraft, max_wait_us)| LimitParams {
+            overdraft,
+            max_wait_us,
+            ..p
+        })
 }
 
 fn cost() -> impl Strategy<Value = i64> {
@@ -738,6 +758,7 @@ async fn token_bucket_at_its_numeric_bounds() {
         params(Algorithm::TokenBucket, 7, 3_600, 1),
         LimitParams {
             overdraft: true,
+            max_wait_us: 0,
             ..params(Algorithm::TokenBucket, 1, max_period_s, 1)
         },
     ];
@@ -914,8 +935,8 @@ async fn now_is_clamped_like_the_limiter() {
     }
 }
 
-/// Packs one op's numbers as `script::command` does: five little-endian f64s.
-fn packed(numbers: [f64; 5]) -> Vec<u8> {
+/// Packs one op's numbers as `script::command` does: six little-endian f64s.
+fn packed(numbers: [f64; 6]) -> Vec<u8> {
     numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
 }
 
@@ -925,24 +946,29 @@ fn packed(numbers: [f64; 5]) -> Vec<u8> {
 async fn malformed_call_is_an_error() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    // (flags, rate, period, cost, burst), what the error says
-    let good = [4.0, 1.0, 1e6, 1.0, 1.0];
-    let cases: [([f64; 5], &str); 9] = [
-        ([3.0, 1.0, 1e6, 1.0, 1.0], "unknown algorithm"),
-        ([32.0, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
+    // (flags, rate, period, cost, burst, max_wait), what the error says
+    let good = [4.0, 1.0, 1e6, 1.0, 1.0, 0.0];
+    let cases: [([f64; 6], &str); 11] = [
+        ([3.0, 1.0, 1e6, 1.0, 1.0, 0.0], "unknown algorithm"),
+        ([32.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
         (
-            [20.0, 1.0, 1e6, 1.0, 1.0],
+            [20.0, 1.0, 1e6, 1.0, 1.0, 0.0],
             "a counter must be a fixed window",
         ),
         (
-            [21.0, 1.0, 1e6, 1.0, 60.0],
+            [21.0, 1.0, 1e6, 1.0, 60.0, 0.0],
             "no window start in counter key",
         ),
-        ([4.5, 1.0, 1e6, 1.0, 1.0], "malformed arguments"),
-        ([4.0, 1.5, 1e6, 1.0, 1.0], "malformed arguments"),
-        ([4.0, 1.0, -1e6, 1.0, 1.0], "malformed arguments"),
-        ([4.0, 1.0, 1e6, f64::NAN, 1.0], "malformed arguments"),
-        ([4.0, 1.0, 1e6, 1.0, f64::INFINITY], "malformed arguments"),
+        ([4.5, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
+        ([4.0, 1.5, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
+        ([4.0, 1.0, -1e6, 1.0, 1.0, 0.0], "malformed arguments"),
+        ([4.0, 1.0, 1e6, f64::NAN, 1.0, 0.0], "malformed arguments"),
+        (
+            [4.0, 1.0, 1e6, 1.0, f64::INFINITY, 0.0],
+            "malformed arguments",
+        ),
+        ([4.0, 1.0, 1e6, 1.0, 1.0, -1.0], "malformed arguments"),
+        ([4.0, 1.0, 1e6, 1.0, 1.0, 0.5], "malformed arguments"),
     ];
     let mut calls: Vec<(Vec<Vec<u8>>, &str)> = cases
         .into_iter()
@@ -954,8 +980,8 @@ async fn malformed_call_is_an_error() {
         "expected 2 arguments, got 3",
     ));
     calls.push((
-        vec![Vec::new(), packed(good)[..39].to_vec()],
-        "expected 40 bytes of operations for 1 keys, got 39",
+        vec![Vec::new(), packed(good)[..47].to_vec()],
+        "expected 48 bytes of operations for 1 keys, got 47",
     ));
     calls.push((vec![b"x".to_vec(), packed(good)], "now is not an integer"));
     for (args, message) in calls {
@@ -1109,6 +1135,7 @@ async fn run_counter_case(
             .map(|&(k, cost, enforce, overdraft)| {
                 let params = LimitParams {
                     overdraft,
+                    max_wait_us: 0,
                     ..pool[k]
                 };
                 let expiry = params.period_us / SECOND + 3;

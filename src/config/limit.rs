@@ -173,6 +173,7 @@ impl Limit {
             period_us: self.period_seconds() * 1_000_000,
             burst: u64::from(self.burst),
             overdraft: self.overdraft,
+            max_wait_us: 0,
         }
     }
 

@@ -406,6 +406,7 @@ async fn set_remaining(
                 enforce: false,
                 params: LimitParams {
                     overdraft: false,
+                    max_wait_us: 0,
                     ..op.params
                 },
                 ..op

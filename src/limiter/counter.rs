@@ -49,6 +49,7 @@ mod tests {
             period_us: 60_000_000,
             burst: 0,
             overdraft: false,
+            max_wait_us: 0,
         }
     }
 

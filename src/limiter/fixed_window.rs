@@ -85,6 +85,7 @@ mod tests {
             period_us: 60_000_000,
             burst: 0,
             overdraft: false,
+            max_wait_us: 0,
         }
     }
 
@@ -152,6 +153,7 @@ mod tests {
     fn overdraft_counts_past_the_limit() {
         let p = LimitParams {
             overdraft: true,
+            max_wait_us: 0,
             ..params(5)
         };
         let at = NOW + 1_000_000;

@@ -61,6 +61,12 @@ pub struct LimitParams {
     /// the evaluation is not `admitted` but carries the debited `next` state. Checks then
     /// deny until refill repays the debt. Not part of the bucket's identity (key).
     pub overdraft: bool,
+    /// Token bucket only (`max_wait:`; 0 = off): a debit that does not fit now but would
+    /// within this many µs is admitted with its tokens reserved at once — the bucket goes
+    /// into debt beyond its capacity by at most this much time, so later debits queue behind
+    /// it in order — and [`Evaluation::delay_us`] says how long the caller must hold the
+    /// request. Not part of the bucket's identity (key).
+    pub max_wait_us: u64,
 }
 
 /// The stored state of one bucket. An absent state is a full bucket / an empty window.
@@ -197,7 +203,12 @@ pub struct Evaluation {
     /// (cost above capacity / limit, or requests_per_period == 0). `Some(0)` when admitted.
     /// For an overdraft debit that did not fit: µs until the bucket, debited, is no longer
     /// overdrawn (a check passes again); never `None` unless requests_per_period == 0.
+    /// With [`LimitParams::max_wait_us`]: until the cost could be admitted with a delay.
     pub retry_after_us: Option<u64>,
+    /// µs the caller must hold an admitted debit before answering: the time until its
+    /// tokens would have been there (0 when they are there now). Only a token bucket with
+    /// [`LimitParams::max_wait_us`] admits a debit with a delay, never above that.
+    pub delay_us: u64,
 }
 
 impl Evaluation {
@@ -209,6 +220,7 @@ impl Evaluation {
             committed: current,
             current,
             retry_after_us: Some(0),
+            delay_us: 0,
         }
     }
 
@@ -220,6 +232,7 @@ impl Evaluation {
             committed: current,
             current,
             retry_after_us,
+            delay_us: 0,
         }
     }
 
@@ -238,6 +251,15 @@ impl Evaluation {
             committed,
             current,
             retry_after_us: Some(retry_after_us),
+            delay_us: 0,
+        }
+    }
+
+    /// Admitted after `delay_us`: its tokens reserved at once in `state` (stored for `ttl_us`).
+    fn shaped(current: View, state: State, ttl_us: u64, committed: View, delay_us: u64) -> Self {
+        Evaluation {
+            delay_us,
+            ..Evaluation::commit(current, state, ttl_us, committed)
         }
     }
 
@@ -249,6 +271,7 @@ impl Evaluation {
             committed,
             current,
             retry_after_us: Some(0),
+            delay_us: 0,
         }
     }
 }
@@ -285,6 +308,10 @@ pub const MAX_PERIOD_US: u64 = (1 << 36) * 1000;
 /// ≈ 35.7 years (with `T` in whole µs, rounded up), so the tolerance fits [`MAX_DEBT_TICKS`]
 /// at the coarsest ticks.
 pub const MAX_TOLERANCE_US: u64 = 1 << 50;
+
+/// Longest `max_wait`: 60 s, far beyond any client's patience (Envoy's rate-limit call times
+/// out after 20 ms by default).
+pub const MAX_WAIT_US: u64 = 60_000_000;
 
 /// Largest `requests_per_period`, `burst` and stored counter (`u32::MAX`, what Envoy's
 /// `requests_per_unit` can carry); keeps `count × 65536` below 2^48.
@@ -364,12 +391,37 @@ impl LimitParams {
                 self.burst
             ));
         }
+        if self.max_wait_us > 0 {
+            if self.algorithm != Algorithm::TokenBucket {
+                return Err(
+                    "max_wait applies to token_bucket limits only: a window has no \
+                            order to queue requests in (all it could do is admit the next \
+                            window's requests at its boundary)"
+                        .to_owned(),
+                );
+            }
+            if self.overdraft {
+                return Err(
+                    "max_wait and overdraft exclude each other: an overdraft debit \
+                            is always admitted at once"
+                        .to_owned(),
+                );
+            }
+            if self.max_wait_us > MAX_WAIT_US {
+                return Err(format!(
+                    "max_wait {} ms exceeds the longest supported, {} ms",
+                    self.max_wait_us / 1000,
+                    MAX_WAIT_US / 1000
+                ));
+            }
+        }
         if self.algorithm == Algorithm::TokenBucket && self.requests_per_period > 0 {
             // Any rate is representable (the token bucket's ticks get finer); only the time
-            // to refill `burst` is bounded.
+            // to refill `burst`, plus `max_wait`, is bounded.
             let rate = self.requests_per_period;
             let tolerance = u128::from(token_bucket::emission_interval_us(period, rate))
-                * u128::from(self.burst);
+                * u128::from(self.burst)
+                + u128::from(self.max_wait_us);
             if tolerance > u128::from(MAX_TOLERANCE_US) {
                 return Err(format!(
                     "token_bucket burst {} at requests_per_unit {rate} per {} takes {} s to \

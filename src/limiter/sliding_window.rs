@@ -194,6 +194,7 @@ mod tests {
             period_us: 60_000_000,
             burst: 0,
             overdraft: false,
+            max_wait_us: 0,
         }
     }
 
@@ -221,6 +222,7 @@ mod tests {
     fn overdraft_counts_past_the_limit() {
         let p = LimitParams {
             overdraft: true,
+            max_wait_us: 0,
             ..params(20)
         };
         let at = NOW + 15_000_000;

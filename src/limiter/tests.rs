@@ -13,6 +13,7 @@ fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitPa
         period_us: period_s * 1_000_000,
         burst,
         overdraft: false,
+        max_wait_us: 0,
     }
 }
 
@@ -35,6 +36,7 @@ fn small_params() -> impl Strategy<Value = LimitParams> {
     )
         .prop_map(|(a, rate, period_s, burst, overdraft)| LimitParams {
             overdraft,
+            max_wait_us: 0,
             ..params(a, rate, period_s, burst)
         })
 }
@@ -257,6 +259,7 @@ proptest! {
         period_s in prop_oneof![1u64..3, 1u64..=MAX_PERIOD_US / 1_000_000, Just(MAX_PERIOD_US / 1_000_000)],
         burst in prop_oneof![0u64..3, 0u64..=u64::from(u32::MAX), Just(u64::from(u32::MAX))],
         overdraft in any::<bool>(),
+        max_wait in prop_oneof![Just(0u64), 0u64..100_000, Just(crate::limiter::MAX_WAIT_US)],
         start in 1_600_000_000_000_000i64..4_000_000_000_000_000,
         steps in prop::collection::vec(
             (prop_oneof![0i64..1000, 0i64..100_000_000_000_000, -1_000_000i64..0],
@@ -264,11 +267,14 @@ proptest! {
             1..30),
     ) {
         let mut p = LimitParams { overdraft, ..params(a, rate, period_s, burst) };
+        if a == Algorithm::TokenBucket && !overdraft {
+            p.max_wait_us = max_wait;
+        }
         if a == Algorithm::TokenBucket && rate > 0 {
             // Bring the draw into the validated domain instead of rejecting most of them (any
-            // rate is valid; only burst × T is bounded).
+            // rate is valid; only burst × T + max_wait is bounded).
             let interval = token_bucket::emission_interval_us(p.period_us, p.requests_per_period);
-            p.burst = burst.min(MAX_TOLERANCE_US / interval);
+            p.burst = burst.min((MAX_TOLERANCE_US - p.max_wait_us) / interval);
         }
         prop_assert_eq!(p.validate(), Ok(()));
         let mut state = None;
@@ -290,8 +296,9 @@ proptest! {
         rate in any::<u64>(), period_us in any::<u64>(), burst in any::<u64>(),
         x in any::<i64>(), y in any::<u64>(), z in any::<u64>(), kind in 0u8..4,
         now in any::<i64>(), cost in any::<i64>(), overdraft in any::<bool>(),
+        max_wait_us in any::<u64>(),
     ) {
-        let p = LimitParams { algorithm: a, requests_per_period: rate, period_us, burst, overdraft };
+        let p = LimitParams { algorithm: a, requests_per_period: rate, period_us, burst, overdraft, max_wait_us };
         let state = match kind {
             0 => None,
             1 => Some(State::TokenBucket { tat: Tat { us: x, frac: y as u32, digits: (z % 12) as u8 } }),

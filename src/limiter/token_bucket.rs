@@ -61,6 +61,8 @@ pub(super) struct Gcra {
     tolerance: i64,
     /// Capacity in tokens.
     burst: i64,
+    /// How far beyond `tau` a debit may reserve (`max_wait` in ticks, ≤ 2^50 − tau).
+    wait: i64,
 }
 
 impl Gcra {
@@ -73,6 +75,7 @@ impl Gcra {
             return None;
         }
         let wanted_burst = params.burst.min(MAX_COUNT);
+        let max_wait = params.max_wait_us.min(super::MAX_WAIT_US);
         let (mut digits, mut scale) = (0u8, 1u64);
         let mut interval = period.div_ceil(rate);
         // Finer ticks only while T is imprecise and the finer ones keep every bound; the
@@ -87,13 +90,17 @@ impl Gcra {
                 break;
             }
             let finer_interval = (period * finer).div_ceil(rate);
-            if wanted_burst > MAX_DEBT_TICKS / finer_interval {
+            if wanted_burst > MAX_DEBT_TICKS / finer_interval
+                || max_wait > (MAX_DEBT_TICKS - wanted_burst * finer_interval) / finer
+            {
                 break;
             }
             (digits, scale, interval) = (digits + 1, finer, finer_interval);
         }
         let burst = wanted_burst.min(MAX_DEBT_TICKS / interval);
-        // interval ≤ 2^52, scale ≤ 10^9 and burst ≤ 2^32: all fit i64 losslessly.
+        // The wait fits what the tolerance leaves of 2^50 ticks (validated params always do).
+        let wait = max_wait.min((MAX_DEBT_TICKS - burst * interval) / scale) * scale;
+        // interval ≤ 2^52, scale ≤ 10^9, burst ≤ 2^32 and wait ≤ 2^50: all fit i64.
         let interval = i64::try_from(interval).ok()?;
         let burst = i64::try_from(burst).ok()?;
         Some(Gcra {
@@ -102,6 +109,7 @@ impl Gcra {
             interval: exact(interval),
             tolerance: exact(burst * interval),
             burst,
+            wait: exact(i64::try_from(wait).ok()?),
         })
     }
 
@@ -218,6 +226,16 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<Tat>, now: i64, cost: C
                 .map(|n| exact(debt + n * gcra.interval));
             match fitting {
                 Some(new_debt) if new_debt <= gcra.tolerance => commit(new_debt),
+                // Shaped: fits within max_wait. Reserved now, answered when its tokens
+                // would have been there: new_debt − tau ticks from now, rounded up.
+                Some(new_debt) if new_debt - gcra.tolerance <= gcra.wait && !params.overdraft => {
+                    let state = State::TokenBucket {
+                        tat: gcra.tat(now, new_debt),
+                    };
+                    let ttl = gcra.micros(new_debt);
+                    let delay = gcra.micros(new_debt - gcra.tolerance);
+                    Evaluation::shaped(current, state, ttl, gcra.view(new_debt), delay)
+                }
                 _ if params.overdraft => {
                     // Always debited: into debt beyond tau, up to the cap of 2^50 ticks. Whole
                     // tokens that fit under the cap: (2^50 − debt) / T, so n × T ≤ 2^50 − debt.
@@ -235,11 +253,12 @@ pub(super) fn evaluate(params: &LimitParams, tat: Option<Tat>, now: i64, cost: C
                     let ttl = gcra.micros(new_debt);
                     Evaluation::overdrawn(current, state, ttl, gcra.view(new_debt), wait)
                 }
-                // At now + r the debt is new_debt − r − n×T + n×T = tau: the earliest pass,
-                // rounded up to the µs (time moves in whole µs).
-                Some(new_debt) => {
-                    Evaluation::denied(current, Some(gcra.micros(new_debt - gcra.tolerance)))
-                }
+                // At now + r the debt is new_debt − r − n×T + n×T = tau (+ the wait): the
+                // earliest pass, rounded up to the µs (time moves in whole µs).
+                Some(new_debt) => Evaluation::denied(
+                    current,
+                    Some(gcra.micros(new_debt - gcra.tolerance - gcra.wait)),
+                ),
                 // More than the capacity can never pass.
                 None => Evaluation::denied(current, None),
             }
@@ -267,6 +286,7 @@ mod tests {
             period_us: period_s * 1_000_000,
             burst,
             overdraft: false,
+            max_wait_us: 0,
         }
     }
 
@@ -583,6 +603,7 @@ mod tests {
     fn overdraft(rate: u64, period_s: u64, burst: u64) -> LimitParams {
         LimitParams {
             overdraft: true,
+            max_wait_us: 0,
             ..params(rate, period_s, burst)
         }
     }
@@ -719,5 +740,107 @@ mod tests {
                 prop_assert!(!evaluate(&p, at(NOW + debt), NOW + r - 1, cost).admitted);
             }
         }
+    }
+
+    /// With `max_wait`, debits that do not fit are admitted while their tokens arrive within
+    /// it — each reserved at once, so the next one waits one interval longer — and refused
+    /// beyond it, changing nothing; the retry-after is when the wait would fit again.
+    #[test]
+    fn max_wait_shapes_debits_in_order_and_refuses_beyond_it() {
+        let p = LimitParams {
+            max_wait_us: 250_000,
+            ..params(10, 1, 2) // T = 100 ms, tau = 200 ms
+        };
+        let mut tat = None;
+        let mut delays = Vec::new();
+        for _ in 0..4 {
+            let e = evaluate(&p, tat, NOW, 1);
+            assert!(e.admitted);
+            delays.push(e.delay_us);
+            tat = tat_of(&e);
+        }
+        assert_eq!(delays, [0, 0, 100_000, 200_000]);
+        let e = evaluate(&p, tat, NOW, 1);
+        assert_eq!((e.admitted, e.next, e.delay_us), (false, None, 0));
+        // debt 400 ms, debit to 500 ms: 300 ms beyond tau, 50 ms more than the wait.
+        assert_eq!(e.retry_after_us, Some(50_000));
+        let later = evaluate(&p, tat, NOW + 50_000, 1);
+        assert_eq!((later.admitted, later.delay_us), (true, 250_000));
+        assert_eq!(later.committed.remaining, 0);
+        assert_eq!(later.committed.reset_us, 450_000);
+        // A check is unchanged by max_wait: the bucket is over its capacity, so it denies.
+        assert!(!evaluate(&p, tat, NOW, 0).admitted);
+        // More than the capacity never passes, wait or not.
+        assert_eq!(evaluate(&p, None, NOW, 3).retry_after_us, None);
+    }
+
+    /// A refund gives a shaped debit's tokens back: the bucket is as before the debit.
+    #[test]
+    fn a_refund_returns_a_shaped_reservation() {
+        let p = LimitParams {
+            max_wait_us: 1_000_000,
+            ..params(10, 1, 1)
+        };
+        let first = tat_of(&evaluate(&p, None, NOW, 1));
+        let shaped = evaluate(&p, first, NOW, 1);
+        assert_eq!(shaped.delay_us, 100_000);
+        let refunded = evaluate(&p, tat_of(&shaped), NOW, -1);
+        assert_eq!(tat_of(&refunded), first);
+    }
+
+    /// max_wait is refused where it has no meaning, and bounded.
+    #[test]
+    fn max_wait_is_validated() {
+        let tb = LimitParams {
+            max_wait_us: 50_000,
+            ..params(10, 1, 10)
+        };
+        assert_eq!(tb.validate(), Ok(()));
+        let window = LimitParams {
+            algorithm: Algorithm::FixedWindow,
+            ..tb
+        };
+        assert!(
+            window
+                .validate()
+                .unwrap_err()
+                .contains("token_bucket limits only")
+        );
+        let overdraft = LimitParams {
+            overdraft: true,
+            ..tb
+        };
+        assert!(
+            overdraft
+                .validate()
+                .unwrap_err()
+                .contains("exclude each other")
+        );
+        let long = LimitParams {
+            max_wait_us: crate::limiter::MAX_WAIT_US + 1,
+            ..tb
+        };
+        assert!(long.validate().unwrap_err().contains("exceeds the longest"));
+    }
+
+    /// Finer ticks leave room for the wait: a fast limit with a long wait keeps every value
+    /// below 2^50 ticks, and still shapes.
+    #[test]
+    fn fine_ticks_leave_room_for_the_wait() {
+        let p = LimitParams {
+            max_wait_us: crate::limiter::MAX_WAIT_US,
+            ..params(3_000_000, 1, 3_000_000)
+        };
+        let g = Gcra::new(&p).unwrap();
+        assert!(g.tolerance + g.wait <= MAX_DEBT_TICKS.cast_signed());
+        assert!(g.wait > 0);
+        let full = State::TokenBucket {
+            tat: g.tat(NOW, g.tolerance),
+        };
+        let State::TokenBucket { tat } = full else {
+            unreachable!()
+        };
+        let e = evaluate(&p, Some(tat), NOW, 1);
+        assert!(e.admitted && e.delay_us > 0, "{e:?}");
     }
 }

@@ -304,5 +304,6 @@ pub(super) fn override_params(
         period_us: unit.seconds() * 1_000_000,
         burst: u64::from(requests_per_unit),
         overdraft: false,
+        max_wait_us: 0,
     }
 }

@@ -56,6 +56,7 @@ fn answer(plan: &Plan<'_>, admitted: bool, remaining: u64, reset_us: u64) -> App
     Applied {
         committed: admitted,
         from_local_cache: false,
+        delay_us: 0,
         buckets: plan
             .ops
             .iter()
@@ -329,6 +330,7 @@ fn token_bucket_reset_is_reported_at_configured_rate() {
         period_us: 1_000_000,
         burst: 3,
         overdraft: false,
+        max_wait_us: 0,
     };
     // Three tokens at 3_333_334 ticks of 0.1 µs each: 1_000_001 µs of debt (rounded up),
     // reported as 1 s.
@@ -456,6 +458,7 @@ fn near_limit_counts_hits_above_threshold() {
             period_us: 60_000_000,
             burst: 10,
             overdraft: false,
+            max_wait_us: 0,
         },
         cost,
         enforce: true,

@@ -65,12 +65,14 @@ where
         ops.len()
     ];
     let mut committed = true;
+    let mut delay_us = 0;
     let mut failure = None;
     let mut debited_groups = Vec::with_capacity(groups.len());
     for (members, answer) in groups.iter().zip(answers) {
         match answer {
             Ok(applied) => {
                 committed &= applied.committed;
+                delay_us = delay_us.max(applied.delay_us);
                 debited_groups.push(applied.committed);
                 for (&i, result) in members.iter().zip(&applied.buckets) {
                     buckets[i] = *result;
@@ -92,6 +94,8 @@ where
             committed,
             buckets,
             from_local_cache: false,
+            // A refunded request is not held: it is refused.
+            delay_us: if committed { delay_us } else { 0 },
         }),
     }
 }

@@ -386,6 +386,7 @@ mod tests {
                 period_us: 60_000_000,
                 burst: rate,
                 overdraft: false,
+                max_wait_us: 0,
             },
             cost,
             enforce: true,

@@ -119,6 +119,7 @@ impl OverLimitCache {
             committed: false,
             buckets,
             from_local_cache: true,
+            delay_us: 0,
         })
     }
 
@@ -198,6 +199,7 @@ mod tests {
                 period_us: 1_000_000,
                 burst: 1,
                 overdraft: false,
+                max_wait_us: 0,
             },
             cost,
             enforce: true,
@@ -209,6 +211,7 @@ mod tests {
         Applied {
             committed: false,
             from_local_cache: false,
+            delay_us: 0,
             buckets: vec![BucketResult {
                 admitted: false,
                 view: View {
@@ -290,6 +293,7 @@ mod tests {
         let refund = Applied {
             committed: true,
             from_local_cache: false,
+            delay_us: 0,
             buckets: vec![BucketResult {
                 admitted: true,
                 view: View {

@@ -237,6 +237,7 @@ fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
     Applied {
         committed: admit,
         from_local_cache: false,
+        delay_us: 0,
         buckets: ops
             .iter()
             .map(|op| {

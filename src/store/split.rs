@@ -175,6 +175,7 @@ mod tests {
                 period_us,
                 burst: rate,
                 overdraft: false,
+                max_wait_us: 0,
             },
             cost: 1,
             enforce: true,

@@ -291,6 +291,7 @@ descriptors:
         period_us,
         burst,
         overdraft: false,
+        max_wait_us: 0,
     };
     assert_eq!(
         params,
@@ -301,6 +302,7 @@ descriptors:
             p(Algorithm::FixedWindow, 10, 1_000_000, 10),
             LimitParams {
                 overdraft: true,
+                max_wait_us: 0,
                 ..p(Algorithm::FixedWindow, 100, 3_600_000_000, 100)
             },
         ]

@@ -230,6 +230,7 @@ impl Store for ClusterStore {
                     committed: true,
                     buckets: Vec::new(),
                     from_local_cache: false,
+                    delay_us: 0,
                 });
             }
             // One slot (one descriptor, or a hash-tagged domain): exactly the standalone call.
@@ -320,6 +321,7 @@ mod tests {
                 period_us: 60_000_000,
                 burst: 7,
                 overdraft: false,
+                max_wait_us: 0,
             },
             cost: 1,
             enforce: true,

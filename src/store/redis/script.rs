@@ -9,10 +9,12 @@
 //!
 //! ```text
 //! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
-//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, five little-endian f64s
+//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, six little-endian f64s
 //!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter),
-//!        requests_per_period, period_us, cost, burst (a reference counter: its EXPIRE, s)
-//! reply  committed, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
+//!        requests_per_period, period_us, cost, burst (a reference counter: its EXPIRE, s),
+//!        max_wait_us
+//! reply  committed, delay_us, then per op: admitted, remaining, reset_us, retry_after_us
+//!        (-1 = never)
 //! ```
 
 use std::sync::LazyLock;
@@ -29,11 +31,11 @@ use crate::store::StoreError;
 /// The script's source.
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
-/// Reply values per op, after the leading `committed`.
+/// Reply values per op, after the leading `committed` and `delay_us`.
 pub const REPLY_PER_OP: usize = 4;
 
-/// Bytes per op in ARGV\[2\]: five little-endian `f64`s.
-pub const OP_BYTES: usize = 40;
+/// Bytes per op in ARGV\[2\]: six little-endian `f64`s.
+pub const OP_BYTES: usize = 48;
 
 /// The flags value of an op: the algorithm in the low two bits, then one bit each.
 const ENFORCE: u8 = 4;
@@ -90,7 +92,7 @@ impl ToRedisArgs for FullKey<'_> {
     }
 }
 
-/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (five little-endian
+/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (six little-endian
 /// `f64`s per op), written straight into the command's buffer.
 struct PackedOps<'a>(&'a [BucketOp]);
 
@@ -119,6 +121,7 @@ impl ToRedisArgs for PackedOps<'_> {
                 params.period_us as f64,
                 op.cost as f64,
                 burst as f64,
+                params.max_wait_us as f64,
             ];
             for number in numbers {
                 // Writes into the command's Vec<u8>, which cannot fail.
@@ -169,7 +172,7 @@ pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<
 
 /// Number of integers the script answers for `ops` operations.
 pub fn reply_len(ops: usize) -> usize {
-    1 + REPLY_PER_OP * ops
+    2 + REPLY_PER_OP * ops
 }
 
 /// Decodes the script's reply for `ops` operations. Anything the script cannot have produced
@@ -193,7 +196,11 @@ pub fn decode(reply: &[i64], ops: usize) -> Result<Applied, StoreError> {
             .map_err(|_| malformed(format!("{name} of operation {i} is negative ({value})")))
     };
     let committed = flag(reply[0], "committed")?;
-    let buckets = reply[1..]
+    let delay_us = u64::try_from(reply[1])
+        .ok()
+        .filter(|&d| d == 0 || committed)
+        .ok_or_else(|| malformed(format!("delay_us is {} (committed: {committed})", reply[1])))?;
+    let buckets = reply[2..]
         .chunks_exact(REPLY_PER_OP)
         .enumerate()
         .map(|(i, values)| {
@@ -223,6 +230,7 @@ pub fn decode(reply: &[i64], ops: usize) -> Result<Applied, StoreError> {
         committed,
         buckets,
         from_local_cache: false,
+        delay_us,
     })
 }
 
@@ -246,6 +254,7 @@ mod tests {
                 period_us: 60_000_000,
                 burst: 9,
                 overdraft: false,
+                max_wait_us: 0,
             },
             cost,
             enforce,
@@ -287,12 +296,12 @@ mod tests {
         (words, packed)
     }
 
-    /// The packed ops, decoded as the script's `struct.unpack('<ddddd')` does.
-    fn unpack(packed: &[u8]) -> Vec<[f64; 5]> {
+    /// The packed ops, decoded as the script's `struct.unpack('<dddddd')` does.
+    fn unpack(packed: &[u8]) -> Vec<[f64; 6]> {
         packed
             .chunks_exact(OP_BYTES)
             .map(|op| {
-                let mut numbers = [0.0; 5];
+                let mut numbers = [0.0; 6];
                 for (n, bytes) in numbers.iter_mut().zip(op.chunks_exact(8)) {
                     *n = f64::from_le_bytes(bytes.try_into().unwrap());
                 }
@@ -302,7 +311,7 @@ mod tests {
     }
 
     /// `EVALSHA <sha> <#keys>`, the KEYS (prefix + bucket key), then ARGV: now (empty = Redis
-    /// TIME) and the packed ops: flags, rate, period, cost and burst per op.
+    /// TIME) and the packed ops: flags, rate, period, cost, burst and max_wait per op.
     #[test]
     fn command_layout() {
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
@@ -326,11 +335,18 @@ mod tests {
             unpack(&packed),
             [
                 // token bucket (0) + enforce (4)
-                [4.0, 7.0, 60_000_000.0, 3.0, 9.0],
+                [4.0, 7.0, 60_000_000.0, 3.0, 9.0, 0.0],
                 // fixed window (1) + overdraft (8), shadow
-                [9.0, 7.0, 60_000_000.0, -2.0, 9.0],
+                [9.0, 7.0, 60_000_000.0, -2.0, 9.0, 0.0],
                 // sliding window (2) + enforce (4); i64::MIN is a power of two, exact
-                [6.0, 7.0, 60_000_000.0, -9_223_372_036_854_775_808.0, 9.0],
+                [
+                    6.0,
+                    7.0,
+                    60_000_000.0,
+                    -9_223_372_036_854_775_808.0,
+                    9.0,
+                    0.0
+                ],
             ]
         );
         assert_eq!(keys[0], "fg:edge:ip=10.0.0.1|tb60");
@@ -371,8 +387,8 @@ mod tests {
             unpack(&packed),
             [
                 // fixed window (1) + enforce (4) + counter (16); EXPIRE 60 s
-                [21.0, 7.0, 60_000_000.0, 2.0, 60.0],
-                [1.0, 7.0, 60_000_000.0, 1.0, 9.0],
+                [21.0, 7.0, 60_000_000.0, 2.0, 60.0, 0.0],
+                [1.0, 7.0, 60_000_000.0, 1.0, 9.0, 0.0],
             ]
         );
     }
@@ -389,13 +405,16 @@ mod tests {
     /// A well-formed reply decodes into the results settle() would give.
     #[test]
     fn decode_reply() {
-        let reply = [0, 1, 4, 1_500, 0, 0, 0, 60_000_000, 59_000_000, 0, 2, 0, -1];
+        let reply = [
+            0, 0, 1, 4, 1_500, 0, 0, 0, 60_000_000, 59_000_000, 0, 2, 0, -1,
+        ];
         let applied = decode(&reply, 3).unwrap();
         assert_eq!(
             applied,
             Applied {
                 committed: false,
                 from_local_cache: false,
+                delay_us: 0,
                 buckets: vec![
                     BucketResult {
                         admitted: true,
@@ -425,11 +444,12 @@ mod tests {
             }
         );
         assert_eq!(
-            decode(&[1], 0).unwrap(),
+            decode(&[1, 0], 0).unwrap(),
             Applied {
                 committed: true,
                 buckets: vec![],
                 from_local_cache: false,
+                delay_us: 0,
             }
         );
     }
@@ -437,22 +457,32 @@ mod tests {
     /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
     #[test]
     fn decode_rejects_malformed_replies() {
-        let cases: [(&[i64], usize, &str); 7] = [
+        let cases: [(&[i64], usize, &str); 9] = [
             (
-                &[1, 1, 0, 0],
+                &[1, 0, 1, 0, 0],
                 1,
-                "4 values for 1 bucket operations, expected 5",
+                "5 values for 1 bucket operations, expected 6",
             ),
             (&[1], 1, "1 values"),
-            (&[2, 1, 0, 0, 0], 1, "committed is 2"),
-            (&[1, 3, 0, 0, 0], 1, "admitted is 3"),
-            (&[1, 1, -1, 0, 0], 1, "remaining of operation 0 is negative"),
+            (&[2, 0, 1, 0, 0, 0], 1, "committed is 2"),
+            (&[1, 0, 3, 0, 0, 0], 1, "admitted is 3"),
             (
-                &[1, 1, 0, 0, 5],
+                &[1, 0, 1, -1, 0, 0],
+                1,
+                "remaining of operation 0 is negative",
+            ),
+            (
+                &[1, 0, 1, 0, 0, 5],
                 1,
                 "retry_after_us of operation 0 is 5 while admitted is true",
             ),
-            (&[0, 0, 0, 0, -2], 1, "retry_after_us of operation 0 is -2"),
+            (
+                &[0, 0, 0, 0, 0, -2],
+                1,
+                "retry_after_us of operation 0 is -2",
+            ),
+            (&[1, -1, 1, 0, 0, 0], 1, "delay_us is -1"),
+            (&[0, 5, 0, 0, 0, 7], 1, "delay_us is 5 (committed: false)"),
         ];
         for (reply, ops, message) in cases {
             let err = decode(reply, ops).unwrap_err();
