@@ -6,7 +6,7 @@
 //! `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
 //! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
 //! when the URL says `rediss://` (files from [`tls`]). Each thread that calls the store has a
-//! pool of its own ([`ThreadPools`]), so a connection's I/O runs on the thread of the
+//! pool of its own, so a connection's I/O runs on the thread of the
 //! requests it carries. Each call has
 //! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
 //! absent Redis costs at most that much per request — and the circuit breaker in
