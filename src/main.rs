@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use floodgate::config::{Config, Defaults};
+use floodgate::config::{Config, Defaults, format_wait};
 use floodgate::console::{BucketEntry, BucketRequest, client};
 use floodgate::server;
 use floodgate::settings::console::{BucketAction, BucketSettings};
@@ -112,6 +112,16 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
     match Config::load(&settings.path, &defaults) {
         Ok(config) => {
             print!("{}", config.describe());
+            for (rule, wait) in config.waits_longer_than(settings.expected_client_timeout) {
+                eprintln!(
+                    "warning: {}: {rule}: max_wait {} is longer than the clients wait \
+                     (--expected-client-timeout {}): raise the timeout of Envoy's rate-limit \
+                     filter above it, or the request fails before it is answered",
+                    settings.path.display(),
+                    format_wait(wait),
+                    format_wait(settings.expected_client_timeout),
+                );
+            }
             println!("{}: valid", settings.path.display());
             ExitCode::SUCCESS
         }

@@ -366,6 +366,7 @@ pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
                 shadow_mode: settings.shadow_mode,
                 quota_mode: settings.quota_mode,
                 default_algorithm: settings.algorithm.value.into(),
+                override_max_wait_us: settings.max_wait_for_overrides,
                 limits: settings.request_limits(),
                 headers: settings.response.header_options(),
                 near_limit_ratio: settings.response.near_limit_ratio,

@@ -206,6 +206,12 @@ pub struct ServeSettings {
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
 
+    /// `max_wait` of descriptor limit overrides counted in token buckets (e.g. 50ms; 0 = off):
+    /// a request whose tokens arrive within it is held and answered OK (docs/algorithms.md).
+    #[arg(long, env = "FLOODGATE_MAX_WAIT_FOR_OVERRIDES", value_name = "DURATION",
+          default_value = "0", value_parser = parse_max_wait)]
+    pub max_wait_for_overrides: u64,
+
     /// Evaluate and count every limit, but never answer OVER_LIMIT.
     #[arg(long, env = "FLOODGATE_SHADOW_MODE")]
     pub shadow_mode: bool,
@@ -568,6 +574,11 @@ pub struct CheckConfigSettings {
     /// Algorithm for limits that do not name one.
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
+
+    /// How long the clients (Envoy's rate-limit filter `timeout`, 20ms by default) wait for
+    /// an answer: a limit whose `max_wait` is longer gets a warning.
+    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_max_wait)]
+    pub expected_client_timeout: u64,
 }
 
 /// `--default-algorithm`, shared by `serve` and `check-config` so both read limits alike.
@@ -621,6 +632,15 @@ fn parse_millis(text: &str) -> Result<Duration, String> {
         .filter(|ms| *ms > 0)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("'{text}' is not a positive number of milliseconds"))
+}
+
+/// A `max_wait`-style duration (`50ms`, `250us`, `1s`, `0`), in µs, at most 60 s.
+fn parse_max_wait(text: &str) -> Result<u64, String> {
+    let us = crate::config::parse_wait(text)?;
+    if us > crate::limiter::MAX_WAIT_US {
+        return Err(format!("'{text}' exceeds the longest max_wait, 60s"));
+    }
+    Ok(us)
 }
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {

@@ -64,6 +64,44 @@ fn check_config_reports_every_error() {
     assert!(stderr.contains("invalid (2 errors)"), "{stderr}");
 }
 
+/// check-config prints a limit's max_wait and warns when it outlasts the clients' timeout.
+#[test]
+fn check_config_warns_of_max_wait_beyond_the_client_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("shaped.yaml"),
+        "domain: s\ndescriptors:\n  - key: k\n    rate_limit: \
+         {unit: second, requests_per_unit: 10, max_wait: 50ms}\n",
+    )
+    .unwrap();
+    let path = dir.path().to_str().unwrap();
+    let out = run(&["check-config", path], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("max_wait=50ms"),
+        "{}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("warning:"), "{stderr}");
+    assert!(stderr.contains("max_wait 50ms"), "{stderr}");
+    assert!(
+        stderr.contains("--expected-client-timeout 20ms"),
+        "{stderr}"
+    );
+
+    let out = run(
+        &["check-config", path, "--expected-client-timeout", "100ms"],
+        &[],
+    );
+    assert!(out.status.success());
+    assert!(
+        !text(&out.stderr).contains("warning"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 /// serve with an unloadable config exits 64 with the errors, before binding anything.
 #[test]
 fn serve_with_bad_config_exits_64() {

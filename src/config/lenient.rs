@@ -70,6 +70,7 @@ impl Level {
                 "burst",
                 "unit_multiplier",
                 "overdraft",
+                "max_wait",
             ],
             Level::Replaces => &["name"],
         };

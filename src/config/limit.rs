@@ -157,6 +157,43 @@ pub struct Limit {
     /// bucket goes into debt, and checks deny until refill repays it); it never blocks the
     /// request by itself. See [`LimitParams::overdraft`] and docs/algorithms.md.
     pub overdraft: bool,
+    /// Extension `max_wait: 50ms` (token bucket only; 0 = off): a request whose tokens
+    /// arrive within this time is held until then and answered OK instead of refused. See
+    /// [`LimitParams::max_wait_us`] and docs/algorithms.md.
+    pub max_wait_us: u64,
+}
+
+/// A `max_wait` as written: a whole number followed by `us` (or `µs`), `ms` or `s`
+/// (`0` alone is off). Returns µs.
+pub fn parse_wait(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(0);
+    }
+    let invalid = || format!("invalid duration '{text}' (expected e.g. 50ms, 250us or 1s)");
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(invalid)?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| invalid())?;
+    let scale = match unit {
+        "us" | "µs" => 1,
+        "ms" => 1_000,
+        "s" => 1_000_000,
+        _ => return Err(invalid()),
+    };
+    number.checked_mul(scale).ok_or_else(invalid)
+}
+
+/// A µs duration as `max_wait` is written back (`50ms`, `1s`, `250us`).
+pub fn format_wait(us: u64) -> String {
+    if us.is_multiple_of(1_000_000) {
+        format!("{}s", us / 1_000_000)
+    } else if us.is_multiple_of(1_000) {
+        format!("{}ms", us / 1_000)
+    } else {
+        format!("{us}us")
+    }
 }
 
 impl Limit {
@@ -173,7 +210,7 @@ impl Limit {
             period_us: self.period_seconds() * 1_000_000,
             burst: u64::from(self.burst),
             overdraft: self.overdraft,
-            max_wait_us: 0,
+            max_wait_us: self.max_wait_us,
         }
     }
 

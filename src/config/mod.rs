@@ -47,7 +47,7 @@ pub use file::{
     MAX_WALK_DEPTH,
 };
 pub use files::{RuntimeLayout, Source};
-pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name};
+pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name, format_wait, parse_wait};
 pub use load::{ConfigError, ConfigErrors};
 pub use metadata::{Metadata, merge as merge_metadata};
 pub use tree::{Domain, Match, Step};
@@ -199,6 +199,17 @@ impl Config {
 }
 
 impl Config {
+    /// Every limit whose `max_wait` is longer than `client_timeout_us`, as (rule path,
+    /// max_wait µs): a client that gives up first sees an error, not the shaped OK.
+    pub fn waits_longer_than(&self, client_timeout_us: u64) -> Vec<(std::sync::Arc<str>, u64)> {
+        self.domains()
+            .flat_map(|domain| domain.rules())
+            .flat_map(|rule| rule.limits.iter().map(move |limit| (rule, limit)))
+            .filter(|(_, limit)| limit.max_wait_us > client_timeout_us)
+            .map(|(rule, limit)| (std::sync::Arc::clone(&rule.path), limit.max_wait_us))
+            .collect()
+    }
+
     /// The limits in the reference's debug-port `/rlconfig` text (its config `Dump`): one
     /// `<domain.key_value…>: unit=<UNIT> requests_per_unit=<n>, shadow_mode: <bool>,
     /// quota_mode: <bool>` line per limit, domains in order and rules sorted by path (the
@@ -240,6 +251,9 @@ fn describe_limit(rule: &Rule, limit: &Limit) -> String {
         }
         if limit.overdraft {
             line.push_str(" overdraft");
+        }
+        if limit.max_wait_us > 0 {
+            let _ = write!(line, " max_wait={}", limit::format_wait(limit.max_wait_us));
         }
     }
     if let Some(name) = &limit.name {

@@ -95,6 +95,9 @@ pub(crate) struct RateLimitModel {
     /// Extension: debits always apply, into debt (default false).
     #[serde(default)]
     pub(crate) overdraft: Option<bool>,
+    /// Extension: how long a token bucket may hold a request for its tokens (`50ms`).
+    #[serde(default)]
+    pub(crate) max_wait: Option<String>,
 }
 
 /// One `replaces` item: `{name}`.

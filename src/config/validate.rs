@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 
-use super::limit::{Defaults, Limit, Rule, Unit, algorithm_name};
+use super::limit::{self, Defaults, Limit, Rule, Unit, algorithm_name};
 use super::load::ConfigError;
 use super::model::{AlgorithmModel, DescriptorModel, RateLimitModel};
 use super::tree::{Children, Node};
-use crate::limiter::Algorithm;
+use crate::limiter::{Algorithm, MAX_WAIT_US};
 
 /// Longest period the limiter accepts: its arithmetic must stay below 2^53 µs in Lua doubles.
 const MAX_PERIOD_MS: u128 = 1 << 36;
@@ -218,6 +218,7 @@ impl Builder<'_> {
                 burst: 0,
                 replaces,
                 overdraft: false,
+                max_wait_us: 0,
             });
         }
         let unit = match unit_text.map(|u| (u, Unit::from_name(u))) {
@@ -271,6 +272,8 @@ impl Builder<'_> {
             }
             (_, None) => requests_per_unit,
         };
+        let overdraft = model.overdraft.unwrap_or(false);
+        let max_wait_us = self.max_wait(model, at, algorithm, overdraft);
         let limit = Limit {
             name,
             unlimited: false,
@@ -280,12 +283,59 @@ impl Builder<'_> {
             algorithm,
             burst,
             replaces,
-            overdraft: model.overdraft.unwrap_or(false),
+            overdraft,
+            max_wait_us,
         };
         if self.errors.len() == before {
             self.check_bounds(&limit, at);
         }
         (self.errors.len() == before).then_some(limit)
+    }
+
+    /// `max_wait:` in µs (0 when absent), or an error at `<at>.max_wait`: a duration, on a
+    /// token bucket without overdraft, at most [`MAX_WAIT_US`].
+    fn max_wait(
+        &mut self,
+        model: &RateLimitModel,
+        at: &str,
+        algorithm: Algorithm,
+        overdraft: bool,
+    ) -> u64 {
+        let Some(text) = model.max_wait.as_deref() else {
+            return 0;
+        };
+        let field = format!("{at}.max_wait");
+        let wait = match limit::parse_wait(text) {
+            Ok(wait) => wait,
+            Err(message) => {
+                self.push(&field, message);
+                return 0;
+            }
+        };
+        if wait == 0 {
+            return 0;
+        }
+        if algorithm != Algorithm::TokenBucket {
+            let message = format!(
+                "max_wait applies only to token_bucket; {} has no order to queue requests in \
+                 (it could only admit the next window's requests at its boundary)",
+                algorithm_name(algorithm)
+            );
+            self.push(&field, message);
+        } else if overdraft {
+            self.push(
+                &field,
+                "max_wait and overdraft exclude each other: an overdraft debit is always \
+                 admitted at once",
+            );
+        } else if wait > MAX_WAIT_US {
+            let message = format!(
+                "max_wait {text} exceeds the longest supported, {}",
+                limit::format_wait(MAX_WAIT_US)
+            );
+            self.push(&field, message);
+        }
+        wait
     }
 
     /// `unlimited: true` takes no rate. `requests_per_unit` is tolerated (and ignored) because
@@ -302,6 +352,7 @@ impl Builder<'_> {
             ("burst", model.burst.is_some()),
             ("unit_multiplier", model.unit_multiplier.is_some()),
             ("overdraft", model.overdraft.is_some()),
+            ("max_wait", model.max_wait.is_some()),
         ];
         for (field, present) in extensions {
             if present {
@@ -344,7 +395,9 @@ impl Builder<'_> {
         let period_us = period_s * 1_000_000;
         let rate = u128::from(limit.requests_per_unit);
         let interval_us = period_us.div_ceil(rate);
-        if interval_us * u128::from(limit.burst) > MAX_BUCKET_SPAN_US {
+        if interval_us * u128::from(limit.burst) + u128::from(limit.max_wait_us)
+            > MAX_BUCKET_SPAN_US
+        {
             let message = format!(
                 "burst {} × {interval_us} µs per token exceeds 2^50 µs (about 35 years); lower \
                  burst or raise requests_per_unit",

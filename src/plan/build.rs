@@ -189,6 +189,8 @@ impl<'c> Plan<'c> {
                 // `overdraft` is not part of the key: if any limit reaching the bucket asks
                 // for it, debits of this bucket always apply.
                 ops[op].params.overdraft |= params.overdraft;
+                // Nor is `max_wait`: the longest of the limits reaching the bucket holds.
+                ops[op].params.max_wait_us = ops[op].params.max_wait_us.max(params.max_wait_us);
                 // A quota-mode bucket never blocks the store's commit by itself (like a
                 // shadow one): whether quota denies is decided per request in `respond`,
                 // and a denied request is undone with `refunds`. In global shadow mode
@@ -304,6 +306,10 @@ pub(super) fn override_params(
         period_us: unit.seconds() * 1_000_000,
         burst: u64::from(requests_per_unit),
         overdraft: false,
-        max_wait_us: 0,
+        max_wait_us: if options.default_algorithm == Algorithm::TokenBucket {
+            options.override_max_wait_us
+        } else {
+            0
+        },
     }
 }

@@ -70,6 +70,9 @@ pub struct PlanOptions {
     pub quota_mode: bool,
     /// Algorithm for descriptor `limit` overrides (configured limits carry their own).
     pub default_algorithm: Algorithm,
+    /// `max_wait` of descriptor `limit` overrides counted in token buckets
+    /// (`--max-wait-for-overrides`; 0 = off; configured limits carry their own).
+    pub override_max_wait_us: u64,
     /// Request-size bounds.
     pub limits: RequestLimits,
     /// Rate-limit response headers to add; `None` adds none (the reference's default).
@@ -104,6 +107,7 @@ impl Default for PlanOptions {
             shadow_mode: false,
             quota_mode: false,
             default_algorithm: Algorithm::TokenBucket,
+            override_max_wait_us: 0,
             limits: RequestLimits::default(),
             headers: None,
             near_limit_ratio: 0.8,

@@ -261,13 +261,15 @@ descriptors:
             burst: 7,
             replaces: vec!["other".into()],
             overdraft: false,
+            max_wait_us: 0,
         }]
     );
     let free = domain.find(&[(b"free", b"x")]).unwrap();
     assert!(free.rule.limits[0].unlimited);
 }
 
-/// The extensions parse: several limits, algorithm, burst, unit_multiplier, overdraft.
+/// The extensions parse: several limits, algorithm, burst, unit_multiplier, overdraft,
+/// max_wait.
 #[test]
 fn extensions() {
     let config = config(
@@ -281,6 +283,10 @@ descriptors:
       - {unit: day, requests_per_unit: 1000, algorithm: sliding_window}
       - {unit: second, requests_per_unit: 10, algorithm: fixed_window}
       - {unit: hour, requests_per_unit: 100, algorithm: fixed_window, overdraft: true}
+      - {unit: minute, requests_per_unit: 100, max_wait: 50ms}
+      - {unit: hour, requests_per_unit: 100, max_wait: 250us}
+      - {unit: day, requests_per_unit: 100, max_wait: 2s}
+      - {unit: week, requests_per_unit: 100, max_wait: 0}
 ",
     );
     let found = config.domain("d").unwrap().find(&[(b"k", b"v")]).unwrap();
@@ -305,6 +311,19 @@ descriptors:
                 max_wait_us: 0,
                 ..p(Algorithm::FixedWindow, 100, 3_600_000_000, 100)
             },
+            LimitParams {
+                max_wait_us: 50_000,
+                ..p(Algorithm::TokenBucket, 100, 60_000_000, 100)
+            },
+            LimitParams {
+                max_wait_us: 250,
+                ..p(Algorithm::TokenBucket, 100, 3_600_000_000, 100)
+            },
+            LimitParams {
+                max_wait_us: 2_000_000,
+                ..p(Algorithm::TokenBucket, 100, 86_400_000_000, 100)
+            },
+            p(Algorithm::TokenBucket, 100, 604_800_000_000, 100),
         ]
     );
     assert_eq!(found.rule.limits[1].unit_multiplier, 5);

@@ -129,6 +129,7 @@ fn unlimited_fields() {
         "unit_multiplier: 2",
         "overdraft: true",
         "overdraft: false",
+        "max_wait: 50ms",
     ] {
         let name = field.split(':').next().unwrap();
         assert_error(
@@ -138,6 +139,39 @@ fn unlimited_fields() {
         );
     }
     config(&limit("unlimited: true, requests_per_unit: 5"));
+}
+
+/// `max_wait` is a duration on a token bucket without overdraft, at most 60 s.
+#[test]
+fn bad_max_wait() {
+    let at = "descriptors[0].rate_limit.max_wait";
+    let rate = "unit: second, requests_per_unit: 10";
+    for (value, message) in [
+        ("fast", "invalid duration 'fast'"),
+        ("50", "invalid duration '50'"),
+        ("5m", "invalid duration '5m'"),
+        ("-5ms", "invalid duration '-5ms'"),
+        ("61s", "max_wait 61s exceeds the longest supported, 60s"),
+    ] {
+        assert_error(&limit(&format!("{rate}, max_wait: {value}")), at, message);
+    }
+    assert_error(
+        &limit(&format!("{rate}, algorithm: fixed_window, max_wait: 50ms")),
+        at,
+        "max_wait applies only to token_bucket; fixed_window",
+    );
+    assert_error(
+        &limit(&format!(
+            "{rate}, algorithm: sliding_window, max_wait: 50ms"
+        )),
+        at,
+        "max_wait applies only to token_bucket; sliding_window",
+    );
+    assert_error(
+        &limit(&format!("{rate}, overdraft: true, max_wait: 50ms")),
+        at,
+        "max_wait and overdraft exclude each other",
+    );
 }
 
 /// replaces entries need a name, and not the limit's own.
