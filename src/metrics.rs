@@ -232,6 +232,28 @@ impl RequestResult {
     }
 }
 
+/// How the wait of a request held by a `max_wait` limit ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShapedEnd {
+    /// Its tokens arrived; it was answered OK.
+    Served,
+    /// Shutdown began; it was answered OK at once (its tokens were already debited).
+    Released,
+    /// The client went away (cancelled, timed out); its tokens were given back.
+    Cancelled,
+}
+
+impl ShapedEnd {
+    /// The `result` label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            ShapedEnd::Served => "served",
+            ShapedEnd::Released => "released",
+            ShapedEnd::Cancelled => "cancelled",
+        }
+    }
+}
+
 fn result_labels(result: RequestResult) -> ResultLabels {
     ResultLabels {
         result: result.label(),
@@ -283,6 +305,8 @@ pub struct Metrics {
     tls_handshake_failures: Family<ReasonLabels, Counter>,
     cluster_refunds: Family<ResultLabels, Counter>,
     per_second_refunds: Family<ResultLabels, Counter>,
+    shaped_requests: Family<DomainLabels, Counter>,
+    shaped_delay: Histogram,
     local_cache_entries: Gauge,
     local_cache_evictions: Counter,
     requests_in_flight: Gauge,
@@ -365,6 +389,9 @@ impl Metrics {
         let tls_handshake_failures = Family::<ReasonLabels, Counter>::default();
         let cluster_refunds = Family::<ResultLabels, Counter>::default();
         let per_second_refunds = Family::<ResultLabels, Counter>::default();
+        let shaped_requests = Family::<DomainLabels, Counter>::default();
+        // 100 µs … ~52 s: a shaped request waits at most max_wait, at most 60 s.
+        let shaped_delay = Histogram::new(exponential_buckets(0.000_1, 2.0, 20));
         let local_cache_entries = Gauge::default();
         let local_cache_evictions = Counter::default();
         let requests_in_flight = Gauge::default();
@@ -498,6 +525,18 @@ impl Metrics {
             per_second_refunds.clone(),
         );
         registry.register(
+            "floodgate_shaped_requests",
+            "Requests a max_wait limit held for their tokens instead of refusing, by domain and \
+             how the wait ended (served: answered OK when the tokens arrived; released: answered \
+             OK early by shutdown; cancelled: the client left, the tokens were refunded)",
+            shaped_requests.clone(),
+        );
+        registry.register(
+            "floodgate_shaped_delay_seconds",
+            "How long shaped requests were held before their answer (or their cancellation)",
+            shaped_delay.clone(),
+        );
+        registry.register(
             "floodgate_local_cache_entries",
             "Buckets the local over-limit cache holds",
             local_cache_entries.clone(),
@@ -547,6 +586,8 @@ impl Metrics {
             tls_handshake_failures,
             cluster_refunds,
             per_second_refunds,
+            shaped_requests,
+            shaped_delay,
             local_cache_entries,
             local_cache_evictions,
             requests_in_flight,
@@ -837,6 +878,17 @@ impl Metrics {
                 result: if ok { "ok" } else { "failed" },
             })
             .inc();
+    }
+
+    /// Counts one request a `max_wait` limit held for `held`, by how its wait ended.
+    pub fn record_shaped(&self, domain: &Arc<str>, end: ShapedEnd, held: Duration) {
+        self.shaped_requests
+            .get_or_create(&DomainLabels {
+                domain: LabelText(Arc::clone(domain)),
+                result: end.label(),
+            })
+            .inc();
+        self.shaped_delay.observe(held.as_secs_f64());
     }
 
     /// Counts one refund across the per-second split (`ok` or `failed`).

@@ -11,9 +11,9 @@
 //! gRPC listens on a TCP address or a unix socket ([`listener`]); what health reports is
 //! [`health`]'s; which Redis (or two: per-second limits apart) is `remote`'s.
 //!
-//! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), both servers
-//! stop accepting connections and drain in-flight requests, and after the grace period any
-//! straggler is cut off.
+//! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), requests a
+//! `max_wait` limit holds are answered OK at once, both servers stop accepting connections
+//! and drain in-flight requests, and after the grace period any straggler is cut off.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -758,6 +758,7 @@ pub async fn run(
         .build_v1alpha()?;
 
     let metrics = limiter.metrics().clone();
+    let releases_waiting = Arc::clone(&limiter);
     let (stop_tx, stop_rx) = watch::channel(false);
     let mirror = (store_health.is_some() || limits_health.is_some()).then(|| {
         tokio::spawn(health::mirror(
@@ -917,6 +918,8 @@ pub async fn run(
         let _ = mirror.await;
     }
     health::publish(&health, &serving, Err(NotReady::ShuttingDown)).await;
+    // Requests a max_wait limit holds would keep the drain waiting: answer them now.
+    releases_waiting.release_waiting();
     let _ = stop_tx.send(true);
 
     let grace = options.grace;

@@ -16,17 +16,19 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::metrics::{Metrics, RequestResult};
+use crate::metrics::{Metrics, RequestResult, ShapedEnd};
 use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
+use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
     rate_limit_service_server::RateLimitService,
@@ -64,6 +66,9 @@ impl From<RequestError> for Status {
     }
 }
 
+/// The response header of a request a `max_wait` limit held: how long, in ms (rounded up).
+pub const DELAYED_HEADER: &str = "x-ratelimit-delayed-ms";
+
 /// The largest `--max-in-flight` (tokio's semaphore bound, kept when the bound became the
 /// in-flight gauge): no practical limit.
 pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
@@ -87,6 +92,8 @@ pub struct RateLimiter {
     clock: Arc<dyn Clock>,
     /// Where request spans go; `None` (tracing off) costs the request path one branch.
     traces: Option<Arc<Traces>>,
+    /// True once shutdown begins: requests held by `max_wait` limits are answered at once.
+    released: watch::Sender<bool>,
 }
 
 /// Which entry point a request came through, for its span's name.
@@ -115,6 +122,7 @@ impl RateLimiter {
             max_in_flight: MAX_IN_FLIGHT,
             clock: Arc::new(SystemClock),
             traces: None,
+            released: watch::Sender::new(false),
         }
     }
 
@@ -302,12 +310,21 @@ impl RateLimiter {
             })?
         };
         let applied = self.undo_if_quota_denies(&plan, applied).await?;
-        let outcome = plan.respond(&applied, &self.options);
+        let mut outcome = plan.respond(&applied, &self.options);
         if outcome.domain.is_none() {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
         let over = outcome.response.overall_code == Code::OverLimit as i32;
+        if applied.committed && applied.delay_us > 0 && !over {
+            let domain = outcome.domain.clone().unwrap_or_else(|| Arc::from(""));
+            let held = self.hold(&plan, &applied, &domain).await;
+            outcome.response.response_headers_to_add.push(HeaderValue {
+                key: DELAYED_HEADER.to_string(),
+                value: held.as_micros().div_ceil(1_000).to_string(),
+                raw_value: Vec::new(),
+            });
+        }
         self.metrics.record_outcome(
             &outcome,
             if over {
@@ -327,6 +344,43 @@ impl RateLimiter {
 }
 
 impl RateLimiter {
+    /// Holds a committed request for the delay its `max_wait` limits admitted it with, and
+    /// returns how long it was held: the whole delay, or less if shutdown began meanwhile
+    /// (see [`RateLimiter::release_waiting`]). Its tokens are already debited, so later
+    /// requests queue behind it. If the caller drops the request while it waits (the client
+    /// cancelled or timed out), its debits are given back: the tokens go to the next request.
+    async fn hold(&self, plan: &Plan<'_>, applied: &Applied, domain: &Arc<str>) -> Duration {
+        let delay = Duration::from_micros(applied.delay_us);
+        let mut waiting = Waiting {
+            store: &self.store,
+            metrics: &self.metrics,
+            domain,
+            refund: plan.undo(applied).into_iter().map(|(_, op)| op).collect(),
+            started: Instant::now(),
+        };
+        let mut released = self.released.subscribe();
+        let end = tokio::select! {
+            () = tokio::time::sleep(delay) => ShapedEnd::Served,
+            _ = released.wait_for(|released| *released) => ShapedEnd::Released,
+        };
+        let held = waiting.started.elapsed();
+        waiting.refund.clear();
+        self.metrics.record_shaped(domain, end, held);
+        match end {
+            ShapedEnd::Served => delay.max(held),
+            _ => held,
+        }
+    }
+
+    /// Answers every request a `max_wait` limit holds at once, as OK, and every later one
+    /// without holding it: shutdown has begun. They are answered OK, not refused, because
+    /// their tokens are debited already and admitting them is what the limit decided; a
+    /// refusal would make their clients retry against another replica and spend the
+    /// tokens twice.
+    pub fn release_waiting(&self) {
+        self.released.send_replace(true);
+    }
+
     /// Quota-mode buckets do not block the store's commit (only the request as a whole
     /// knows whether every quota-mode descriptor is over), so when quota mode denies a
     /// committed request its debits are refunded here: a denied request debits nothing.
@@ -351,6 +405,47 @@ impl RateLimiter {
             }
         }
         Ok(applied)
+    }
+}
+
+/// A request held by a `max_wait` limit: if it is dropped with debits still to give back
+/// (the caller went away mid-wait), it refunds them from a task of its own and counts the
+/// request as cancelled.
+struct Waiting<'a> {
+    store: &'a Arc<dyn Store>,
+    metrics: &'a Arc<Metrics>,
+    domain: &'a Arc<str>,
+    /// The request's debits, undone; emptied once the request is answered.
+    refund: Vec<BucketOp>,
+    started: Instant,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if self.refund.is_empty() {
+            return;
+        }
+        let held = self.started.elapsed();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.metrics
+                .record_shaped(self.domain, ShapedEnd::Cancelled, held);
+            tracing::warn!("a cancelled shaped request could not be refunded: no runtime");
+            return;
+        };
+        let (store, metrics) = (Arc::clone(self.store), Arc::clone(self.metrics));
+        let domain = Arc::clone(self.domain);
+        let ops = std::mem::take(&mut self.refund);
+        runtime.spawn(async move {
+            if let Err(error) = store.apply(&ops).await {
+                tracing::warn!(
+                    %error,
+                    "refund of a cancelled shaped request failed: its tokens stay debited \
+                     until the buckets refill"
+                );
+            }
+            // Counted once the refund is done, so a reader of the metric sees it applied.
+            metrics.record_shaped(&domain, ShapedEnd::Cancelled, held);
+        });
     }
 }
 

@@ -48,7 +48,17 @@ impl<'c> Plan<'c> {
     /// nothing needs undoing. Like Redis Cluster's cross-slot refunds, this is a second,
     /// compensating call, not one atomic step.
     pub fn refunds(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
-        if !applied.committed || !self.denies(applied) {
+        if !self.denies(applied) {
+            return Vec::new();
+        }
+        self.undo(applied)
+    }
+
+    /// Debits to undo when a committed request is not answered after all (its client left
+    /// while a `max_wait` limit held it): `(op index, refund)` as for [`Plan::refunds`].
+    /// Empty when the store did not commit.
+    pub fn undo(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
+        if !applied.committed {
             return Vec::new();
         }
         self.ops
