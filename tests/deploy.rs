@@ -191,6 +191,37 @@ fn check_ratelimit_filter(filter: &Value) -> &Value {
     config
 }
 
+/// The filter's `timeout` outlasts the longest `max_wait` of the limits it is served by plus
+/// the Redis deadline of the shipped Deployment: `check-config --expected-client-timeout`
+/// with what is left of the timeout warns about nothing.
+fn check_timeout_covers_max_wait(config: &Value, limits: &str) {
+    let timeout = str_at(config, "/timeout");
+    let seconds: f64 = timeout.strip_suffix('s').unwrap().parse().unwrap();
+    let deployment = yaml("deploy/kubernetes/base/deployment.yaml");
+    let redis_ms: u64 = array_at(&deployment, "/spec/template/spec/containers/0/env")
+        .iter()
+        .find(|v| v["name"] == "FLOODGATE_REDIS_TIMEOUT_MS")
+        .map(|v| v["value"].as_str().unwrap().parse().unwrap())
+        .unwrap();
+    let left_ms = (seconds * 1000.0).round() as u64 - redis_ms;
+    let out = Command::new(BIN)
+        .args(["check-config", &root().join(limits).to_string_lossy()])
+        .args(["--expected-client-timeout", &format!("{left_ms}ms")])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "timeout {timeout}: {stderr}");
+    // And the shipped limits do shape: a filter timeout of Envoy's default would not do.
+    let out = Command::new(BIN)
+        .args(["check-config", &root().join(limits).to_string_lossy()])
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("max_wait 50ms"));
+}
+
 /// Every limits file shipped in deploy/ and examples/ passes `floodgate check-config`.
 #[test]
 fn shipped_limits_pass_check_config() {
@@ -453,6 +484,7 @@ fn envoy_bootstrap_targets_floodgate() {
     assert_eq!(hcm["name"], "envoy.filters.network.http_connection_manager");
     let filters = array_at(hcm, "/typed_config/http_filters");
     let config = check_ratelimit_filter(&filters[0]);
+    check_timeout_covers_max_wait(config, "deploy/envoy/limits");
     assert_eq!(
         filters.last().unwrap()["name"],
         "envoy.filters.http.router",
@@ -520,6 +552,7 @@ fn istio_filters_target_floodgate() {
         "envoy.filters.http.router"
     );
     let config = check_ratelimit_filter(&insert["patch"]["value"]);
+    check_timeout_covers_max_wait(config, "deploy/istio/limits");
     let host = format!("{}.{}.svc.cluster.local", svc.name, namespace());
     let grpc = &config["rate_limit_service"]["grpc_service"]["envoy_grpc"];
     assert_eq!(
