@@ -548,13 +548,13 @@ for i = 1, n_ops do
       local stored = rpcall('GET', key)
       local tat_us, tat_frac, tat_digits
       if type(stored) == 'string' then
-        local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
-        if whole then
-          if #fraction <= MAX_TAT_DIGITS then
+        if find(stored, '^%-?%d+$') then
+          tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
+        else
+          local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
+          if whole and #fraction <= MAX_TAT_DIGITS then
             tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
           end
-        elseif find(stored, '^%-?%d+$') then
-          tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
         end
       end
       -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
@@ -627,9 +627,13 @@ for i = 1, n_ops do
         if digits == 0 then
           tat = format('%d', now + whole)
         else
-          tat = format('%d.%0' .. digits .. 'd', now + whole, new_debt - whole * scale)
+          -- A constant format per digit count: building one ('%0' .. digits) would turn the
+          -- number into a string through "%.14g" on every call.
+          local formats = { '%d.%01d', '%d.%02d', '%d.%03d', '%d.%04d', '%d.%05d', '%d.%06d',
+            '%d.%07d', '%d.%08d', '%d.%09d' }
+          tat = format(formats[digits], now + whole, new_debt - whole * scale)
         end
-        e = { admitted, retry, cr, cs, kr, ks, ks, tat }
+        e = { admitted, retry, cr, cs, kr, ks, ks, tat, 0, overdraft }
         if shaped and enforce then
           delay = max(delay, shaped)
         end
@@ -659,7 +663,11 @@ for i = 1, n_ops do
   if enforce and not overdraft and not e[1] then
     committed = false
   end
-  e[9], e[10], e[11] = algorithm, overdraft, expiry
+  -- Assigning even nil to a missing index grows the table: e[11] only for a counter.
+  e[9], e[10] = algorithm, overdraft
+  if expiry then
+    e[11] = expiry
+  end
   evaluations[i] = e
 end
 
