@@ -36,8 +36,8 @@
 //! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
 //! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
-//! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
-//! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
+//! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
+//!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
 //!   script per request) and the Redis Cluster store (one per slot touched, in parallel,
 //!   refunded across slots on denial), optionally split with a second Redis for per-second
@@ -63,7 +63,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;

@@ -544,14 +544,13 @@ pub struct ResponseSettings {
 
 impl ResponseSettings {
     /// The header options for the planner; `None` when headers are off.
-    pub fn header_options(&self) -> Option<crate::annotate::HeaderOptions> {
-        self.response_headers
-            .then(|| crate::annotate::HeaderOptions {
-                limit: self.header_limit.clone(),
-                remaining: self.header_remaining.clone(),
-                reset: self.header_reset.clone(),
-                ietf: self.ietf_headers,
-            })
+    pub fn header_options(&self) -> Option<crate::plan::HeaderOptions> {
+        self.response_headers.then(|| crate::plan::HeaderOptions {
+            limit: self.header_limit.clone(),
+            remaining: self.header_remaining.clone(),
+            reset: self.header_reset.clone(),
+            ietf: self.ietf_headers,
+        })
     }
 }
 

@@ -218,7 +218,7 @@ impl<'c> Plan<'c> {
             ops,
             metadata: options
                 .dynamic_metadata
-                .then(|| annotate::RequestSummary::of(request)),
+                .then(|| headers::RequestSummary::of(request)),
             global_shadow: options.shadow_mode,
             global_quota: options.quota_mode,
         })
