@@ -48,7 +48,9 @@
 //!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
 //!   service reads), or limits pushed by an xDS control plane ([`config::xds`]: the same
 //!   loader, the same swap, ACK/NACK on the ADS stream).
-//! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
+//! - [`bucket`]: a bucket is one limit's stored state for one identity, whatever the
+//!   algorithm: its key, the reference's counter names, and the store protocol (operations,
+//!   answers, the all-or-nothing rule every store applies).
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
