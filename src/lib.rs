@@ -33,8 +33,8 @@
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
-//! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
-//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
+//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed; the
+//!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -87,4 +87,3 @@ pub mod service;
 pub mod settings;
 pub mod statsd;
 pub mod store;
-pub mod tls;

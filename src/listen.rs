@@ -3,7 +3,7 @@
 //!
 //! Place in the flow: between a bound `TcpListener` and the server that serves it. An
 //! [`Admission`] accepts connections for tonic ([`Admission::into_stream`], plaintext gRPC),
-//! for the TLS handshake ([`crate::tls`]) and for axum (it is an [`axum::serve::Listener`]).
+//! for the TLS handshake ([`tls`]) and for axum (it is an [`axum::serve::Listener`]).
 //!
 //! - **At most `max_connections` at once per port.** One more is accepted and closed at
 //!   once (counted in `floodgate_connections_refused_total`, logged at most every
@@ -38,6 +38,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{Metrics, Port};
+
+pub mod tls;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);

@@ -2,7 +2,7 @@
 //! graceful shutdown.
 //!
 //! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
-//! and never sleep. gRPC is plaintext or TLS ([`crate::tls`]) over the same tonic server: only
+//! and never sleep. gRPC is plaintext or TLS ([`crate::listen::tls`]) over the same tonic server: only
 //! the stream of incoming connections differs. [`serve`] is what `floodgate serve` does:
 //! build everything from settings, bind, log the addresses, watch the limits for changes
 //! (unless `--watch-config=false`) and the TLS files (when TLS is on), and run until SIGTERM
@@ -35,6 +35,7 @@ use crate::config::{Config, ConfigErrors, Defaults, Loader};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::http::{self, AdminState, NotReady, Readiness};
+use crate::listen::tls::{GrpcTls, TlsError};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
 use crate::metrics::{Metrics, Port};
 use crate::otel::{TraceError, Traces};
@@ -44,7 +45,6 @@ use crate::runtime;
 use crate::service::{RateLimiter, RlsService};
 use crate::settings::{BoundsSettings, ServeSettings};
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
-use crate::tls::{GrpcTls, TlsError};
 
 pub mod health;
 pub mod listener;
