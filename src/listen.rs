@@ -205,6 +205,13 @@ impl axum::serve::Listener for Admission {
 
 /// An admitted connection: holds its place under the port's bound until dropped, and fails
 /// its reads once nothing has been read for the idle timeout.
+///
+/// Not the same job as [`Aged`](crate::server::listener::Aged), though both fail a
+/// connection's I/O on a timer: this one measures *silence* (every byte read moves its
+/// deadline on), on connections of every TCP port, and owns the connection's place under the
+/// port's bound; `Aged` measures *age* since accept, busy or not, on gRPC connections only
+/// (unix sockets too, which have no bound). A gRPC TCP connection carries both: `Aged`
+/// outside (around TLS, if on), this one on the socket.
 pub struct Guarded<T> {
     inner: T,
     idle_timeout: Duration,
