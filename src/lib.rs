@@ -20,9 +20,9 @@
 //! Each module uses only the modules on its own line or below it, never in a circle
 //! (`tests/layering.rs` checks it; `docs/architecture.md` explains the rules).
 //!
-//! - [`server`]: the composition root: builds the store, the limiter and the watchers from
-//!   the settings; binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
-//!   shuts down gracefully.
+//! - [`server`]: the composition root ([`server::compose`]: the store, the limiter and the
+//!   watchers, built from the settings) and the serving loop: binds gRPC (TCP or a unix
+//!   socket) and HTTP, serves health and reflection, shuts down gracefully.
 //! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
 //!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
