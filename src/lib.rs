@@ -20,9 +20,9 @@
 //! Each module uses only the modules on its own line or below it, never in a circle
 //! (`tests/layering.rs` checks it; `docs/architecture.md` explains the rules).
 //!
-//! - [`server`]: the composition root: builds the store, the limiter and the watchers from
-//!   the settings; binds gRPC (TCP or a unix socket) and HTTP, serves health and reflection,
-//!   shuts down gracefully.
+//! - [`server`]: the composition root ([`server::compose`]: the store, the limiter and the
+//!   watchers, built from the settings) and the serving loop: binds gRPC (TCP or a unix
+//!   socket) and HTTP, serves health and reflection, shuts down gracefully.
 //! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
 //!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
@@ -33,11 +33,11 @@
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
-//! - [`tls`]: optional TLS / mutual TLS on the gRPC port, certificates reloaded from disk.
-//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed.
+//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed; the
+//!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
-//! - [`plan`]: pure: request + limits → bucket operations; store answer → response.
-//! - [`annotate`]: pure: the response's rate-limit headers and dynamic metadata.
+//! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
+//!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
 //!   script per request) and the Redis Cluster store (one per slot touched, in parallel,
 //!   refunded across slots on denial), optionally split with a second Redis for per-second
@@ -48,7 +48,9 @@
 //!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
 //!   service reads), or limits pushed by an xDS control plane ([`config::xds`]: the same
 //!   loader, the same swap, ACK/NACK on the ADS stream).
-//! - [`bucket`]: bucket keys and operations, and the all-or-nothing rule every store applies.
+//! - [`bucket`]: a bucket is one limit's stored state for one identity, whatever the
+//!   algorithm: its key, the reference's counter names, and the store protocol (operations,
+//!   answers, the all-or-nothing rule every store applies).
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
@@ -63,7 +65,6 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
-pub mod annotate;
 pub mod bucket;
 pub mod clock;
 pub mod config;
@@ -86,4 +87,3 @@ pub mod service;
 pub mod settings;
 pub mod statsd;
 pub mod store;
-pub mod tls;

@@ -3,7 +3,7 @@
 //!
 //! Place in the flow: between a bound `TcpListener` and the server that serves it. An
 //! [`Admission`] accepts connections for tonic ([`Admission::into_stream`], plaintext gRPC),
-//! for the TLS handshake ([`crate::tls`]) and for axum (it is an [`axum::serve::Listener`]).
+//! for the TLS handshake ([`tls`]) and for axum (it is an [`axum::serve::Listener`]).
 //!
 //! - **At most `max_connections` at once per port.** One more is accepted and closed at
 //!   once (counted in `floodgate_connections_refused_total`, logged at most every
@@ -38,6 +38,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{Metrics, Port};
+
+pub mod tls;
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -203,6 +205,13 @@ impl axum::serve::Listener for Admission {
 
 /// An admitted connection: holds its place under the port's bound until dropped, and fails
 /// its reads once nothing has been read for the idle timeout.
+///
+/// Not the same job as [`Aged`](crate::server::listener::Aged), though both fail a
+/// connection's I/O on a timer: this one measures *silence* (every byte read moves its
+/// deadline on), on connections of every TCP port, and owns the connection's place under the
+/// port's bound; `Aged` measures *age* since accept, busy or not, on gRPC connections only
+/// (unix sockets too, which have no bound). A gRPC TCP connection carries both: `Aged`
+/// outside (around TLS, if on), this one on the socket.
 pub struct Guarded<T> {
     inner: T,
     idle_timeout: Duration,

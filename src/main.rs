@@ -81,15 +81,15 @@ fn main() -> ExitCode {
             // Store set-up spawns background tasks (the Redis pool), so it runs inside the
             // runtime; it binds nothing, so a bad setting still exits before any port is bound.
             let entered = runtime.enter();
-            let prepared = match server::prepare(settings) {
-                Ok(prepared) => prepared,
+            let components = match server::assemble(settings) {
+                Ok(components) => components,
                 Err(e) => {
                     tracing::error!("{e}");
                     eprintln!("floodgate: {e}");
                     return ExitCode::from(EXIT_USAGE);
                 }
             };
-            let served = runtime.block_on(server::serve(prepared));
+            let served = runtime.block_on(server::serve(components));
             drop(entered);
             // A limits reload still running (bounded by its own deadline) must not hold the
             // exit back: the server has drained, nothing else is left to wait for.

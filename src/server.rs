@@ -1,12 +1,13 @@
 //! Serving: gRPC (rate-limit service, `grpc.health.v1`, reflection) and admin HTTP, with
 //! graceful shutdown.
 //!
-//! [`run`] takes already-bound listeners and a shutdown future, so tests bind `127.0.0.1:0`
-//! and never sleep. gRPC is plaintext or TLS ([`crate::tls`]) over the same tonic server: only
-//! the stream of incoming connections differs. [`serve`] is what `floodgate serve` does:
-//! build everything from settings, bind, log the addresses, watch the limits for changes
-//! (unless `--watch-config=false`) and the TLS files (when TLS is on), and run until SIGTERM
-//! or SIGINT.
+//! [`run`] is the serving loop: it takes already-bound listeners, a limiter and a shutdown
+//! future, so tests bind `127.0.0.1:0` and never sleep. gRPC is plaintext or TLS
+//! ([`crate::listen::tls`]) over the same tonic server: only the stream of incoming
+//! connections differs. [`serve`] is what `floodgate serve` does with the [`Components`]
+//! that [`compose`] (the composition root) built from the settings: bind, log the addresses,
+//! start the watchers of the limits (unless `--watch-config=false`) and of the TLS files
+//! (when TLS is on), and run until SIGTERM or SIGINT.
 //!
 //! gRPC listens on a TCP address or a unix socket ([`listener`]); what health reports is
 //! [`health`]'s; which Redis (or two: per-second limits apart) is `remote`'s.
@@ -16,49 +17,40 @@
 //! and drain in-flight requests, and after the grace period any straggler is cut off.
 
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::admission::AdmissionLayer;
-use crate::clock::SystemClock;
-use crate::config::reload;
-use crate::config::{Config, ConfigErrors, Defaults, Loader};
-use crate::console::{AdminToken, ConsoleOptions};
-use crate::file_watch::FileWatch;
+use crate::config::ConfigErrors;
+use crate::console::ConsoleOptions;
 use crate::http::{self, AdminState, NotReady, Readiness};
+use crate::listen::tls::{GrpcTls, TlsError};
 use crate::listen::{Admission, ConnectionLimits, PortBound};
-use crate::metrics::{Metrics, Port};
-use crate::otel::{TraceError, Traces};
-use crate::plan::PlanOptions;
+use crate::metrics::Port;
+use crate::otel::TraceError;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{RateLimiter, RlsService};
-use crate::settings::{BoundsSettings, ServeSettings};
-use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
-use crate::tls::{GrpcTls, TlsError};
+use crate::settings::BoundsSettings;
+use crate::store::{FailurePolicy, Store};
 
+pub mod compose;
 pub mod health;
 pub mod listener;
 mod remote;
 mod xds;
 
+pub use compose::{Components, assemble};
+use compose::{Following, follow_xds, watch_limits, watch_tls};
 pub use listener::GrpcListener;
 use listener::{Aged, TcpListeners};
-
-/// How long without a single successful Redis call before failures open the breaker. Under
-/// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
-/// to the command timeout instead, saturation benchmarks opened the breaker on a healthy
-/// Redis; refused connections fail in µs anyway, so the wait costs only health latency.)
-const BREAKER_QUIET_PERIOD: Duration = Duration::from_secs(1);
 
 /// How often a Redis behind an open circuit breaker is probed.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -196,259 +188,9 @@ impl Bounds {
     }
 }
 
-impl RunOptions {
-    /// The options `prepared` asks for.
-    pub fn from_prepared(prepared: &Prepared) -> RunOptions {
-        let settings = &prepared.settings;
-        let connections = &settings.grpc_connections;
-        RunOptions {
-            grace: settings.shutdown_grace,
-            grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
-            json_endpoint: settings.json_endpoint,
-            tls: prepared.tls.clone(),
-            limits_health: prepared.limits_loaded.as_ref().map(|tx| tx.subscribe()),
-            max_connection_age: connections.jittered_max_age(jitter()),
-            max_connection_age_grace: connections.grpc_max_connection_age_grace,
-            keepalive_interval: connections.grpc_keepalive_interval,
-            bounds: Bounds::from_settings(&settings.bounds),
-            console: ConsoleOptions {
-                token: prepared.admin_token.clone(),
-                read_requires_token: settings.console.admin_read_requires_token,
-                redis: prepared.redis.clone(),
-            },
-        }
-    }
-}
-
-/// Everything `floodgate serve` needs, built and validated before any port is bound.
-pub struct Prepared {
-    /// The request path.
-    pub limiter: Arc<RateLimiter>,
-    /// The limits in force, shared with the limiter; hot reload swaps them.
-    pub config: Arc<ArcSwap<Config>>,
-    /// The memory store, when it is the store (its sweeper starts with the server).
-    pub memory: Option<Arc<MemoryStore>>,
-    /// The Redis (or Redis Cluster) store with its failure policy, when configured.
-    pub redis: Option<Arc<ResilientStore>>,
-    /// TLS on the gRPC port, loaded, when configured.
-    pub tls: Option<GrpcTls>,
-    /// With `--health-requires-limits`: whether the limits in force have a domain; hot
-    /// reload updates it. With xDS: whether a first configuration has loaded.
-    pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
-    /// The xDS client's options, when a control plane pushes the limits.
-    pub xds: Option<crate::config::xds::XdsOptions>,
-    /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
-    pub traces: Option<Arc<Traces>>,
-    /// The operator console's bearer token (none configured: mutations refused).
-    pub admin_token: AdminToken,
-    /// The settings it was built from.
-    pub settings: ServeSettings,
-}
-
-/// Loads the limits and builds the request path; fails on anything an operator must fix.
-pub fn prepare(settings: ServeSettings) -> Result<Prepared, ServerError> {
-    let metrics = Metrics::shared();
-    metrics.set_max_detailed_series(
-        usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
-    );
-    // Before the limits load, so config_load_success / config_load_error count it.
-    let statsd = settings.statsd.config();
-    if let Some(statsd) = &statsd {
-        tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
-                       flush_interval = ?statsd.flush_interval, "statsd stats on");
-    }
-    // The debug port's /stats shows them too.
-    if statsd.is_some()
-        || settings.statsd.reference_prometheus().is_some()
-        || settings.statsd.debug_addr.is_some()
-    {
-        metrics.attach_reference_stats(statsd);
-    }
-    let xds = match &settings.xds.config_xds {
-        Some(url) => Some(xds::options(
-            &settings.xds,
-            url,
-            Defaults {
-                algorithm: settings.algorithm.value.into(),
-            },
-            settings.merge_domains,
-        )?),
-        None => None,
-    };
-    let (config, limits_loaded) = match &xds {
-        // The control plane pushes the limits once connected: none until then.
-        Some(_) => {
-            let ready = settings.xds.xds_force_start;
-            if !ready {
-                tracing::warn!(
-                    "limits from xDS: NOT_SERVING until a first configuration has loaded \
-                     (--xds-force-start to serve before)"
-                );
-            }
-            (Config::empty(), Some(Arc::new(watch::Sender::new(ready))))
-        }
-        None => load_files(&settings, &metrics)?,
-    };
-    let tls = match settings.grpc_tls.files() {
-        Some(files) => {
-            let tls = GrpcTls::load(files, metrics.clone())?;
-            tracing::info!(mutual = tls.is_mutual(), "gRPC TLS certificate loaded");
-            Some(tls)
-        }
-        None => None,
-    };
-    let max_buckets = usize::try_from(settings.memory_max_buckets).unwrap_or(usize::MAX);
-    let memory_store = || {
-        let memory = Arc::new(
-            MemoryStore::new(Arc::new(SystemClock))
-                .with_max_buckets(max_buckets, Some(metrics.clone())),
-        );
-        // Read at every scrape: exact, and no task to keep alive.
-        let weak = Arc::downgrade(&memory);
-        metrics.sample_before_encode(move |metrics| {
-            if let Some(memory) = weak.upgrade() {
-                metrics.set_memory_buckets(memory.len());
-            }
-        });
-        memory
-    };
-    let (store, memory, redis): (Arc<dyn Store>, _, _) =
-        match remote::remote_store(&settings, &metrics)? {
-            None => {
-                let memory = memory_store();
-                (memory.clone(), Some(memory), None)
-            }
-            Some(remote) => {
-                let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
-                let resilient = Arc::new(ResilientStore::new(
-                    remote,
-                    Resilience {
-                        policy: settings.on_store_error,
-                        cache_capacity: settings.local_cache_size,
-                        failure_threshold: settings.redis_failure_threshold,
-                        quiet_period: BREAKER_QUIET_PERIOD,
-                        shed_deadline: settings.redis_shedding.then_some(settings.redis_timeout_ms),
-                    },
-                    fallback.clone(),
-                    metrics.clone(),
-                ));
-                (resilient.clone(), fallback, Some(resilient))
-            }
-        };
-    let traces = match settings.traces.export() {
-        Some(export) => {
-            let traces = Traces::start(&export)?;
-            tracing::info!(
-                transport = ?export.transport,
-                endpoint = export
-                    .endpoint
-                    .as_deref()
-                    .unwrap_or("(OTEL_EXPORTER_OTLP_* or localhost)"),
-                service_name = %export.service_name,
-                sampling_rate = export.sampling_rate,
-                parent_based = export.parent_based,
-                "OpenTelemetry traces on"
-            );
-            Some(Arc::new(traces))
-        }
-        None => None,
-    };
-    let admin_token = match &settings.console.admin_token_file {
-        Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
-        None => AdminToken::none(),
-    };
-    let config = Arc::new(ArcSwap::from_pointee(config));
-    let limiter = Arc::new(
-        RateLimiter::new(
-            config.clone(),
-            store,
-            PlanOptions {
-                shadow_mode: settings.shadow_mode,
-                quota_mode: settings.quota_mode,
-                default_algorithm: settings.algorithm.value.into(),
-                override_max_wait_us: settings.max_wait_for_overrides,
-                limits: settings.request_limits(),
-                headers: settings.response.header_options(),
-                near_limit_ratio: settings.response.near_limit_ratio,
-                dynamic_metadata: settings.response.response_dynamic_metadata,
-                reference_counters: settings
-                    .counters
-                    .plan_options(settings.runtime_layout.is_some()),
-            },
-            metrics,
-        )
-        .with_max_in_flight(settings.max_in_flight as usize)
-        .with_traces(traces.clone()),
-    );
-    Ok(Prepared {
-        traces,
-        limiter,
-        config,
-        memory,
-        redis,
-        tls,
-        limits_loaded,
-        xds,
-        admin_token,
-        settings,
-    })
-}
-
-/// The limits from files, loaded once at start-up, and (with `--health-requires-limits`)
-/// whether they have a domain.
-type Loaded = (Config, Option<Arc<watch::Sender<bool>>>);
-
-fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded, ServerError> {
-    let loader = loader(settings)?;
-    let config = loader
-        .load_within(crate::config::LOAD_DEADLINE)
-        .map_err(|errors| {
-            metrics.record_config_load(false);
-            ServerError::Config {
-                path: loader.source.to_string(),
-                errors,
-            }
-        })?;
-    metrics.record_config_load_with(
-        true,
-        &format!("loaded at start-up: {} domain(s)", config.domains().count()),
-    );
-    tracing::info!(
-        path = %loader.source,
-        domains = config.domains().count(),
-        merge_domains = settings.merge_domains,
-        "limits loaded"
-    );
-    let limits_loaded = settings.health_requires_limits.then(|| {
-        let loaded = has_domains(&config);
-        if !loaded {
-            tracing::warn!(
-                limits = %loader.source,
-                "no domain loaded: NOT_SERVING until one is (--health-requires-limits)"
-            );
-        }
-        Arc::new(watch::Sender::new(loaded))
-    });
-    Ok((config, limits_loaded))
-}
-
-/// Whether `config` has at least one domain (what `--health-requires-limits` asks).
-fn has_domains(config: &Config) -> bool {
-    config.domains().next().is_some()
-}
-
-/// A number in [-1, 1], different in every process: spreads the connection age of replicas
-/// started together (std's hasher keys are random per process).
-fn jitter() -> f64 {
-    let random = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    (random as f64 / u64::MAX as f64) * 2.0 - 1.0
-}
-
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
-pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
-    let settings = &prepared.settings;
+pub async fn serve(components: Components) -> Result<(), ServerError> {
+    let settings = &components.settings;
     let open_files = crate::listen::raise_fd_limit();
     let bounds = Bounds::from_settings(&settings.bounds);
     let wanted = bounds.grpc.max_connections + bounds.http.max_connections;
@@ -470,7 +212,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     };
     let grpc = match &settings.grpc_connections.grpc_uds {
         Some(path) => {
-            if prepared.tls.is_some() {
+            if components.tls.is_some() {
                 return Err(ServerError::Settings(
                     "TLS on a unix socket is not supported: serve TLS on --grpc-addr, or \
                      plaintext on --grpc-uds"
@@ -496,13 +238,13 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     } else {
         Some(bind(settings.http_addr).await?)
     };
-    serve_reference_prometheus(&prepared, &bounds).await?;
-    serve_debug(&prepared, &bounds).await?;
-    if let Some(memory) = &prepared.memory {
+    serve_reference_prometheus(&components, &bounds).await?;
+    serve_debug(&components, &bounds).await?;
+    if let Some(memory) = &components.memory {
         memory.spawn_sweeper(SWEEP_INTERVAL);
     }
     let mut store_health = None;
-    if let Some(redis) = &prepared.redis {
+    if let Some(redis) = &components.redis {
         redis.spawn_probe(PROBE_INTERVAL);
         // Only under policy `error` is the service unusable while Redis is: the other
         // policies still answer, so health stays SERVING.
@@ -511,7 +253,7 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         }
     }
     tracing::info!(
-        store = prepared.redis.as_ref().map_or("memory", |redis| redis.name()),
+        store = components.redis.as_ref().map_or("memory", |redis| redis.name()),
         redis = ?settings.redis_url.as_deref().map(crate::store::redis::redact::redact_url),
         redis_sentinel = ?settings.redis_sentinel,
         redis_cluster = ?settings.redis_cluster_redacted(),
@@ -524,12 +266,12 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
         "floodgate starting"
     );
     // Live until the server has stopped; dropping them stops the watchers.
-    let _watch = match &prepared.xds {
-        None => watch_limits(&prepared).map(Following::Files),
-        Some(options) => Some(Following::Xds(follow_xds(&prepared, options.clone()))),
+    let _watch = match &components.xds {
+        None => watch_limits(&components).map(Following::Files),
+        Some(options) => Some(Following::Xds(follow_xds(&components, options.clone()))),
     };
-    let _tls_watch = prepared.tls.as_ref().and_then(watch_tls);
-    let _token_watch = match prepared.admin_token.watch() {
+    let _tls_watch = components.tls.as_ref().and_then(watch_tls);
+    let _token_watch = match components.admin_token.watch() {
         Some(Ok(watch)) => Some(watch),
         Some(Err(e)) => {
             tracing::error!("{e}; admin token reload is off");
@@ -541,14 +283,14 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
     let served = run(
         grpc,
         http,
-        prepared.limiter.clone(),
-        RunOptions::from_prepared(&prepared),
+        components.limiter.clone(),
+        RunOptions::from_components(&components),
         store_health,
         shutdown,
     )
     .await;
     // Spans of the drained requests are still queued: export them before the process exits.
-    if let Some(traces) = &prepared.traces {
+    if let Some(traces) = &components.traces {
         traces.shutdown(crate::otel::FLUSH_DEADLINE).await;
     }
     served?;
@@ -560,13 +302,13 @@ pub async fn serve(prepared: Prepared) -> Result<(), ServerError> {
 /// connection bounds. The task lives as long as the process: a scrape is read-only and
 /// needs no draining.
 async fn serve_reference_prometheus(
-    prepared: &Prepared,
+    components: &Components,
     bounds: &Bounds,
 ) -> Result<(), ServerError> {
-    let Some(prom) = prepared.settings.statsd.reference_prometheus() else {
+    let Some(prom) = components.settings.statsd.reference_prometheus() else {
         return Ok(());
     };
-    let metrics = prepared.limiter.metrics();
+    let metrics = components.limiter.metrics();
     let Some(stats) = metrics.reference_stats() else {
         return Ok(());
     };
@@ -591,16 +333,16 @@ async fn serve_reference_prometheus(
 
 /// Binds and serves the reference's debug port when asked to (`--debug-addr`), within the
 /// HTTP port's connection bounds; like the Prometheus one, it lives as long as the process.
-async fn serve_debug(prepared: &Prepared, bounds: &Bounds) -> Result<(), ServerError> {
-    let Some(addr) = prepared.settings.statsd.debug_addr else {
+async fn serve_debug(components: &Components, bounds: &Bounds) -> Result<(), ServerError> {
+    let Some(addr) = components.settings.statsd.debug_addr else {
         return Ok(());
     };
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| ServerError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(ServerError::Http)?;
-    let router = http::debug_router(Arc::clone(&prepared.limiter));
-    let metrics = Arc::clone(prepared.limiter.metrics());
+    let router = http::debug_router(Arc::clone(&components.limiter));
+    let metrics = Arc::clone(components.limiter.metrics());
     let admission = Admission::new(listener, bounds.http, Port::Debug, metrics);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(admission, router).await {
@@ -609,112 +351,6 @@ async fn serve_debug(prepared: &Prepared, bounds: &Bounds) -> Result<(), ServerE
     });
     tracing::info!(addr = %bound, "serving the debug port (/rlconfig, /stats)");
     Ok(())
-}
-
-/// The limits loader, identical at start-up and on every reload.
-fn loader(settings: &ServeSettings) -> Result<Loader, ServerError> {
-    Ok(Loader {
-        source: settings
-            .limits_source()
-            .map_err(|e| ServerError::Settings(e.to_string()))?,
-        defaults: Defaults {
-            algorithm: settings.algorithm.value.into(),
-        },
-        merge_domains: settings.merge_domains,
-    })
-}
-
-/// Starts hot reload of the limits, unless turned off. A watcher that cannot start (e.g. the
-/// inotify instance limit is reached) is logged and the server runs on the limits it loaded:
-/// refusing to serve would take every request's rate limiting down over a convenience.
-fn watch_limits(prepared: &Prepared) -> Option<FileWatch> {
-    let settings = &prepared.settings;
-    if !settings.watch_config {
-        tracing::info!("limits hot reload off (--watch-config=false)");
-        return None;
-    }
-    // prepare() loaded the limits with this loader, so it can be built.
-    let loader = loader(settings).ok()?;
-    let redis = prepared.redis.clone();
-    let limits_loaded = prepared.limits_loaded.clone();
-    let on_reload = move |config: &Config| {
-        // Denials cached under the old limits may be wrong under the new ones.
-        if let Some(redis) = &redis {
-            redis.clear_cache();
-        }
-        if let Some(loaded) = &limits_loaded {
-            let now = has_domains(config);
-            if !now {
-                tracing::warn!("no domain loaded: NOT_SERVING until one is");
-            }
-            loaded.send_replace(now);
-        }
-    };
-    match reload::spawn(
-        loader,
-        prepared.config.clone(),
-        prepared.limiter.metrics().clone(),
-        on_reload,
-    ) {
-        Ok(watch) => Some(watch),
-        Err(e) => {
-            tracing::error!("{e}; limits hot reload is off");
-            None
-        }
-    }
-}
-
-/// How the limits are followed while serving: dropping it stops that.
-enum Following {
-    /// File watches.
-    Files(#[allow(dead_code, reason = "held for its Drop")] FileWatch),
-    /// The xDS client task.
-    Xds(#[allow(dead_code, reason = "held for its Drop")] AbortOnDrop),
-}
-
-/// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Starts the xDS client: each configuration that loads is swapped in, clears the over-limit
-/// cache and makes the server ready (unless `--health-requires-limits` finds no domain).
-fn follow_xds(prepared: &Prepared, options: crate::config::xds::XdsOptions) -> AbortOnDrop {
-    let redis = prepared.redis.clone();
-    let limits_loaded = prepared.limits_loaded.clone();
-    let requires_domain = prepared.settings.health_requires_limits;
-    let on_load = move |config: &Config| {
-        // Denials cached under the old limits may be wrong under the new ones.
-        if let Some(redis) = &redis {
-            redis.clear_cache();
-        }
-        if let Some(loaded) = &limits_loaded {
-            loaded.send_replace(!requires_domain || has_domains(config));
-        }
-    };
-    tracing::info!(node_id = %options.node.id, "limits from an xDS management server");
-    AbortOnDrop(crate::config::xds::spawn(
-        options,
-        prepared.config.clone(),
-        prepared.limiter.metrics().clone(),
-        on_load,
-    ))
-}
-
-/// Starts reloading the TLS files when they change. As for the limits, a watcher that cannot
-/// start is logged and the server serves the certificate it loaded.
-fn watch_tls(tls: &GrpcTls) -> Option<FileWatch> {
-    match tls.watch() {
-        Ok(watch) => Some(watch),
-        Err(e) => {
-            tracing::error!("{e}; TLS certificate reload is off");
-            None
-        }
-    }
 }
 
 /// Serves gRPC on `grpc` (a TCP listener or a [`GrpcListener`]) and admin HTTP on `http`

@@ -484,8 +484,8 @@ pub struct GrpcTlsSettings {
 
 impl GrpcTlsSettings {
     /// The files to serve TLS from; `None`: plaintext gRPC.
-    pub fn files(&self) -> Option<crate::tls::TlsFiles> {
-        Some(crate::tls::TlsFiles {
+    pub fn files(&self) -> Option<crate::listen::tls::TlsFiles> {
+        Some(crate::listen::tls::TlsFiles {
             cert: self.grpc_tls_cert_file.clone()?,
             key: self.grpc_tls_key_file.clone()?,
             client_ca: self.grpc_tls_client_ca_file.clone(),
@@ -544,14 +544,13 @@ pub struct ResponseSettings {
 
 impl ResponseSettings {
     /// The header options for the planner; `None` when headers are off.
-    pub fn header_options(&self) -> Option<crate::annotate::HeaderOptions> {
-        self.response_headers
-            .then(|| crate::annotate::HeaderOptions {
-                limit: self.header_limit.clone(),
-                remaining: self.header_remaining.clone(),
-                reset: self.header_reset.clone(),
-                ietf: self.ietf_headers,
-            })
+    pub fn header_options(&self) -> Option<crate::plan::HeaderOptions> {
+        self.response_headers.then(|| crate::plan::HeaderOptions {
+            limit: self.header_limit.clone(),
+            remaining: self.header_remaining.clone(),
+            reset: self.header_reset.clone(),
+            ietf: self.ietf_headers,
+        })
     }
 }
 

@@ -15,6 +15,9 @@
 //! one descriptor would collide. [`super::BucketKey`]'s own encoding has none of these faults,
 //! which is why floodgate uses it unless asked to share the reference's counters.
 
+use super::BucketOp;
+use super::key::push_decimal;
+
 /// A reference counter's name without its window start: built once per bucket by the planner;
 /// a store appends the window start from its clock with [`ReferenceKey::at`].
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -105,7 +108,25 @@ impl ReferenceCounter {
     /// Appends [`ReferenceCounter::key`] to `out` (a command's buffer).
     pub fn write_key(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.base.0);
-        super::push_decimal(out, self.window_start_secs);
+        push_decimal(out, self.window_start_secs);
+    }
+}
+
+/// Stamps every reference counter of `ops` with the window of `now_secs` (the pod's clock,
+/// as the reference takes it) and an expiry of its unit plus a jitter below
+/// `jitter_max_secs`, each drawn by `roll`. Done once per request, before the first store
+/// call, so refunds name the very counters the debits did.
+pub fn stamp_reference_counters(
+    ops: &mut [BucketOp],
+    now_secs: u64,
+    jitter_max_secs: u64,
+    mut roll: impl FnMut() -> u64,
+) {
+    for op in ops {
+        if let Some(counter) = &mut op.reference {
+            let unit_secs = op.params.period_us / 1_000_000;
+            counter.stamp(now_secs, unit_secs, jitter_max_secs, roll());
+        }
     }
 }
 

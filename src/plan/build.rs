@@ -1,9 +1,15 @@
 //! Building a plan: validation, matching each descriptor, costs, one operation per bucket.
 
 use super::*;
+use crate::config::{Domain, Match};
+use crate::proto::common::RateLimitDescriptor;
+use crate::proto::common::rate_limit_descriptor::RateLimitOverride;
 
 impl<'c> Plan<'c> {
-    /// Validates `request` and works out which buckets it debits and by how much.
+    /// Validates `request` and works out which buckets it debits and by how much, in three
+    /// steps: each descriptor's cost and the limits it matches (`match_descriptor`), the
+    /// names those limits replace (`replaced_names`), then one op per distinct bucket
+    /// (`Ops::plan_descriptor`).
     pub fn build(
         request: &RateLimitRequest,
         config: &'c Config,
@@ -14,214 +20,291 @@ impl<'c> Plan<'c> {
         // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
         let request_hits = u64::from(request.hits_addend.max(1));
 
-        let mut matched: Vec<(Vec<MatchedLimit<'c>>, Option<&'c Metadata>)> = Vec::new();
+        let mut matched = Vec::new();
         let mut costs = Vec::with_capacity(request.descriptors.len());
         for (i, descriptor) in request.descriptors.iter().enumerate() {
-            // A present descriptor hits_addend overrides the request's; present and 0 = check.
-            let hits = descriptor
-                .hits_addend
-                .unwrap_or(request_hits)
-                .min(i64::MAX as u64) as i64;
-            costs.push(if descriptor.is_negative_hits {
-                -hits
-            } else {
-                hits
+            costs.push(descriptor_cost(descriptor, request_hits));
+            matched.push(match domain {
+                Some(domain) => match_descriptor(i, descriptor, domain, options)?,
+                None => MatchedDescriptor::default(),
             });
-            let mut limits = Vec::new();
-            let mut metadata = None;
-            let Some(domain) = domain else {
-                matched.push((limits, metadata));
-                continue;
-            };
-            let entries: Vec<(&[u8], &[u8])> = descriptor
-                .entries
-                .iter()
-                .map(|e| (e.key.as_slice(), e.value.as_slice()))
-                .collect();
-            if let Some(limit) = &descriptor.limit {
-                // The reference applies an override whenever the domain is known, matched
-                // rule or not.
-                let unit = Unit::from_proto(limit.unit).ok_or_else(|| {
-                    InvalidRequest(format!(
-                        "descriptors[{i}].limit.unit: unit {} is not a valid rate limit unit",
-                        limit.unit
-                    ))
-                })?;
-                let source = LimitSource::Override(limit.requests_per_unit, unit);
-                let params = override_params(limit.requests_per_unit, unit, options);
-                params.validate().map_err(|reason| {
-                    InvalidRequest(format!("descriptors[{i}].limit: {reason}"))
-                })?;
-                let key = BucketKey::in_domain(
-                    domain.key_prefix(),
-                    entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
-                    params.algorithm,
-                    params.period_us,
-                )
-                .with_override_rate(limit.requests_per_unit);
-                // The reference names an override's counter like the configured limit's.
-                let reference = reference_key(
-                    options,
-                    domain,
-                    params,
-                    entries.iter().map(|&(k, v)| (k, v)),
-                );
-                // Never a shadow-mode or quota-mode rule (the reference's choice); the
-                // global switches cover overrides too.
-                limits.push(MatchedLimit {
-                    source,
-                    // The reference's stat key for an override: the request's own
-                    // entries (`domain.key_value.key`), so as many as clients send: capped
-                    // like detailed_metric paths.
-                    rule: MetricPath {
-                        path: override_metric_path(&domain.name, &entries),
-                        detailed: true,
-                    },
-                    enforce: true,
-                    quota: options.quota_mode,
-                    key,
-                    reference,
-                });
-            } else if let Some(found) = domain.find(&entries) {
-                let rule = found.rule;
-                // The rule's path, or with request values where the rule opted in
-                // (detailed_metric / value_to_metric).
-                let metric = found.metric_key(&entries);
-                let metric = MetricPath {
-                    detailed: !Arc::ptr_eq(&metric, &rule.path),
-                    path: metric,
-                };
-                metadata = rule.metadata.as_ref();
-                for limit in &rule.limits {
-                    let params = limit.params();
-                    // Only a rule the reference could express has a reference counter.
-                    let reference = (rule.limits.len() == 1 && limit.unit_multiplier == 1)
-                        .then(|| {
-                            reference_key(
-                                options,
-                                domain,
-                                params,
-                                entries.iter().zip(&found.steps).map(
-                                    |(&(k, v), step)| match step {
-                                        Step::Wildcard {
-                                            pattern,
-                                            shared: true,
-                                        } => (k, pattern.as_bytes()),
-                                        _ => (k, v),
-                                    },
-                                ),
-                            )
-                        })
-                        .flatten();
-                    let key = BucketKey::in_domain(
-                        domain.key_prefix(),
-                        entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
-                            let value = match step {
-                                Step::Wildcard {
-                                    pattern,
-                                    shared: true,
-                                } => KeyValue::Shared(pattern),
-                                _ => KeyValue::Value(v),
-                            };
-                            (k, value)
-                        }),
-                        params.algorithm,
-                        params.period_us,
-                    );
-                    limits.push(MatchedLimit {
-                        source: LimitSource::Configured(limit),
-                        rule: metric.clone(),
-                        enforce: !rule.shadow_mode,
-                        quota: rule.quota_mode || options.quota_mode,
-                        key,
-                        reference,
-                    });
-                }
-            }
-            matched.push((limits, metadata));
         }
 
-        // `replaces`: a matched limit named N is dropped when another matched limit lists N.
-        let replaced: Vec<&str> = matched
-            .iter()
-            .flat_map(|(limits, _)| limits)
-            .filter_map(|matched| match matched.source {
-                LimitSource::Configured(limit) => Some(limit),
-                LimitSource::Override(..) => None,
-            })
-            .flat_map(|limit| limit.replaces.iter().map(String::as_str))
-            .collect();
+        let replaced = replaced_names(&matched);
 
-        let mut ops: Vec<BucketOp> = Vec::new();
-        let mut op_index: HashMap<BucketKey, usize> = HashMap::new();
+        let mut ops = Ops::default();
         let mut descriptors = Vec::with_capacity(matched.len());
-        for ((limits, metadata), &cost) in matched.into_iter().zip(&costs) {
-            let mut planned = Vec::new();
-            let mut unlimited_rule = None;
-            for MatchedLimit {
-                source,
-                rule,
-                enforce,
-                quota,
-                key,
-                reference,
-            } in limits
-            {
-                let params = match source {
-                    LimitSource::Configured(limit) => {
-                        if limit
-                            .name
-                            .as_deref()
-                            .is_some_and(|name| replaced.contains(&name))
-                        {
-                            continue;
-                        }
-                        if limit.unlimited {
-                            unlimited_rule = Some(rule);
-                            continue;
-                        }
-                        limit.params()
-                    }
-                    LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
-                };
-                let op = op_slot(&mut ops, &mut op_index, key, params, reference);
-                ops[op].cost = ops[op].cost.saturating_add(cost);
-                // `overdraft` is not part of the key: if any limit reaching the bucket asks
-                // for it, debits of this bucket always apply.
-                ops[op].params.overdraft |= params.overdraft;
-                // Nor is `max_wait`: the longest of the limits reaching the bucket holds.
-                ops[op].params.max_wait_us = ops[op].params.max_wait_us.max(params.max_wait_us);
-                // A quota-mode bucket never blocks the store's commit by itself (like a
-                // shadow one): whether quota denies is decided per request in `respond`,
-                // and a denied request is undone with `refunds`. In global shadow mode
-                // nothing blocks it.
-                ops[op].enforce |= enforce && !quota && !options.shadow_mode;
-                planned.push(PlannedLimit {
-                    source,
-                    rule,
-                    op,
-                    enforce,
-                    quota,
-                });
-            }
-            descriptors.push(match (planned.is_empty(), unlimited_rule) {
-                (false, _) => DescriptorPlan::Limited(planned, metadata),
-                (true, Some(rule)) => DescriptorPlan::Unlimited { rule },
-                (true, None) => DescriptorPlan::Unmatched,
-            });
+        for (matched, &cost) in matched.into_iter().zip(&costs) {
+            descriptors.push(ops.plan_descriptor(matched, cost, &replaced, options));
         }
 
         Ok(Plan {
             domain: domain.map(|d| Arc::clone(d.metric_label())),
             costs,
             descriptors,
-            ops,
+            ops: ops.ops,
             metadata: options
                 .dynamic_metadata
-                .then(|| annotate::RequestSummary::of(request)),
+                .then(|| headers::RequestSummary::of(request)),
             global_shadow: options.shadow_mode,
             global_quota: options.quota_mode,
         })
+    }
+}
+
+/// What one descriptor matched, before `replaces` is applied: its limits (none for an
+/// unknown domain or no matching rule), and the `metadata:` of its rule.
+#[derive(Default)]
+struct MatchedDescriptor<'c> {
+    limits: Vec<MatchedLimit<'c>>,
+    metadata: Option<&'c Metadata>,
+}
+
+/// A descriptor's cost: its own `hits_addend` when present (present and 0: a check), else the
+/// request's `request_hits`; negative with `is_negative_hits`.
+fn descriptor_cost(descriptor: &RateLimitDescriptor, request_hits: u64) -> Cost {
+    let hits = descriptor
+        .hits_addend
+        .unwrap_or(request_hits)
+        .min(i64::MAX as u64) as i64;
+    if descriptor.is_negative_hits {
+        -hits
+    } else {
+        hits
+    }
+}
+
+/// The limits descriptor `i` of the request matches in `domain`: its `limit` override if it
+/// carries one (the reference applies an override whenever the domain is known, matched rule
+/// or not), else the limits of the rule its entries find, else none.
+fn match_descriptor<'c>(
+    i: usize,
+    descriptor: &RateLimitDescriptor,
+    domain: &'c Domain,
+    options: &PlanOptions,
+) -> Result<MatchedDescriptor<'c>, InvalidRequest> {
+    let entries: Vec<(&[u8], &[u8])> = descriptor
+        .entries
+        .iter()
+        .map(|e| (e.key.as_slice(), e.value.as_slice()))
+        .collect();
+    if let Some(limit) = &descriptor.limit {
+        Ok(MatchedDescriptor {
+            limits: vec![match_override(i, limit, domain, &entries, options)?],
+            metadata: None,
+        })
+    } else if let Some(found) = domain.find(&entries) {
+        Ok(match_rule(&found, domain, &entries, options))
+    } else {
+        Ok(MatchedDescriptor::default())
+    }
+}
+
+/// The limit of descriptor `i`'s `limit` override, reached through `entries`.
+fn match_override<'c>(
+    i: usize,
+    limit: &RateLimitOverride,
+    domain: &Domain,
+    entries: &[(&[u8], &[u8])],
+    options: &PlanOptions,
+) -> Result<MatchedLimit<'c>, InvalidRequest> {
+    let unit = Unit::from_proto(limit.unit).ok_or_else(|| {
+        InvalidRequest(format!(
+            "descriptors[{i}].limit.unit: unit {} is not a valid rate limit unit",
+            limit.unit
+        ))
+    })?;
+    let source = LimitSource::Override(limit.requests_per_unit, unit);
+    let params = override_params(limit.requests_per_unit, unit, options);
+    params
+        .validate()
+        .map_err(|reason| InvalidRequest(format!("descriptors[{i}].limit: {reason}")))?;
+    let key = BucketKey::in_domain(
+        domain.key_prefix(),
+        entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
+        params.algorithm,
+        params.period_us,
+    )
+    .with_override_rate(limit.requests_per_unit);
+    // The reference names an override's counter like the configured limit's.
+    let reference = reference_key(
+        options,
+        domain,
+        params,
+        entries.iter().map(|&(k, v)| (k, v)),
+    );
+    // Never a shadow-mode or quota-mode rule (the reference's choice); the global switches
+    // cover overrides too.
+    Ok(MatchedLimit {
+        source,
+        // The reference's stat key for an override: the request's own entries
+        // (`domain.key_value.key`), so as many as clients send: capped like detailed_metric
+        // paths.
+        rule: MetricPath {
+            path: override_metric_path(&domain.name, entries),
+            detailed: true,
+        },
+        enforce: true,
+        quota: options.quota_mode,
+        key,
+        reference,
+    })
+}
+
+/// The limits of the rule `found` for `entries`, each with its bucket key, and the rule's
+/// `metadata:`.
+fn match_rule<'c>(
+    found: &Match<'c>,
+    domain: &Domain,
+    entries: &[(&[u8], &[u8])],
+    options: &PlanOptions,
+) -> MatchedDescriptor<'c> {
+    let rule = found.rule;
+    // The rule's path, or with request values where the rule opted in
+    // (detailed_metric / value_to_metric).
+    let metric = found.metric_key(entries);
+    let metric = MetricPath {
+        detailed: !Arc::ptr_eq(&metric, &rule.path),
+        path: metric,
+    };
+    let mut limits = Vec::new();
+    for limit in &rule.limits {
+        let params = limit.params();
+        // Only a rule the reference could express has a reference counter.
+        let reference = (rule.limits.len() == 1 && limit.unit_multiplier == 1)
+            .then(|| {
+                reference_key(
+                    options,
+                    domain,
+                    params,
+                    entries
+                        .iter()
+                        .zip(&found.steps)
+                        .map(|(&(k, v), step)| match step {
+                            Step::Wildcard {
+                                pattern,
+                                shared: true,
+                            } => (k, pattern.as_bytes()),
+                            _ => (k, v),
+                        }),
+                )
+            })
+            .flatten();
+        let key = BucketKey::in_domain(
+            domain.key_prefix(),
+            entries.iter().zip(&found.steps).map(|(&(k, v), step)| {
+                let value = match step {
+                    Step::Wildcard {
+                        pattern,
+                        shared: true,
+                    } => KeyValue::Shared(pattern),
+                    _ => KeyValue::Value(v),
+                };
+                (k, value)
+            }),
+            params.algorithm,
+            params.period_us,
+        );
+        limits.push(MatchedLimit {
+            source: LimitSource::Configured(limit),
+            rule: metric.clone(),
+            enforce: !rule.shadow_mode,
+            quota: rule.quota_mode || options.quota_mode,
+            key,
+            reference,
+        });
+    }
+    MatchedDescriptor {
+        limits,
+        metadata: rule.metadata.as_ref(),
+    }
+}
+
+/// `replaces`: the names of the limits that another matched limit replaces; a matched limit
+/// of such a name is dropped.
+fn replaced_names<'c>(matched: &[MatchedDescriptor<'c>]) -> Vec<&'c str> {
+    matched
+        .iter()
+        .flat_map(|matched| &matched.limits)
+        .filter_map(|matched| match matched.source {
+            LimitSource::Configured(limit) => Some(limit),
+            LimitSource::Override(..) => None,
+        })
+        .flat_map(|limit| limit.replaces.iter().map(String::as_str))
+        .collect()
+}
+
+/// The plan's ops as descriptors are folded in: one per distinct bucket, in first-seen order.
+#[derive(Default)]
+struct Ops {
+    ops: Vec<BucketOp>,
+    /// Keys to op indices, once `ops` outgrows [`LINEAR_OPS`] (see [`op_slot`]).
+    index: HashMap<BucketKey, usize>,
+}
+
+impl Ops {
+    /// Folds one descriptor's matched limits, less the `replaced` ones, into the ops (its
+    /// `cost` added to each bucket it reaches), and says how the descriptor is answered.
+    fn plan_descriptor<'c>(
+        &mut self,
+        matched: MatchedDescriptor<'c>,
+        cost: Cost,
+        replaced: &[&str],
+        options: &PlanOptions,
+    ) -> DescriptorPlan<'c> {
+        let ops = &mut self.ops;
+        let mut planned = Vec::new();
+        let mut unlimited_rule = None;
+        for MatchedLimit {
+            source,
+            rule,
+            enforce,
+            quota,
+            key,
+            reference,
+        } in matched.limits
+        {
+            let params = match source {
+                LimitSource::Configured(limit) => {
+                    if limit
+                        .name
+                        .as_deref()
+                        .is_some_and(|name| replaced.contains(&name))
+                    {
+                        continue;
+                    }
+                    if limit.unlimited {
+                        unlimited_rule = Some(rule);
+                        continue;
+                    }
+                    limit.params()
+                }
+                LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
+            };
+            let op = op_slot(ops, &mut self.index, key, params, reference);
+            ops[op].cost = ops[op].cost.saturating_add(cost);
+            // `overdraft` is not part of the key: if any limit reaching the bucket asks for
+            // it, debits of this bucket always apply.
+            ops[op].params.overdraft |= params.overdraft;
+            // Nor is `max_wait`: the longest of the limits reaching the bucket holds.
+            ops[op].params.max_wait_us = ops[op].params.max_wait_us.max(params.max_wait_us);
+            // A quota-mode bucket never blocks the store's commit by itself (like a shadow
+            // one): whether quota denies is decided per request in `respond`, and a denied
+            // request is undone with `refunds`. In global shadow mode nothing blocks it.
+            ops[op].enforce |= enforce && !quota && !options.shadow_mode;
+            planned.push(PlannedLimit {
+                source,
+                rule,
+                op,
+                enforce,
+                quota,
+            });
+        }
+        match (planned.is_empty(), unlimited_rule) {
+            (false, _) => DescriptorPlan::Limited(planned, matched.metadata),
+            (true, Some(rule)) => DescriptorPlan::Unlimited { rule },
+            (true, None) => DescriptorPlan::Unmatched,
+        }
     }
 }
 

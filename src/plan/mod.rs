@@ -10,15 +10,14 @@
 //!
 //! Here the plan's types and what it tells about itself; `validate` (a request's bounds),
 //! `build` (matching, costs, one operation per bucket) and `respond` (statuses, refunds,
-//! tallies) each hold one step; the headers and metadata are [`crate::annotate`]'s.
+//! tallies) each hold one step; [`headers`] writes what a response carries besides its
+//! statuses (rate-limit headers, dynamic metadata).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use prost_types::Duration;
 
-pub use crate::annotate::HeaderOptions;
-use crate::annotate::{self, Reported};
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
@@ -29,11 +28,14 @@ use crate::proto::rls::{
 };
 
 mod build;
+pub mod headers;
 mod respond;
 #[cfg(test)]
 mod tests;
 mod validate;
 
+pub use headers::HeaderOptions;
+use headers::Reported;
 use validate::validate;
 
 /// Bounds on what one request may carry; beyond them the request is rejected as invalid.
@@ -188,7 +190,7 @@ pub struct Plan<'c> {
     /// One op per distinct bucket, in first-seen order.
     pub ops: Vec<BucketOp>,
     /// The request as `dynamic_metadata` reports it, when that is enabled.
-    metadata: Option<annotate::RequestSummary>,
+    metadata: Option<headers::RequestSummary>,
     /// Global shadow mode: the request is never denied.
     global_shadow: bool,
     /// Global quota mode: every descriptor is a quota-mode one.

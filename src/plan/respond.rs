@@ -133,7 +133,7 @@ impl<'c> Plan<'c> {
         let response_headers_to_add = options
             .headers
             .as_ref()
-            .map(|headers| annotate::headers(headers, &reported, over))
+            .map(|names| headers::headers(names, &reported, over))
             .unwrap_or_default();
         let dynamic_metadata = self
             .metadata

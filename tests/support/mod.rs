@@ -14,6 +14,7 @@ use floodgate::config::reload;
 use floodgate::config::{Config, Defaults};
 use floodgate::file_watch::FileWatch;
 use floodgate::limiter::Algorithm;
+use floodgate::listen::tls::{GrpcTls, TlsFiles};
 use floodgate::metrics::Metrics;
 use floodgate::plan::{PlanOptions, RequestLimits};
 use floodgate::proto::common::{
@@ -28,7 +29,6 @@ use floodgate::service::RateLimiter;
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
-use floodgate::tls::{GrpcTls, TlsFiles};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

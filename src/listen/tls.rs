@@ -37,8 +37,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::{Admission, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
-use crate::listen::{Admission, Guarded};
 use crate::metrics::{HandshakeFailure, Metrics};
 
 /// Longest a client may take to complete the TLS handshake before its connection is dropped.

@@ -1,0 +1,159 @@
+//! The store protocol: what the planner asks of a store for one request ([`BucketOp`]s), what
+//! a store answers ([`Applied`]), and the all-or-nothing rule every store applies
+//! ([`settle`]), shared so that no two stores can disagree.
+//!
+//! A request becomes a list of [`BucketOp`]s (one per distinct bucket, costs already summed);
+//! a store evaluates all of them with [`crate::limiter::evaluate`] and commits all or none of
+//! them, as [`settle`] decides.
+
+use super::{BucketKey, ReferenceCounter};
+use crate::limiter::{Cost, Evaluation, LimitParams, View};
+
+/// One bucket of one request: which bucket, how to count, and how much.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BucketOp {
+    /// The bucket's identity.
+    pub key: BucketKey,
+    /// The limit's parameters.
+    pub params: LimitParams,
+    /// Summed cost of every descriptor of the request that reached this bucket.
+    pub cost: Cost,
+    /// False when every limit reaching this bucket is in shadow mode: it never denies.
+    pub enforce: bool,
+    /// A fixed window shared with reference pods (reference counters on): Redis keeps it
+    /// under the reference's name as a plain integer; `key` stays its identity in-process.
+    pub reference: Option<ReferenceCounter>,
+}
+
+/// A store's answer for one bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketResult {
+    /// Whether this bucket alone would admit its cost (for an overdraft bucket: whether the
+    /// cost fitted; it is debited either way when the request commits).
+    pub admitted: bool,
+    /// The bucket as it is after the request (debited only if the request was committed).
+    pub view: View,
+    /// When not admitted: time until this cost could pass; `None` if it never can.
+    pub retry_after_us: Option<u64>,
+}
+
+/// A store's answer for a whole request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// True when the request's debits were stored (every enforcing bucket admitted).
+    pub committed: bool,
+    /// One result per [`BucketOp`], in the same order.
+    pub buckets: Vec<BucketResult>,
+    /// True when the answer came from the local over-limit cache, without a store call.
+    pub from_local_cache: bool,
+    /// µs to hold the request before answering it OK: the longest delay of its enforcing
+    /// buckets that admitted it with one ([`LimitParams::max_wait_us`]); 0 when not
+    /// committed, and when every token was there.
+    ///
+    /// [`LimitParams::max_wait_us`]: crate::limiter::LimitParams::max_wait_us
+    pub delay_us: u64,
+}
+
+/// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
+/// bucket admits. A shadow bucket that does not admit is never debited, but does not block.
+/// An overdraft bucket ([`LimitParams::overdraft`]) never blocks either, and when the request
+/// commits its debit is stored whether it fitted or not (its `admitted` stays as evaluated).
+///
+/// Returns the answer and, for each op, whether its `next` state must be stored.
+pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<bool>) {
+    let committed = ops
+        .iter()
+        .zip(evaluations)
+        .all(|(op, e)| e.admitted || !op.enforce || op.params.overdraft);
+    let mut store = Vec::with_capacity(ops.len());
+    let delay_us = ops
+        .iter()
+        .zip(evaluations)
+        .filter(|(op, e)| committed && op.enforce && e.admitted)
+        .map(|(_, e)| e.delay_us)
+        .max()
+        .unwrap_or(0);
+    let buckets = ops
+        .iter()
+        .zip(evaluations)
+        .map(|(op, e)| {
+            let applies = committed && (e.admitted || op.params.overdraft);
+            store.push(applies && e.next.is_some());
+            BucketResult {
+                admitted: e.admitted,
+                view: if applies { e.committed } else { e.current },
+                retry_after_us: if e.admitted {
+                    Some(0)
+                } else {
+                    e.retry_after_us
+                },
+            }
+        })
+        .collect();
+    (
+        Applied {
+            committed,
+            buckets,
+            from_local_cache: false,
+            delay_us,
+        },
+        store,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::KeyValue;
+    use crate::limiter::Algorithm;
+
+    /// An overdraft op that does not fit never blocks the commit and is stored anyway;
+    /// a non-overdraft enforcing op that does not fit blocks everything.
+    #[test]
+    fn settle_overdraft_never_blocks_and_always_stores() {
+        use crate::limiter::evaluate;
+        let params = LimitParams {
+            algorithm: Algorithm::FixedWindow,
+            requests_per_period: 2,
+            period_us: 60_000_000,
+            burst: 2,
+            overdraft: true,
+            max_wait_us: 0,
+        };
+        let op = |name: &[u8], overdraft, cost| BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(name))],
+                Algorithm::FixedWindow,
+                60_000_000,
+            ),
+            params: LimitParams {
+                overdraft,
+                max_wait_us: 0,
+                ..params
+            },
+            cost,
+            enforce: true,
+            reference: None,
+        };
+        let now = 1_700_000_040_000_000;
+        let ops = [op(b"a", true, 5), op(b"b", false, 1)];
+        let evaluations: Vec<_> = ops
+            .iter()
+            .map(|o| evaluate(&o.params, None, now, o.cost))
+            .collect();
+        let (applied, store) = settle(&ops, &evaluations);
+        assert!(applied.committed);
+        assert_eq!(store, [true, true]);
+        assert!(!applied.buckets[0].admitted);
+        assert_eq!(applied.buckets[0].view.remaining, 0);
+        let ops = [op(b"a", true, 1), op(b"b", false, 5)];
+        let evaluations: Vec<_> = ops
+            .iter()
+            .map(|o| evaluate(&o.params, None, now, o.cost))
+            .collect();
+        let (applied, store) = settle(&ops, &evaluations);
+        assert!(!applied.committed);
+        assert_eq!(store, [false, false]);
+    }
+}
