@@ -25,6 +25,38 @@ pub struct BucketOp {
     pub reference: Option<ReferenceCounter>,
 }
 
+/// Why debits are given back, which decides whether an overdraft debit is given back too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Undo {
+    /// Part of a request that was not committed as a whole (Redis Cluster slot groups, the
+    /// per-second split): everything that part stored is given back, overdraft debits
+    /// included, so the request ends as one atomic store leaves a denied request — with
+    /// nothing stored ([`settle`] stores an overdraft debit only when the request commits).
+    NotCommitted,
+    /// A request the store committed that is then not served as admitted (quota mode denies
+    /// it, or its client left while a `max_wait` limit held it): the debits it was admitted
+    /// with are given back, but never an overdraft debit, which records usage that already
+    /// happened (the token-quota pattern charges after the response).
+    Withdrawn,
+}
+
+impl BucketOp {
+    /// The operation that gives back what this one debited when `result` is its store's
+    /// answer, or `None` when there is nothing to give back for `why` (a check, a refund,
+    /// a debit that was not stored). The one place the overdraft rule of [`Undo`] lives.
+    pub fn undo(&self, result: &BucketResult, why: Undo) -> Option<BucketOp> {
+        let debited = self.cost > 0
+            && match why {
+                Undo::NotCommitted => result.admitted || self.params.overdraft,
+                Undo::Withdrawn => result.admitted && !self.params.overdraft,
+            };
+        debited.then(|| BucketOp {
+            cost: -self.cost,
+            ..self.clone()
+        })
+    }
+}
+
 /// A store's answer for one bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BucketResult {
@@ -155,5 +187,49 @@ mod tests {
         let (applied, store) = settle(&ops, &evaluations);
         assert!(!applied.committed);
         assert_eq!(store, [false, false]);
+    }
+
+    /// What is given back: only debits that were stored, overdraft ones only when the
+    /// request as a whole was not committed.
+    #[test]
+    fn undo_states_the_overdraft_rule_once() {
+        let op = |overdraft, cost| BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(b"v"))],
+                Algorithm::TokenBucket,
+                1_000_000,
+            ),
+            params: LimitParams {
+                algorithm: Algorithm::TokenBucket,
+                requests_per_period: 10,
+                period_us: 1_000_000,
+                burst: 10,
+                overdraft,
+                max_wait_us: 0,
+            },
+            cost,
+            enforce: true,
+            reference: None,
+        };
+        let result = |admitted| BucketResult {
+            admitted,
+            view: View {
+                remaining: 0,
+                reset_us: 0,
+            },
+            retry_after_us: None,
+        };
+        let undone = |op: BucketOp, admitted, why| op.undo(&result(admitted), why).map(|u| u.cost);
+        for why in [Undo::NotCommitted, Undo::Withdrawn] {
+            assert_eq!(undone(op(false, 3), true, why), Some(-3));
+            assert_eq!(undone(op(false, 3), false, why), None, "never stored");
+            assert_eq!(undone(op(false, 0), true, why), None, "a check");
+            assert_eq!(undone(op(false, -2), true, why), None, "a refund");
+        }
+        // An overdraft debit is stored whether it fitted or not when the request commits.
+        assert_eq!(undone(op(true, 3), false, Undo::NotCommitted), Some(-3));
+        assert_eq!(undone(op(true, 3), true, Undo::NotCommitted), Some(-3));
+        assert_eq!(undone(op(true, 3), true, Undo::Withdrawn), None);
     }
 }

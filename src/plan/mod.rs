@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use prost_types::Duration;
 
-use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey};
+use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey, Undo};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
 pub use crate::outcome::{Outcome, Tally, Verdict};

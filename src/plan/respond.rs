@@ -44,7 +44,8 @@ impl<'c> Plan<'c> {
 
     /// Debits to undo after the store committed a request that is nonetheless denied (by
     /// quota mode: quota-mode buckets do not block the store's commit, so it cannot know):
-    /// `(op index, refund)` for every debited bucket except overdraft ones. Empty when
+    /// `(op index, refund)` for every debited bucket except overdraft ones
+    /// ([`Undo::Withdrawn`]). Empty when
     /// nothing needs undoing. Like Redis Cluster's cross-slot refunds, this is a second,
     /// compensating call, not one atomic step.
     pub fn refunds(&self, applied: &Applied) -> Vec<(usize, BucketOp)> {
@@ -65,18 +66,7 @@ impl<'c> Plan<'c> {
             .iter()
             .zip(&applied.buckets)
             .enumerate()
-            // An overdraft debit records usage that happened (the pattern charges after the
-            // response): it is never undone.
-            .filter(|(_, (op, result))| op.cost > 0 && result.admitted && !op.params.overdraft)
-            .map(|(i, (op, _))| {
-                (
-                    i,
-                    BucketOp {
-                        cost: -op.cost,
-                        ..op.clone()
-                    },
-                )
-            })
+            .filter_map(|(i, (op, result))| Some((i, op.undo(result, Undo::Withdrawn)?)))
             .collect()
     }
 

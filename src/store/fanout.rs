@@ -25,7 +25,7 @@ use std::future::Future;
 use futures_util::future::join_all;
 
 use super::StoreError;
-use crate::bucket::{Applied, BucketOp, BucketResult};
+use crate::bucket::{Applied, BucketOp, BucketResult, Undo};
 use crate::limiter::View;
 
 /// One group's answer.
@@ -113,32 +113,21 @@ async fn refund<F, Fut>(
     F: Fn(usize, Vec<BucketOp>) -> Fut,
     Fut: Future<Output = GroupAnswer>,
 {
-    let refunds: Vec<(usize, Vec<usize>)> = groups
+    let refunds: Vec<(usize, Vec<usize>, Vec<BucketOp>)> = groups
         .iter()
         .enumerate()
         .zip(debited_groups)
         .filter(|(_, debited)| **debited)
         .filter_map(|((g, members), _)| {
-            let debited: Vec<usize> = members
+            let (debited, undo): (Vec<usize>, Vec<BucketOp>) = members
                 .iter()
-                .copied()
-                .filter(|&i| ops[i].cost > 0 && (buckets[i].admitted || ops[i].params.overdraft))
-                .collect();
-            (!debited.is_empty()).then_some((g, debited))
+                .filter_map(|&i| Some((i, ops[i].undo(&buckets[i], Undo::NotCommitted)?)))
+                .unzip();
+            (!debited.is_empty()).then_some((g, debited, undo))
         })
         .collect();
-    let answers = join_all(refunds.iter().map(|(g, debited)| {
-        let undo = debited
-            .iter()
-            .map(|&i| BucketOp {
-                cost: -ops[i].cost,
-                ..ops[i].clone()
-            })
-            .collect();
-        run(*g, undo)
-    }))
-    .await;
-    for ((_, debited), answer) in refunds.iter().zip(answers) {
+    let answers = join_all(refunds.iter().map(|(g, _, undo)| run(*g, undo.clone()))).await;
+    for ((_, debited, _), answer) in refunds.iter().zip(answers) {
         match answer {
             Ok(refunded) => {
                 on_refund(true);
