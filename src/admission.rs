@@ -28,7 +28,7 @@ use tonic_prost::ProstCodec;
 use tower::{Layer, Service};
 
 use crate::metrics::RequestResult;
-use crate::service::{RateLimiter, Reached};
+use crate::service::{Decider, Reached};
 
 /// The path prefix of the rate-limit service's calls.
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
@@ -36,12 +36,12 @@ const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
 /// Wraps every gRPC service in [`Admit`].
 #[derive(Clone)]
 pub struct AdmissionLayer {
-    limiter: Arc<RateLimiter>,
+    limiter: Arc<Decider>,
 }
 
 impl AdmissionLayer {
     /// Admits calls into `limiter`'s places.
-    pub fn new(limiter: Arc<RateLimiter>) -> AdmissionLayer {
+    pub fn new(limiter: Arc<Decider>) -> AdmissionLayer {
         AdmissionLayer { limiter }
     }
 }
@@ -61,7 +61,7 @@ impl<S> Layer<S> for AdmissionLayer {
 #[derive(Clone)]
 pub struct Admit<S> {
     inner: S,
-    limiter: Arc<RateLimiter>,
+    limiter: Arc<Decider>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

@@ -26,7 +26,7 @@ use crate::limiter::Algorithm;
 use crate::metrics::Metrics;
 use crate::plan::{HeaderOptions, PlanOptions};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response::Code};
-use crate::service::{RateLimiter, RequestError};
+use crate::service::{Decider, RequestError};
 use crate::store::MemoryStore;
 
 /// The limits the `request` and `json` targets plan against: small, but with every matching
@@ -130,7 +130,7 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
         dynamic_metadata: true,
         ..PlanOptions::default()
     };
-    let limiter = RateLimiter::new(
+    let limiter = Decider::new(
         Arc::new(ArcSwap::new(LIMITS.clone())),
         store.clone(),
         options,

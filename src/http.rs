@@ -36,14 +36,14 @@ use crate::proto::common::{
     rate_limit_descriptor::{Entry, RateLimitOverride},
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::service::{EntryPoint, RateLimiter, RequestError};
+use crate::service::{Decider, EntryPoint, RequestError};
 use crate::statsd::Stats;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]
 pub struct AdminState {
     /// The request path shared with gRPC.
-    pub limiter: Arc<RateLimiter>,
+    pub limiter: Arc<Decider>,
     /// False once shutdown has begun.
     pub serving: Arc<Readiness>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
@@ -103,7 +103,7 @@ pub fn reference_prometheus_router(
 /// The reference's debug port (`DEBUG_HOST`:`DEBUG_PORT`): `/rlconfig` in its text format
 /// ([`crate::config::Config::dump_reference`]) and `/stats`, the current value of every
 /// reference stat as `name: value` lines ([`Stats::dump`]).
-pub fn debug_router(limiter: Arc<RateLimiter>) -> Router {
+pub fn debug_router(limiter: Arc<Decider>) -> Router {
     let config = Arc::clone(&limiter);
     Router::new()
         .route(

@@ -4,13 +4,15 @@
 //!
 //! ```text
 //! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
-//! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::RateLimiter
+//! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::Decider
 //!                                                     │ 1. plan::Plan::build   (config matching, costs;
 //!                                                     │    reference counters stamped with the
 //!                                                     │    pod's window: bucket::stamp_…)
 //!                                                     │ 2. store::Store::apply (all-or-nothing debits)
 //!                                                     │ 3. plan::Plan::refunds (undo, if quota mode denies)
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
+//!                                                     │ 5. hold, if a max_wait limit admitted it
+//!                                                     │    with a delay (refunded if the client leaves)
 //!                                                     └─▶ metrics (Prometheus; statsd),
 //!                                                         otel (spans, when tracing is on)
 //! ```

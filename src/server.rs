@@ -37,7 +37,7 @@ use crate::metrics::Port;
 use crate::otel::TraceError;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
-use crate::service::{RateLimiter, RlsService};
+use crate::service::{Decider, RlsService};
 use crate::settings::BoundsSettings;
 use crate::store::{FailurePolicy, Store};
 
@@ -361,7 +361,7 @@ async fn serve_debug(components: &Components, bounds: &Bounds) -> Result<(), Ser
 pub async fn run(
     grpc: impl Into<GrpcListener>,
     http: Option<TcpListener>,
-    limiter: Arc<RateLimiter>,
+    limiter: Arc<Decider>,
     options: RunOptions,
     store_health: Option<watch::Receiver<bool>>,
     shutdown: impl Future<Output = ()>,

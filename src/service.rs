@@ -1,6 +1,6 @@
 //! The rate-limit service: `ShouldRateLimit` from request to response.
 //!
-//! [`RateLimiter::should_rate_limit`] is the whole request path — plan against the current
+//! [`Decider::should_rate_limit`] is the whole request path — plan against the current
 //! limits, apply the plan's bucket operations in the store, build the response, count it —
 //! shared by the gRPC service ([`RlsService`]) and the HTTP `POST /json` endpoint.
 //! [`RequestError`] is the one error type of that path and `From<RequestError> for Status`
@@ -73,8 +73,10 @@ pub const DELAYED_HEADER: &str = "x-ratelimit-delayed-ms";
 /// in-flight gauge): no practical limit.
 pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
 
-/// The shared request path: current limits, the store, options and metrics.
-pub struct RateLimiter {
+/// The shared request path, which decides every request: plan it against the current
+/// limits, apply its bucket operations in the store, answer it, count it. (Named for what it
+/// does with a request; the algorithms it applies are [`crate::limiter`]'s.)
+pub struct Decider {
     /// The limits in force; swapped whole on reload so a request sees one version.
     config: Arc<ArcSwap<Config>>,
     /// Where buckets live.
@@ -105,16 +107,16 @@ pub enum EntryPoint {
     Json,
 }
 
-impl RateLimiter {
+impl Decider {
     /// A limiter over `config` and `store`, with no practical bound on requests in flight
-    /// (see [`RateLimiter::with_max_in_flight`]).
+    /// (see [`Decider::with_max_in_flight`]).
     pub fn new(
         config: Arc<ArcSwap<Config>>,
         store: Arc<dyn Store>,
         options: PlanOptions,
         metrics: Arc<Metrics>,
-    ) -> RateLimiter {
-        RateLimiter {
+    ) -> Decider {
+        Decider {
             config,
             store,
             options,
@@ -127,20 +129,20 @@ impl RateLimiter {
     }
 
     /// Names the windows of reference counters by `clock` instead of the system clock.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> RateLimiter {
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Decider {
         self.clock = clock;
         self
     }
 
     /// Records a span per request (and per store call) in `traces`.
-    pub fn with_traces(mut self, traces: Option<Arc<Traces>>) -> RateLimiter {
+    pub fn with_traces(mut self, traces: Option<Arc<Traces>>) -> Decider {
         self.traces = traces;
         self
     }
 
     /// Answers at most `max` requests at once; more are refused with
     /// [`RequestError::Overloaded`]. `max` is clamped to 1..=[`MAX_IN_FLIGHT`].
-    pub fn with_max_in_flight(mut self, max: usize) -> RateLimiter {
+    pub fn with_max_in_flight(mut self, max: usize) -> Decider {
         let max = max.clamp(1, MAX_IN_FLIGHT);
         self.max_in_flight = max;
         self
@@ -200,7 +202,7 @@ impl RateLimiter {
         })
     }
 
-    /// Answers one request (admitting it first: see [`RateLimiter::admit`]).
+    /// Answers one request (admitting it first: see [`Decider::admit`]).
     pub async fn should_rate_limit(
         &self,
         request: &RateLimitRequest,
@@ -221,7 +223,7 @@ impl RateLimiter {
         self.answer_traced(request, entry, Some(headers)).await
     }
 
-    /// Answers one request already holding a place from [`RateLimiter::admit`], timed in
+    /// Answers one request already holding a place from [`Decider::admit`], timed in
     /// `floodgate_request_duration_seconds` (both gRPC and `/json` come this way).
     pub async fn answer_admitted(
         &self,
@@ -343,10 +345,10 @@ impl RateLimiter {
     }
 }
 
-impl RateLimiter {
+impl Decider {
     /// Holds a committed request for the delay its `max_wait` limits admitted it with, and
     /// returns how long it was held: the whole delay, or less if shutdown began meanwhile
-    /// (see [`RateLimiter::release_waiting`]). Its tokens are already debited, so later
+    /// (see [`Decider::release_waiting`]). Its tokens are already debited, so later
     /// requests queue behind it. If the caller drops the request while it waits (the client
     /// cancelled or timed out), its debits are given back: the tokens go to the next request.
     async fn hold(&self, plan: &Plan<'_>, applied: &Applied, domain: &Arc<str>) -> Duration {
@@ -449,21 +451,21 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// One of the `max_in_flight` places, held while alive (see [`RateLimiter::admit`]).
+/// One of the `max_in_flight` places, held while alive (see [`Decider::admit`]).
 #[derive(Debug)]
 pub struct Admitted {
     _in_flight: crate::metrics::InFlight,
 }
 
-/// The gRPC face of [`RateLimiter`].
+/// The gRPC face of [`Decider`].
 #[derive(Clone)]
 pub struct RlsService {
-    limiter: Arc<RateLimiter>,
+    limiter: Arc<Decider>,
 }
 
 impl RlsService {
     /// Serves `limiter` over gRPC.
-    pub fn new(limiter: Arc<RateLimiter>) -> RlsService {
+    pub fn new(limiter: Arc<Decider>) -> RlsService {
         RlsService { limiter }
     }
 }

@@ -35,7 +35,7 @@ use crate::listen::PeerAddr;
 use crate::plan::Plan;
 use crate::proto::common::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use crate::proto::rls::RateLimitRequest;
-use crate::service::RateLimiter;
+use crate::service::Decider;
 use crate::store::{ResilientStore, Store, StoreError};
 
 pub mod client;
@@ -73,7 +73,7 @@ impl std::fmt::Debug for ConsoleOptions {
 #[derive(Clone)]
 pub struct ConsoleState {
     /// The request path: limits, store, metrics.
-    pub limiter: Arc<RateLimiter>,
+    pub limiter: Arc<Decider>,
     /// Access rules and store health.
     pub options: ConsoleOptions,
 }

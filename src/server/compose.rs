@@ -24,7 +24,7 @@ use crate::listen::tls::GrpcTls;
 use crate::metrics::Metrics;
 use crate::otel::Traces;
 use crate::plan::PlanOptions;
-use crate::service::RateLimiter;
+use crate::service::Decider;
 use crate::settings::ServeSettings;
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 
@@ -61,7 +61,7 @@ impl RunOptions {
 /// Everything `floodgate serve` runs, built and validated before any port is bound.
 pub struct Components {
     /// The request path.
-    pub limiter: Arc<RateLimiter>,
+    pub limiter: Arc<Decider>,
     /// The limits in force, shared with the limiter; hot reload swaps them.
     pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
@@ -197,7 +197,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     };
     let config = Arc::new(ArcSwap::from_pointee(config));
     let limiter = Arc::new(
-        RateLimiter::new(
+        Decider::new(
             config.clone(),
             store,
             PlanOptions {

@@ -25,7 +25,7 @@ use floodgate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_client::RateLimitServiceClient,
 };
 use floodgate::server::{self, ServerError};
-use floodgate::service::RateLimiter;
+use floodgate::service::Decider;
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
@@ -314,7 +314,7 @@ impl TestServer {
         tls: Option<GrpcTls>,
         tuning: Tuning,
     ) -> TestServer {
-        let mut limiter = RateLimiter::new(config, store, options, metrics.clone());
+        let mut limiter = Decider::new(config, store, options, metrics.clone());
         if let Some(max) = tuning.max_in_flight {
             limiter = limiter.with_max_in_flight(max);
         }
