@@ -216,21 +216,49 @@ impl Setup {
             (Some((store, _)), _) => (store, Buckets::External),
             (None, backend) => start_store(backend, &clock, &metrics).await,
         };
-        let mut server = TestServer::launch(
-            config,
-            store,
-            buckets,
-            clock,
-            self.options,
+        let mut limiter = Decider::new(config, store, self.options, metrics.clone());
+        if let Some(max) = self.tuning.max_in_flight {
+            limiter = limiter.with_max_in_flight(max);
+        }
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_addr = grpc.local_addr().unwrap();
+        let http_addr = http.local_addr().unwrap();
+        // Bound then released, so the address is known to be free of any server.
+        let http = (!self.tuning.no_http).then_some(http);
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(server::run(
+            grpc,
+            http,
+            Arc::new(limiter),
+            server::RunOptions {
+                grace: Duration::from_secs(5),
+                grpc_max_message_bytes: self.tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
+                json_endpoint: !self.tuning.no_json_endpoint,
+                tls,
+                limits_health: None,
+                max_connection_age: None,
+                max_connection_age_grace: None,
+                keepalive_interval: None,
+                bounds: server::Bounds::default(),
+                console: Default::default(),
+            },
             self.store_health,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        TestServer {
+            grpc_addr,
+            http_addr,
+            clock,
             metrics,
-            tls,
-            self.tuning,
-        )
-        .await;
-        server.reloads = reloads;
-        server.watches = watches;
-        server
+            reloads,
+            buckets,
+            watches,
+            shutdown: Some(tx),
+            task: Some(task),
+        }
     }
 }
 
@@ -299,64 +327,6 @@ impl TestServer {
         match &self.buckets {
             Buckets::Cluster(cluster) => cluster,
             _ => panic!("not a Redis Cluster server"),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn launch(
-        config: Arc<ArcSwap<Config>>,
-        store: Arc<dyn Store>,
-        buckets: Buckets,
-        clock: Arc<ManualClock>,
-        options: PlanOptions,
-        store_health: Option<tokio::sync::watch::Receiver<bool>>,
-        metrics: Arc<Metrics>,
-        tls: Option<GrpcTls>,
-        tuning: Tuning,
-    ) -> TestServer {
-        let mut limiter = Decider::new(config, store, options, metrics.clone());
-        if let Some(max) = tuning.max_in_flight {
-            limiter = limiter.with_max_in_flight(max);
-        }
-        let limiter = Arc::new(limiter);
-        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let grpc_addr = grpc.local_addr().unwrap();
-        let http_addr = http.local_addr().unwrap();
-        // Bound then released, so the address is known to be free of any server.
-        let http = (!tuning.no_http).then_some(http);
-        let (tx, rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(server::run(
-            grpc,
-            http,
-            limiter,
-            server::RunOptions {
-                grace: Duration::from_secs(5),
-                grpc_max_message_bytes: tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
-                json_endpoint: !tuning.no_json_endpoint,
-                tls,
-                limits_health: None,
-                max_connection_age: None,
-                max_connection_age_grace: None,
-                keepalive_interval: None,
-                bounds: server::Bounds::default(),
-                console: Default::default(),
-            },
-            store_health,
-            async move {
-                let _ = rx.await;
-            },
-        ));
-        TestServer {
-            grpc_addr,
-            http_addr,
-            clock,
-            metrics,
-            reloads: Arc::new(AtomicUsize::new(0)),
-            buckets,
-            watches: Vec::new(),
-            shutdown: Some(tx),
-            task: Some(task),
         }
     }
 
