@@ -38,6 +38,7 @@
 # so blocks can be added or removed independently.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 
 SECONDS_PER_RUN=${BENCH_SECONDS:-10}
 WARMUP=${BENCH_WARMUP:-2}
@@ -45,11 +46,7 @@ FILL_KEYS=${BENCH_FILL_KEYS:-1000000}
 CONNECTIONS=16
 STREAMS=8
 
-command -v h2load >/dev/null || {
-    echo "installing nghttp2-client (h2load)"
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq nghttp2-client >/dev/null
-}
+need_h2load
 scripts/install-test-tools.sh >/dev/null
 
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -58,16 +55,6 @@ if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ]; then
 fi
 BIN=${BENCH_BIN:-$TARGET/release/floodgate}
 LOADGEN=${BENCH_LOADGEN:-$TARGET/release/examples/loadgen}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # Domain `bench`, k0..k9: ten descriptors of huge limits (every request admitted, buckets
 # full again within microseconds). Domain `fill`: one request per 2 minutes per key, so each

@@ -38,12 +38,12 @@ def summary(name, rows):
     late = [t - (ok[0] + k * INTERVAL_MS) for k, t in enumerate(ok[BURST:], start=1)] if ok else []
     late.sort()
     span = ok[-1] - ok[BURST - 1] if len(ok) > BURST else 0.0
-    rate = (len(ok) - BURST) / span * 1000.0 if span > 0 else float("nan")
+    rate = f"{(len(ok) - BURST) / span * 1000.0:.0f}" if span > 0 else "-"
     p50 = f"{late[len(late) // 2]:.1f}" if late else "-"
     worst = f"{late[-1]:.1f}" if late else "-"
     print(
         f"| {name} | {len(rows)} | {len(ok)} | {len(refused)} | {other} | "
-        f"{ok[-1] if ok else 0:.0f} | {rate:.0f} | {p50} | {worst} |"
+        f"{ok[-1] if ok else 0:.0f} | {rate} | {p50} | {worst} |"
     )
     return ok, refused
 

@@ -13,14 +13,11 @@
 # every one is admitted, 20 at once and then one every 10 ms.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 
 STORE=${SHAPING_STORE:-redis}
 REQUESTS=200
-command -v h2load >/dev/null || {
-    echo "installing nghttp2-client (h2load)"
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq nghttp2-client >/dev/null
-}
+need_h2load
 if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c 'import matplotlib' 2>/dev/null; then
     echo "installing matplotlib into .tools/bench-venv"
     python3 -m venv .tools/bench-venv
@@ -31,16 +28,6 @@ if [ -z "${BENCH_BIN:-}" ]; then
     cargo build --release --quiet --bin floodgate
 fi
 BIN=${BENCH_BIN:-$TARGET/release/floodgate}
-
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 mkdir "$WORK/limits"
 cat > "$WORK/limits/burst.yaml" <<'YAML'

@@ -28,6 +28,7 @@
 # counter per value), 10^6 per second like floodgate's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 SECONDS_PER_RUN=${SBS_SECONDS:-5}
@@ -40,14 +41,6 @@ if [ -z "${BENCH_BIN:-}" ]; then
     cargo build --release --quiet --bin floodgate
 fi
 BIN=${BENCH_BIN:-$TARGET/release/floodgate}
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 LIMITADOR=${LIMITADOR_BIN:-}
 if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
@@ -57,8 +50,6 @@ if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
 fi
 [ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
 command -v strace >/dev/null || echo "(no strace: no syscall columns)"
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # Domain (namespace) `one`: descriptor k0; `four`: k0..k3. Separate, because a Limitador
 # limit whose variable a request lacks (descriptors[3] of a 1-descriptor request) fails it.

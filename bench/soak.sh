@@ -12,30 +12,17 @@
 # number, so new buckets are created all along and old ones expire.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/common.sh
 
 DURATION=${SOAK_SECONDS:-600}
 RPS=${SOAK_RPS:-18000}
 INTERVAL=${SOAK_INTERVAL:-5}
 CONNECTIONS=16
 
-command -v h2load >/dev/null || {
-    echo "installing nghttp2-client (h2load)"
-    sudo=""; [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq nghttp2-client >/dev/null
-}
+need_h2load
 command -v redis-server >/dev/null || scripts/install-test-tools.sh
 cargo build --release --quiet
 BIN=${CARGO_TARGET_DIR:-target}/release/floodgate
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # One interval's hits (RPS × INTERVAL per value) stay well within a bucket, which then refills
 # and expires from Redis within a minute: new keys all along, old ones leaving.
