@@ -43,6 +43,9 @@ pub enum Verdict {
 pub struct Outcome {
     /// The answer for Envoy.
     pub response: RateLimitResponse,
+    /// Whether the answer is OVER_LIMIT (`response.overall_code`), as decided: what metrics
+    /// count and whether a `max_wait` limit may hold the request.
+    pub over: bool,
     /// The request's domain as a metric label; `None` when no domain is configured by that
     /// name (then there are no tallies).
     pub domain: Option<Arc<str>>,

@@ -30,8 +30,7 @@ use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::{
-    RateLimitRequest, RateLimitResponse, rate_limit_response::Code,
-    rate_limit_service_server::RateLimitService,
+    RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
 
@@ -251,10 +250,7 @@ impl Decider {
         });
         let answered = self.answer(request, span.as_ref()).await;
         let result = match &answered {
-            Ok(response) if response.overall_code == Code::OverLimit as i32 => {
-                RequestResult::OverLimit
-            }
-            Ok(_) => RequestResult::Ok,
+            Ok((_, result)) => *result,
             Err(RequestError::Invalid(_)) => RequestResult::Invalid,
             Err(RequestError::Store(_)) => RequestResult::StoreError,
             Err(RequestError::Overloaded { .. }) => RequestResult::Overloaded,
@@ -270,15 +266,15 @@ impl Decider {
                 answered.as_ref().err().map(|e| e as &dyn std::fmt::Display),
             );
         }
-        answered
+        answered.map(|(response, _)| response)
     }
 
-    /// The request path proper; `span`, when the request is traced.
+    /// The request path proper, with the response's result; `span`, when the request is traced.
     async fn answer(
         &self,
         request: &RateLimitRequest,
         span: Option<&RequestSpan<'_>>,
-    ) -> Result<RateLimitResponse, RequestError> {
+    ) -> Result<(RateLimitResponse, RequestResult), RequestError> {
         let config = self.config.load_full();
         let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
@@ -317,7 +313,7 @@ impl Decider {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
-        let over = outcome.response.overall_code == Code::OverLimit as i32;
+        let over = outcome.over;
         if applied.committed && applied.delay_us > 0 && !over {
             let domain = outcome.domain.clone().unwrap_or_else(|| Arc::from(""));
             let held = self.hold(&plan, &applied, &domain).await;
@@ -327,21 +323,19 @@ impl Decider {
                 raw_value: Vec::new(),
             });
         }
-        self.metrics.record_outcome(
-            &outcome,
-            if over {
-                RequestResult::OverLimit
-            } else {
-                RequestResult::Ok
-            },
-        );
+        let result = if over {
+            RequestResult::OverLimit
+        } else {
+            RequestResult::Ok
+        };
+        self.metrics.record_outcome(&outcome, result);
         tracing::debug!(
             domain = %request.domain,
             descriptors = request.descriptors.len(),
             over_limit = over,
             "answered"
         );
-        Ok(outcome.response)
+        Ok((outcome.response, result))
     }
 }
 

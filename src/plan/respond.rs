@@ -137,6 +137,7 @@ impl<'c> Plan<'c> {
                 dynamic_metadata,
                 ..Default::default()
             },
+            over,
             domain: self.domain.clone(),
             tallies,
             shadowed: self.global_shadow && self.over(applied),
