@@ -284,12 +284,7 @@ impl Decider {
         self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
-            crate::bucket::Applied {
-                committed: true,
-                buckets: Vec::new(),
-                from_local_cache: false,
-                delay_us: 0,
-            }
+            Applied::nothing()
         } else {
             let store_span = span.map(|span| span.store_call(self.store.name(), plan.ops.len()));
             let started = Instant::now();

@@ -86,6 +86,19 @@ pub struct Applied {
     pub delay_us: u64,
 }
 
+impl Applied {
+    /// The answer for a request with no bucket operations (unknown domain, nothing matched,
+    /// unlimited): committed, nothing stored, nothing to wait for.
+    pub fn nothing() -> Applied {
+        Applied {
+            committed: true,
+            buckets: Vec::new(),
+            from_local_cache: false,
+            delay_us: 0,
+        }
+    }
+}
+
 /// Decides all-or-nothing for evaluations of `ops` (same order): commit when every enforcing
 /// bucket admits. A shadow bucket that does not admit is never debited, but does not block.
 /// An overdraft bucket ([`LimitParams::overdraft`]) never blocks either, and when the request

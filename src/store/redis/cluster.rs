@@ -226,12 +226,7 @@ impl Store for ClusterStore {
         let groups = slot_groups(&self.prefix, ops);
         match groups.as_slice() {
             [] => {
-                return Ok(Applied {
-                    committed: true,
-                    buckets: Vec::new(),
-                    from_local_cache: false,
-                    delay_us: 0,
-                });
+                return Ok(Applied::nothing());
             }
             // One slot (one descriptor, or a hash-tagged domain): exactly the standalone call.
             [_] => return self.run(ops, now).await,
