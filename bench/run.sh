@@ -64,7 +64,7 @@ mkdir "$WORK/limits"
     echo "domain: bench"
     echo "descriptors:"
     for i in 0 1 2 3 4 5 6 7 8 9; do
-        echo "  - {key: k$i, rate_limit: {unit: hour, requests_per_unit: 1000000000}}"
+        echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
     done
 } > "$WORK/limits/bench.yaml"
 cat > "$WORK/limits/fill.yaml" <<'YAML'
