@@ -309,8 +309,9 @@ impl Decider {
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
         let over = outcome.over;
-        if applied.committed && applied.delay_us > 0 && !over {
-            let domain = outcome.domain.clone().unwrap_or_else(|| Arc::from(""));
+        // Only a configured domain has buckets, hence a delay.
+        let shaped = applied.committed && applied.delay_us > 0 && !over;
+        if let Some(domain) = outcome.domain.clone().filter(|_| shaped) {
             let held = self.hold(&plan, &applied, &domain).await;
             outcome.response.response_headers_to_add.push(HeaderValue {
                 key: DELAYED_HEADER.to_string(),
@@ -346,7 +347,9 @@ impl Decider {
             store: &self.store,
             metrics: &self.metrics,
             domain,
-            refund: plan.undo(applied).into_iter().map(|(_, op)| op).collect(),
+            plan,
+            applied,
+            answered: false,
             started: Instant::now(),
         };
         let mut released = self.released.subscribe();
@@ -355,7 +358,7 @@ impl Decider {
             _ = released.wait_for(|released| *released) => ShapedEnd::Released,
         };
         let held = waiting.started.elapsed();
-        waiting.refund.clear();
+        waiting.answered = true;
         self.metrics.record_shaped(domain, end, held);
         match end {
             ShapedEnd::Served => delay.max(held),
@@ -399,33 +402,45 @@ impl Decider {
     }
 }
 
-/// A request held by a `max_wait` limit: if it is dropped with debits still to give back
-/// (the caller went away mid-wait), it refunds them from a task of its own and counts the
-/// request as cancelled.
+/// A request held by a `max_wait` limit: if it is dropped before it is answered (the caller
+/// went away mid-wait), it refunds its debits from a task of its own and counts the request
+/// as cancelled.
 struct Waiting<'a> {
     store: &'a Arc<dyn Store>,
     metrics: &'a Arc<Metrics>,
     domain: &'a Arc<str>,
-    /// The request's debits, undone; emptied once the request is answered.
-    refund: Vec<BucketOp>,
+    /// The request and the store's answer: its refund is built from them only if it is
+    /// cancelled, so a request served in turn copies nothing.
+    plan: &'a Plan<'a>,
+    applied: &'a Applied,
+    /// Set once the request is answered: nothing to give back then.
+    answered: bool,
     started: Instant,
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        if self.refund.is_empty() {
+        if self.answered {
             return;
         }
         let held = self.started.elapsed();
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let ops: Vec<BucketOp> = self
+            .plan
+            .undo(self.applied)
+            .into_iter()
+            .map(|(_, op)| op)
+            .collect();
+        let runtime = tokio::runtime::Handle::try_current();
+        let Some(runtime) = runtime.ok().filter(|_| !ops.is_empty()) else {
+            if !ops.is_empty() {
+                tracing::warn!("a cancelled shaped request could not be refunded: no runtime");
+            }
             self.metrics
                 .record_shaped(self.domain, ShapedEnd::Cancelled, held);
-            tracing::warn!("a cancelled shaped request could not be refunded: no runtime");
             return;
         };
         let (store, metrics) = (Arc::clone(self.store), Arc::clone(self.metrics));
         let domain = Arc::clone(self.domain);
-        let ops = std::mem::take(&mut self.refund);
         runtime.spawn(async move {
             if let Err(error) = store.apply(&ops).await {
                 tracing::warn!(

@@ -399,9 +399,14 @@ impl Builder<'_> {
             > MAX_BUCKET_SPAN_US
         {
             let message = format!(
-                "burst {} × {interval_us} µs per token exceeds 2^50 µs (about 35 years); lower \
-                 burst or raise requests_per_unit",
-                limit.burst
+                "burst {} × {interval_us} µs per token{} exceeds 2^50 µs (about 35 years); \
+                 lower burst or raise requests_per_unit",
+                limit.burst,
+                if limit.max_wait_us > 0 {
+                    " plus max_wait"
+                } else {
+                    ""
+                }
             );
             // Only an explicit burst can get here: the default (requests_per_unit) spans about
             // one period, which the period bound already keeps below 2^47 µs.
