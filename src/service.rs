@@ -360,10 +360,8 @@ impl Decider {
         let held = waiting.started.elapsed();
         waiting.answered = true;
         self.metrics.record_shaped(domain, end, held);
-        match end {
-            ShapedEnd::Served => delay.max(held),
-            _ => held,
-        }
+        // A sleep never ends early: served, this is at least the delay.
+        held
     }
 
     /// Answers every request a `max_wait` limit holds at once, as OK, and every later one
