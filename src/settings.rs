@@ -576,7 +576,8 @@ pub struct CheckConfigSettings {
 
     /// How long the clients (Envoy's rate-limit filter `timeout`, 20ms by default) wait for
     /// an answer: a limit whose `max_wait` is longer gets a warning.
-    #[arg(long, value_name = "DURATION", default_value = "20ms", value_parser = parse_max_wait)]
+    #[arg(long, value_name = "DURATION", default_value = "20ms",
+          value_parser = crate::config::parse_wait)]
     pub expected_client_timeout: u64,
 }
 
