@@ -3,10 +3,6 @@
 
 usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next EVALSHA with
                                                # KEYS keys (its exact keys and ARGV) to OUT
-       script_cost.py synth KEYS RATE PERIOD_US OUT
-                                               # write the EVALSHA floodgate sends for KEYS
-                                               # token buckets of RATE per PERIOD_US (burst
-                                               # RATE, cost 1) to OUT, as capture would
        [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
                                                # on a quiet Redis: per capture, ROUNDS rounds of
                                                # CALLS calls of each script; prints µs per call
@@ -21,7 +17,6 @@ every call admits (what it computes does not depend on the limit: it has no fine
 import json
 import os
 import socket
-import struct
 import sys
 
 
@@ -119,15 +114,6 @@ def capture(port, nkeys, out):
                "argv": [a.hex() for a in args[3 + nkeys:]]}, open(out, "w"))
 
 
-def synth(nkeys, rate, period_us, out):
-    """The call src/store/redis/script.rs encodes: now "" (Redis TIME), then per operation
-    six little-endian doubles: flags (token bucket, enforcing: 4), rate, period µs, cost,
-    burst, max_wait µs."""
-    keys = [b"fg:synth|k%d=v|tb" % i for i in range(nkeys)]
-    blob = b"".join(struct.pack("<6d", 4.0, rate, period_us, 1.0, rate, 0.0) for _ in keys)
-    json.dump({"keys": [k.hex() for k in keys], "argv": [b"".hex(), blob.hex()]}, open(out, "w"))
-
-
 def usec_per_call(conn):
     for line in conn.call("INFO", "commandstats").decode().splitlines():
         if line.startswith("cmdstat_evalsha:"):
@@ -171,7 +157,5 @@ def replay(port, calls, rounds, captures):
 if __name__ == "__main__":
     if sys.argv[1] == "capture":
         capture(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-    elif sys.argv[1] == "synth":
-        synth(int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
     else:
         replay(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])

@@ -23,28 +23,37 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
                               the capacity, and never blocks the request; counter: a fixed
                               window shared with reference pods (see Storage), fixed_window
                               only
+         then for a token bucket its GCRA constants, which depend on the limit only and which
+         the server computes (limiter::Ticks) so that Redis does not on every call:
+         interval             T, ticks per token, >= 1 (0: the rate is 0, nothing passes)
+         scale                ticks per µs, 10^f for the f fraction digits of the stored tat
+         cost                 signed: > 0 debit, 0 check only, < 0 refund
+         burst                capacity in tokens (burst * interval <= 2^50)
+         wait                 max_wait in ticks (<= 2^50 - burst * interval): a debit that
+                              does not fit now but would within this many ticks is admitted,
+                              its tokens reserved, with a delay; 0 with overdraft
+         or for a window:
          requests_per_period  >= 0
          period_us            >= 0
-         cost                 signed: > 0 debit, 0 check only, < 0 refund
-         burst                >= 0 (token bucket capacity; ignored by the windows; a counter's
-                              EXPIRE in seconds, >= 1)
-         max_wait_us          >= 0 (token bucket: a debit that does not fit now but would
-                              within this many µs is admitted, its tokens reserved, with a
-                              delay; ignored by the windows and with overdraft)
+         cost                 as above
+         burst                ignored, except a counter's EXPIRE in seconds, >= 1
+         max_wait_us          ignored
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
          tonumber would have rounded their decimal form.
 
-Reply    a flat array of integers, 2 + 4 * #KEYS long:
+Reply    one binary string of 2 + 4 * #KEYS little-endian doubles, each a whole number:
          committed (0/1), delay_us (when committed, the longest delay of an enforcing
          operation admitted with one, else 0), then per operation: admitted (0/1), remaining,
-         reset_us, retry_after_us (-1 = never). As `bucket::settle`: the view is the committed one when
-         committed and (admitted or overdraft), else the current one; retry_after_us is 0 when
-         admitted (for an overdraft debit that did not fit: until the debited bucket is no
-         longer overdrawn).
+         reset_us, retry_after_us (-1 = never). As `bucket::settle`: the view is the
+         committed one when committed and (admitted or overdraft), else the current one;
+         retry_after_us is 0 when admitted (for an overdraft debit that did not fit: until
+         the debited bucket is no longer overdrawn).
+         Binary for the same reason as ARGV: Redis turns an array reply into RESP one element
+         at a time, which cost more than computing a bucket.
          A malformed call (argument count, blob length, a value that is not a whole number,
-         unknown flags or algorithm) is an error reply starting "ERR floodgate".
+         unknown flags or algorithm, a scale below 1) is an error reply starting "ERR floodgate".
 
 Storage  token bucket: a string, the theoretical arrival time as a decimal number of µs
          since the epoch: "<us>" or "<us>.<f digits>", where f (0 to 9) is the precision of
@@ -77,10 +86,12 @@ Numbers  Lua 5.1 computes in doubles, so every value stays below 2^53 (the Rust 
 
 Cost     Every EVALSHA runs this whole chunk, so each closure it creates, each chunk local a
          closure captures and each table is an allocation on every call: the token bucket is
-         written inline in the main loop with no helper function, the window algorithms are
-         built only when a call has a window operation (capturing nothing), and each
-         operation's evaluation is one table. bench/script_cost.py measures the Redis time
-         per call against bench/gcra_min.lua.
+         written inline in the main loop with no helper function and takes its constants
+         computed; the window algorithms are built only when a call has a window operation
+         (window operations are evaluated after the token buckets); a call allocates one
+         table for its reply and writes, built at its size, and none per token bucket
+         operation; whole µs (the common case) skip the tick arithmetic. bench/script_cost.py measures the Redis time per call against
+         bench/gcra_min.lua.
 
 The same key twice in one call (the planner sums costs per bucket, so it should not happen):
 every operation is evaluated against the state before the call and the later operation's
@@ -90,17 +101,15 @@ write wins — exactly what the memory store does.
 local MAX_NOW = 4503599627370496 -- 2^52 µs, limiter::MAX_NOW_US
 local MAX_PERIOD = 68719476736000 -- 2^36 ms in µs, limiter::MAX_PERIOD_US
 local MAX_DEBT = 1125899906842624 -- 2^50 ticks, limiter::MAX_DEBT_TICKS
-local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
-local PRECISE_INTERVAL = 1000000 -- limiter::PRECISE_INTERVAL
-local MAX_SCALED_PERIOD = 4503599627370496 -- 2^52, token_bucket::MAX_SCALED_PERIOD
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
-local MAX_WAIT = 60000000 -- 60 s in µs, limiter::MAX_WAIT_US
+local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
 local OP_FORMAT, OP_BYTES = '<dddddd', 48 -- one operation's numbers in ARGV[2]
 
 -- Locals, not globals: every use of a global is a table lookup.
 local floor, min, max = math.floor, math.min, math.max
 local tonumber, find, match, type, format = tonumber, string.find, string.match, type, string.format
-local rcall, rpcall, unpack = redis.call, redis.pcall, struct.unpack
+local spread = unpack -- a table's elements as values
+local rcall, rpcall, unpack, pack = redis.call, redis.pcall, struct.unpack, struct.pack
 
 -- Scripts that call TIME and then write must be replicated by effects: the only mode since
 -- Redis 7 (which has REDIS_VERSION_NUM), the default since 5; ask for it on older servers.
@@ -108,23 +117,249 @@ if not redis.REDIS_VERSION_NUM and redis.replicate_commands then
   redis.replicate_commands()
 end
 
--- An evaluation (limiter::Evaluation) is one table: [1] admitted, [2] retry (µs until the
--- cost could pass, -1 = never), [3] [4] the current view (remaining, reset_us), [5] [6] the
--- committed view, [7] when there is a state to write, its ttl in µs (0 deletes), and the
--- state: [8] the token bucket's stored tat, or the fields w, c[, p] (windows); then the
--- operation's [9] algorithm, [10] overdraft and [11] counter expiry (nil for a bucket).
+------------------------------------------------------------------------------------------
+-- Main.
+------------------------------------------------------------------------------------------
+local argv, keys = ARGV, KEYS
+local n_ops = #keys
+if #argv ~= 2 then
+  return redis.error_reply('ERR floodgate apply.lua: expected 2 arguments, got ' .. #argv)
+end
+local blob = argv[2]
+if #blob ~= OP_BYTES * n_ops then
+  return redis.error_reply(
+    'ERR floodgate apply.lua: expected ' .. (OP_BYTES * n_ops) .. ' bytes of operations for '
+      .. n_ops .. ' keys, got ' .. #blob
+  )
+end
+
+local now
+if argv[1] == '' then
+  local t = rcall('TIME')
+  now = t[1] * 1000000 + t[2] -- arithmetic converts the strings, with no call
+elseif find(argv[1], '^%-?%d+$') then
+  now = tonumber(argv[1])
+else
+  return redis.error_reply('ERR floodgate apply.lua: now is not an integer')
+end
+if now < 0 then
+  now = 0
+elseif now > MAX_NOW then
+  now = MAX_NOW
+end
+
+-- Phase 1: read and evaluate everything before writing anything, token buckets first (here,
+-- inline) and window operations after them (below). Each operation's answer
+-- goes straight into the reply (slots 1 to 2 + 4 * n_ops), with its current view; operation
+-- i, if it writes when the call commits, leaves its write in the 5 slots after the reply's
+-- end + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token
+-- bucket, 1 fixed window, 2 sliding window, 3 reference counter); phase 2 writes in operation
+-- order, so of two operations on one key the later one's write wins. So a call allocates one
+-- table and none per operation, built at the size of a 1-operation call (most requests) or
+-- of a 4-operation one: a constructor's nils size a table, and growing one rehashes it at
+-- every power of two, which cost a 4-bucket call more than a bucket's whole evaluation.
+local reply
+if n_ops == 1 then
+  reply = { 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+else
+  reply = {
+    0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+    nil, nil, nil, nil, nil,
+  }
+end
+local reply_end = 2 + 4 * n_ops
+local writes = reply -- the writes, after the reply
+local windows -- the window operations, evaluated after the token buckets (below)
+local tat_formats -- the tat's formats by fraction digits, once a tat has a fraction
+local committed = true
+local delay = 0 -- the longest delay of an enforcing operation admitted with one
+local pos = 1
+for i = 1, n_ops do
+  -- (rate, period, max_wait) of a window are (interval, scale, wait) of a token bucket.
+  local flags, rate, period, cost, burst, max_wait
+  flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
+  -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
+  if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
+    or max_wait % 1 ~= 0 or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
+    or max_wait < 0
+  then
+    return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
+  end
+  local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
+  if flags >= 16 then
+    expiry, flags = burst, flags - 16
+  end
+  local algorithm = flags % 4
+  local enforce = flags % 8 >= 4
+  local overdraft = flags >= 8
+  local key = keys[i]
+  -- This operation's answer: admitted, retry_after_us (-1 = never) and the current view.
+  local admitted, retry, remaining, reset
+  if algorithm == 0 and not expiry then
+    ----------------------------------------------------------------------------------------
+    -- Token bucket (GCRA), limiter/token_bucket.rs, inline: every helper function would be
+    -- a closure allocated per call. The math runs in ticks of 10^-digits µs; the constants
+    -- (Gcra::new) come computed.
+    ----------------------------------------------------------------------------------------
+    local interval, scale, wait = rate, period, max_wait
+    if scale < 1 then
+      return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
+    end
+    if interval == 0 then
+      -- Rate 0: nothing passes; there is nothing to refill or refund.
+      admitted, remaining, reset = cost <= 0, 0, 0
+      retry = admitted and 0 or -1
+    else
+      local tolerance = burst * interval
+      local digits = 0 -- scale = 10^digits
+      if scale > 1 then
+        local s = scale
+        repeat
+          digits, s = digits + 1, s / 10
+        until s <= 1
+      end
+      -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
+      -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
+      local stored = rpcall('GET', key)
+      local tat_us, tat_frac, tat_digits
+      if type(stored) == 'string' then
+        if find(stored, '^%-?%d+$') then
+          tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
+        else
+          local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
+          if whole and #fraction <= MAX_TAT_DIGITS then
+            tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
+          end
+        end
+      end
+      -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
+      local debt = 0
+      if tat_us and tat_us >= now then
+        if tat_digits == 0 and scale == 1 then
+          -- Whole µs, the common case: no fraction to align.
+          debt = tat_us - now
+          if debt > MAX_DEBT then
+            debt = MAX_DEBT
+          end
+        elseif tat_us - now > floor(MAX_DEBT / scale) then
+          debt = MAX_DEBT
+        else
+          local frac, unit = tat_frac, 1
+          for _ = digits + 1, tat_digits do
+            unit = unit * 10
+          end
+          if tat_digits <= digits then
+            for _ = tat_digits + 1, digits do
+              frac = frac * 10
+            end
+          else
+            frac = floor((frac + unit - 1) / unit)
+          end
+          debt = min((tat_us - now) * scale + frac, MAX_DEBT)
+        end
+      end
+      -- The view `debt` ticks in debt: whole tokens left, µs until full (rounded up).
+      remaining, reset = 0, debt
+      if scale > 1 then
+        reset = floor((debt + scale - 1) / scale)
+      end
+      if debt <= tolerance then
+        remaining = floor((tolerance - debt) / interval)
+      end
+      local new_debt, shaped -- the debt to store, if any; the delay of a shaped debit
+      if cost == 0 then
+        admitted = debt <= tolerance
+        retry = admitted and 0 or floor((debt - tolerance + scale - 1) / scale)
+      elseif cost > 0 then
+        new_debt = debt + cost * interval
+        admitted = cost <= burst and new_debt <= tolerance
+        if not admitted and not overdraft and cost <= burst and new_debt - tolerance <= wait then
+          -- Shaped: reserved now, answered when its tokens would have been there.
+          admitted, shaped = true, floor((new_debt - tolerance + scale - 1) / scale)
+        end
+        if admitted then
+          retry = 0
+        elseif overdraft then
+          -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap;
+          -- retry until the debited bucket is no longer overdrawn.
+          if cost > floor((MAX_DEBT - debt) / interval) then
+            new_debt = MAX_DEBT
+          end
+          retry = floor((max(new_debt - tolerance, 0) + scale - 1) / scale)
+        else
+          if cost > burst then
+            retry = -1
+          else
+            retry = floor((new_debt - tolerance - wait + scale - 1) / scale)
+          end
+          new_debt = nil
+        end
+      else
+        new_debt, admitted, retry = max(debt - min(-cost, burst) * interval, 0), true, 0
+      end
+      if new_debt then
+        -- A debit or refund to store: the committed view, and the tat `new_debt` ticks after
+        -- now as limiter::Tat displays it; the bucket is full again (absent) when it expires.
+        local kr, ks = 0, new_debt
+        if new_debt <= tolerance then
+          kr = floor((tolerance - new_debt) / interval)
+        end
+        local tat
+        if scale == 1 then
+          tat = format('%d', now + new_debt)
+        else
+          ks = floor((new_debt + scale - 1) / scale)
+          local whole = floor(new_debt / scale)
+          -- A constant format per digit count: building one ('%0' .. digits) would turn the
+          -- number into a string through "%.14g" on every call. One table per call at most.
+          if not tat_formats then
+            tat_formats = { '%d.%01d', '%d.%02d', '%d.%03d', '%d.%04d', '%d.%05d', '%d.%06d',
+              '%d.%07d', '%d.%08d', '%d.%09d' }
+          end
+          tat = format(tat_formats[digits], now + whole, new_debt - whole * scale)
+        end
+        local w = reply_end + 5 * (i - 1)
+        writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = kr, ks, ks, tat, 0
+        if shaped and enforce then
+          delay = max(delay, shaped)
+        end
+      end
+    end
+  elseif algorithm == 3 then
+    return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
+  elseif expiry and algorithm ~= 1 then
+    return redis.error_reply('ERR floodgate apply.lua: a counter must be a fixed window, key ' .. i)
+  else
+    -- A window operation: evaluated after this loop, with the window algorithms.
+    if not windows then
+      windows = {}
+    end
+    local n = #windows
+    windows[n + 1], windows[n + 2], windows[n + 3], windows[n + 4] = i, algorithm, rate, period
+    windows[n + 5], windows[n + 6], windows[n + 7], windows[n + 8] = cost, overdraft, enforce, expiry or false
+  end
+  if admitted ~= nil then
+    -- An overdraft operation never blocks the request (bucket::settle).
+    if enforce and not overdraft and not admitted then
+      committed = false
+    end
+    local r = 4 * i - 2
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, remaining, reset, retry
+  end
+end
 
 ------------------------------------------------------------------------------------------
--- The window algorithms, built on first use: returns fixed(rate, period, overdraft, key,
--- now, cost) and sliding(...), which read the key and evaluate it. The function captures
--- nothing from the chunk (what it needs is passed or looked up inside): every chunk local a
--- closure captures costs an upvalue allocation on every call, window operation or not.
+-- Phase 1, window operations (8 slots each in `windows`: index, algorithm, rate, period,
+-- cost, overdraft, enforce, a counter's expiry or false), in their order. Their algorithms
+-- are closures, built here, so only a call that has a window operation pays for them.
 ------------------------------------------------------------------------------------------
-local function window_algorithms(MAX_NOW, MAX_PERIOD, MAX_COUNT)
+if windows then
+  -- A window operation's evaluation (limiter::Evaluation) is one table: [1] admitted, [2]
+  -- retry (µs until the cost could pass, -1 = never), [3] [4] the current view (remaining,
+  -- reset_us), [5] [6] the committed view, [7] when there is a state to write, its ttl in µs
+  -- (0 deletes), and the state: the fields w, c[, p] (a counter: also base, replace, expiry).
   local ONE = 65536 -- fixed-point one of the sliding window's weight
-  local floor, min, max = math.floor, math.min, math.max
-  local tonumber, find, match, type = tonumber, string.find, string.match, type
-  local rpcall = redis.pcall
   local pending = {} -- reference counters: the count an earlier op of this call leaves
 
   -- floor(a / b) for integers 0 <= a, 0 < b, both below 2^53: the double quotient may round to
@@ -440,283 +675,95 @@ local function window_algorithms(MAX_NOW, MAX_PERIOD, MAX_COUNT)
     return e
   end
 
-  return fixed, sliding, counter
-end
 
-------------------------------------------------------------------------------------------
--- Main.
-------------------------------------------------------------------------------------------
-local argv, keys = ARGV, KEYS
-local n_ops = #keys
-if #argv ~= 2 then
-  return redis.error_reply('ERR floodgate apply.lua: expected 2 arguments, got ' .. #argv)
-end
-local blob = argv[2]
-if #blob ~= OP_BYTES * n_ops then
-  return redis.error_reply(
-    'ERR floodgate apply.lua: expected ' .. (OP_BYTES * n_ops) .. ' bytes of operations for '
-      .. n_ops .. ' keys, got ' .. #blob
-  )
-end
-
-local now
-if argv[1] == '' then
-  local t = rcall('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-elseif find(argv[1], '^%-?%d+$') then
-  now = tonumber(argv[1])
-else
-  return redis.error_reply('ERR floodgate apply.lua: now is not an integer')
-end
-if now < 0 then
-  now = 0
-elseif now > MAX_NOW then
-  now = MAX_NOW
-end
-
--- Phase 1: read and evaluate everything before writing anything.
-local evaluations = {}
-local fixed, sliding, counter -- the window algorithms, once a window operation needs them
-local committed = true
-local delay = 0 -- the longest delay of an enforcing operation admitted with one
-local pos = 1
-for i = 1, n_ops do
-  local flags, rate, period, cost, burst, max_wait
-  flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
-  -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
-  if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-    or max_wait % 1 ~= 0 or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
-    or max_wait < 0
-  then
-    return redis.error_reply('ERR floodgate apply.lua: malformed arguments for key ' .. i)
-  end
-  local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
-  if flags >= 16 then
-    expiry, flags = burst, flags - 16
-  end
-  local algorithm = flags % 4
-  local enforce = flags % 8 >= 4
-  local overdraft = flags >= 8
-  local key = keys[i]
-  local e
-  if algorithm == 0 and not expiry then
-    ----------------------------------------------------------------------------------------
-    -- Token bucket (GCRA), limiter/token_bucket.rs, inline: every helper function would be
-    -- a closure allocated per call. The math runs in ticks of 10^-digits µs.
-    ----------------------------------------------------------------------------------------
-    -- limiter::period_us and limiter::limit.
-    if period < 1000 then
-      period = 1000
-    elseif period > MAX_PERIOD then
-      period = MAX_PERIOD
-    end
-    rate = min(rate, MAX_COUNT)
-    if rate == 0 then
-      -- Nothing passes; there is nothing to refill or refund.
-      if cost > 0 then
-        e = { false, -1, 0, 0, 0, 0 }
-      else
-        e = { true, 0, 0, 0, 0, 0 }
-      end
-    else
-      -- Gcra::new: finer ticks while T is neither exact nor precise and every bound holds.
-      burst = min(burst, MAX_COUNT)
-      max_wait = min(max_wait, MAX_WAIT)
-      local digits, scale = 0, 1
-      local interval = floor((period + rate - 1) / rate)
-      while interval < PRECISE_INTERVAL and digits < MAX_TAT_DIGITS
-        and floor(period * scale / rate) * rate ~= period * scale
-      do
-        local finer = scale * 10
-        if period > floor(MAX_SCALED_PERIOD / finer) then
-          break
-        end
-        local finer_interval = floor((period * finer + rate - 1) / rate)
-        if burst > floor(MAX_DEBT / finer_interval)
-          or max_wait > floor((MAX_DEBT - burst * finer_interval) / finer)
-        then
-          break
-        end
-        digits, scale, interval = digits + 1, finer, finer_interval
-      end
-      burst = min(burst, floor(MAX_DEBT / interval))
-      local tolerance = burst * interval
-      -- How far beyond tau a debit may reserve: max_wait in ticks, within 2^50 - tau.
-      local wait = min(max_wait, floor((MAX_DEBT - tolerance) / scale)) * scale
-      -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
-      -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
-      local stored = rpcall('GET', key)
-      local tat_us, tat_frac, tat_digits
-      if type(stored) == 'string' then
-        if find(stored, '^%-?%d+$') then
-          tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
-        else
-          local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
-          if whole and #fraction <= MAX_TAT_DIGITS then
-            tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
-          end
-        end
-      end
-      -- Gcra::debt: tat − now in ticks, within [0, 2^50]; extra stored digits round it up.
-      local debt = 0
-      if tat_us and tat_us >= now then
-        if tat_us - now > floor(MAX_DEBT / scale) then
-          debt = MAX_DEBT
-        else
-          local frac, unit = tat_frac, 1
-          for _ = digits + 1, tat_digits do
-            unit = unit * 10
-          end
-          if tat_digits <= digits then
-            for _ = tat_digits + 1, digits do
-              frac = frac * 10
-            end
-          else
-            frac = floor((frac + unit - 1) / unit)
-          end
-          debt = min((tat_us - now) * scale + frac, MAX_DEBT)
-        end
-      end
-      -- The view `debt` ticks in debt: whole tokens left, µs until full (rounded up).
-      local cr, cs = 0, floor((debt + scale - 1) / scale)
-      if debt <= tolerance then
-        cr = floor((tolerance - debt) / interval)
-      end
-      local new_debt, admitted, shaped
-      if cost == 0 then
-        if debt <= tolerance then
-          e = { true, 0, cr, cs, cr, cs }
-        else
-          e = { false, floor((debt - tolerance + scale - 1) / scale), cr, cs, cr, cs }
-        end
-      elseif cost > 0 then
-        new_debt = debt + cost * interval
-        admitted = cost <= burst and new_debt <= tolerance
-        if not admitted and not overdraft and cost <= burst and new_debt - tolerance <= wait then
-          -- Shaped: reserved now, answered when its tokens would have been there.
-          admitted, shaped = true, floor((new_debt - tolerance + scale - 1) / scale)
-        end
-        if not admitted then
-          if overdraft then
-            -- Into debt beyond tau, capped at 2^50 ticks: whole tokens that fit under the cap.
-            if cost > floor((MAX_DEBT - debt) / interval) then
-              new_debt = MAX_DEBT
-            end
-          elseif cost > burst then
-            e = { false, -1, cr, cs, cr, cs }
-          else
-            e = { false, floor((new_debt - tolerance - wait + scale - 1) / scale), cr, cs, cr, cs }
-          end
-        end
-      else
-        new_debt, admitted = max(debt - min(-cost, burst) * interval, 0), true
-      end
-      if not e then
-        -- A debit or refund to store: the committed view, and the tat `new_debt` ticks after
-        -- now as limiter::Tat displays it.
-        local kr, ks = 0, floor((new_debt + scale - 1) / scale)
-        if new_debt <= tolerance then
-          kr = floor((tolerance - new_debt) / interval)
-        end
-        local retry = 0
-        if not admitted then
-          retry = floor((max(new_debt - tolerance, 0) + scale - 1) / scale)
-        end
-        local whole = floor(new_debt / scale)
-        local tat
-        if digits == 0 then
-          tat = format('%d', now + whole)
-        else
-          -- A constant format per digit count: building one ('%0' .. digits) would turn the
-          -- number into a string through "%.14g" on every call.
-          local formats = { '%d.%01d', '%d.%02d', '%d.%03d', '%d.%04d', '%d.%05d', '%d.%06d',
-            '%d.%07d', '%d.%08d', '%d.%09d' }
-          tat = format(formats[digits], now + whole, new_debt - whole * scale)
-        end
-        e = { admitted, retry, cr, cs, kr, ks, ks, tat, 0, overdraft }
-        if shaped and enforce then
-          delay = max(delay, shaped)
-        end
-      end
-    end
-  elseif algorithm == 3 then
-    return redis.error_reply('ERR floodgate apply.lua: unknown algorithm for key ' .. i)
-  else
-    if not fixed then
-      fixed, sliding, counter = window_algorithms(MAX_NOW, MAX_PERIOD, MAX_COUNT)
-    end
+  for j = 1, #windows, 8 do
+    local i, algorithm, rate, period = windows[j], windows[j + 1], windows[j + 2], windows[j + 3]
+    local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
+    local key = keys[i]
+    local e, kind
     if expiry then
-      if algorithm ~= 1 then
-        return redis.error_reply('ERR floodgate apply.lua: a counter must be a fixed window, key ' .. i)
-      end
-      e = counter(rate, period, overdraft, key, now, cost)
+      e, kind = counter(rate, period, overdraft, key, now, cost), 3
       if not e then
         return redis.error_reply('ERR floodgate apply.lua: no window start in counter key ' .. i)
       end
+      e.expiry = expiry
     elseif algorithm == 1 then
-      e = fixed(rate, period, overdraft, key, now, cost)
+      e, kind = fixed(rate, period, overdraft, key, now, cost), 1
     else
-      e = sliding(rate, period, overdraft, key, now, cost)
+      e, kind = sliding(rate, period, overdraft, key, now, cost), 2
     end
+    local admitted = e[1]
+    -- A state to write: written if the call commits and the operation was admitted or is an
+    -- overdraft debit (bucket::settle); otherwise the committed view is the current one.
+    if e[7] and (admitted or overdraft) then
+      local w = reply_end + 5 * (i - 1)
+      writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = e[5], e[6], e[7], e, kind
+    end
+    -- An overdraft operation never blocks the request (bucket::settle).
+    if enforce and not overdraft and not admitted then
+      committed = false
+    end
+    local r = 4 * i - 2
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, e[3], e[4], e[2]
   end
-  -- An overdraft operation never blocks the request (bucket::settle).
-  if enforce and not overdraft and not e[1] then
-    committed = false
-  end
-  -- Assigning even nil to a missing index grows the table: e[11] only for a counter.
-  e[9], e[10] = algorithm, overdraft
-  if expiry then
-    e[11] = expiry
-  end
-  evaluations[i] = e
 end
 
--- Phase 2: all or nothing (bucket::settle). Every write sets a TTL of ceil(ttl / 1 ms).
-if not committed then
-  delay = 0
-end
-local reply = { committed and 1 or 0, delay }
-local r = 2
-for i = 1, n_ops do
-  local e = evaluations[i]
-  local remaining, reset = e[3], e[4]
-  if committed and (e[1] or e[10]) then
-    remaining, reset = e[5], e[6]
-    local ttl = e[7]
-    local expiry = e[11]
-    if expiry then
-      -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (in `burst`).
-      if ttl == 0 then
-        rcall('DEL', keys[i])
-      elseif ttl and e.replace then
-        rcall('SET', keys[i], format('%d', e.c), 'EX', format('%d', max(expiry, 1)))
-      elseif ttl then
-        rcall('INCRBY', keys[i], format('%d', e.c - e.base))
-        rcall('EXPIRE', keys[i], format('%d', max(expiry, 1)))
-      end
-    elseif ttl == 0 then
-      rcall('DEL', keys[i])
-    elseif ttl then
-      local key, ttl_ms = keys[i], format('%d', floor((ttl + 999) / 1000))
-      if e[9] == 0 then
-        rcall('SET', key, e[8], 'PX', ttl_ms)
-      else
-        -- DEL first: the key may hold another type or stray fields (only ever after
-        -- corruption or a duplicate key in one call), and the hash must be exactly the state.
-        rcall('DEL', key)
-        if e[9] == 1 then
-          rcall('HSET', key, 'w', format('%d', e.w), 'c', format('%d', e.c))
+-- Phase 2: all or nothing (bucket::settle): every write, and its committed view in the
+-- reply, or nothing. Every write sets a TTL of ceil(ttl / 1 ms).
+if committed then
+  reply[1], reply[2] = 1, delay
+  for i = 1, n_ops do
+    local w = reply_end + 5 * (i - 1)
+    local ttl, state, kind = writes[w + 3], writes[w + 4], writes[w + 5]
+    if ttl then
+      -- The committed view (without a write, the current one is the committed one).
+      reply[4 * i], reply[4 * i + 1] = writes[w + 1], writes[w + 2]
+      local key = keys[i]
+      if kind == 3 then
+        -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (its `burst`).
+        local expiry = format('%d', max(state.expiry, 1))
+        if ttl == 0 then
+          rcall('DEL', key)
+        elseif state.replace then
+          rcall('SET', key, format('%d', state.c), 'EX', expiry)
         else
-          rcall('HSET', key, 'w', format('%d', e.w), 'c', format('%d', e.c), 'p', format('%d', e.p))
+          rcall('INCRBY', key, format('%d', state.c - state.base))
+          rcall('EXPIRE', key, expiry)
         end
-        rcall('PEXPIRE', key, ttl_ms)
+      elseif ttl == 0 then
+        rcall('DEL', key)
+      else
+        -- ceil(ttl / 1000): '%d' truncates, which for a non-negative number is floor.
+        local ttl_ms = format('%d', (ttl + 999) / 1000)
+        if kind == 0 then
+          rcall('SET', key, state, 'PX', ttl_ms)
+        else
+          -- DEL first: the key may hold another type or stray fields (only ever after
+          -- corruption or a duplicate key in one call), and the hash must be exactly the state.
+          rcall('DEL', key)
+          if kind == 1 then
+            rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c))
+          else
+            rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c), 'p', format('%d', state.p))
+          end
+          rcall('PEXPIRE', key, ttl_ms)
+        end
       end
     end
   end
-  reply[r + 1] = e[1] and 1 or 0
-  reply[r + 2] = remaining
-  reply[r + 3] = reset
-  reply[r + 4] = e[2]
-  r = r + 4
 end
-return reply
+
+-- The reply, packed: a constant format up to 4 operations (string.rep makes a new string).
+local reply_format
+if n_ops == 1 then
+  reply_format = '<dddddd'
+elseif n_ops == 2 then
+  reply_format = '<dddddddddd'
+elseif n_ops == 3 then
+  reply_format = '<dddddddddddddd'
+elseif n_ops == 4 then
+  reply_format = '<dddddddddddddddddd'
+else
+  reply_format = '<' .. string.rep('d', reply_end)
+end
+return pack(reply_format, spread(reply, 1, reply_end))

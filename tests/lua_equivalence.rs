@@ -416,7 +416,7 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
             .into_iter()
             .map(|v| redis::from_redis_value(v).map_err(|e| e.to_string()))
             .collect::<Result<_, _>>()?;
-        let reply: Vec<i64> =
+        let reply: script::Reply =
             redis::from_redis_value(results.remove(0)).map_err(|e| e.to_string())?;
         let got = script::decode(&reply, ops.len()).map_err(|e| e.to_string())?;
         let context = || format!("step {n} at now {now} with ops {ops:#?}");
@@ -946,9 +946,10 @@ fn packed(numbers: [f64; 6]) -> Vec<u8> {
 async fn malformed_call_is_an_error() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    // (flags, rate, period, cost, burst, max_wait), what the error says
+    // A token bucket's (flags, interval, scale, cost, burst, wait), what the error says
     let good = [4.0, 1.0, 1e6, 1.0, 1.0, 0.0];
-    let cases: [([f64; 6], &str); 11] = [
+    let cases: [([f64; 6], &str); 12] = [
+        ([4.0, 1.0, 0.0, 1.0, 1.0, 0.0], "malformed arguments"),
         ([3.0, 1.0, 1e6, 1.0, 1.0, 0.0], "unknown algorithm"),
         ([32.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
         (
@@ -990,7 +991,10 @@ async fn malformed_call_is_an_error() {
         for arg in &args {
             call.arg(arg.as_slice());
         }
-        let err = call.invoke_async::<Vec<i64>>(&mut conn).await.unwrap_err();
+        let err = call
+            .invoke_async::<script::Reply>(&mut conn)
+            .await
+            .unwrap_err();
         let err = err.to_string();
         assert!(err.contains("floodgate apply.lua"), "{args:?}: {err}");
         assert!(err.contains(message), "{args:?}: {err} lacks {message:?}");
@@ -1158,7 +1162,7 @@ async fn run_counter_case(
             .into_iter()
             .map(|v| redis::from_redis_value(v).map_err(|e| e.to_string()))
             .collect::<Result<_, _>>()?;
-        let reply: Vec<i64> =
+        let reply: script::Reply =
             redis::from_redis_value(results.remove(0)).map_err(|e| e.to_string())?;
         let got = script::decode(&reply, ops.len()).map_err(|e| e.to_string())?;
         let context = || format!("step {n} at now {now} (pod {pod_secs} s) with ops {ops:#?}");

@@ -30,7 +30,7 @@ mod window;
 
 pub use counter::evaluate_counter;
 pub use token_bucket::{
-    MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL, reset_at_configured_rate,
+    MAX_DEBT_TICKS, MAX_TAT_DIGITS, PRECISE_INTERVAL, Ticks, reset_at_configured_rate, ticks,
 };
 
 /// Which algorithm a limit uses (`algorithm:` in the limits file).

@@ -170,6 +170,31 @@ impl Gcra {
     }
 }
 
+/// A limit's GCRA constants in ticks, as `lua/apply.lua` takes them: Redis, the resource every
+/// replica shares, computes none of them per call (they depend on the limit only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticks {
+    /// `T`, ticks per token (≥ 1).
+    pub interval: i64,
+    /// Ticks per µs: 10^digits, the precision of the stored `tat`.
+    pub scale: i64,
+    /// Capacity in tokens, capped so that `burst × T` ≤ 2^50.
+    pub burst: i64,
+    /// How far beyond `burst × T` a debit may reserve, in ticks.
+    pub wait: i64,
+}
+
+/// The [`Ticks`] of `params` (clamped into the validated domain like every evaluation), or
+/// `None` when nothing is ever granted (rate 0).
+pub fn ticks(params: &LimitParams) -> Option<Ticks> {
+    Gcra::new(params).map(|g| Ticks {
+        interval: g.interval,
+        scale: g.scale,
+        burst: g.burst,
+        wait: g.wait,
+    })
+}
+
 /// `reset_us` (a token bucket's time until full, as [`View::reset_us`] reports it) at the
 /// configured rate rather than at `T` rounded up to a whole tick: scaled by
 /// `period × 10^f / (rate × T)` (at most 1) and rounded down, so a full bucket of the

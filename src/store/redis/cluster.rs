@@ -182,7 +182,7 @@ type Group = Result<Applied, StoreError>;
 /// (`SCRIPT LOAD` first would need its own routing: through the cluster connection it goes to
 /// every node and fails while any node is down — exactly after a failover; routed to the
 /// slot's master, the failover test still met `NOSCRIPT` on the retry.)
-async fn call(conn: &mut ClusterConnection, command: &Cmd) -> RedisResult<Vec<i64>> {
+async fn call(conn: &mut ClusterConnection, command: &Cmd) -> RedisResult<script::Reply> {
     match command.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             eval(command).query_async(conn).await

@@ -10,12 +10,18 @@
 //! ```text
 //! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
 //! ARGV   now_us ("" = Redis TIME), then one binary string: per op, six little-endian f64s
-//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter),
-//!        requests_per_period, period_us, cost, burst (a reference counter: its EXPIRE, s),
-//!        max_wait_us
-//! reply  committed, delay_us, then per op: admitted, remaining, reset_us, retry_after_us
-//!        (-1 = never)
+//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter), then
+//!        token bucket: interval, scale, cost, burst, wait (its GCRA constants in ticks,
+//!                      limiter::Ticks; interval 0 = rate 0)
+//!        windows:      requests_per_period, period_us, cost, burst (a reference counter:
+//!                      its EXPIRE, s), max_wait_us
+//! reply  one binary string of little-endian f64s, each a whole number: committed,
+//!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
 //! ```
+//!
+//! Both directions are binary and the token bucket's constants come computed: the script's
+//! time is Redis time every replica shares, so it does only what needs the stored state
+//! (docs/performance.md measures it against a minimal GCRA script).
 
 use std::sync::LazyLock;
 
@@ -25,7 +31,7 @@ use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
-use crate::limiter::{Algorithm, View};
+use crate::limiter::{self, Algorithm, View};
 use crate::store::StoreError;
 
 /// The script's source.
@@ -33,6 +39,12 @@ pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
 /// Reply values per op, after the leading `committed` and `delay_us`.
 pub const REPLY_PER_OP: usize = 4;
+
+/// Bytes per reply value: a little-endian `f64`.
+pub const REPLY_VALUE_BYTES: usize = 8;
+
+/// The script's raw reply: [`reply_len`] values packed as little-endian `f64`s.
+pub type Reply = Vec<u8>;
 
 /// Bytes per op in ARGV\[2\]: six little-endian `f64`s.
 pub const OP_BYTES: usize = 48;
@@ -93,7 +105,8 @@ impl ToRedisArgs for FullKey<'_> {
 }
 
 /// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (six little-endian
-/// `f64`s per op), written straight into the command's buffer.
+/// `f64`s per op; a token bucket's are its [`limiter::Ticks`]), written straight into the
+/// command's buffer.
 struct PackedOps<'a>(&'a [BucketOp]);
 
 impl ToRedisArgs for PackedOps<'_> {
@@ -108,21 +121,37 @@ impl ToRedisArgs for PackedOps<'_> {
             } | if op.enforce { ENFORCE } else { 0 }
                 | if params.overdraft { OVERDRAFT } else { 0 }
                 | if op.reference.is_some() { COUNTER } else { 0 };
-            // A reference counter has no burst; its slot carries the counter's EXPIRE.
-            let burst = match &op.reference {
-                Some(counter) => counter.expiry_secs,
-                None => params.burst,
-            };
             // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
             // double, exactly as the script's tonumber rounded the decimal string it once got.
-            let numbers = [
-                f64::from(flags),
-                params.requests_per_period as f64,
-                params.period_us as f64,
-                op.cost as f64,
-                burst as f64,
-                params.max_wait_us as f64,
-            ];
+            let numbers = match (params.algorithm, &op.reference) {
+                // The GCRA constants, computed here rather than in Redis on every call; all
+                // are below 2^53. Rate 0 (nothing passes) is an interval of 0.
+                (Algorithm::TokenBucket, None) => {
+                    let ticks = limiter::ticks(params).unwrap_or(limiter::Ticks {
+                        interval: 0,
+                        scale: 1,
+                        burst: 0,
+                        wait: 0,
+                    });
+                    [
+                        f64::from(flags),
+                        ticks.interval as f64,
+                        ticks.scale as f64,
+                        op.cost as f64,
+                        ticks.burst as f64,
+                        ticks.wait as f64,
+                    ]
+                }
+                // A reference counter has no burst; its slot carries the counter's EXPIRE.
+                (_, reference) => [
+                    f64::from(flags),
+                    params.requests_per_period as f64,
+                    params.period_us as f64,
+                    op.cost as f64,
+                    reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
+                    params.max_wait_us as f64,
+                ],
+            };
             for number in numbers {
                 // Writes into the command's Vec<u8>, which cannot fail.
                 let _ = arg.write_all(&number.to_le_bytes());
@@ -160,7 +189,7 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
 /// Sends a [`command`] and returns the script's raw reply. Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or
 /// `SCRIPT FLUSH`) loads the script and sends the command once more.
-pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<Vec<i64>> {
+pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<Reply> {
     match command.query_async(conn).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script().load_async(conn).await?;
@@ -170,22 +199,39 @@ pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<
     }
 }
 
-/// Number of integers the script answers for `ops` operations.
+/// Number of values the script answers for `ops` operations.
 pub fn reply_len(ops: usize) -> usize {
     2 + REPLY_PER_OP * ops
 }
 
 /// Decodes the script's reply for `ops` operations. Anything the script cannot have produced
 /// is [`StoreError::Failed`]: a script/binary mismatch, not an outage.
-pub fn decode(reply: &[i64], ops: usize) -> Result<Applied, StoreError> {
+pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
     let malformed = |what: String| StoreError::Failed(format!("malformed apply.lua reply: {what}"));
-    if reply.len() != reply_len(ops) {
+    if reply.len() != reply_len(ops) * REPLY_VALUE_BYTES {
         return Err(malformed(format!(
-            "{} values for {ops} bucket operations, expected {}",
+            "{} bytes for {ops} bucket operations, expected {} values of {REPLY_VALUE_BYTES}",
             reply.len(),
             reply_len(ops)
         )));
     }
+    // Every value is a whole number of magnitude below 2^53 (the script computes in doubles).
+    let reply = reply
+        .chunks_exact(REPLY_VALUE_BYTES)
+        .enumerate()
+        .map(|(i, bytes)| {
+            let mut le = [0u8; REPLY_VALUE_BYTES];
+            le.copy_from_slice(bytes);
+            let value = f64::from_le_bytes(le);
+            if value.fract() == 0.0 && value.abs() <= 2f64.powi(53) {
+                Ok(value as i64)
+            } else {
+                Err(malformed(format!(
+                    "value {i} is {value}, not a whole number of magnitude at most 2^53"
+                )))
+            }
+        })
+        .collect::<Result<Vec<i64>, _>>()?;
     let flag = |value: i64, name: &str| match value {
         0 => Ok(false),
         1 => Ok(true),
@@ -311,7 +357,8 @@ mod tests {
     }
 
     /// `EVALSHA <sha> <#keys>`, the KEYS (prefix + bucket key), then ARGV: now (empty = Redis
-    /// TIME) and the packed ops: flags, rate, period, cost, burst and max_wait per op.
+    /// TIME) and the packed ops: flags, then a token bucket's interval, scale, cost, burst
+    /// and wait in ticks, a window's rate, period, cost, burst and max_wait.
     #[test]
     fn command_layout() {
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
@@ -334,8 +381,9 @@ mod tests {
         assert_eq!(
             unpack(&packed),
             [
-                // token bucket (0) + enforce (4)
-                [4.0, 7.0, 60_000_000.0, 3.0, 9.0, 0.0],
+                // token bucket (0) + enforce (4): T = ceil(60 s / 7) in whole µs (precise
+                // enough: no finer ticks), scale 1, burst 9, no wait
+                [4.0, 8_571_429.0, 1.0, 3.0, 9.0, 0.0],
                 // fixed window (1) + overdraft (8), shadow
                 [9.0, 7.0, 60_000_000.0, -2.0, 9.0, 0.0],
                 // sliding window (2) + enforce (4); i64::MIN is a power of two, exact
@@ -402,12 +450,17 @@ mod tests {
         assert_eq!(words(&call).0[1], script().get_hash());
     }
 
+    /// A reply as the script packs it: little-endian f64s.
+    fn packed(values: &[f64]) -> Reply {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
     /// A well-formed reply decodes into the results settle() would give.
     #[test]
     fn decode_reply() {
-        let reply = [
-            0, 0, 1, 4, 1_500, 0, 0, 0, 60_000_000, 59_000_000, 0, 2, 0, -1,
-        ];
+        let reply = packed(&[
+            0.0, 0.0, 1.0, 4.0, 1_500.0, 0.0, 0.0, 0.0, 6e7, 5.9e7, 0.0, 2.0, 0.0, -1.0,
+        ]);
         let applied = decode(&reply, 3).unwrap();
         assert_eq!(
             applied,
@@ -444,7 +497,7 @@ mod tests {
             }
         );
         assert_eq!(
-            decode(&[1, 0], 0).unwrap(),
+            decode(&packed(&[1.0, 0.0]), 0).unwrap(),
             Applied {
                 committed: true,
                 buckets: vec![],
@@ -457,35 +510,50 @@ mod tests {
     /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
     #[test]
     fn decode_rejects_malformed_replies() {
-        let cases: [(&[i64], usize, &str); 9] = [
+        let cases: [(&[f64], usize, &str); 12] = [
             (
-                &[1, 0, 1, 0, 0],
+                &[1.0, 0.0, 1.0, 0.0, 0.0],
                 1,
-                "5 values for 1 bucket operations, expected 6",
+                "40 bytes for 1 bucket operations, expected 6 values of 8",
             ),
-            (&[1], 1, "1 values"),
-            (&[2, 0, 1, 0, 0, 0], 1, "committed is 2"),
-            (&[1, 0, 3, 0, 0, 0], 1, "admitted is 3"),
+            (&[1.0], 1, "8 bytes"),
+            (&[2.0, 0.0, 1.0, 0.0, 0.0, 0.0], 1, "committed is 2"),
+            (&[1.0, 0.0, 3.0, 0.0, 0.0, 0.0], 1, "admitted is 3"),
             (
-                &[1, 0, 1, -1, 0, 0],
+                &[1.0, 0.0, 1.0, -1.0, 0.0, 0.0],
                 1,
                 "remaining of operation 0 is negative",
             ),
             (
-                &[1, 0, 1, 0, 0, 5],
+                &[1.0, 0.0, 1.0, 0.0, 0.0, 5.0],
                 1,
                 "retry_after_us of operation 0 is 5 while admitted is true",
             ),
             (
-                &[0, 0, 0, 0, 0, -2],
+                &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0],
                 1,
                 "retry_after_us of operation 0 is -2",
             ),
-            (&[1, -1, 1, 0, 0, 0], 1, "delay_us is -1"),
-            (&[0, 5, 0, 0, 0, 7], 1, "delay_us is 5 (committed: false)"),
+            (&[1.0, -1.0, 1.0, 0.0, 0.0, 0.0], 1, "delay_us is -1"),
+            (
+                &[0.0, 5.0, 0.0, 0.0, 0.0, 7.0],
+                1,
+                "delay_us is 5 (committed: false)",
+            ),
+            (
+                &[1.0, 0.0, 1.0, 0.5, 0.0, 0.0],
+                1,
+                "value 3 is 0.5, not a whole number",
+            ),
+            (&[1.0, 0.0, 1.0, f64::NAN, 0.0, 0.0], 1, "value 3 is NaN"),
+            (
+                &[1.0, 0.0, 1.0, 1_152_921_504_606_846_976.0, 0.0, 0.0],
+                1,
+                "value 3 is 1152921504606847000, not a whole number",
+            ),
         ];
         for (reply, ops, message) in cases {
-            let err = decode(reply, ops).unwrap_err();
+            let err = decode(&packed(reply), ops).unwrap_err();
             assert!(!err.is_transient());
             assert!(err.to_string().contains(message), "{err} lacks {message:?}");
         }
