@@ -299,3 +299,76 @@ async fn watch_config_false_turns_reload_off() {
     assert!(log.contains("limits hot reload off"), "{log}");
     assert!(!log.contains("watching limits"), "{log}");
 }
+
+/// A `max_wait` that `--grpc-request-timeout` would cut (floodgate cancels the held call first)
+/// is warned of at start-up and again when a reload brings one; shorter ones are not, and the
+/// limits are served either way.
+#[tokio::test]
+async fn waits_beyond_the_request_timeout_are_warned_of() {
+    const WARNING: &str = "max_wait is not shorter than --grpc-request-timeout";
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("d.yaml");
+    let shaped = |key: &str, wait: &str| {
+        format!(
+            "  - key: {key}\n    rate_limit: {{unit: second, requests_per_unit: 10, max_wait: {wait}}}\n"
+        )
+    };
+    let start = format!(
+        "domain: d\ndescriptors:\n{}{}",
+        shaped("long", "1s"),
+        shaped("short", "500ms")
+    );
+    fs::write(&file, start).unwrap();
+    let process = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--grpc-request-timeout",
+        "1",
+        "--max-wait-for-overrides",
+        "2s",
+    ]);
+    let line = process.log_line(WARNING).expect("no warning at start-up");
+    assert!(
+        line.contains("d.long") && line.contains("max_wait=1s"),
+        "{line}"
+    );
+    assert!(line.contains("grpc_request_timeout=1s"), "{line}");
+    assert_eq!(process.log_count(WARNING), 1);
+    let overrides = process
+        .log_line("--max-wait-for-overrides is not shorter than --grpc-request-timeout")
+        .expect("no warning for --max-wait-for-overrides");
+    assert!(overrides.contains("max_wait=2s"), "{overrides}");
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", process.grpc))
+        .await
+        .unwrap();
+    let answer = client.should_rate_limit(simple("d", "long", "v")).await;
+    assert_eq!(answer.unwrap().into_inner().overall_code, 1);
+
+    // A reload warns of what the new limits hold: one more line, for the new rule.
+    let reloaded = format!(
+        "domain: d\ndescriptors:\n{}{}",
+        shaped("short", "500ms"),
+        shaped("longer", "3s")
+    );
+    fs::write(&file, reloaded).unwrap();
+    let deadline = Instant::now() + DEADLINE;
+    while process.log_count(WARNING) < 2 {
+        assert!(Instant::now() < deadline, "no warning after the reload");
+        tokio::time::sleep(POLL).await;
+    }
+    let (exit, log) = tokio::task::spawn_blocking(move || process.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0));
+    let warned: Vec<&str> = log.lines().filter(|l| l.contains(WARNING)).collect();
+    assert_eq!(warned.len(), 2, "{log}");
+    assert!(
+        warned[1].contains("d.longer") && warned[1].contains("max_wait=3s"),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(WARNING) && l.contains("d.short")),
+        "{log}"
+    );
+}

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::{Bounds, RunOptions, ServerError, remote, xds};
 use crate::clock::SystemClock;
 use crate::config::reload;
-use crate::config::{Config, Defaults, Loader};
+use crate::config::{Config, Defaults, Loader, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::listen::tls::GrpcTls;
@@ -257,6 +257,16 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
         merge_domains = settings.merge_domains,
         "limits loaded"
     );
+    let timeout_us = request_timeout_us(settings);
+    warn_of_waits_beyond(&config, timeout_us);
+    if settings.max_wait_for_overrides >= timeout_us {
+        tracing::warn!(
+            max_wait = %format_wait(settings.max_wait_for_overrides),
+            grpc_request_timeout = %format_wait(timeout_us),
+            "--max-wait-for-overrides is not shorter than --grpc-request-timeout: a request \
+             held that long is cancelled (and refunded) before its turn; raise the timeout"
+        );
+    }
     let limits_loaded = settings.health_requires_limits.then(|| {
         let loaded = has_domains(&config);
         if !loaded {
@@ -268,6 +278,27 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
         Arc::new(watch::Sender::new(loaded))
     });
     Ok((config, limits_loaded))
+}
+
+/// `--grpc-request-timeout` in µs, the unit of `max_wait`.
+fn request_timeout_us(settings: &ServeSettings) -> u64 {
+    u64::try_from(settings.bounds.grpc_request_timeout.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Warns of every limit whose `max_wait` is not shorter than `--grpc-request-timeout`
+/// (`timeout_us`): floodgate cancels a gRPC call at that timeout, so a request held that long
+/// fails (its debits refunded) instead of being answered in its turn. At start-up and after
+/// every load of new limits; the limits are served as they are.
+fn warn_of_waits_beyond(config: &Config, timeout_us: u64) {
+    for (rule, wait) in config.waits_longer_than(timeout_us.saturating_sub(1)) {
+        tracing::warn!(
+            %rule,
+            max_wait = %format_wait(wait),
+            grpc_request_timeout = %format_wait(timeout_us),
+            "max_wait is not shorter than --grpc-request-timeout: a request held that long is \
+             cancelled (and refunded) before its turn; raise the timeout above max_wait"
+        );
+    }
 }
 
 /// Whether `config` has at least one domain (what `--health-requires-limits` asks).
@@ -310,11 +341,13 @@ pub(super) fn watch_limits(components: &Components) -> Option<FileWatch> {
     let loader = loader(settings).ok()?;
     let redis = components.redis.clone();
     let limits_loaded = components.limits_loaded.clone();
+    let timeout_us = request_timeout_us(settings);
     let on_reload = move |config: &Config| {
         // Denials cached under the old limits may be wrong under the new ones.
         if let Some(redis) = &redis {
             redis.clear_cache();
         }
+        warn_of_waits_beyond(config, timeout_us);
         if let Some(loaded) = &limits_loaded {
             let now = has_domains(config);
             if !now {
@@ -363,11 +396,13 @@ pub(super) fn follow_xds(
     let redis = components.redis.clone();
     let limits_loaded = components.limits_loaded.clone();
     let requires_domain = components.settings.health_requires_limits;
+    let timeout_us = request_timeout_us(&components.settings);
     let on_load = move |config: &Config| {
         // Denials cached under the old limits may be wrong under the new ones.
         if let Some(redis) = &redis {
             redis.clear_cache();
         }
+        warn_of_waits_beyond(config, timeout_us);
         if let Some(loaded) = &limits_loaded {
             loaded.send_replace(!requires_domain || has_domains(config));
         }
