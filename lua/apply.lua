@@ -224,12 +224,18 @@ for i = 1, n_ops do
       local stored = rpcall('GET', key)
       local tat_us, tat_frac, tat_digits
       if type(stored) == 'string' then
-        if find(stored, '^%-?%d+$') then
+        -- A whole-µs limit stores an integer, a limit in finer ticks a fraction: the shape
+        -- the limit writes is tried first (a string has at most one of them).
+        if scale == 1 and find(stored, '^%-?%d+$') then
           tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
         else
           local whole, fraction = match(stored, '^(%-?%d+)%.(%d+)$')
-          if whole and #fraction <= MAX_TAT_DIGITS then
-            tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
+          if whole then
+            if #fraction <= MAX_TAT_DIGITS then
+              tat_us, tat_frac, tat_digits = tonumber(whole), tonumber(fraction), #fraction
+            end
+          elseif scale > 1 and find(stored, '^%-?%d+$') then
+            tat_us, tat_frac, tat_digits = tonumber(stored), 0, 0
           end
         end
       end
