@@ -149,12 +149,12 @@ elseif now > MAX_NOW then
 end
 
 -- Phase 1: read and evaluate everything before writing anything, token buckets first (here,
--- inline) and window operations after them (below). Each operation's answer
--- goes straight into the reply (slots 1 to 2 + 4 * n_ops), with its current view; operation
--- i, if it writes when the call commits, leaves its write in the 5 slots after the reply's
--- end + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token
--- bucket, 1 fixed window, 2 sliding window, 3 reference counter); phase 2 writes in operation
--- order, so of two operations on one key the later one's write wins. So a call allocates one
+-- inline) and window operations after them (below). Each operation's answer goes straight
+-- into the reply (slots 1 to 2 + 4 * n_ops), with its current view; operation i, if it
+-- writes when the call commits, leaves its write in the 5 slots from the reply's end
+-- + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token bucket,
+-- 1 fixed window, 2 sliding window, 3 reference counter). Phase 2 writes in operation order,
+-- so of two operations on one key the later one's write wins. A call allocates this one
 -- table and none per operation, built at the size of a 1-operation call (most requests) or
 -- of a 4-operation one: a constructor's nils size a table, and growing one rehashes it at
 -- every power of two, which cost a 4-bucket call more than a bucket's whole evaluation.
