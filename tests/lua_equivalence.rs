@@ -920,6 +920,51 @@ async fn repeated_key_matches_memory_store() {
     }
 }
 
+/// A call of many operations (more than the script's table is first built for), algorithms
+/// interleaved and one of them denied on the third call, answers and stores what the memory
+/// store does, call after call.
+#[tokio::test]
+async fn many_operations_match_memory_store() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let memory = MemoryStore::new(Arc::new(ManualClock::new(NOW)));
+    let algorithms = [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ];
+    let mut ops: Vec<BucketOp> = (0..12)
+        .map(|i| {
+            let p = params(algorithms[i % 3], 10 + i as u64, 60, 10 + i as u64);
+            op(&format!("many{i}"), p, 1 + (i % 2) as i64, true)
+        })
+        .collect();
+    // A token bucket of 7 per second counts in finer ticks; this one admits two calls of 1.
+    ops.push(op(
+        "tight",
+        params(Algorithm::TokenBucket, 7, 1, 2),
+        1,
+        true,
+    ));
+    for call in 0..3 {
+        let expected = memory.apply(&ops).await.unwrap();
+        assert_eq!(expected.committed, call < 2, "call {call}");
+        assert_eq!(
+            lua(&mut conn, &ops, Some(NOW)).await,
+            expected,
+            "call {call}"
+        );
+        for (op, key) in ops.iter().zip(redis_keys(&ops)) {
+            let stored = redis_state(&mut conn, &key).await;
+            assert_eq!(
+                stored,
+                memory.state_of(&op.key).map(|(s, _)| s),
+                "call {call}"
+            );
+        }
+    }
+}
+
 /// A `now` outside [0, 2^52] is clamped exactly as `limiter::evaluate` clamps it.
 #[tokio::test]
 async fn now_is_clamped_like_the_limiter() {
