@@ -171,7 +171,6 @@ end
 local reply_end = 2 + 4 * n_ops
 local writes = reply -- the writes, after the reply
 local windows -- the window operations, evaluated after the token buckets (below)
-local tat_formats -- the tat's formats by fraction digits, once a tat has a fraction
 local committed = true
 local delay = 0 -- the longest delay of an enforcing operation admitted with one
 local pos = 1
@@ -318,12 +317,29 @@ for i = 1, n_ops do
           ks = floor((new_debt + scale - 1) / scale)
           local whole = floor(new_debt / scale)
           -- A constant format per digit count: building one ('%0' .. digits) would turn the
-          -- number into a string through "%.14g" on every call. One table per call at most.
-          if not tat_formats then
-            tat_formats = { '%d.%01d', '%d.%02d', '%d.%03d', '%d.%04d', '%d.%05d', '%d.%06d',
-              '%d.%07d', '%d.%08d', '%d.%09d' }
+          -- number into a string through "%.14g", and a table of them is an allocation per
+          -- call; the comparisons cost less, fewest for the commonest (fewest) digits.
+          local fraction_format
+          if digits == 1 then
+            fraction_format = '%d.%01d'
+          elseif digits == 2 then
+            fraction_format = '%d.%02d'
+          elseif digits == 3 then
+            fraction_format = '%d.%03d'
+          elseif digits == 4 then
+            fraction_format = '%d.%04d'
+          elseif digits == 5 then
+            fraction_format = '%d.%05d'
+          elseif digits == 6 then
+            fraction_format = '%d.%06d'
+          elseif digits == 7 then
+            fraction_format = '%d.%07d'
+          elseif digits == 8 then
+            fraction_format = '%d.%08d'
+          else
+            fraction_format = '%d.%09d'
           end
-          tat = format(tat_formats[digits], now + whole, new_debt - whole * scale)
+          tat = format(fraction_format, now + whole, new_debt - whole * scale)
         end
         local w = reply_end + 5 * (i - 1)
         writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = kr, ks, ks, tat, 0
