@@ -141,16 +141,6 @@ async fn a_burst_of_three_buckets_is_paced_not_refused(backend: Backend) {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn memory_a_burst_of_three_buckets_is_paced_not_refused() {
-    a_burst_of_three_buckets_is_paced_not_refused(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn redis_a_burst_of_three_buckets_is_paced_not_refused() {
-    a_burst_of_three_buckets_is_paced_not_refused(Backend::Redis).await;
-}
-
 /// One token every 100 ms, a burst of 2, held up to 250 ms.
 const SHORT_WAIT: &str = "
 domain: s
@@ -204,16 +194,6 @@ async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn memory_beyond_max_wait_refused_and_nothing_debited() {
-    beyond_max_wait_refused_and_nothing_debited(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn redis_beyond_max_wait_refused_and_nothing_debited() {
-    beyond_max_wait_refused_and_nothing_debited(Backend::Redis).await;
-}
-
 /// One token a minute, a burst of 1, held up to a minute: a held request waits ~60 s.
 const SLOW: &str = "
 domain: s
@@ -255,16 +235,6 @@ async fn a_cancelled_wait_gives_its_tokens_back(backend: Backend) {
     server.stop().await;
 }
 
-#[tokio::test]
-async fn memory_a_cancelled_wait_gives_its_tokens_back() {
-    a_cancelled_wait_gives_its_tokens_back(Backend::Memory).await;
-}
-
-#[tokio::test]
-async fn redis_a_cancelled_wait_gives_its_tokens_back() {
-    a_cancelled_wait_gives_its_tokens_back(Backend::Redis).await;
-}
-
 /// Shutdown answers a held request at once, OK (its token is already debited), and the
 /// server then stops without waiting out the delay.
 async fn shutdown_answers_held_requests_at_once(backend: Backend) {
@@ -298,12 +268,33 @@ async fn shutdown_answers_held_requests_at_once(backend: Backend) {
     server.join().await;
 }
 
-#[tokio::test]
-async fn memory_shutdown_answers_held_requests_at_once() {
-    shutdown_answers_held_requests_at_once(Backend::Memory).await;
+/// Instantiates every scenario above once per store (as tests/rls.rs's `behaviour_suite!`).
+macro_rules! on_both_stores {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on the memory store.")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Memory).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[doc = concat!("`", stringify!($scenario), "` on a real redis-server.")]
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Backend::Redis).await
+                }
+            )*
+        }
+    };
 }
 
-#[tokio::test]
-async fn redis_shutdown_answers_held_requests_at_once() {
-    shutdown_answers_held_requests_at_once(Backend::Redis).await;
-}
+on_both_stores!(
+    a_burst_of_three_buckets_is_paced_not_refused,
+    beyond_max_wait_refused_and_nothing_debited,
+    a_cancelled_wait_gives_its_tokens_back,
+    shutdown_answers_held_requests_at_once,
+);
