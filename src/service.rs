@@ -311,8 +311,8 @@ impl Decider {
         let over = outcome.over;
         // Only a configured domain has buckets, hence a delay.
         let shaped = applied.committed && applied.delay_us > 0 && !over;
-        if let Some(domain) = outcome.domain.clone().filter(|_| shaped) {
-            let held = self.hold(&plan, &applied, &domain).await;
+        if let Some(domain) = outcome.domain.as_ref().filter(|_| shaped) {
+            let held = self.hold(&plan, &applied, domain).await;
             outcome.response.response_headers_to_add.push(HeaderValue {
                 key: DELAYED_HEADER.to_string(),
                 value: held.as_micros().div_ceil(1_000).to_string(),
@@ -428,11 +428,13 @@ impl Drop for Waiting<'_> {
             .into_iter()
             .map(|(_, op)| op)
             .collect();
-        let runtime = tokio::runtime::Handle::try_current();
-        let Some(runtime) = runtime.ok().filter(|_| !ops.is_empty()) else {
-            if !ops.is_empty() {
-                tracing::warn!("a cancelled shaped request could not be refunded: no runtime");
-            }
+        if ops.is_empty() {
+            self.metrics
+                .record_shaped(self.domain, ShapedEnd::Cancelled, held);
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!("a cancelled shaped request could not be refunded: no runtime");
             self.metrics
                 .record_shaped(self.domain, ShapedEnd::Cancelled, held);
             return;
