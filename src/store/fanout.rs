@@ -113,7 +113,7 @@ async fn refund<F, Fut>(
     F: Fn(usize, Vec<BucketOp>) -> Fut,
     Fut: Future<Output = GroupAnswer>,
 {
-    let refunds: Vec<(usize, Vec<usize>, Vec<BucketOp>)> = groups
+    let (refunds, undos): (Vec<_>, Vec<_>) = groups
         .iter()
         .enumerate()
         .zip(debited_groups)
@@ -123,11 +123,17 @@ async fn refund<F, Fut>(
                 .iter()
                 .filter_map(|&i| Some((i, ops[i].undo(&buckets[i], Undo::NotCommitted)?)))
                 .unzip();
-            (!debited.is_empty()).then_some((g, debited, undo))
+            (!debited.is_empty()).then_some(((g, debited), undo))
         })
-        .collect();
-    let answers = join_all(refunds.iter().map(|(g, _, undo)| run(*g, undo.clone()))).await;
-    for ((_, debited, _), answer) in refunds.iter().zip(answers) {
+        .unzip();
+    let answers = join_all(
+        refunds
+            .iter()
+            .zip(undos)
+            .map(|((g, _), undo)| run(*g, undo)),
+    )
+    .await;
+    for ((_, debited), answer) in refunds.iter().zip(answers) {
         match answer {
             Ok(refunded) => {
                 on_refund(true);
