@@ -10,7 +10,7 @@
 //! - **At most `max_connections` at once per port; idle ones make way.** At the bound, a new
 //!   connection closes the connection that has been idle longest (no call in flight; PINGs
 //!   and other control frames do not count) and takes its place, counted in
-//!   `floodgate_connections_evicted_total` ([`places`] says how idleness is known). Only when
+//!   `floodgate_connections_evicted_total` (`listen/places.rs` says how idleness is known). Only when
 //!   every connection has a call in flight is the new one closed at once (counted in
 //!   `floodgate_connections_refused_total`, logged at most every [`LOG_EVERY`]): a client
 //!   learns at once, rather than hanging in the kernel's backlog, and busy connections keep
@@ -18,7 +18,7 @@
 //!   other (`/healthcheck` stays reachable while the gRPC port is full).
 //! - **A connection must open within the handshake timeout.** Until it has sent its opening
 //!   (the HTTP/2 client preface on the gRPC port, TLS handshake included; the first request
-//!   line on the admin ports: [`opening`]), a connection is closed `handshake_timeout`
+//!   line on the admin ports: `listen/opening.rs`), a connection is closed `handshake_timeout`
 //!   after it was accepted, however it trickles bytes (counted in
 //!   `floodgate_connections_handshake_timeouts_total`).
 //! - **Silent connections are closed.** A connection from which nothing has been read for

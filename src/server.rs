@@ -586,7 +586,8 @@ pub async fn run(
     }
 }
 
-/// The gRPC server of one serving thread: tonic's router behind [`AdmissionLayer`].
+/// The gRPC server of one serving thread: tonic's router behind [`CallsLayer`] (calls counted
+/// per connection) and [`AdmissionLayer`].
 type GrpcRouter = tonic::transport::server::Router<
     tower::layer::util::Stack<
         AdmissionLayer,
