@@ -569,6 +569,44 @@ pub fn raise_fd_limit() -> Option<u64> {
 mod tests {
     use super::*;
 
+    fn guarded(bound: &PortBound) -> (Guarded<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (place, _) = bound.places.take().unwrap();
+        let (client, server) = tokio::io::duplex(64);
+        let guard = Guard::new(place, bound, Instant::now());
+        (
+            Guarded {
+                inner: server,
+                guard,
+            },
+            client,
+        )
+    }
+
+    /// A read pending on an idle connection fails as soon as a new connection takes its
+    /// place, with no traffic and no timer; a connection with a call in flight is never
+    /// chosen, so the new one is refused.
+    #[tokio::test]
+    async fn an_evicted_connection_fails_its_pending_read() {
+        use tokio::io::AsyncReadExt;
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            idle_timeout: Duration::from_secs(600),
+            handshake_timeout: Duration::from_secs(600),
+        };
+        let bound = PortBound::new(limits, Port::Grpc, Metrics::shared());
+        let (mut idle, _client) = guarded(&bound);
+        let read = tokio::spawn(async move { idle.read(&mut [0; 1]).await });
+        // The single-threaded test runtime runs the read until it is pending.
+        tokio::task::yield_now().await;
+        assert!(!read.is_finished());
+        let (busy, _client) = guarded(&bound);
+        let read = tokio::time::timeout(Duration::from_secs(10), read).await;
+        let error = read.expect("the read was not woken").unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+        let _call = busy.activity().begin_call();
+        assert!(bound.places.take().is_none());
+    }
+
     /// A repeated event is logged once, then again only after LOG_EVERY, with its count.
     #[test]
     fn throttle_logs_once_per_period_with_a_count() {

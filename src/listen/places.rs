@@ -80,16 +80,13 @@ impl Places {
     /// A place for a new connection: a free one, else the place of the connection idle
     /// longest (which is told to close); `None` when every connection has a call in flight.
     pub(crate) fn take(self: &Arc<Places>) -> Option<(Place, Taken)> {
-        let free = self
-            .taken
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .is_ok();
-        let taken = if free {
+        let taken = if self.take_free() {
             Taken::Free
         } else if self.evict_longest_idle() {
             Taken::Evicted
+        } else if self.take_free() {
+            // Freed while every connection looked busy.
+            Taken::Free
         } else {
             return None;
         };
@@ -107,6 +104,15 @@ impl Places {
             activity,
         };
         Some((place, taken))
+    }
+
+    /// Takes a free place, if there is one.
+    fn take_free(&self) -> bool {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
     }
 
     /// Tells the connection idle longest to close; false if every one has a call in flight.
