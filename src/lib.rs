@@ -35,7 +35,8 @@
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
-//! - [`listen`]: admits connections on both ports: a bound per port, silent ones closed; the
+//! - [`listen`]: admits connections on both ports: a bound per port (the longest-idle
+//!   connection makes way for a new one), those that do not open in time or fall silent closed; the
 //!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with

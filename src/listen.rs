@@ -1,19 +1,28 @@
-//! Admitting connections on the gRPC and admin ports: a bounded number at once, each closed
-//! once it has been silent too long, and an accept loop that cannot spin.
+//! Admitting connections on the gRPC and admin ports: a bounded number at once, the idle
+//! ones making way for new ones when the bound is reached, each closed once it has been
+//! silent too long or has not opened in time, and an accept loop that cannot spin.
 //!
 //! Place in the flow: between a bound `TcpListener` and the server that serves it. An
 //! [`Admission`] accepts connections for tonic ([`Admission::into_stream`], plaintext gRPC),
-//! for the TLS handshake ([`tls`]) and for axum (it is an [`axum::serve::Listener`]).
+//! for the TLS handshake ([`tls`]) and for axum (it is an [`axum::serve::Listener`]; serve it
+//! with [`CountAdminCalls`]).
 //!
-//! - **At most `max_connections` at once per port.** One more is accepted and closed at
-//!   once (counted in `floodgate_connections_refused_total`, logged at most every
-//!   [`LOG_EVERY`]): a client learns at once, rather than hanging in the kernel's backlog,
-//!   and the connections already open keep being served. Each port has its own bound, so
-//!   idle connections on one never starve the other (`/healthcheck` stays reachable while
-//!   the gRPC port is full).
+//! - **At most `max_connections` at once per port; idle ones make way.** At the bound, a new
+//!   connection closes the connection that has been idle longest (no call in flight; PINGs
+//!   and other control frames do not count) and takes its place, counted in
+//!   `floodgate_connections_evicted_total` (`listen/places.rs` says how idleness is known). Only when
+//!   every connection has a call in flight is the new one closed at once (counted in
+//!   `floodgate_connections_refused_total`, logged at most every [`LOG_EVERY`]): a client
+//!   learns at once, rather than hanging in the kernel's backlog, and busy connections keep
+//!   being served. Each port has its own bound, so connections on one never starve the
+//!   other (`/healthcheck` stays reachable while the gRPC port is full).
+//! - **A connection must open within the handshake timeout.** Until it has sent its opening
+//!   (the HTTP/2 client preface on the gRPC port, TLS handshake included; the first request
+//!   line on the admin ports: `listen/opening.rs`), a connection is closed `handshake_timeout`
+//!   after it was accepted, however it trickles bytes (counted in
+//!   `floodgate_connections_handshake_timeouts_total`).
 //! - **Silent connections are closed.** A connection from which nothing has been read for
-//!   `idle_timeout` is closed ([`Guarded`] fails its read, and hyper drops the connection):
-//!   an idle TCP connection, a half-sent HTTP/2 preface, a partial HTTP/1 request line.
+//!   `idle_timeout` is closed ([`Guarded`] fails its read, and hyper drops the connection).
 //!   A live HTTP/2 peer is never silent that long: the gRPC server pings idle connections
 //!   (`http2_keepalive_interval`) and every HTTP/2 peer must answer a PING.
 //! - **Accept errors pause the loop.** Out of file descriptors (`EMFILE`), `accept` fails at
@@ -34,12 +43,18 @@ use std::time::Duration;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{Metrics, Port};
 
+mod calls;
+mod opening;
+mod places;
 pub mod tls;
+
+pub use calls::{CallsLayer, ConnectionCalls, CountAdminCalls, CountCalls, Counted, Made};
+use opening::{Opening, Progress};
+use places::{Activity, Place, Places, Taken};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -50,10 +65,14 @@ pub const LOG_EVERY: Duration = Duration::from_secs(10);
 /// How connections on one port are bounded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    /// Connections open at once; one more is closed at once.
+    /// Connections open at once; at the bound, the one idle longest makes way for a new one,
+    /// and a new one is closed at once only when every one has a call in flight.
     pub max_connections: usize,
     /// A connection from which nothing was read for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection that has not sent its opening (HTTP/2 preface, TLS handshake included;
+    /// HTTP/1 request line) this long after it was accepted is closed.
+    pub handshake_timeout: Duration,
 }
 
 /// What every listener of one port shares: its bound on open connections (the gRPC port has
@@ -61,26 +80,27 @@ pub struct ConnectionLimits {
 #[derive(Clone, Debug)]
 pub struct PortBound {
     limits: ConnectionLimits,
-    permits: Arc<Semaphore>,
+    places: Arc<Places>,
     port: Port,
     metrics: Arc<Metrics>,
     open: Gauge,
     /// One log line per [`LOG_EVERY`] for the whole port, whichever thread sees the event.
     refused_log: SharedThrottle,
+    evicted_log: SharedThrottle,
     error_log: SharedThrottle,
 }
 
 impl PortBound {
     /// A bound of `limits` on `port`, counted in `metrics`.
     pub fn new(limits: ConnectionLimits, port: Port, metrics: Arc<Metrics>) -> PortBound {
-        let max = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
         PortBound {
             limits,
-            permits: Arc::new(Semaphore::new(max)),
+            places: Arc::new(Places::new(limits.max_connections)),
             port,
             open: metrics.connections_open(port),
             metrics,
             refused_log: SharedThrottle::default(),
+            evicted_log: SharedThrottle::default(),
             error_log: SharedThrottle::default(),
         }
     }
@@ -91,6 +111,16 @@ impl PortBound {
         Admission {
             listener,
             bound: self.clone(),
+        }
+    }
+
+    /// What a client must send first on this port: gRPC is HTTP/2; the others are HTTP/1
+    /// (whose server also takes HTTP/2 with prior knowledge, whose preface starts with a
+    /// request line).
+    fn opening(&self) -> Opening {
+        match self.port {
+            Port::Grpc => Opening::Http2Preface,
+            Port::Http | Port::Prometheus | Port::Debug => Opening::RequestLine,
         }
     }
 }
@@ -134,28 +164,37 @@ impl Admission {
                     continue;
                 }
             };
-            let Ok(permit) = bound.permits.clone().try_acquire_owned() else {
+            let Some((place, taken)) = bound.places.take() else {
                 // Closed at once: the client learns now, and no descriptor is held.
                 drop(stream);
                 bound.metrics.record_connection_refused(bound.port);
                 if let Some(count) = bound.refused_log.tick() {
                     tracing::warn!(port = bound.port.label(), %peer, count,
                         max_connections = bound.limits.max_connections,
-                        "connection limit reached; refusing new connections");
+                        "connection limit reached and every connection busy; refusing new \
+                         connections");
                 }
                 continue;
             };
+            if taken == Taken::Evicted {
+                bound.metrics.record_connection_evicted(bound.port);
+                if let Some(count) = bound.evicted_log.tick() {
+                    tracing::warn!(port = bound.port.label(), %peer, count,
+                        max_connections = bound.limits.max_connections,
+                        "connection limit reached; closing the longest-idle connections to \
+                         admit new ones");
+                }
+            }
             // Envoy multiplexes many small requests on few connections: answer each at once.
             let _ = stream.set_nodelay(true);
-            let guarded = Guarded::new(
-                stream,
-                permit,
-                bound.limits.idle_timeout,
-                bound.open.clone(),
-                bound.metrics.clone(),
-                bound.port,
+            let guard = Guard::new(place, bound, Instant::now());
+            return (
+                Guarded {
+                    inner: stream,
+                    guard,
+                },
+                peer,
             );
-            return (guarded, peer);
         }
     }
 
@@ -204,76 +243,190 @@ impl axum::serve::Listener for Admission {
 }
 
 /// An admitted connection: holds its place under the port's bound until dropped, and fails
-/// its reads once nothing has been read for the idle timeout.
+/// its reads once it was told to make way for a new connection, once it has not sent its
+/// opening within the handshake timeout, or once nothing has been read for the idle timeout.
+///
+/// On a TLS port it wraps the TLS stream (the handshake runs on the bare socket under the
+/// same place and deadline, [`tls`]), so that it sees the HTTP/2 preface in the clear.
 ///
 /// Not the same job as [`Aged`](crate::server::listener::Aged), though both fail a
-/// connection's I/O on a timer: this one measures *silence* (every byte read moves its
-/// deadline on), on connections of every TCP port, and owns the connection's place under the
-/// port's bound; `Aged` measures *age* since accept, busy or not, on gRPC connections only
-/// (unix sockets too, which have no bound). A gRPC TCP connection carries both: `Aged`
-/// outside (around TLS, if on), this one on the socket.
+/// connection's I/O on a timer: this one measures *silence* and the opening (every byte read
+/// moves the silence deadline on), on connections of every TCP port, and owns the
+/// connection's place under the port's bound; `Aged` measures *age* since accept, busy or
+/// not, on gRPC connections only (unix sockets too, which have no bound). A gRPC TCP
+/// connection carries both: `Aged` outside, this one inside.
 pub struct Guarded<T> {
     inner: T,
+    guard: Guard,
+}
+
+/// What an admitted connection holds besides the connection itself. Moves from the socket to
+/// the TLS stream once the TLS handshake is done.
+pub(crate) struct Guard {
+    /// Its place under the port's bound, and its calls.
+    place: Place,
+    /// How far the connection is through its opening.
+    opening: Progress,
+    /// When the opening must be complete.
+    opening_due: Instant,
     idle_timeout: Duration,
     /// When a byte was last read.
     last_read: Instant,
-    /// Fires at the earliest moment the connection may have been silent too long; moved on
-    /// lazily (reads only record `last_read`), so a busy connection costs no timer updates.
-    idle: Pin<Box<Sleep>>,
+    /// Fires at the earliest moment a deadline may be over; moved on lazily (reads only
+    /// record `last_read`), so a busy connection costs no timer updates.
+    timer: Pin<Box<Sleep>>,
     /// Counted in `floodgate_connections_open` while the connection lives.
     open: Gauge,
     metrics: Arc<Metrics>,
     port: Port,
-    _permit: OwnedSemaphorePermit,
 }
 
-impl<T> Guarded<T> {
-    fn new(
-        inner: T,
-        permit: OwnedSemaphorePermit,
-        idle_timeout: Duration,
-        open: Gauge,
-        metrics: Arc<Metrics>,
-        port: Port,
-    ) -> Guarded<T> {
-        let now = Instant::now();
-        open.inc();
-        Guarded {
-            inner,
-            idle_timeout,
+/// Why a connection is closed by its [`Guard`].
+enum Close {
+    /// It was told to make way for a new connection.
+    Evicted,
+    /// It did not send its opening in time.
+    NoOpening,
+    /// Nothing was read from it for the idle timeout.
+    Silent,
+}
+
+impl Guard {
+    fn new(place: Place, bound: &PortBound, now: Instant) -> Guard {
+        let limits = bound.limits;
+        bound.open.inc();
+        let opening_due = now + limits.handshake_timeout;
+        Guard {
+            place,
+            opening: Progress::new(bound.opening()),
+            opening_due,
+            idle_timeout: limits.idle_timeout,
             last_read: now,
-            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
-            open,
-            metrics,
-            port,
-            _permit: permit,
+            timer: Box::pin(tokio::time::sleep_until(
+                opening_due.min(now + limits.idle_timeout),
+            )),
+            open: bound.open.clone(),
+            metrics: bound.metrics.clone(),
+            port: bound.port,
         }
     }
 
+    /// The connection's calls, and whether it was told to close.
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        self.place.activity()
+    }
+
+    /// When the connection must have sent its opening.
+    pub(crate) fn opening_due(&self) -> Instant {
+        self.opening_due
+    }
+
+    /// Counts a connection closed for not opening in time (a TLS handshake not done).
+    pub(crate) fn record_handshake_timeout(&self) {
+        self.metrics.record_handshake_timeout(self.port);
+    }
+
+    /// Records bytes just read.
+    fn read(&mut self, bytes: &[u8]) {
+        self.last_read = Instant::now();
+        if !self.opening.is_done() {
+            self.opening.advance(bytes);
+        }
+    }
+
+    /// The earliest moment a deadline can be over, as far as is known now.
+    fn due(&self) -> Instant {
+        let silent = self.last_read + self.idle_timeout;
+        if self.opening.is_done() {
+            silent
+        } else {
+            silent.min(self.opening_due)
+        }
+    }
+
+    /// Why the connection must close now, if it must; otherwise `cx` is woken when it may.
+    /// Re-arms the timer when it fired early (something was read since it was set).
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Option<Close> {
+        if self.activity().poll_evicted(cx).is_ready() {
+            return Some(Close::Evicted);
+        }
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return None;
+            }
+            let now = Instant::now();
+            let due = self.due();
+            if due <= now {
+                return Some(if self.opening.is_done() || self.opening_due > now {
+                    Close::Silent
+                } else {
+                    Close::NoOpening
+                });
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
+
+    /// Counts and logs a close; the error the read fails with.
+    fn close(&self, close: Close) -> io::Error {
+        let port = self.port.label();
+        let (kind, message) = match close {
+            Close::Evicted => {
+                tracing::debug!(port, "closing an idle connection to admit a new one");
+                (
+                    io::ErrorKind::ConnectionAborted,
+                    "connection closed to admit a new one (connection limit reached)",
+                )
+            }
+            Close::NoOpening => {
+                self.record_handshake_timeout();
+                tracing::debug!(port, "closing a connection that did not open in time");
+                (
+                    io::ErrorKind::TimedOut,
+                    "connection did not send its opening within the handshake timeout",
+                )
+            }
+            Close::Silent => {
+                self.metrics.record_idle_close(self.port);
+                tracing::debug!(port, timeout = ?self.idle_timeout,
+                    "closing a silent connection");
+                (
+                    io::ErrorKind::TimedOut,
+                    "connection silent for the idle timeout",
+                )
+            }
+        };
+        io::Error::new(kind, message)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl<T> Guarded<T> {
     /// The connection itself.
     pub fn get_ref(&self) -> &T {
         &self.inner
     }
 
-    /// Whether the connection has been silent for the idle timeout; re-arms the timer when
-    /// it fired early (something was read since it was set).
-    fn poll_idle(&mut self, cx: &mut Context<'_>) -> bool {
-        loop {
-            if self.idle.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            let due = self.last_read + self.idle_timeout;
-            if due <= Instant::now() {
-                return true;
-            }
-            self.idle.as_mut().reset(due);
-        }
+    /// The connection's calls, and whether it was told to close.
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        self.guard.activity()
     }
-}
 
-impl<T> Drop for Guarded<T> {
-    fn drop(&mut self) {
-        self.open.dec();
+    /// The connection and its guard, to run a handshake on the bare connection.
+    pub(crate) fn into_parts(self) -> (T, Guard) {
+        (self.inner, self.guard)
+    }
+
+    /// `inner` (what the handshake made of the connection) under `guard`; its silence counts
+    /// from now, the handshake having just read from it.
+    pub(crate) fn from_parts(inner: T, mut guard: Guard) -> Guarded<T> {
+        guard.last_read = Instant::now();
+        Guarded { inner, guard }
     }
 }
 
@@ -284,23 +437,24 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // Checked first too: a peer that keeps sending (PINGs) would otherwise keep reads
+        // ready and never see the eviction.
+        if this.guard.activity().is_evicted() {
+            return Poll::Ready(Err(this.guard.close(Close::Evicted)));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    this.last_read = Instant::now();
+                let read = &buf.filled()[before..];
+                if !read.is_empty() {
+                    this.guard.read(read);
                 }
                 Poll::Ready(Ok(()))
             }
-            Poll::Pending if this.poll_idle(cx) => {
-                this.metrics.record_idle_close(this.port);
-                tracing::debug!(port = this.port.label(), timeout = ?this.idle_timeout,
-                    "closing a silent connection");
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "connection silent for the idle timeout",
-                )))
-            }
+            Poll::Pending => match this.guard.poll_close(cx) {
+                Some(close) => Poll::Ready(Err(this.guard.close(close))),
+                None => Poll::Pending,
+            },
             other => other,
         }
     }
@@ -336,11 +490,24 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     }
 }
 
+/// What tonic puts in every request's extensions for a guarded connection: the connection's
+/// own information (peer address; TLS certificates) and its calls, which [`CallsLayer`]
+/// counts.
+#[derive(Clone, Debug)]
+pub struct GuardedInfo<I> {
+    /// The underlying connection's information.
+    pub inner: I,
+    activity: Arc<Activity>,
+}
+
 impl<T: tonic::transport::server::Connected> tonic::transport::server::Connected for Guarded<T> {
-    type ConnectInfo = T::ConnectInfo;
+    type ConnectInfo = GuardedInfo<T::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
+        GuardedInfo {
+            inner: self.inner.connect_info(),
+            activity: self.activity().clone(),
+        }
     }
 }
 
@@ -401,6 +568,44 @@ pub fn raise_fd_limit() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn guarded(bound: &PortBound) -> (Guarded<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
+        let (place, _) = bound.places.take().unwrap();
+        let (client, server) = tokio::io::duplex(64);
+        let guard = Guard::new(place, bound, Instant::now());
+        (
+            Guarded {
+                inner: server,
+                guard,
+            },
+            client,
+        )
+    }
+
+    /// A read pending on an idle connection fails as soon as a new connection takes its
+    /// place, with no traffic and no timer; a connection with a call in flight is never
+    /// chosen, so the new one is refused.
+    #[tokio::test]
+    async fn an_evicted_connection_fails_its_pending_read() {
+        use tokio::io::AsyncReadExt;
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            idle_timeout: Duration::from_secs(600),
+            handshake_timeout: Duration::from_secs(600),
+        };
+        let bound = PortBound::new(limits, Port::Grpc, Metrics::shared());
+        let (mut idle, _client) = guarded(&bound);
+        let read = tokio::spawn(async move { idle.read(&mut [0; 1]).await });
+        // The single-threaded test runtime runs the read until it is pending.
+        tokio::task::yield_now().await;
+        assert!(!read.is_finished());
+        let (busy, _client) = guarded(&bound);
+        let read = tokio::time::timeout(Duration::from_secs(10), read).await;
+        let error = read.expect("the read was not woken").unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+        let _call = busy.activity().begin_call();
+        assert!(bound.places.take().is_none());
+    }
 
     /// A repeated event is logged once, then again only after LOG_EVERY, with its count.
     #[test]

@@ -39,7 +39,9 @@
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
 //! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
-//! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached |
+//! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached and every connection had a call in flight |
+//! | `floodgate_connections_evicted_total` | port | idle connections closed to admit a new one because the port's bound was reached |
+//! | `floodgate_connections_handshake_timeouts_total` | port | connections closed because they had not sent their opening (HTTP/2 preface, TLS handshake included; HTTP/1 request line) within the handshake timeout |
 //! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
 //! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
 //! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
@@ -1003,6 +1005,8 @@ pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
 struct Abuse {
     connections_open: Family<PortLabels, Gauge>,
     connections_refused: Family<PortLabels, Counter>,
+    connections_evicted: Family<PortLabels, Counter>,
+    connections_handshake_timeouts: Family<PortLabels, Counter>,
     connections_idle_closed: Family<PortLabels, Counter>,
     accept_errors: Family<PortLabels, Counter>,
     /// Tallies counted under the overflow series because the cap was reached.
@@ -1018,6 +1022,8 @@ impl Abuse {
         let abuse = Abuse {
             connections_open: Family::default(),
             connections_refused: Family::default(),
+            connections_evicted: Family::default(),
+            connections_handshake_timeouts: Family::default(),
             connections_idle_closed: Family::default(),
             accept_errors: Family::default(),
             detailed_overflow: Counter::default(),
@@ -1031,8 +1037,21 @@ impl Abuse {
         );
         registry.register(
             "floodgate_connections_refused",
-            "Connections closed at once because the port's connection limit was reached",
+            "Connections closed at once because the port's connection limit was reached \
+             and every connection had a call in flight",
             abuse.connections_refused.clone(),
+        );
+        registry.register(
+            "floodgate_connections_evicted",
+            "Idle connections closed to admit a new one because the port's connection limit \
+             was reached",
+            abuse.connections_evicted.clone(),
+        );
+        registry.register(
+            "floodgate_connections_handshake_timeouts",
+            "Connections closed because they had not sent their HTTP/2 preface (TLS handshake \
+             included) or HTTP/1 request line within the handshake timeout",
+            abuse.connections_handshake_timeouts.clone(),
         );
         registry.register(
             "floodgate_connections_idle_closed",
@@ -1088,6 +1107,22 @@ impl Metrics {
     pub fn record_connection_refused(&self, port: Port) {
         self.abuse
             .connections_refused
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts an idle connection closed to admit a new one at the port's limit.
+    pub fn record_connection_evicted(&self, port: Port) {
+        self.abuse
+            .connections_evicted
+            .get_or_create(&PortLabels { port: port.label() })
+            .inc();
+    }
+
+    /// Counts a connection closed for not sending its opening within the handshake timeout.
+    pub fn record_handshake_timeout(&self, port: Port) {
+        self.abuse
+            .connections_handshake_timeouts
             .get_or_create(&PortLabels { port: port.label() })
             .inc();
     }

@@ -32,7 +32,7 @@ use crate::config::ConfigErrors;
 use crate::console::ConsoleOptions;
 use crate::http::{self, AdminState, NotReady, Readiness};
 use crate::listen::tls::{GrpcTls, TlsError};
-use crate::listen::{Admission, ConnectionLimits, PortBound};
+use crate::listen::{Admission, CallsLayer, ConnectionLimits, CountAdminCalls, PortBound};
 use crate::metrics::Port;
 use crate::otel::TraceError;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
@@ -158,10 +158,12 @@ impl Default for Bounds {
             grpc: ConnectionLimits {
                 max_connections: 1_000,
                 idle_timeout: Duration::from_secs(60),
+                handshake_timeout: Duration::from_secs(10),
             },
             http: ConnectionLimits {
                 max_connections: 100,
                 idle_timeout: Duration::from_secs(60),
+                handshake_timeout: Duration::from_secs(10),
             },
             grpc_max_concurrent_streams: 100,
             grpc_request_timeout: Duration::from_secs(5),
@@ -177,10 +179,12 @@ impl Bounds {
             grpc: ConnectionLimits {
                 max_connections: count(settings.grpc_max_connections),
                 idle_timeout: settings.grpc_idle_timeout,
+                handshake_timeout: settings.handshake_timeout,
             },
             http: ConnectionLimits {
                 max_connections: count(settings.http_max_connections),
                 idle_timeout: settings.http_idle_timeout,
+                handshake_timeout: settings.handshake_timeout,
             },
             grpc_max_concurrent_streams: settings.grpc_max_concurrent_streams,
             grpc_request_timeout: settings.grpc_request_timeout,
@@ -323,7 +327,7 @@ async fn serve_reference_prometheus(
         http::reference_prometheus_router(Arc::clone(stats), &prom.path, prom.response_time_ms);
     let admission = Admission::new(listener, bounds.http, Port::Prometheus, Arc::clone(metrics));
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(admission, router).await {
+        if let Err(e) = axum::serve(admission, CountAdminCalls(router)).await {
             tracing::error!(error = %e, "the reference's Prometheus listener failed");
         }
     });
@@ -345,7 +349,7 @@ async fn serve_debug(components: &Components, bounds: &Bounds) -> Result<(), Ser
     let metrics = Arc::clone(components.limiter.metrics());
     let admission = Admission::new(listener, bounds.http, Port::Debug, metrics);
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(admission, router).await {
+        if let Err(e) = axum::serve(admission, CountAdminCalls(router)).await {
             tracing::error!(error = %e, "the debug listener failed");
         }
     });
@@ -432,6 +436,9 @@ pub async fn run(
             builder = builder.max_connection_age(age);
         }
         builder
+            // Outermost: a call counts on its connection (busy: never evicted at the
+            // connection bound) from its HEADERS, refused by admission or not.
+            .layer(CallsLayer)
             .layer(AdmissionLayer::new(limiter.clone()))
             .add_service(rls.clone())
             .add_service(health_service.clone())
@@ -516,10 +523,13 @@ pub async fn run(
                 console: options.console.clone(),
             });
             let http = Admission::new(http, bounds.http, Port::Http, metrics);
-            // With the peer's address: the console logs who changed a bucket.
+            // With the peer's address: the console logs who changed a bucket. Each request
+            // counts as a call on its connection: busy connections never make way for new ones.
             let http_server = axum::serve(
                 http,
-                admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+                CountAdminCalls(
+                    admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+                ),
             )
             .with_graceful_shutdown(stopped(stop_rx));
             tokio::spawn(async move { http_server.await.map_err(ServerError::Http) })
@@ -576,9 +586,13 @@ pub async fn run(
     }
 }
 
-/// The gRPC server of one serving thread: tonic's router behind [`AdmissionLayer`].
+/// The gRPC server of one serving thread: tonic's router behind [`CallsLayer`] (calls counted
+/// per connection) and [`AdmissionLayer`].
 type GrpcRouter = tonic::transport::server::Router<
-    tower::layer::util::Stack<AdmissionLayer, tower::layer::util::Identity>,
+    tower::layer::util::Stack<
+        AdmissionLayer,
+        tower::layer::util::Stack<CallsLayer, tower::layer::util::Identity>,
+    >,
 >;
 
 /// Completes once `stop` says true (or its sender is gone, which only happens once the

@@ -395,12 +395,15 @@ impl ServeSettings {
 /// Bounds on connections, streams and metric labels (see docs/security.md).
 #[derive(Clone, Debug, Args)]
 pub struct BoundsSettings {
-    /// Connections open at once on the gRPC port; one more is closed at once (and counted).
+    /// Connections open at once on the gRPC port; at the limit, the connection idle longest
+    /// (no call in flight) is closed to admit a new one, which is refused (closed at once,
+    /// counted) only when every connection has a call in flight.
     #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTIONS", default_value_t = 1_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_connections: u32,
 
-    /// Connections open at once on the admin HTTP port; one more is closed at once.
+    /// Connections open at once on the admin HTTP port; at the limit, the connection idle
+    /// longest is closed to admit a new one, which is refused only when every one is busy.
     #[arg(long, env = "FLOODGATE_HTTP_MAX_CONNECTIONS", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub http_max_connections: u32,
@@ -428,6 +431,13 @@ pub struct BoundsSettings {
     #[arg(long, env = "FLOODGATE_HTTP_IDLE_TIMEOUT", value_parser = parse_positive_seconds,
           default_value = "60")]
     pub http_idle_timeout: Duration,
+
+    /// A connection that has not sent its opening this many seconds after it was accepted is
+    /// closed, on every port: the HTTP/2 preface on the gRPC port (the TLS handshake
+    /// included), the first request line on the admin HTTP port.
+    #[arg(long, env = "FLOODGATE_HANDSHAKE_TIMEOUT", value_parser = parse_positive_seconds,
+          default_value = "10")]
+    pub handshake_timeout: Duration,
 
     /// Distinct rule series carrying request values (`detailed_metric`, `value_to_metric`)
     /// in /metrics; past it, new values count under the rule label `_overflow`.

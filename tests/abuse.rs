@@ -148,9 +148,10 @@ async fn time_to_close(mut stream: TcpStream) -> Duration {
     }
 }
 
-/// Each port admits at most its bound of connections (more are closed at once and counted)
-/// without affecting the other port; idle connections, a half-sent HTTP/2 preface and a
-/// partial HTTP/1 request line are closed after the idle timeout; the freed port serves again.
+/// Each port holds at most its bound of connections: past it, each new idle connection
+/// closes the one idle longest (counted) without affecting the other port; idle connections,
+/// a half-sent HTTP/2 preface and a partial HTTP/1 request line are closed after the idle
+/// timeout; the freed port serves again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_bounded_per_port_and_silent_ones_closed() {
     let (server, _dir) = start(&[
@@ -167,11 +168,11 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
     for _ in 0..40 {
         idle.push(TcpStream::connect(server.grpc).await.unwrap());
     }
-    eventually("20 admitted, 20 refused", || async {
+    eventually("20 open, 20 evicted", || async {
         gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 20.0
             && gauge(
                 server.http,
-                "floodgate_connections_refused_total{port=\"grpc\"}",
+                "floodgate_connections_evicted_total{port=\"grpc\"}",
             )
             .await
                 >= 20.0
@@ -214,6 +215,350 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
             "{what} closed after {took:?}"
         );
     }
+    stop_within(server, Duration::from_secs(12)).await;
+}
+
+/// 60 idle HTTP/2 connections (preface sent, no stream) against `--grpc-max-connections 50`
+/// do not lock out a new client: each connection past the bound closes the one idle
+/// longest, so the first ones opened are closed, the later ones stay open, and a new
+/// client's call is answered; the same on the admin port with idle keep-alive connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_make_way_for_a_new_client() {
+    let (server, _dir) = start(&[
+        "--grpc-max-connections",
+        "50",
+        "--http-max-connections",
+        "4",
+    ]);
+    let mut idle = Vec::new();
+    for _ in 0..60 {
+        idle.push(Attacker::connect(server.grpc).await);
+        // One at a time, so that which one is idle longest is known.
+        let opened = idle.len();
+        eventually("the connection admitted", || async {
+            gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await
+                == opened.min(50) as f64
+                && gauge(
+                    server.http,
+                    "floodgate_connections_evicted_total{port=\"grpc\"}",
+                )
+                .await
+                    == opened.saturating_sub(50) as f64
+        })
+        .await;
+    }
+    assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
+    eventually("the 11 oldest closed", || async {
+        idle[..11].iter().all(Attacker::is_closed)
+    })
+    .await;
+    assert!(
+        idle[11..].iter().all(|a| !a.is_closed()),
+        "a younger one was closed"
+    );
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_connections_refused_total{port=\"grpc\"}"
+        )
+        .await,
+        0.0
+    );
+
+    // The admin port: idle keep-alive connections that each made one request.
+    let mut kept = Vec::new();
+    for _ in 0..6 {
+        let mut connection = TcpStream::connect(server.http).await.unwrap();
+        assert_eq!(keep_alive_health(&mut connection).await, 200);
+        kept.push(connection);
+    }
+    assert_eq!(
+        call(server.http, "GET", "/healthcheck", None).await.status,
+        200
+    );
+    stop_within(server, Duration::from_secs(12)).await;
+}
+
+/// With the default bound (1,000), 1,100 idle TCP connections do not stop a new client's
+/// call: the 100 past the bound each closed one idle longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_past_the_default_bound_make_way() {
+    let (server, _dir) = start(&["--grpc-idle-timeout", "600", "--handshake-timeout", "600"]);
+    let mut idle = Vec::new();
+    for _ in 0..1_100 {
+        idle.push(TcpStream::connect(server.grpc).await.unwrap());
+    }
+    eventually("1,000 open, 100 evicted", || async {
+        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 1_000.0
+            && gauge(
+                server.http,
+                "floodgate_connections_evicted_total{port=\"grpc\"}",
+            )
+            .await
+                == 100.0
+    })
+    .await;
+    assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
+    drop(idle);
+    stop_within(server, Duration::from_secs(12)).await;
+}
+
+const HELD: &str = "domain: d\ndescriptors:\n  - key: held\n    rate_limit: {unit: minute, requests_per_unit: 1, max_wait: 60s}\n";
+
+/// A connection with a call in flight (a request held by `max_wait`) is never closed to
+/// admit a new one, though it is the oldest: an idle younger one is; when every connection
+/// is busy (the held call, and a stream waiting for its body), a new one is refused; and the
+/// held call is then answered OK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_connections_are_not_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    std::fs::write(&limits, HELD).unwrap();
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--grpc-max-connections",
+        "2",
+        "--grpc-request-timeout",
+        "120",
+    ]);
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let first = client.should_rate_limit(simple("d", "held", "v")).await;
+    assert_eq!(first.unwrap().into_inner().overall_code, Code::Ok as i32);
+    let mut holding = client.clone();
+    let held = tokio::spawn(async move {
+        holding
+            .should_rate_limit(simple("d", "held", "v"))
+            .await
+            .map(|r| r.into_inner().overall_code)
+    });
+    let in_flight = "floodgate_requests_in_flight";
+    eventually("the call held", || async {
+        gauge(server.http, in_flight).await == 1.0
+    })
+    .await;
+    let idle = Attacker::connect(server.grpc).await;
+    eventually("both admitted", || async {
+        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 2.0
+    })
+    .await;
+    assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
+    eventually("the idle one closed", || async { idle.is_closed() }).await;
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_connections_evicted_total{port=\"grpc\"}"
+        )
+        .await,
+        1.0
+    );
+    assert!(!held.is_finished(), "the held call was cut");
+
+    // Every connection busy: the held call, and a stream that never sends its body.
+    let mut waiting = Attacker::connect(server.grpc).await;
+    waiting.open_streams(1).await;
+    eventually("two calls in flight", || async {
+        gauge(server.http, in_flight).await == 2.0
+    })
+    .await;
+    let refused = TcpStream::connect(server.grpc).await.unwrap();
+    time_to_close(refused).await;
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_connections_refused_total{port=\"grpc\"}"
+        )
+        .await,
+        1.0
+    );
+    assert!(!waiting.is_closed() && !held.is_finished());
+    // Shutting down answers the held call OK at once.
+    server.sigterm();
+    assert_eq!(held.await.unwrap().unwrap(), Code::Ok as i32);
+    let (exit, log) = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}
+
+/// PINGs (control frames, answered by the server) do not make a connection busy: the one
+/// idle longest is closed to admit a new one although it has just pinged, and the younger
+/// idle one that sent nothing stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_do_not_keep_a_connection_from_being_evicted() {
+    let (server, _dir) = start(&["--grpc-max-connections", "2"]);
+    let mut pinging = Attacker::connect(server.grpc).await;
+    eventually("the first admitted", || async {
+        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 1.0
+    })
+    .await;
+    let quiet = Attacker::connect(server.grpc).await;
+    eventually("both admitted", || async {
+        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 2.0
+    })
+    .await;
+    for _ in 0..3 {
+        assert!(pinging.ping().await);
+    }
+    eventually("the pings answered", || async {
+        pinging
+            .seen
+            .ping_acks
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 3
+    })
+    .await;
+    assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
+    eventually("the pinging one closed", || async { pinging.is_closed() }).await;
+    assert!(!quiet.is_closed());
+    stop_within(server, Duration::from_secs(12)).await;
+}
+
+/// One `GET /healthcheck` on an HTTP/1.1 keep-alive `connection`, its response read whole
+/// (the connection stays open for the next); the status.
+async fn keep_alive_health(connection: &mut TcpStream) -> u16 {
+    connection
+        .write_all(b"GET /healthcheck HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    let mut byte = [0u8; 1];
+    while !response.ends_with(b"\r\n\r\n") {
+        connection.read_exact(&mut byte).await.unwrap();
+        response.push(byte[0]);
+    }
+    let head = String::from_utf8(response).unwrap().to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .map_or(0, |length| length.trim().parse().unwrap());
+    let mut body = vec![0u8; length];
+    connection.read_exact(&mut body).await.unwrap();
+    head[9..12].parse().unwrap()
+}
+
+/// Reads from `stream` until the server closes it (EOF or error), bounded by DEADLINE.
+async fn until_closed<S: tokio::io::AsyncRead + Unpin>(mut stream: S) {
+    let mut buffer = [0u8; 1024];
+    loop {
+        match tokio::time::timeout(DEADLINE, stream.read(&mut buffer)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => panic!("connection still open after {DEADLINE:?}"),
+        }
+    }
+}
+
+/// With `--handshake-timeout 1` (and idle timeouts far longer than the test), connections
+/// that never send their opening are closed and counted: a silent one and a half HTTP/2
+/// preface on gRPC, and on the admin port a request line that trickles in without ever
+/// ending. Connections that did open are untouched: an HTTP/2 one opened first, and an
+/// HTTP/1 keep-alive one, which still answers its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_do_not_open_in_time_are_closed() {
+    let (server, _dir) = start(&[
+        "--handshake-timeout",
+        "1",
+        "--grpc-idle-timeout",
+        "600",
+        "--http-idle-timeout",
+        "600",
+    ]);
+    let opened = Attacker::connect(server.grpc).await;
+    let mut keep_alive = TcpStream::connect(server.http).await.unwrap();
+    assert_eq!(keep_alive_health(&mut keep_alive).await, 200);
+
+    let silent = TcpStream::connect(server.grpc).await.unwrap();
+    let mut half = TcpStream::connect(server.grpc).await.unwrap();
+    half.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    let trickle = TcpStream::connect(server.http).await.unwrap();
+    let (mut trickle_read, mut trickle_write) = trickle.into_split();
+    let trickling = tokio::spawn(async move {
+        trickle_write.write_all(b"GET /").await.unwrap();
+        // A byte every 100 ms: never silent, never a whole line.
+        while trickle_write.write_all(b"a").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    tokio::join!(
+        until_closed(silent),
+        until_closed(half),
+        until_closed(&mut trickle_read)
+    );
+    trickling.abort();
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_connections_handshake_timeouts_total{port=\"grpc\"}"
+        )
+        .await,
+        2.0
+    );
+    // At least the trickled one (on a loaded machine a scrape of its own may count too).
+    assert!(
+        gauge(
+            server.http,
+            "floodgate_connections_handshake_timeouts_total{port=\"http\"}"
+        )
+        .await
+            >= 1.0
+    );
+    assert!(!opened.is_closed(), "an opened connection was closed");
+    assert_eq!(keep_alive_health(&mut keep_alive).await, 200);
+    stop_within(server, Duration::from_secs(12)).await;
+}
+
+/// On a TLS gRPC port (`--handshake-timeout 2`), the handshake timeout covers the TLS handshake and the HTTP/2 preface
+/// together: a connection that never starts its TLS handshake and one that completes it but
+/// sends no preface are both closed and counted; a TLS client is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_connections_that_do_not_open_in_time_are_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    std::fs::write(&limits, LIMITS).unwrap();
+    let ca = support::certs::Ca::new("test CA");
+    let leaf = ca.server(1);
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert, &leaf.cert_pem).unwrap();
+    std::fs::write(&key, &leaf.key_pem).unwrap();
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--grpc-tls-cert-file",
+        cert.to_str().unwrap(),
+        "--grpc-tls-key-file",
+        key.to_str().unwrap(),
+        // Long enough for the served client's handshake on a loaded machine.
+        "--handshake-timeout",
+        "2",
+        "--grpc-idle-timeout",
+        "600",
+    ]);
+    let silent = TcpStream::connect(server.grpc).await.unwrap();
+    let no_preface =
+        support::tls::connect(server.grpc, &[&ca], None, rustls::DEFAULT_VERSIONS).await;
+    let mut client = support::tls::client(server.grpc, &ca, None).await.unwrap();
+    let answer = client.should_rate_limit(simple("d", "k", "v")).await;
+    assert_eq!(answer.unwrap().into_inner().overall_code, Code::Ok as i32);
+    tokio::join!(until_closed(silent), until_closed(no_preface));
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_connections_handshake_timeouts_total{port=\"grpc\"}"
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        gauge(
+            server.http,
+            "floodgate_tls_handshake_failures_total{reason=\"timeout\"}"
+        )
+        .await,
+        1.0
+    );
     stop_within(server, Duration::from_secs(12)).await;
 }
 

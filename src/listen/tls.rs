@@ -3,9 +3,11 @@
 //! Place in the flow: between the gRPC listener and tonic. [`GrpcTls::incoming`] turns the
 //! bound `TcpListener` into the stream of connections tonic serves
 //! (`serve_with_incoming_shutdown`, the same call as in plaintext): every accepted connection
-//! gets its own task for the TLS handshake, bounded by [`HANDSHAKE_TIMEOUT`], so a slow or
-//! hostile client never stalls the accept loop; a failed handshake is logged at debug and
-//! counted in `floodgate_tls_handshake_failures_total`.
+//! gets its own task for the TLS handshake, bounded by the port's handshake timeout (which
+//! covers the TLS handshake and the HTTP/2 preface after it together, [`super::Guarded`]), so
+//! a slow or hostile client never stalls the accept loop; a failed handshake is logged at
+//! debug and counted in `floodgate_tls_handshake_failures_total`. A connection still in its
+//! handshake is idle: at the connection bound it makes way for a new one like any other.
 //!
 //! Why not tonic's `ServerTlsConfig`: it cannot change its certificate without a restart, and
 //! certificates rotate (cert-manager renews them; the kubelet swaps a Secret volume's `..data`
@@ -24,7 +26,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::pki_types::pem::{self, PemObject};
@@ -41,14 +42,11 @@ use super::{Admission, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
 use crate::metrics::{HandshakeFailure, Metrics};
 
-/// Longest a client may take to complete the TLS handshake before its connection is dropped.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;
 
-/// A TLS connection on the gRPC port.
-pub type Connection = TlsStream<Guarded<TcpStream>>;
+/// A TLS connection on the gRPC port: guarded above TLS, so the guard sees the HTTP/2 preface.
+pub type Connection = Guarded<TlsStream<TcpStream>>;
 
 /// The files TLS is loaded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -151,8 +149,8 @@ impl GrpcTls {
         Ok(watch)
     }
 
-    /// The TLS connections admitted by `listener` (its connection bound and idle timeout
-    /// cover the handshake too), for tonic's `serve_with_incoming_shutdown`. Accepting stops
+    /// The TLS connections admitted by `listener` (its connection bound and handshake timeout
+    /// cover the TLS handshake too), for tonic's `serve_with_incoming_shutdown`. Accepting stops
     /// (and the listener is closed) once the stream is dropped, which tonic does when
     /// shutdown begins.
     pub fn incoming(&self, listener: Admission) -> ReceiverStream<io::Result<Connection>> {
@@ -161,18 +159,29 @@ impl GrpcTls {
         ReceiverStream::new(rx)
     }
 
-    /// Completes one handshake, within [`HANDSHAKE_TIMEOUT`]; a failure is logged and counted.
+    /// Completes one handshake, within the connection's handshake deadline and unless it is
+    /// told to make way for a new connection meanwhile; a failure is logged and counted.
     async fn handshake(&self, stream: Guarded<TcpStream>, peer: SocketAddr) -> Option<Connection> {
         // The configuration current now serves this whole connection.
         let acceptor = TlsAcceptor::from(self.config.load_full());
-        let failure = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-            Ok(Ok(tls)) => return Some(tls),
+        let (tcp, guard) = stream.into_parts();
+        let due = guard.opening_due();
+        let accepted = tokio::select! {
+            accepted = tokio::time::timeout_at(due, acceptor.accept(tcp)) => accepted,
+            () = guard.activity().evicted() => {
+                tracing::debug!(%peer, "TLS handshake abandoned to admit a new connection");
+                return None;
+            }
+        };
+        let failure = match accepted {
+            Ok(Ok(tls)) => return Some(Guarded::from_parts(tls, guard)),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 HandshakeFailure::Error
             }
             Err(_) => {
-                tracing::debug!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out");
+                tracing::debug!(%peer, "TLS handshake not done within the handshake timeout");
+                guard.record_handshake_timeout();
                 HandshakeFailure::Timeout
             }
         };

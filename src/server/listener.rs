@@ -134,8 +134,9 @@ impl GrpcListener {
 /// Not the same job as [`Guarded`](crate::listen::Guarded), though both fail a connection's
 /// I/O on a timer: this one cuts a gRPC connection at a fixed *age* (its maximum age plus
 /// grace), however busy, failing writes as well as reads, on TCP and unix sockets alike;
-/// `Guarded` closes a connection of any TCP port after a *silence* (reset by every read) and
-/// holds its place under the port's connection bound.
+/// `Guarded` closes a connection of any TCP port after a *silence* (reset by every read), or
+/// when it has not opened in time or must make way for a new one, and holds its place under
+/// the port's connection bound.
 #[derive(Debug)]
 pub struct Aged<T> {
     inner: T,

@@ -14,7 +14,9 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
+const PING: u8 = 0x6;
 const GOAWAY: u8 = 0x7;
+const ACK: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
 /// What the server sent back so far.
@@ -23,6 +25,8 @@ pub struct Seen {
     pub headers: AtomicU64,
     pub resets: AtomicU64,
     pub goaway: AtomicU64,
+    /// PING acknowledgements (answers to [`Attacker::ping`]).
+    pub ping_acks: AtomicU64,
     pub closed: AtomicU64,
 }
 
@@ -63,6 +67,9 @@ impl Attacker {
                         HEADERS => counts.headers.fetch_add(1, Ordering::SeqCst),
                         RST_STREAM => counts.resets.fetch_add(1, Ordering::SeqCst),
                         GOAWAY => counts.goaway.fetch_add(1, Ordering::SeqCst),
+                        PING if buffer[4] & ACK != 0 => {
+                            counts.ping_acks.fetch_add(1, Ordering::SeqCst)
+                        }
                         _ => 0,
                     };
                     buffer.drain(..9 + length);
@@ -74,6 +81,20 @@ impl Attacker {
             next_stream: 1,
             seen,
         }
+    }
+
+    /// Sends a PING, a control frame the server must acknowledge (`seen.ping_acks`); false
+    /// once the server has closed the connection.
+    pub async fn ping(&mut self) -> bool {
+        self.write
+            .write_all(&frame(PING, 0, 0, &[0; 8]))
+            .await
+            .is_ok()
+    }
+
+    /// Whether the server has closed the connection.
+    pub fn is_closed(&self) -> bool {
+        self.seen.closed.load(Ordering::SeqCst) != 0
     }
 
     /// Opens `count` ShouldRateLimit streams (HEADERS, no body); stops early, returning how

@@ -51,6 +51,22 @@ pub async fn handshake(
     identity: Option<&Leaf>,
     versions: &[&'static SupportedProtocolVersion],
 ) -> (Vec<u8>, ProtocolVersion) {
+    let tls = connect(addr, cas, identity, versions).await;
+    let session = tls.get_ref().1;
+    (
+        session.peer_certificates().unwrap()[0].to_vec(),
+        session.protocol_version().unwrap(),
+    )
+}
+
+/// A TLS connection to `addr` (ALPN h2, trusting `cas`, presenting `identity` if given,
+/// offering only `versions`), handshake done, nothing sent over it yet.
+pub async fn connect(
+    addr: SocketAddr,
+    cas: &[&Ca],
+    identity: Option<&Leaf>,
+    versions: &[&'static SupportedProtocolVersion],
+) -> tokio_rustls::client::TlsStream<TcpStream> {
     let mut roots = RootCertStore::empty();
     for ca in cas {
         roots
@@ -73,13 +89,8 @@ pub async fn handshake(
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = TlsConnector::from(Arc::new(config))
+    TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await
-        .unwrap();
-    let session = tls.get_ref().1;
-    (
-        session.peer_certificates().unwrap()[0].to_vec(),
-        session.protocol_version().unwrap(),
-    )
+        .unwrap()
 }

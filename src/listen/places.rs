@@ -1,0 +1,309 @@
+//! The places of one port: how many connections are open (at most the port's bound), which of
+//! them have a call in flight, and, when every place is taken, which connection has been idle
+//! longest, so that it can be closed to admit the new one.
+//!
+//! Place in the flow: [`super::Admission`] takes a [`Place`] for every accepted connection
+//! ([`Places::take`]); the connection's [`super::Guarded`] holds it until the connection is
+//! dropped. The HTTP layers above count each call on the place's [`Activity`]
+//! ([`super::calls`]): a gRPC stream from its HEADERS until its response, an admin request
+//! until its response.
+//!
+//! **Idle means no call in flight.** Bytes read say nothing about it: an attacker's
+//! connection answers PINGs and sends SETTINGS or PINGs of its own, all control frames that
+//! never open a stream. What the connection layer cannot see from the bytes (they may be
+//! encrypted, and HTTP/2 frames interleave), the service layer knows exactly: a call exists
+//! from the moment hyper hands it to the service. So each [`Activity`] counts its calls, and
+//! records when the last one ended (or, if there never was one, when the connection was
+//! accepted): that is how long it has been idle.
+//!
+//! **Full port: the longest-idle connection makes way.** An attacker who opens and keeps
+//! `max_connections` idle connections would otherwise lock out every new client for as long
+//! as he likes. Instead, a new connection at the bound closes the connection idle the longest
+//! (its next read fails, and hyper drops it) and takes its place at once. Only when every
+//! connection has a call in flight is the new one refused, as before: a busy connection is
+//! never cut. An idle Envoy connection that is closed this way costs Envoy a reconnect on its
+//! next call, not a failed call.
+//!
+//! Finding the longest-idle connection scans the port's connections (a few µs for the
+//! default 1,000) under a lock; it happens only when the port is full. Taking and freeing a
+//! place is an atomic counter plus one short lock to list the connection.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures_util::task::AtomicWaker;
+
+/// Set in [`Activity::calls`] once the connection has been chosen to make way.
+const EVICTED: u32 = 1 << 31;
+
+/// The places of one port (shared by all its listeners).
+#[derive(Debug)]
+pub(crate) struct Places {
+    /// Connections open at once.
+    max: usize,
+    /// Places taken: connections open, less those evicted (an evicted connection's place
+    /// passed to the connection that evicted it while it closes).
+    taken: AtomicUsize,
+    /// The id of the next connection.
+    next_id: AtomicU64,
+    /// Where idle times are measured from.
+    epoch: Instant,
+    /// Every connection holding a place, by id.
+    open: Mutex<HashMap<u64, Arc<Activity>>>,
+}
+
+/// How a place was taken.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// A place was free.
+    Free,
+    /// The port was full: the connection idle longest was told to close, and its place
+    /// passed on.
+    Evicted,
+}
+
+impl Places {
+    /// At most `max` (at least one) connections at once.
+    pub(crate) fn new(max: usize) -> Places {
+        Places {
+            max: max.max(1),
+            taken: AtomicUsize::new(0),
+            next_id: AtomicU64::new(0),
+            epoch: Instant::now(),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place for a new connection: a free one, else the place of the connection idle
+    /// longest (which is told to close); `None` when every connection has a call in flight.
+    pub(crate) fn take(self: &Arc<Places>) -> Option<(Place, Taken)> {
+        let taken = if self.take_free() {
+            Taken::Free
+        } else if self.evict_longest_idle() {
+            Taken::Evicted
+        } else if self.take_free() {
+            // Freed while every connection looked busy.
+            Taken::Free
+        } else {
+            return None;
+        };
+        let activity = Arc::new(Activity {
+            calls: AtomicU32::new(0),
+            idle_since: AtomicU64::new(self.now()),
+            epoch: self.epoch,
+            closing: AtomicWaker::new(),
+        });
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, activity.clone());
+        let place = Place {
+            places: self.clone(),
+            id,
+            activity,
+        };
+        Some((place, taken))
+    }
+
+    /// Takes a free place, if there is one.
+    fn take_free(&self) -> bool {
+        self.taken
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Tells the connection idle longest to close; false if every one has a call in flight.
+    fn evict_longest_idle(&self) -> bool {
+        let open = self.lock();
+        // A connection that starts a call between the scan and the claim is not evicted (the
+        // claim fails): scan again, a few times at most.
+        for _ in 0..4 {
+            let longest = open
+                .iter()
+                .filter(|(_, activity)| activity.calls.load(Ordering::Acquire) == 0)
+                .min_by_key(|(id, activity)| (activity.idle_since.load(Ordering::Relaxed), **id));
+            let Some((_, activity)) = longest else {
+                return false;
+            };
+            if activity
+                .calls
+                .compare_exchange(0, EVICTED, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                activity.closing.wake();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Microseconds since `epoch`.
+    fn now(&self) -> u64 {
+        micros_since(self.epoch)
+    }
+
+    /// The open connections (a poisoned lock still holds a usable map: each change to it is
+    /// one insert or remove).
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Activity>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+fn micros_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// One connection's place under its port's bound; freed when dropped.
+#[derive(Debug)]
+pub(crate) struct Place {
+    places: Arc<Places>,
+    id: u64,
+    activity: Arc<Activity>,
+}
+
+impl Place {
+    /// The connection's calls, and whether it was told to close.
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.places.lock().remove(&self.id);
+        // An evicted connection's place already belongs to the one that evicted it.
+        if !self.activity.is_evicted() {
+            self.places.taken.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// The calls in flight on one connection, and whether it was told to close.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    /// Calls in flight, plus [`EVICTED`] once the connection was chosen to make way.
+    calls: AtomicU32,
+    /// When the last call ended, or the connection was accepted: µs since `epoch`.
+    idle_since: AtomicU64,
+    epoch: Instant,
+    /// Woken when the connection is evicted.
+    closing: AtomicWaker,
+}
+
+impl Activity {
+    /// Counts a call in flight until the guard is dropped.
+    pub(crate) fn begin_call(self: &Arc<Activity>) -> Call {
+        self.calls.fetch_add(1, Ordering::AcqRel);
+        Call(self.clone())
+    }
+
+    /// Whether the connection was told to close to make way for another.
+    pub(crate) fn is_evicted(&self) -> bool {
+        self.calls.load(Ordering::Acquire) & EVICTED != 0
+    }
+
+    /// Ready once the connection is told to close; until then, `cx` is woken when it is.
+    pub(crate) fn poll_evicted(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.is_evicted() {
+            return Poll::Ready(());
+        }
+        self.closing.register(cx.waker());
+        // Evicted between the check and the registration: its wake-up may have been missed.
+        if self.is_evicted() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Completes once the connection is told to close.
+    pub(crate) async fn evicted(&self) {
+        std::future::poll_fn(|cx| self.poll_evicted(cx)).await;
+    }
+}
+
+/// One call in flight on a connection (see [`Activity::begin_call`]).
+#[derive(Debug)]
+pub(crate) struct Call(Arc<Activity>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let before = self.0.calls.fetch_sub(1, Ordering::AcqRel);
+        if before & !EVICTED == 1 {
+            // The last call ended: the connection is idle from now.
+            self.0
+                .idle_since
+                .store(micros_since(self.0.epoch), Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past the bound, the connection idle longest makes way, however recently it was
+    /// accepted relative to busy ones; a busy connection never does; with all busy, none.
+    #[test]
+    fn the_longest_idle_connection_makes_way() {
+        let places = Arc::new(Places::new(3));
+        let (a, taken) = places.take().unwrap();
+        assert_eq!(taken, Taken::Free);
+        let (b, _) = places.take().unwrap();
+        let (c, _) = places.take().unwrap();
+        // a is the oldest, but busy; b is idle since it was accepted; c had a call that ended.
+        let a_call = a.activity().begin_call();
+        drop(c.activity().begin_call());
+        let (d, taken) = places.take().unwrap();
+        assert_eq!(taken, Taken::Evicted);
+        assert!(b.activity().is_evicted());
+        assert!(!a.activity().is_evicted() && !c.activity().is_evicted());
+        // The evicted one closing frees nothing: its place is d's.
+        drop(b);
+        assert_eq!(places.taken.load(Ordering::Acquire), 3);
+        let (e, _) = places.take().unwrap();
+        assert!(c.activity().is_evicted());
+        drop(c);
+        // d (idle since accepted) goes before e (accepted later).
+        let (f, _) = places.take().unwrap();
+        assert!(d.activity().is_evicted());
+        drop(d);
+        let _e_call = e.activity().begin_call();
+        let _f_call = f.activity().begin_call();
+        assert!(places.take().is_none(), "every connection is busy");
+        drop(a_call);
+        let (_g, taken) = places.take().unwrap();
+        assert_eq!(taken, Taken::Evicted);
+        assert!(a.activity().is_evicted());
+    }
+
+    /// A connection that finished its calls more recently is kept over one idle longer.
+    #[test]
+    fn idle_time_counts_from_the_last_call() {
+        let places = Arc::new(Places::new(2));
+        let (old, _) = places.take().unwrap();
+        let (young, _) = places.take().unwrap();
+        let call = old.activity().begin_call();
+        while micros_since(places.epoch) <= young.activity().idle_since.load(Ordering::Relaxed) {
+            std::hint::spin_loop();
+        }
+        drop(call);
+        let (_new, _) = places.take().unwrap();
+        assert!(young.activity().is_evicted());
+        assert!(!old.activity().is_evicted());
+    }
+
+    /// Freed places are taken again without evicting anyone.
+    #[test]
+    fn freed_places_are_reused() {
+        let places = Arc::new(Places::new(1));
+        let (first, _) = places.take().unwrap();
+        drop(first);
+        let (second, taken) = places.take().unwrap();
+        assert_eq!(taken, Taken::Free);
+        assert!(!second.activity().is_evicted());
+    }
+}
