@@ -16,7 +16,8 @@
 //! - `$n` and `${n}` in `name` and label values are the n-th capture. In a glob mapping a
 //!   reference that is not a capture number (`$1x`, `$9` with two captures) becomes
 //!   nothing; in a regex mapping the expansion is Go's `Regexp.Expand` (named groups too),
-//!   which the `regex` crate's `Captures::expand` follows.
+//!   which the `regex` crate's `Captures::expand` follows. The syntax is RE2's in both;
+//!   only `\w`, `\d`, `\s` and `\b` differ, matching non-ASCII text here too.
 //! - A stat no mapping matches keeps its own name with every character outside
 //!   `[a-zA-Z0-9_]` as `_` and no labels, as the exporter names an unmapped event.
 //!
