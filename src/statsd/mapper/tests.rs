@@ -292,8 +292,8 @@ mappings:
     );
 }
 
-/// Unknown fields are ignored and scalar label values read as text, as the exporter's
-/// decoder does; an empty file maps nothing.
+/// Unknown fields are ignored, scalar label values read as text and keys without a value
+/// read as empty, as the exporter's decoder does; an empty file maps nothing.
 #[test]
 fn lenient_where_the_exporter_is() {
     let mapper = Mapper::parse(
@@ -305,6 +305,11 @@ fn lenient_where_the_exporter_is() {
         named(&mapper, "a.b", StatKind::Counter),
         ("a".into(), labels(&[("on", "true"), ("version", "2")]))
     );
+    let bare =
+        Mapper::parse("defaults:\nmappings:\n  - match: b.*\n    name: b\n    labels:\n").unwrap();
+    assert_eq!(named(&bare, "b.c", StatKind::Counter), ("b".into(), vec![]));
+    assert!(Mapper::parse("# comments only\n").is_ok());
+    assert!(Mapper::parse("mappings:\n").is_ok());
     let empty = Mapper::parse("").unwrap();
     assert_eq!(named(&empty, "9a.b-c--d", StatKind::Counter).0, "_9a_b_c_d");
 }
