@@ -57,7 +57,9 @@
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
 //! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
-//! - [`statsd`]: sends the reference's statsd stats from a background task.
+//! - [`statsd`]: sends the reference's statsd stats from a background task, and exposes
+//!   them as the reference's Prometheus series (its default mapping, or a statsd_exporter
+//!   mapping file).
 //! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
 //! - [`otel`]: OpenTelemetry traces (off by default): a server span per request, joined to
 //!   the caller's `traceparent` / B3 trace, a child span per store call, exported over OTLP.

@@ -75,7 +75,7 @@ use crate::outcome::{Outcome, Tally, Verdict};
 
 pub mod history;
 
-use crate::statsd::{Sample, StatName, Stats, StatsdConfig};
+use crate::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
 pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
@@ -603,10 +603,19 @@ impl Metrics {
 
     /// Also counts the reference's statsd stats from now on, and starts sending them to
     /// `statsd` if given (a background task: call inside a Tokio runtime); without it they
-    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]).
-    /// Only the first call has an effect.
-    pub fn attach_reference_stats(&self, statsd: Option<StatsdConfig>) {
-        let stats = Arc::new(Stats::new(statsd, self.statsd_dropped.clone()));
+    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]),
+    /// which `mapper` maps when given (`PROMETHEUS_MAPPER_YAML`). Only the first call has an
+    /// effect.
+    pub fn attach_reference_stats(
+        &self,
+        statsd: Option<StatsdConfig>,
+        mapper: Option<Arc<Mapper>>,
+    ) {
+        let mut stats = Stats::new(statsd, self.statsd_dropped.clone());
+        if let Some(mapper) = mapper {
+            stats = stats.with_mapper(mapper);
+        }
+        let stats = Arc::new(stats);
         if self.statsd.set(Arc::clone(&stats)).is_ok() {
             stats.start();
         }

@@ -31,8 +31,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 
+pub mod mapper;
 mod names;
 pub mod prometheus;
+pub use mapper::Mapper;
 pub use names::{StatName, sanitize};
 
 /// How lines reach the statsd host.
@@ -141,20 +143,24 @@ impl Tracked {
 }
 
 /// Upper bounds, in whole milliseconds, that `response_time` samples are counted under:
-/// every bound either exposition needs (the statsd_exporter's default histogram buckets,
-/// 5 ms to 10 s, and the same bounds read as milliseconds when
+/// every bound either default exposition needs (the statsd_exporter's default histogram
+/// buckets, 5 ms to 10 s, and the same bounds read as milliseconds when
 /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` is set: samples are whole milliseconds, so
-/// 0.005 to 2.5 are 0, 1 and 2).
+/// 0.005 to 2.5 are 0, 1 and 2). A mapping file's buckets add theirs
+/// ([`Stats::with_mapper`]).
 pub(crate) const RESPONSE_BOUNDS_MS: [u64; 14] = [
     0, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000,
 ];
 
 /// `ShouldRateLimit.response_time` samples as a histogram (what statsd_exporter makes of
-/// the reference's timer).
-#[derive(Debug, Default)]
+/// the reference's timer), fine enough for every bucket the exposition serves.
+#[derive(Debug)]
 pub(crate) struct ResponseTimes {
-    /// Samples at most [`RESPONSE_BOUNDS_MS`]`[i]` and above the previous bound.
-    pub(crate) buckets: [AtomicU64; RESPONSE_BOUNDS_MS.len()],
+    /// Upper bounds in whole milliseconds, increasing; the last is `u64::MAX`, so every
+    /// sample is in a bucket.
+    pub(crate) bounds: Box<[u64]>,
+    /// Samples at most `bounds[i]` and above the previous bound.
+    pub(crate) buckets: Box<[AtomicU64]>,
     /// Every sample.
     pub(crate) count: AtomicU64,
     /// Their sum, in milliseconds.
@@ -162,12 +168,42 @@ pub(crate) struct ResponseTimes {
 }
 
 impl ResponseTimes {
+    /// Buckets at [`RESPONSE_BOUNDS_MS`] and at `extra`.
+    fn new(extra: &[u64]) -> ResponseTimes {
+        let mut bounds: Vec<u64> = RESPONSE_BOUNDS_MS
+            .iter()
+            .chain(extra)
+            .copied()
+            .chain([u64::MAX])
+            .collect();
+        bounds.sort_unstable();
+        bounds.dedup();
+        ResponseTimes {
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            bounds: bounds.into_boxed_slice(),
+            count: AtomicU64::new(0),
+            sum_ms: AtomicU64::new(0),
+        }
+    }
+
     fn observe(&self, ms: u64) {
-        if let Some(i) = RESPONSE_BOUNDS_MS.iter().position(|&le| ms <= le) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        // The bounds end with u64::MAX: some bucket always holds the sample.
+        let i = self.bounds.partition_point(|&le| le < ms);
+        if let Some(bucket) = self.buckets.get(i) {
+            bucket.fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_ms.fetch_add(ms, Ordering::Relaxed);
+    }
+
+    /// Samples of at most `le_ms` milliseconds (exact when `le_ms` is one of the bounds).
+    pub(crate) fn at_most(&self, le_ms: impl Fn(u64) -> bool) -> u64 {
+        self.bounds
+            .iter()
+            .zip(self.buckets.iter())
+            .filter(|&(&bound, _)| le_ms(bound))
+            .map(|(_, n)| n.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -184,6 +220,9 @@ pub struct Stats {
     fixed: [Tracked; StatName::COUNT],
     /// `ShouldRateLimit.response_time`, for the Prometheus exposition.
     response_times: ResponseTimes,
+    /// The statsd_exporter mapping file (`PROMETHEUS_MAPPER_YAML`) the Prometheus
+    /// exposition follows; `None`: the reference's default mapping.
+    mapper: Option<Arc<Mapper>>,
     /// `ShouldRateLimit.response_time` samples, in milliseconds.
     timers: mpsc::Sender<u64>,
     /// Taken by [`Stats::start`].
@@ -229,12 +268,22 @@ impl Stats {
             rules: RwLock::default(),
             domains: RwLock::default(),
             fixed: std::array::from_fn(|_| Tracked::default()),
-            response_times: ResponseTimes::default(),
+            response_times: ResponseTimes::new(&[]),
+            mapper: None,
             timers,
             timer_rx: std::sync::Mutex::new(Some(rx)),
             dropped,
             sampled: std::sync::Mutex::default(),
         }
+    }
+
+    /// The same stats, exposed to Prometheus as `mapper` maps them instead of by the
+    /// reference's default mapping; the response-time histogram gets every bucket the
+    /// mapping's response-time series needs. Call before any sample is recorded.
+    pub fn with_mapper(mut self, mapper: Arc<Mapper>) -> Stats {
+        self.response_times = ResponseTimes::new(&prometheus::mapped_bounds_ms(&mapper));
+        self.mapper = Some(mapper);
+        self
     }
 
     /// Sends `name` at every flush with the value `read` returns then.

@@ -182,3 +182,48 @@ fn bad_reference_variable_exits_64() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("GRPC_PORT=\"grpc\""), "{stderr}");
 }
+
+/// A statsd_exporter mapping file (`PROMETHEUS_MAPPER_YAML`) that cannot be read or parsed
+/// stops start-up with exit 64, naming the file and what is wrong, before anything listens.
+#[test]
+fn unusable_mapping_file_exits_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    std::fs::write(&limits, "domain: d\ndescriptors:\n  - key: k\n").unwrap();
+    let bad = dir.path().join("conf.yaml");
+    std::fs::write(
+        &bad,
+        "mappings:\n  - match: 'ratelimit\\.(['\n    match_type: regex\n    name: x\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("missing.yaml");
+    for (file, reason) in [
+        (
+            &bad,
+            "mappings[0] (match \"ratelimit\\\\.([\"): invalid regex",
+        ),
+        (&missing, "cannot read"),
+    ] {
+        let out = run(
+            &[
+                "serve",
+                "--config",
+                limits.to_str().unwrap(),
+                "--grpc-addr",
+                "127.0.0.1:0",
+                "--http-addr",
+                "127.0.0.1:0",
+            ],
+            &[
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+                ("PROMETHEUS_MAPPER_YAML", file.to_str().unwrap()),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(64));
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(file.to_str().unwrap()), "{stderr}");
+        assert!(stderr.contains(reason), "{reason}: {stderr}");
+        assert!(!text(&out.stdout).contains("listening"));
+    }
+}

@@ -20,15 +20,17 @@ use floodgate::proto::rls_conf::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 use prost::Message;
-use support::certs::{Pki, arg};
+use support::certs::{Ca, Pki, arg};
 use support::http::call;
 use support::process::Floodgate;
+use support::redis::RedisServer;
 use support::simple;
+use support::tls;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -65,17 +67,26 @@ impl ControlPlane {
 
     /// Serves ADS on `addr` (port 0: an ephemeral one), with TLS when `tls` is given.
     async fn serve(&self, addr: SocketAddr, tls: Option<&Pki>) -> (SocketAddr, JoinHandle<()>) {
+        let tls = tls.map(|pki| {
+            ServerTlsConfig::new().identity(Identity::from_pem(
+                std::fs::read(&pki.server_cert).unwrap(),
+                std::fs::read(&pki.server_key).unwrap(),
+            ))
+        });
+        self.serve_with(addr, tls).await
+    }
+
+    /// Serves ADS on `addr` with the TLS configuration `tls`, if any.
+    async fn serve_with(
+        &self,
+        addr: SocketAddr,
+        tls: Option<ServerTlsConfig>,
+    ) -> (SocketAddr, JoinHandle<()>) {
         let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut builder = Server::builder();
-        if let Some(pki) = tls {
-            let identity = Identity::from_pem(
-                std::fs::read(&pki.server_cert).unwrap(),
-                std::fs::read(&pki.server_key).unwrap(),
-            );
-            builder = builder
-                .tls_config(ServerTlsConfig::new().identity(identity))
-                .unwrap();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).unwrap();
         }
         let router = builder.add_service(AggregatedDiscoveryServiceServer::new(self.clone()));
         let task = tokio::spawn(async move {
@@ -419,15 +430,150 @@ async fn over_tls() {
     task.abort();
 }
 
-/// Started as Envoy Gateway starts the reference (`/bin/ratelimit`, no arguments, its
-/// environment), floodgate follows the control plane the variables name.
+/// The mapping file Envoy Gateway mounts at `/etc/statsd-exporter/conf.yaml` (its
+/// `statsd_conf.yaml`), after one mapping of the per-policy kind a mapping file adds: a glob
+/// for one domain, with labels of its own, ahead of the generic ones.
+const EG_MAPPER: &str = r#"mappings:
+  - match: "ratelimit.service.rate_limit.edge.*.over_limit"
+    name: "eg_policy_over_limit"
+    labels:
+      policy: "edge-policy"
+      key: "$1"
+  - match: "ratelimit.service.rate_limit.*.*.near_limit"
+    name: "ratelimit_service_rate_limit_near_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+  - match: "ratelimit.service.rate_limit.*.*.over_limit"
+    name: "ratelimit_service_rate_limit_over_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+  - match: "ratelimit.service.rate_limit.*.*.total_hits"
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+  - match: "ratelimit.service.rate_limit.*.*.within_limit"
+    name: "ratelimit_service_rate_limit_within_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+  - match: "ratelimit.service.rate_limit.*.*.shadow_mode"
+    name: "ratelimit_service_rate_limit_shadow_mode"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.near_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_near_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.over_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_over_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_total_hits"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.within_limit"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_within_limit"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.shadow_mode"
+    match_type: regex
+    name: "ratelimit_service_rate_limit_shadow_mode"
+    timer_type: "histogram"
+    labels:
+      domain: "$1"
+      key1: "$2"
+      key2: "$3"
+
+  - match: "ratelimit.service.call.should_rate_limit.*"
+    name: "ratelimit_service_should_rate_limit_error"
+    match_metric_type: counter
+    labels:
+      err_type: "$1"
+
+  - match: "ratelimit_server.*.total_requests"
+    name: "ratelimit_service_total_requests"
+    match_metric_type: counter
+    labels:
+      grpc_method: "$1"
+  - match: "ratelimit_server.*.response_time"
+    name: "ratelimit_service_response_time_seconds"
+    timer_type: histogram
+    labels:
+      grpc_method: "$1"
+
+  - match: "ratelimit.service.config_load_success"
+    name: "ratelimit_service_config_load_success"
+    match_metric_type: counter
+  - match: "ratelimit.service.config_load_error"
+    name: "ratelimit_service_config_load_error"
+    match_metric_type: counter
+"#;
+
+/// Started as Envoy Gateway starts the reference (`/bin/ratelimit`, no arguments, every
+/// variable its rate-limit Deployment sets, files where it mounts them but under a temporary
+/// root): floodgate subscribes to a management server over mutual TLS with the gateway's CA
+/// and ACKs, answers Envoy over TLS without asking it for a certificate
+/// (`GRPC_SERVER_TLS_CA_CERT` is not the reference's), counts in Redis, and serves on
+/// PROMETHEUS_ADDR the names and labels of the PROMETHEUS_MAPPER_YAML file.
 #[tokio::test]
 async fn envoy_gateway_environment() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |relative: &str, text: &str| -> String {
+        let path = dir.path().join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    // Envoy Gateway's one secret: its CA, and a certificate that serves gRPC and
+    // authenticates to the xDS server.
+    let ca = Ca::new("envoy-gateway");
+    let own = ca.server_and_client("envoy-ratelimit");
+    let ca_file = write("certs/ca.crt", &ca.pem);
+    let cert_file = write("certs/tls.crt", &own.cert_pem);
+    let key_file = write("certs/tls.key", &own.key_pem);
+    let mapper_file = write("etc/statsd-exporter/conf.yaml", EG_MAPPER);
+    // The management server presents a certificate of the same CA and requires one.
     let plane = ControlPlane::new();
-    plane.push("v1", vec![edge(6, RateLimitUnit::Hour)]);
-    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
-    let url = addr.to_string();
-    let (server, _dir) = Floodgate::start_as_ratelimit(&[
+    plane.push("v1", vec![edge(1, RateLimitUnit::Day)]);
+    let control = ca.server(2);
+    let mutual = ServerTlsConfig::new()
+        .identity(Identity::from_pem(&control.cert_pem, &control.key_pem))
+        .client_ca_root(Certificate::from_pem(&ca.pem));
+    let (addr, task) = plane
+        .serve_with("127.0.0.1:0".parse().unwrap(), Some(mutual))
+        .await;
+    let xds_url = format!("localhost:{}", addr.port());
+    let redis_url = format!("127.0.0.1:{}", redis.port());
+    let (server, _link) = Floodgate::start_as_ratelimit(&[
+        // internal/infrastructure/kubernetes/ratelimit/resource.go, in its order.
         ("RUNTIME_ROOT", "/data"),
         ("RUNTIME_SUBDIRECTORY", "ratelimit"),
         ("RUNTIME_IGNOREDOTFILES", "true"),
@@ -435,17 +581,90 @@ async fn envoy_gateway_environment() {
         ("LOG_LEVEL", "info"),
         ("USE_STATSD", "false"),
         ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
-        ("CONFIG_GRPC_XDS_SERVER_URL", &url),
+        ("CONFIG_GRPC_XDS_SERVER_URL", &xds_url),
         ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
-        ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", &cert_file),
+        ("GRPC_SERVER_TLS_KEY", &key_file),
+        ("GRPC_SERVER_TLS_CA_CERT", &ca_file),
+        ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", &cert_file),
+        ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", &key_file),
+        ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", &ca_file),
+        ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", &redis_url),
+        ("USE_PROMETHEUS", "true"),
+        // Envoy Gateway's is ":19001": ephemeral and loopback here, as every port below.
+        ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+        ("PROMETHEUS_MAPPER_YAML", &mapper_file),
         ("HOST", "127.0.0.1"),
         ("PORT", "0"),
         ("GRPC_HOST", "127.0.0.1"),
         ("GRPC_PORT", "0"),
+        // A loaded test machine must not turn the first Redis call into a deadline miss.
+        ("FLOODGATE_REDIS_TIMEOUT_MS", "1000"),
     ]);
-    until_limit(&server, 6).await;
+
+    // Subscribed over mutual TLS (the server requires the client certificate) and ACKed.
     let ack = plane.answer_to("1").await;
+    assert_eq!(ack.version_info, "v1");
+    assert!(ack.error_detail.is_none(), "{ack:?}");
     assert_eq!(ack.node.unwrap().id, "envoy-ratelimit");
-    server.stop().await;
+
+    // Envoy over TLS, trusting the gateway's CA, with no certificate of its own.
+    let mut rls = tls::client(server.grpc, &ca, None).await.unwrap();
+    support::eventually("the pushed limit in force", || {
+        let mut rls = rls.clone();
+        async move {
+            // Until the push is applied the descriptor matches nothing (a bare OK); the first
+            // request the limit counts is the one it allows per day.
+            rls.should_rate_limit(simple("edge", "k", "v"))
+                .await
+                .is_ok_and(|r| r.into_inner().statuses[0].current_limit.is_some())
+        }
+    })
+    .await;
+    let second = rls
+        .should_rate_limit(simple("edge", "k", "v"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(second.overall_code, 2, "one per day: the second is over");
+
+    // A scrape of PROMETHEUS_ADDR: the file's names and labels.
+    let line = server
+        .log_line("serving the reference's Prometheus series")
+        .expect("no Prometheus listener logged");
+    let start = line.find("addr=").unwrap() + "addr=".len();
+    let target: SocketAddr = line[start..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let scrape = call(target, "GET", "/metrics", None).await;
+    assert_eq!(scrape.status, 200);
+    let text = scrape.body;
+    for expected in [
+        "eg_policy_over_limit{key=\"k_v\",policy=\"edge-policy\"} 1\n",
+        "ratelimit_service_rate_limit_total_hits{domain=\"edge\",key1=\"k_v\"} 2\n",
+        "ratelimit_service_rate_limit_within_limit{domain=\"edge\",key1=\"k_v\"} 1\n",
+        "ratelimit_service_total_requests{grpc_method=\"ShouldRateLimit\"} ",
+        "# TYPE ratelimit_service_response_time_seconds histogram\n",
+        "ratelimit_service_response_time_seconds_bucket{grpc_method=\"ShouldRateLimit\",le=\"+Inf\"} ",
+    ] {
+        assert!(text.contains(expected), "{expected} not in:\n{text}");
+    }
+    // The policy's mapping, first in the file, took the domain's over_limit.
+    assert!(
+        !text.contains("ratelimit_service_rate_limit_over_limit{domain=\"edge\""),
+        "{text}"
+    );
+    let log = server.stop().await;
+    assert!(
+        log.contains("GRPC_SERVER_TLS_CA_CERT (not read by the reference"),
+        "{log}"
+    );
     task.abort();
 }

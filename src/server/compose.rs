@@ -26,6 +26,7 @@ use crate::otel::Traces;
 use crate::plan::PlanOptions;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
+use crate::statsd::Mapper;
 use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
 
 /// How long without a single successful Redis call before failures open the breaker. Under
@@ -95,12 +96,32 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         tracing::info!(addr = %statsd.addr, protocol = ?statsd.protocol, flavor = ?statsd.flavor,
                        flush_interval = ?statsd.flush_interval, "statsd stats on");
     }
+    // The mapping file of the reference's Prometheus series, read now: one that cannot be
+    // used stops start-up before any port is bound.
+    let mapper = match settings.statsd.reference_prometheus() {
+        Some(prom) => match prom.mapper_file {
+            Some(path) => {
+                let mapper =
+                    Mapper::load(&path).map_err(|e| ServerError::Settings(e.to_string()))?;
+                tracing::info!(file = %path.display(), "reference Prometheus series mapped by file");
+                Some(Arc::new(mapper))
+            }
+            None => None,
+        },
+        None => {
+            if let Some(path) = &settings.statsd.reference_prometheus_mapper_file {
+                tracing::warn!(file = %path.display(),
+                    "mapping file without effect: the reference's Prometheus series are off");
+            }
+            None
+        }
+    };
     // The debug port's /stats shows them too.
     if statsd.is_some()
         || settings.statsd.reference_prometheus().is_some()
         || settings.statsd.debug_addr.is_some()
     {
-        metrics.attach_reference_stats(statsd);
+        metrics.attach_reference_stats(statsd, mapper);
     }
     let xds = match &settings.xds.config_xds {
         Some(url) => Some(xds::options(

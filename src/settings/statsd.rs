@@ -4,6 +4,7 @@
 //! defaults to true there).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
@@ -60,6 +61,16 @@ pub struct StatsdSettings {
     )]
     pub reference_prometheus_addr: Option<SocketAddr>,
 
+    /// Map those series with this statsd_exporter mapping file (`PROMETHEUS_MAPPER_YAML`)
+    /// instead of the reference's default mapping. A file that cannot be read or parsed
+    /// stops start-up.
+    #[arg(
+        long,
+        env = "FLOODGATE_REFERENCE_PROMETHEUS_MAPPER_FILE",
+        value_name = "FILE"
+    )]
+    pub reference_prometheus_mapper_file: Option<PathBuf>,
+
     /// The path of those series (`PROMETHEUS_PATH`).
     #[arg(
         long,
@@ -89,8 +100,10 @@ pub struct ReferencePrometheus {
     pub addr: SocketAddr,
     /// The path.
     pub path: String,
-    /// Response times in milliseconds.
+    /// Response times in milliseconds (default mapping only).
     pub response_time_ms: bool,
+    /// The statsd_exporter mapping file; `None`: the reference's default mapping.
+    pub mapper_file: Option<PathBuf>,
 }
 
 fn parse_path(text: &str) -> Result<String, String> {
@@ -116,6 +129,7 @@ impl StatsdSettings {
             addr: self.reference_prometheus_addr?,
             path: self.reference_prometheus_path.clone(),
             response_time_ms: self.reference_prometheus_response_time_ms,
+            mapper_file: self.reference_prometheus_mapper_file.clone(),
         })
     }
 

@@ -53,12 +53,29 @@ impl Ca {
         self.issue(name, 1, ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A certificate for `localhost` good for both ends, as Envoy Gateway's rate-limit
+    /// certificate serves gRPC and authenticates to its xDS server.
+    pub fn server_and_client(&self, name: &str) -> Leaf {
+        self.issue_for(
+            name,
+            1,
+            vec![
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
+    }
+
     fn issue(&self, name: &str, serial: u64, usage: ExtendedKeyUsagePurpose) -> Leaf {
+        self.issue_for(name, serial, vec![usage])
+    }
+
+    fn issue_for(&self, name: &str, serial: u64, usages: Vec<ExtendedKeyUsagePurpose>) -> Leaf {
         let names = vec!["localhost".to_string(), "127.0.0.1".to_string()];
         let mut params = CertificateParams::new(names).unwrap();
         params.distinguished_name.push(DnType::CommonName, name);
         params.serial_number = Some(SerialNumber::from(serial));
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages;
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Leaf {

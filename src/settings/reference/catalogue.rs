@@ -219,6 +219,14 @@ pub(super) const WITHOUT_EFFECT: &[(&str, &str)] = &[
     ("REDIS_STARTUP_INITIAL_INTERVAL", STARTUP),
     ("REDIS_STARTUP_MAX_INTERVAL", STARTUP),
     ("REDIS_STARTUP_MAX_ELAPSED_TIME", STARTUP),
+    // Not the reference's: Envoy Gateway sets it beside GRPC_SERVER_USE_TLS, and the
+    // reference never reads it. Requiring client certificates from it would refuse every
+    // Envoy that Envoy Gateway configures without one.
+    (
+        "GRPC_SERVER_TLS_CA_CERT",
+        "not read by the reference, whose client CA is GRPC_CLIENT_TLS_CACERT: clients are \
+         not asked for a certificate",
+    ),
 ];
 
 impl Mapping<'_> {

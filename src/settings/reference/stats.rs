@@ -210,15 +210,17 @@ impl Mapping<'_> {
             }
         }
         if let Some(path) = self.get("PROMETHEUS_MAPPER_YAML") {
-            // A custom mapping renames the series: serving the default ones instead would
-            // break the dashboards built on it without a word.
-            return Err(SettingsError::Refused {
-                name: "PROMETHEUS_MAPPER_YAML",
-                value: path.into(),
-                why: "custom statsd_exporter mappings are not supported; floodgate serves the \
-                      reference's default mapping"
-                    .into(),
-            });
+            // Read and checked at start-up (server::compose): a file that cannot be used
+            // stops it there, named.
+            if self.own("reference_prometheus_mapper_file") {
+                self.override_by(
+                    &["PROMETHEUS_MAPPER_YAML"],
+                    "--reference-prometheus-mapper-file",
+                );
+            } else {
+                settings.statsd.reference_prometheus_mapper_file = Some(path.into());
+                self.applied("PROMETHEUS_MAPPER_YAML");
+            }
         }
         let text = self.get("PROMETHEUS_ADDR").unwrap_or(":9090");
         let addr = listen_addr(text).ok_or_else(|| bad("PROMETHEUS_ADDR", text, "host:port"))?;
@@ -234,7 +236,13 @@ impl Mapping<'_> {
                 self.applied("PROMETHEUS_PATH");
             }
         }
-        if let Some(ms) = ms {
+        if ms.is_some() && settings.statsd.reference_prometheus_mapper_file.is_some() {
+            // As in the reference: the flag edits its default mapping only.
+            self.no_effect(
+                "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+                "a mapping file is given (PROMETHEUS_MAPPER_YAML): its scale decides",
+            );
+        } else if let Some(ms) = ms {
             if self.own("reference_prometheus_response_time_ms") {
                 self.override_by(
                     &["PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS"],

@@ -459,6 +459,67 @@ fn remaining_variables() {
     assert_eq!(report.overridden, ["LOG_LEVEL (by RUST_LOG)"]);
 }
 
+/// Envoy Gateway's Prometheus variables: `PROMETHEUS_MAPPER_YAML` names the mapping file
+/// (read at start-up), which leaves `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS` without
+/// effect as in the reference; floodgate's own flag wins; its `GRPC_SERVER_TLS_CA_CERT`,
+/// which the reference does not read, is reported without effect, not refused.
+#[test]
+fn envoy_gateway_prometheus_and_tls_variables() {
+    let pairs = [
+        ("USE_PROMETHEUS", "true"),
+        ("PROMETHEUS_ADDR", ":19001"),
+        ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+        ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "true"),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", "/certs/tls.crt"),
+        ("GRPC_SERVER_TLS_KEY", "/certs/tls.key"),
+        ("GRPC_SERVER_TLS_CA_CERT", "/certs/ca.crt"),
+    ];
+    let (s, report) = apply(&["--config", "x"], &pairs).unwrap();
+    let prom = s.statsd.reference_prometheus().unwrap();
+    assert_eq!(prom.addr, "0.0.0.0:19001".parse().unwrap());
+    assert_eq!(
+        prom.mapper_file,
+        Some(PathBuf::from("/etc/statsd-exporter/conf.yaml"))
+    );
+    assert!(!prom.response_time_ms);
+    assert!(
+        report
+            .applied
+            .contains(&"PROMETHEUS_MAPPER_YAML".to_string())
+    );
+    let no_effect = report.no_effect.join("\n");
+    assert!(
+        no_effect.contains("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS (a mapping file"),
+        "{no_effect}"
+    );
+    assert!(
+        no_effect.contains("GRPC_SERVER_TLS_CA_CERT (not read by the reference"),
+        "{no_effect}"
+    );
+    assert_eq!(s.grpc_tls.grpc_tls_client_ca_file, None);
+
+    let (s, report) = apply(
+        &[
+            "--config",
+            "x",
+            "--reference-prometheus-mapper-file",
+            "/mine.yaml",
+        ],
+        &pairs,
+    )
+    .unwrap();
+    assert_eq!(
+        s.statsd.reference_prometheus_mapper_file,
+        Some(PathBuf::from("/mine.yaml"))
+    );
+    assert!(
+        report
+            .overridden
+            .contains(&"PROMETHEUS_MAPPER_YAML (by --reference-prometheus-mapper-file)".into())
+    );
+}
+
 /// Every unparsable value is an error naming the variable; secrets are not echoed.
 #[test]
 fn bad_values_are_errors() {
