@@ -13,10 +13,16 @@
 //! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 //!
+//! Every write (`POST /json`, `POST /buckets/*`) must be `Content-Type: application/json`
+//! (else `415`) and may not come from another site's page (`Origin`, else `403`):
+//! [`same_origin`].
+//!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
 //! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
 //! Prometheus series on their own port (`--reference-prometheus-addr`, its
 //! `PROMETHEUS_ADDR`).
+
+mod same_origin;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -70,6 +76,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
         .merge(console)
+        // Every write, `/json` and the console's alike: JSON from this origin only.
+        .layer(axum::middleware::from_fn(
+            same_origin::refuse_cross_site_writes,
+        ))
 }
 
 /// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as
