@@ -25,6 +25,7 @@ fn config() -> Config {
         &[("t.yaml".to_string(), LIMITS.to_string())],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap()
@@ -85,6 +86,7 @@ fn hash_tagged_domain_tags_every_key() {
         ],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap();
@@ -136,6 +138,7 @@ descriptors:
         ],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap();
@@ -499,6 +502,7 @@ fn modes(keys: &[&str], admitted: &[bool], options: &PlanOptions) -> (i32, Vec<i
         &[("q.yaml".to_string(), MODES.to_string())],
         &Defaults {
             algorithm: Algorithm::FixedWindow,
+            ..Defaults::default()
         },
     )
     .unwrap();
