@@ -591,3 +591,81 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
     }
     server.stop().await;
 }
+
+/// `/console/state` is bounded whatever the number of domains: one page of at most 50
+/// domains and 500 rules, with the total and where the next page starts; following
+/// `next_after` visits every domain once, `filter` narrows by name, a domain with more rules
+/// than a page holds shows 500 of them with its total, and a bad `limit` is a 400.
+#[tokio::test]
+async fn dashboard_state_is_paged() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir(&limits).unwrap();
+    let rule = "{unit: minute, requests_per_unit: 5}";
+    for i in 0..1_200 {
+        let yaml = format!("domain: d{i:04}\ndescriptors:\n  - {{key: ip, rate_limit: {rule}}}\n");
+        std::fs::write(limits.join(format!("d{i:04}.yaml")), yaml).unwrap();
+    }
+    let mut huge = "domain: huge\ndescriptors:\n".to_owned();
+    for i in 0..600 {
+        huge.push_str(&format!(
+            "  - {{key: k, value: v{i}, rate_limit: {rule}}}\n"
+        ));
+    }
+    std::fs::write(limits.join("huge.yaml"), huge).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let read = |query: String| async move {
+        let response = dashboard_state(server.http, &query).await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        // One poll stays small however many domains there are.
+        assert!(
+            response.body.len() < 200_000,
+            "{} bytes",
+            response.body.len()
+        );
+        serde_json::from_str::<serde_json::Value>(&response.body).unwrap()
+    };
+    let first = read(String::new()).await;
+    assert_eq!(first["domains"].as_array().unwrap().len(), 50);
+    assert_eq!(first["page"]["domains_total"], 1_201);
+    assert_eq!(first["page"]["domains_before"], 0);
+    assert_eq!(first["page"]["next_after"], "d0049");
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = after
+            .as_ref()
+            .map_or_else(String::new, |a| format!("?after={a}"));
+        let page = read(query).await;
+        assert_eq!(page["page"]["domains_before"], seen.len());
+        for d in page["domains"].as_array().unwrap() {
+            seen.push(d["name"].as_str().unwrap().to_owned());
+        }
+        match page["page"]["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 1_201);
+    assert!(seen.is_sorted(), "every domain once, in name order");
+    let huge = read("?filter=huge".into()).await;
+    assert_eq!(huge["page"]["domains_total"], 1);
+    assert_eq!(huge["domains"][0]["rules_total"], 600);
+    assert_eq!(huge["domains"][0]["rules"].as_array().unwrap().len(), 500);
+    let small = read("?filter=d01&limit=3".into()).await;
+    assert_eq!(small["page"]["domains_total"], 100);
+    assert_eq!(small["domains"].as_array().unwrap().len(), 3);
+    assert_eq!(small["page"]["next_after"], "d0102");
+    for bad in ["?limit=0", "?limit=51", "?limit=x", "?page=2"] {
+        let response = dashboard_state(server.http, bad).await;
+        assert_eq!(response.status, 400, "{bad}: {}", response.body);
+    }
+    server.stop().await;
+}
