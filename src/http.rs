@@ -15,7 +15,7 @@
 //!
 //! Every write (`POST /json`, `POST /buckets/*`) must be `Content-Type: application/json`
 //! (else `415`) and may not come from another site's page (`Origin`, else `403`):
-//! [`same_origin`].
+//! `http::same_origin`.
 //!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
 //! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
