@@ -1313,6 +1313,41 @@ async fn counter_is_the_reference_integer() {
     assert!(!exists, "a full refund leaves the counter");
 }
 
+/// The refund of a counter's debit (`BucketOp::undo`) names the counter the debit named (the
+/// key carries the pod's window): given after the store's clock has moved into the next
+/// window, it lowers the debit's counter, never the next window's, in the script and in the
+/// specification alike.
+#[tokio::test]
+async fn counter_refund_names_the_debits_window() {
+    use floodgate::bucket::Undo;
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let debit = vec![counter_op("v", p, 3, true, pod, 67)];
+    let debited = lua(&mut conn, &debit, Some(NOW)).await;
+    assert!(debited.committed);
+    assert_eq!(debited, counter_spec(&debit, &HashMap::new(), NOW).0);
+    let refund = vec![debit[0].undo(&debited.buckets[0], Undo::Withdrawn).unwrap()];
+    assert_eq!(script::keys(PREFIX, &refund), script::keys(PREFIX, &debit));
+    // The next window has begun, and a pod of it has counted 4 there already.
+    let later = NOW + 60_000_000;
+    let next = vec![counter_op("v", p, 4, true, pod + 60, 67)];
+    assert!(lua(&mut conn, &next, Some(later)).await.committed);
+    let refunded = lua(&mut conn, &refund, Some(later)).await;
+    assert!(refunded.committed);
+    let counts: HashMap<Vec<u8>, u64> = [(script::keys(PREFIX, &debit)[0].clone(), 3)].into();
+    assert_eq!(refunded, counter_spec(&refund, &counts, later).0);
+    let debit_key = String::from_utf8(script::keys(PREFIX, &debit)[0].clone()).unwrap();
+    let next_key = String::from_utf8(script::keys(PREFIX, &next)[0].clone()).unwrap();
+    assert!(
+        !conn.exists::<_, bool>(&debit_key).await.unwrap(),
+        "3 - 3: deleted"
+    );
+    let held: String = conn.get(&next_key).await.unwrap();
+    assert_eq!(held, "4", "the next window keeps its count");
+}
+
 /// A counter key of another type or holding no integer reads as absent and is replaced by
 /// the integer (never a script error half-way through the writes).
 #[tokio::test]
