@@ -37,16 +37,24 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
          period_us            >= 0
          cost                 as above
          burst                ignored, except a counter's EXPIRE in seconds, >= 1
-         max_wait_us          ignored
+         debited_in           a refund of this server's own debit (bucket::BucketOp::debited_in):
+                              1 + the index of the window the debit was counted in, which
+                              the refund goes back to (a sliding window's previous count once
+                              that window is the previous one), or nowhere once the window
+                              is gone (limiter::evaluate_refund_of); 0 = the current window
+                              (a client's refund, every debit and check); ignored by a counter,
+                              whose key names its window
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
          tonumber would have rounded their decimal form.
 
-Reply    one binary string of 2 + 4 * #KEYS little-endian doubles, each a whole number:
+Reply    one binary string of 2 + 5 * #KEYS little-endian doubles, each a whole number:
          committed (0/1), delay_us (when committed, the longest delay of an enforcing
          operation admitted with one, else 0), then per operation: admitted (0/1), remaining,
-         reset_us, retry_after_us (-1 = never). As `bucket::settle`: the view is the
+         reset_us, retry_after_us (-1 = never), window (the index of the window a window
+         operation's state was written in, -1 when nothing was written and for a token
+         bucket: bucket::BucketResult::window). As `bucket::settle`: the view is the
          committed one when committed and (admitted or overdraft), else the current one;
          retry_after_us is 0 when admitted (for an overdraft debit that did not fit: until
          the debited bucket is no longer overdrawn).
@@ -150,7 +158,7 @@ end
 
 -- Phase 1: read and evaluate everything before writing anything, token buckets first (here,
 -- inline) and window operations after them (below). Each operation's answer goes straight
--- into the reply (slots 1 to 2 + 4 * n_ops), with its current view; operation i, if it
+-- into the reply (slots 1 to 2 + 5 * n_ops), with its current view; operation i, if it
 -- writes when the call commits, leaves its write in the 5 slots from the reply's end
 -- + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token bucket,
 -- 1 fixed window, 2 sliding window, 3 reference counter). Phase 2 writes in operation order,
@@ -168,14 +176,15 @@ else
     nil, nil, nil, nil, nil,
   }
 end
-local reply_end = 2 + 4 * n_ops
+local reply_end = 2 + 5 * n_ops
 local writes = reply -- the writes, after the reply
 local windows -- the window operations, evaluated after the token buckets (below)
 local committed = true
 local delay = 0 -- the longest delay of an enforcing operation admitted with one
 local pos = 1
 for i = 1, n_ops do
-  -- (rate, period, max_wait) of a window are (interval, scale, wait) of a token bucket.
+  -- (rate, period, max_wait) of a window are (interval, scale, wait) of a token bucket,
+  -- and its `debited_in` comes in the slot of `wait`.
   local flags, rate, period, cost, burst, max_wait
   flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
   -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
@@ -360,20 +369,24 @@ for i = 1, n_ops do
     local n = #windows
     windows[n + 1], windows[n + 2], windows[n + 3], windows[n + 4] = i, algorithm, rate, period
     windows[n + 5], windows[n + 6], windows[n + 7], windows[n + 8] = cost, overdraft, enforce, expiry or false
+    -- 1 + the window a refund's debit was counted in, or false: the current window.
+    windows[n + 9] = max_wait > 0 and max_wait - 1
   end
   if admitted ~= nil then
     -- An overdraft operation never blocks the request (bucket::settle).
     if enforce and not overdraft and not admitted then
       committed = false
     end
-    local r = 4 * i - 2
+    local r = 5 * i - 3
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, remaining, reset, retry
+    reply[r + 5] = -1 -- a token bucket has no window
   end
 end
 
 ------------------------------------------------------------------------------------------
--- Phase 1, window operations (8 slots each in `windows`: index, algorithm, rate, period,
--- cost, overdraft, enforce, a counter's expiry or false), in their order. Their algorithms
+-- Phase 1, window operations (9 slots each in `windows`: index, algorithm, rate, period,
+-- cost, overdraft, enforce, a counter's expiry or false, the window a refund's debit was
+-- counted in or false), in their order. Their algorithms
 -- are closures, built here, so only a call that has a window operation pays for them.
 ------------------------------------------------------------------------------------------
 if windows then
@@ -467,7 +480,8 @@ if windows then
   ------------------------------------------------------------------------------------------
   -- Fixed window, limiter/fixed_window.rs. `stored` is {w, c} or nil.
   ------------------------------------------------------------------------------------------
-  local function fixed_window(p, stored, now, cost)
+  -- `debited` (or nil): the window a refund's debit was counted in (limiter::evaluate_refund_of).
+  local function fixed_window(p, stored, now, cost, debited)
     local period = period_of(p)
     local limit = limit_of(p)
     -- A zero count is absent, so it cannot hold the clock in a later window.
@@ -503,6 +517,10 @@ if windows then
       end
       return denied(current, until_end)
     end
+    if debited and debited ~= pos.index then
+      -- The debit's window has ended: the current window never counted it.
+      return unchanged(current)
+    end
     local left = count - min(-cost, count)
     local ttl = until_end
     if left == 0 then
@@ -533,7 +551,7 @@ if windows then
     return nil
   end
 
-  local function sliding_window(p, stored, now, cost)
+  local function sliding_window(p, stored, now, cost, debited)
     local period = period_of(p)
     local limit = limit_of(p)
     -- Zero counters are absent, so they cannot hold the clock in a later window.
@@ -612,7 +630,13 @@ if windows then
       end
       return denied(current_view, retry_after(counters, cost))
     end
-    -- Refunds only touch the current window: the previous one is history.
+    if debited and debited == pos.index - 1 then
+      -- Counted in the previous window, which the estimate still weighs.
+      return store(at(counters.c, counters.p - min(-cost, counters.p)))
+    elseif debited and debited ~= pos.index then
+      return unchanged(current_view) -- forgotten already
+    end
+    -- A refund into the current window (its own, or a client's is_negative_hits).
     return store(at(counters.c - min(-cost, counters.c), counters.p))
   end
 
@@ -650,14 +674,14 @@ if windows then
     return f
   end
 
-  local function fixed(rate, period, overdraft, key, now, cost)
+  local function fixed(rate, period, overdraft, key, now, cost, debited)
     local p = { rate = rate, period = period, overdraft = overdraft }
-    return flat(fixed_window(p, read_window(key, false), now, cost))
+    return flat(fixed_window(p, read_window(key, false), now, cost, debited))
   end
 
-  local function sliding(rate, period, overdraft, key, now, cost)
+  local function sliding(rate, period, overdraft, key, now, cost, debited)
     local p = { rate = rate, period = period, overdraft = overdraft }
-    return flat(sliding_window(p, read_window(key, true), now, cost))
+    return flat(sliding_window(p, read_window(key, true), now, cost, debited))
   end
 
   ----------------------------------------------------------------------------------------
@@ -698,9 +722,10 @@ if windows then
   end
 
 
-  for j = 1, #windows, 8 do
+  for j = 1, #windows, 9 do
     local i, algorithm, rate, period = windows[j], windows[j + 1], windows[j + 2], windows[j + 3]
     local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
+    local debited = windows[j + 8] or nil
     local key = keys[i]
     local e, kind
     if expiry then
@@ -710,9 +735,9 @@ if windows then
       end
       e.expiry = expiry
     elseif algorithm == 1 then
-      e, kind = fixed(rate, period, overdraft, key, now, cost), 1
+      e, kind = fixed(rate, period, overdraft, key, now, cost, debited), 1
     else
-      e, kind = sliding(rate, period, overdraft, key, now, cost), 2
+      e, kind = sliding(rate, period, overdraft, key, now, cost, debited), 2
     end
     local admitted = e[1]
     -- A state to write: written if the call commits and the operation was admitted or is an
@@ -725,8 +750,9 @@ if windows then
     if enforce and not overdraft and not admitted then
       committed = false
     end
-    local r = 4 * i - 2
+    local r = 5 * i - 3
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, e[3], e[4], e[2]
+    reply[r + 5] = -1 -- the window, once written (phase 2)
   end
 end
 
@@ -738,8 +764,12 @@ if committed then
     local w = reply_end + 5 * (i - 1)
     local ttl, state, kind = writes[w + 3], writes[w + 4], writes[w + 5]
     if ttl then
-      -- The committed view (without a write, the current one is the committed one).
-      reply[4 * i], reply[4 * i + 1] = writes[w + 1], writes[w + 2]
+      -- The committed view (without a write, the current one is the committed one), and a
+      -- window's index, which a refund of this debit names.
+      reply[5 * i - 1], reply[5 * i] = writes[w + 1], writes[w + 2]
+      if kind ~= 0 then
+        reply[5 * i + 2] = state.w
+      end
       local key = keys[i]
       if kind == 3 then
         -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (its `burst`).
@@ -778,13 +808,13 @@ end
 -- The reply, packed: a constant format up to 4 operations (string.rep makes a new string).
 local reply_format
 if n_ops == 1 then
-  reply_format = '<dddddd'
+  reply_format = '<ddddddd'
 elseif n_ops == 2 then
-  reply_format = '<dddddddddd'
+  reply_format = '<dddddddddddd'
 elseif n_ops == 3 then
-  reply_format = '<dddddddddddddd'
+  reply_format = '<ddddddddddddddddd'
 elseif n_ops == 4 then
-  reply_format = '<dddddddddddddddddd'
+  reply_format = '<dddddddddddddddddddddd'
 else
   reply_format = '<' .. string.rep('d', reply_end)
 end

@@ -13,10 +13,16 @@
 //! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 //!
+//! Every write (`POST /json`, `POST /buckets/*`) must be `Content-Type: application/json`
+//! (else `415`) and may not come from another site's page (`Origin`, else `403`):
+//! `http::same_origin`.
+//!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
 //! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
 //! Prometheus series on their own port (`--reference-prometheus-addr`, its
 //! `PROMETHEUS_ADDR`).
+
+mod same_origin;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -70,6 +76,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
         .merge(console)
+        // Every write, `/json` and the console's alike: JSON from this origin only.
+        .layer(axum::middleware::from_fn(
+            same_origin::refuse_cross_site_writes,
+        ))
 }
 
 /// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as
@@ -100,12 +110,27 @@ pub fn reference_prometheus_router(
     )
 }
 
+/// The debug port's endpoints and their help lines, sorted by path: what `GET /` lists.
+/// The help texts are the reference's own.
+const DEBUG_ENDPOINTS: [(&str, &str); 2] = [
+    (
+        "/rlconfig",
+        "print out the currently loaded configuration for debugging",
+    ),
+    ("/stats", "print out stats"),
+];
+
 /// The reference's debug port (`DEBUG_HOST`:`DEBUG_PORT`): `/rlconfig` in its text format
-/// ([`crate::config::Config::dump_reference`]) and `/stats`, the current value of every
-/// reference stat as `name: value` lines ([`Stats::dump`]).
+/// ([`crate::config::Config::dump_reference`]), `/stats`, the current value of every
+/// reference stat as `name: value` lines ([`Stats::dump`]), and at `/` (and any other path,
+/// as the reference's catch-all `/` handler answers) the index of those endpoints, one
+/// `path: help` line each, sorted by path, as the reference lists its own. The reference's
+/// Go profiling endpoints (`/debug/pprof/…`) have no counterpart here, so they are not listed.
 pub fn debug_router(limiter: Arc<Decider>) -> Router {
     let config = Arc::clone(&limiter);
     Router::new()
+        .route("/", get(debug_index))
+        .fallback(debug_index)
         .route(
             "/rlconfig",
             get(move || {
@@ -128,6 +153,14 @@ pub fn debug_router(limiter: Arc<Decider>) -> Router {
                 }
             }),
         )
+}
+
+async fn debug_index() -> Response {
+    let index: String = DEBUG_ENDPOINTS
+        .iter()
+        .map(|(path, help)| format!("{path}: {help}\n"))
+        .collect();
+    text(index)
 }
 
 fn text(body: String) -> Response {

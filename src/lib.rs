@@ -31,7 +31,8 @@
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
 //! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
 //!   first frame, undecodable requests are `INVALID_ARGUMENT`; the admin endpoints
-//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes).
+//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes), whose
+//!   writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.

@@ -108,6 +108,7 @@ fn main() -> ExitCode {
 fn check_config(settings: &CheckConfigSettings) -> ExitCode {
     let defaults = Defaults {
         algorithm: settings.algorithm.value.into(),
+        max_rules: settings.max_load_rules.value,
     };
     match Config::load(&settings.path, &defaults) {
         Ok(config) => {

@@ -206,6 +206,10 @@ pub struct ServeSettings {
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
 
+    /// Most rules one load of limits may hold, files and xDS pushes alike.
+    #[command(flatten)]
+    pub max_load_rules: MaxLoadRulesFlag,
+
     /// `max_wait` of descriptor limit overrides counted in token buckets (e.g. 50ms; 0 = off):
     /// a request whose tokens arrive within it is held and answered OK (docs/algorithms.md).
     #[arg(long, env = "FLOODGATE_MAX_WAIT_FOR_OVERRIDES", value_name = "DURATION",
@@ -584,6 +588,10 @@ pub struct CheckConfigSettings {
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
 
+    /// Most rules the limits may hold.
+    #[command(flatten)]
+    pub max_load_rules: MaxLoadRulesFlag,
+
     /// How long the clients (Envoy's rate-limit filter `timeout`, 20ms by default) wait for
     /// an answer: a limit whose `max_wait` is longer gets a warning.
     #[arg(long, value_name = "DURATION", default_value = "20ms",
@@ -603,6 +611,25 @@ pub struct AlgorithmFlag {
         default_value_t = AlgorithmArg::TokenBucket
     )]
     pub value: AlgorithmArg,
+}
+
+/// `--max-load-rules`, shared by `serve` and `check-config` so both accept the same limits.
+#[derive(Clone, Copy, Debug, Args)]
+pub struct MaxLoadRulesFlag {
+    /// Most rules (descriptors, nested ones included) one load of limits may hold: all the
+    /// files of a reload, or all the resources of an xDS push. A load over it is refused
+    /// whole before anything is compiled (at start-up exit 64, on reload the limits in force
+    /// stay, an xDS push is NACKed), naming the count and this cap; it keeps a hostile or
+    /// mistaken push from exhausting the pod's memory.
+    #[arg(
+        id = "max_load_rules",
+        long = "max-load-rules",
+        value_name = "N",
+        env = "FLOODGATE_MAX_LOAD_RULES",
+        default_value_t = crate::config::MAX_LOAD_RULES,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+    )]
+    pub value: usize,
 }
 
 /// `--default-algorithm` values.
@@ -696,6 +723,7 @@ impl fmt::Debug for ServeSettings {
             .field("on_store_error", &self.on_store_error)
             .field("local_cache_size", &self.local_cache_size)
             .field("default_algorithm", &self.algorithm.value)
+            .field("max_load_rules", &self.max_load_rules.value)
             .field("shadow_mode", &self.shadow_mode)
             .field("health_requires_limits", &self.health_requires_limits)
             .field("log_format", &self.log_format)

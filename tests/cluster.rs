@@ -503,6 +503,7 @@ async fn cluster_down_at_start_is_served_once_up() {
         cost: 1,
         enforce: true,
         reference: None,
+        debited_in: None,
     }];
     let down = store.apply(&ops).await.unwrap_err();
     assert!(down.is_transient(), "{down}");
@@ -553,6 +554,7 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         cost: 1,
         enforce: true,
         reference: None,
+        debited_in: None,
     };
     let mut cluster = RedisCluster::start(3, 0);
     let metrics = Metrics::shared();

@@ -70,6 +70,13 @@ async fn hit(addr: SocketAddr, key: &str, value: &str) -> u16 {
     http::post_json(addr, &body).await.status
 }
 
+/// `GET /console/state` (`query`: `?after=…` and the like) with the admin token.
+async fn dashboard_state(addr: SocketAddr, query: &str) -> http::HttpResponse {
+    let bearer = format!("Bearer {TOKEN}");
+    let path = format!("/console/state{query}");
+    http::call_with(addr, "GET", &path, &[("Authorization", &bearer)], None).await
+}
+
 async fn console(addr: SocketAddr, call: Call, request: &BucketRequest) -> Inspection {
     let (status, body) = client::send(&format!("http://{addr}"), call, request, Some(TOKEN))
         .await
@@ -312,7 +319,8 @@ async fn console_works_on_redis() {
 }
 
 /// Mutations need the bearer token: 401 without one, 403 with a wrong one, and nothing is
-/// changed; reads are open unless `--admin-read-requires-token`.
+/// changed; reads (their bucket keys hold request values) need it whenever a token is
+/// configured, and without one are open unless `--admin-read-requires-token`.
 #[tokio::test]
 async fn mutations_need_the_token() {
     let dir = tempfile::tempdir().unwrap();
@@ -328,29 +336,24 @@ async fn mutations_need_the_token() {
         assert_eq!(status, 403, "{body}");
     }
     assert_eq!(remaining(server.http, "user", "eve").await, 4);
-    let (status, _) = client::send(&url, Call::Get, &set, None).await.unwrap();
-    assert_eq!(status, 200);
-    server.stop().await;
-
-    // Reads closed: the dashboard's data and inspection need the token too.
-    let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path(), &[], &["--admin-read-requires-token=true"]);
-    let url = format!("http://{}", server.http);
+    // With a token configured, reads need it too: the dashboard's data and inspection.
     let (status, _) = client::send(&url, Call::Get, &set, None).await.unwrap();
     assert_eq!(status, 401);
+    let (status, _) = client::send(&url, Call::Get, &set, Some("wrong"))
+        .await
+        .unwrap();
+    assert_eq!(status, 403);
     assert_eq!(
         http::call(server.http, "GET", "/console/state", None)
             .await
             .status,
         401
     );
-    let (status, _) = client::send(&url, Call::Get, &set, Some(TOKEN))
-        .await
-        .unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(dashboard_state(server.http, "").await.status, 200);
     server.stop().await;
 
-    // No token file: nobody may change a bucket.
+    // No token file: nobody may change a bucket; reads are open, unless closed by
+    // --admin-read-requires-token (which then refuses them all).
     let dir = tempfile::tempdir().unwrap();
     let limits = dir.path().join("limits.yaml");
     std::fs::write(&limits, LIMITS).unwrap();
@@ -360,6 +363,70 @@ async fn mutations_need_the_token() {
         .await
         .unwrap();
     assert_eq!(status, 403);
+    let (status, _) = client::send(&url, Call::Get, &set, None).await.unwrap();
+    assert_eq!(status, 200);
+    server.stop().await;
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--admin-read-requires-token=true",
+    ]);
+    let url = format!("http://{}", server.http);
+    let (status, _) = client::send(&url, Call::Get, &set, None).await.unwrap();
+    assert_eq!(status, 401);
+    server.stop().await;
+}
+
+/// A web page cannot change a bucket through the console, even with the token in hand (a
+/// browser's stored credentials, DNS rebinding): a body not declared `application/json` is
+/// 415, a foreign `Origin` 403, and the bucket is unchanged; the page's own origin works.
+#[tokio::test]
+async fn console_writes_refuse_cross_site_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[], &[]);
+    let addr = server.http;
+    for _ in 0..3 {
+        assert_eq!(hit(addr, "user", "ann").await, 200);
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    let reset = serde_json::to_string(&request("user", "ann")).unwrap();
+    let own = format!("http://{addr}");
+    for (path, content_type, origin, status) in [
+        ("/buckets/reset", "text/plain", None, 415),
+        (
+            "/buckets/reset",
+            "text/plain",
+            Some("http://evil.example"),
+            415,
+        ),
+        ("/buckets/set", "multipart/form-data; boundary=b", None, 415),
+        (
+            "/buckets/reset",
+            "application/json",
+            Some("http://evil.example"),
+            403,
+        ),
+        ("/buckets/reset", "application/json", Some("null"), 403),
+        ("/buckets/get", "text/plain", None, 415),
+    ] {
+        let mut headers = vec![("Content-Type", content_type), ("Authorization", &bearer)];
+        headers.extend(origin.map(|o| ("Origin", o)));
+        let response = http::call_with(addr, "POST", path, &headers, Some(&reset)).await;
+        assert_eq!(
+            response.status, status,
+            "{path} {headers:?}: {}",
+            response.body
+        );
+    }
+    assert_eq!(remaining(addr, "user", "ann").await, 2, "nothing was reset");
+    let headers = [
+        ("Content-Type", "application/json"),
+        ("Authorization", bearer.as_str()),
+        ("Origin", own.as_str()),
+    ];
+    let response = http::call_with(addr, "POST", "/buckets/reset", &headers, Some(&reset)).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(remaining(addr, "user", "ann").await, 5);
     server.stop().await;
 }
 
@@ -448,12 +515,8 @@ async fn dashboard_state_moves_with_traffic() {
     let hits =
         |state: &serde_json::Value| state["domains"][0]["rules"][4]["counts"]["hits"].as_u64();
     let read = || async {
-        serde_json::from_str::<serde_json::Value>(
-            &http::call(server.http, "GET", "/console/state", None)
-                .await
-                .body,
-        )
-        .unwrap()
+        serde_json::from_str::<serde_json::Value>(&dashboard_state(server.http, "").await.body)
+            .unwrap()
     };
     let before = read().await;
     assert_eq!(before["domains"][0]["name"], "shop");
@@ -485,12 +548,8 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
         &[],
     );
     let read = || async {
-        serde_json::from_str::<serde_json::Value>(
-            &http::call(server.http, "GET", "/console/state", None)
-                .await
-                .body,
-        )
-        .unwrap()
+        serde_json::from_str::<serde_json::Value>(&dashboard_state(server.http, "").await.body)
+            .unwrap()
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while read().await["store"]["breaker"] != "closed" || hit(server.http, "user", "a").await != 200
@@ -520,7 +579,7 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
                 &format!("http://{}", server.http),
                 Call::Get,
                 &request("user", "a"),
-                None,
+                Some(TOKEN),
             )
             .await
             .unwrap();
@@ -529,6 +588,84 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
         }
         assert!(std::time::Instant::now() < deadline, "{state}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    server.stop().await;
+}
+
+/// `/console/state` is bounded whatever the number of domains: one page of at most 50
+/// domains and 500 rules, with the total and where the next page starts; following
+/// `next_after` visits every domain once, `filter` narrows by name, a domain with more rules
+/// than a page holds shows 500 of them with its total, and a bad `limit` is a 400.
+#[tokio::test]
+async fn dashboard_state_is_paged() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits");
+    std::fs::create_dir(&limits).unwrap();
+    let rule = "{unit: minute, requests_per_unit: 5}";
+    for i in 0..1_200 {
+        let yaml = format!("domain: d{i:04}\ndescriptors:\n  - {{key: ip, rate_limit: {rule}}}\n");
+        std::fs::write(limits.join(format!("d{i:04}.yaml")), yaml).unwrap();
+    }
+    let mut huge = "domain: huge\ndescriptors:\n".to_owned();
+    for i in 0..600 {
+        huge.push_str(&format!(
+            "  - {{key: k, value: v{i}, rate_limit: {rule}}}\n"
+        ));
+    }
+    std::fs::write(limits.join("huge.yaml"), huge).unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    let server = Floodgate::start(&[
+        "--config",
+        limits.to_str().unwrap(),
+        "--admin-token-file",
+        token.to_str().unwrap(),
+    ]);
+    let read = |query: String| async move {
+        let response = dashboard_state(server.http, &query).await;
+        assert_eq!(response.status, 200, "{}", response.body);
+        // One poll stays small however many domains there are.
+        assert!(
+            response.body.len() < 200_000,
+            "{} bytes",
+            response.body.len()
+        );
+        serde_json::from_str::<serde_json::Value>(&response.body).unwrap()
+    };
+    let first = read(String::new()).await;
+    assert_eq!(first["domains"].as_array().unwrap().len(), 50);
+    assert_eq!(first["page"]["domains_total"], 1_201);
+    assert_eq!(first["page"]["domains_before"], 0);
+    assert_eq!(first["page"]["next_after"], "d0049");
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let query = after
+            .as_ref()
+            .map_or_else(String::new, |a| format!("?after={a}"));
+        let page = read(query).await;
+        assert_eq!(page["page"]["domains_before"], seen.len());
+        for d in page["domains"].as_array().unwrap() {
+            seen.push(d["name"].as_str().unwrap().to_owned());
+        }
+        match page["page"]["next_after"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 1_201);
+    assert!(seen.is_sorted(), "every domain once, in name order");
+    let huge = read("?filter=huge".into()).await;
+    assert_eq!(huge["page"]["domains_total"], 1);
+    assert_eq!(huge["domains"][0]["rules_total"], 600);
+    assert_eq!(huge["domains"][0]["rules"].as_array().unwrap().len(), 500);
+    let small = read("?filter=d01&limit=3".into()).await;
+    assert_eq!(small["page"]["domains_total"], 100);
+    assert_eq!(small["domains"].as_array().unwrap().len(), 3);
+    assert_eq!(small["page"]["next_after"], "d0102");
+    for bad in ["?limit=0", "?limit=51", "?limit=x", "?page=2"] {
+        let response = dashboard_state(server.http, bad).await;
+        assert_eq!(response.status, 400, "{bad}: {}", response.body);
     }
     server.stop().await;
 }

@@ -1,5 +1,5 @@
 //! The reference's debug port from the real binary: `DEBUG_HOST`/`DEBUG_PORT` open it,
-//! `/rlconfig` answers the reference's text format byte for byte, `/stats` the current
+//! `/` lists its endpoints as the reference's does, `/rlconfig` answers the reference's text format byte for byte, `/stats` the current
 //! values of the reference's stats.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -27,8 +27,8 @@ descriptors:
         rate_limit: {unlimited: true}
 "#;
 
-/// With DEBUG_HOST/DEBUG_PORT set, the debug port serves /rlconfig in the reference's
-/// `Dump` format (exact bytes) and /stats with the reference stats' current values.
+/// With DEBUG_HOST/DEBUG_PORT set, the debug port serves its index at /, /rlconfig in the
+/// reference's `Dump` format (exact bytes) and /stats with the reference stats' current values.
 #[tokio::test]
 async fn debug_port_serves_rlconfig_and_stats() {
     let tmp = tempfile::tempdir().unwrap();
@@ -62,6 +62,20 @@ async fn debug_port_serves_rlconfig_and_stats() {
         .unwrap()
         .parse()
         .unwrap();
+
+    // The index lists the endpoints as the reference's does: `path: help`, sorted by path;
+    // like the reference's catch-all `/`, any other path answers it too.
+    let index = call(debug, "GET", "/", None).await;
+    assert_eq!(index.status, 200);
+    assert_eq!(
+        index.body,
+        "/rlconfig: print out the currently loaded configuration for debugging\n\
+         /stats: print out stats\n"
+    );
+    assert_eq!(
+        call(debug, "GET", "/nothing-here", None).await.body,
+        index.body
+    );
 
     let rlconfig = call(debug, "GET", "/rlconfig", None).await;
     assert_eq!(rlconfig.status, 200);

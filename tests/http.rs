@@ -1,10 +1,11 @@
-//! The admin HTTP endpoints: /healthcheck, /json, /metrics, /rlconfig.
+//! The admin HTTP endpoints: /healthcheck, /json (and the cross-site guard on writes),
+//! /metrics, /rlconfig.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
 
 use serde_json::{Value, json};
-use support::http::{call, post_json};
+use support::http::{call, call_with, post_json};
 use support::*;
 
 const LIMITS: &str = r#"
@@ -162,6 +163,76 @@ descriptors:
         text.lines().any(|l| l == line),
         "missing `{line}` in:\n{text}"
     );
+    server.stop().await;
+}
+
+/// A web page cannot write through /json: a body not declared `application/json` is 415 and a
+/// foreign `Origin` is 403, and neither drains the bucket; the same request from the admin
+/// port's own origin, or from a client that sends no Origin, is answered.
+#[tokio::test]
+async fn json_refuses_cross_site_writes() {
+    let server = TestServer::start(LIMITS).await;
+    let addr = server.http_addr;
+    let drain = json!({"domain": "web", "hitsAddend": 2,
+                       "descriptors": [{"entries": [{"key": "client", "value": "x"}]}]})
+    .to_string();
+    let evil = ("Origin", "http://evil.example");
+    for (headers, status, says) in [
+        (
+            vec![("Content-Type", "text/plain"), evil],
+            415,
+            "application/json",
+        ),
+        (vec![evil], 415, "application/json"),
+        (
+            vec![("Content-Type", "application/x-www-form-urlencoded")],
+            415,
+            "application/json",
+        ),
+        (
+            vec![("Content-Type", "application/json"), evil],
+            403,
+            "http://evil.example",
+        ),
+        (
+            vec![("Content-Type", "application/json"), ("Origin", "null")],
+            403,
+            "null",
+        ),
+    ] {
+        let response = call_with(addr, "POST", "/json", &headers, Some(&drain)).await;
+        assert_eq!(response.status, status, "{headers:?}: {}", response.body);
+        assert!(response.body.contains(says), "{}", response.body);
+    }
+    // Nothing was debited: the bucket still holds both requests.
+    let check = json!({"domain": "web", "descriptors": [{"entries": [{"key": "client",
+                       "value": "x"}], "hitsAddend": 0}]})
+    .to_string();
+    let left = |response: support::http::HttpResponse| {
+        let parsed: Value = serde_json::from_str(&response.body).unwrap();
+        // Protobuf JSON leaves a 0 out.
+        parsed["statuses"][0]["limitRemaining"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    assert_eq!(left(post_json(addr, &check).await), 2);
+    // The console page's own origin (Origin = Host), and a client without Origin, write.
+    let own = format!("http://{addr}");
+    let same_site = [
+        ("Content-Type", "application/json"),
+        ("Origin", own.as_str()),
+    ];
+    let response = call_with(
+        addr,
+        "POST",
+        "/json",
+        &same_site,
+        Some(&body("client", "x")),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(post_json(addr, &body("client", "x")).await.status, 200);
+    assert_eq!(left(post_json(addr, &check).await), 0);
     server.stop().await;
 }
 

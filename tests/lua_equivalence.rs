@@ -73,6 +73,7 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
         cost,
         enforce,
         reference: None,
+        debited_in: None,
     }
 }
 
@@ -146,13 +147,17 @@ async fn flush(conn: &mut MultiplexedConnection) {
 const POOL: usize = 4;
 
 /// One operation of a step: which pool key, optionally other params (same period: a config
-/// reload may change the algorithm or the numbers of a bucket, never the key's period), cost.
+/// reload may change the algorithm or the numbers of a bucket, never the key's period), cost,
+/// and the window its debit was counted in, as an offset from the current window's index
+/// (`BucketOp::debited_in`: a past window, the current one, or one ahead after the clock
+/// stepped back).
 #[derive(Clone, Debug)]
 struct OpSpec {
     key: usize,
     change: Option<(Algorithm, u64, u64, bool)>,
     cost: i64,
     enforce: bool,
+    debited_in: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -271,12 +276,14 @@ fn op_spec() -> impl Strategy<Value = OpSpec> {
         prop::option::weighted(0.1, (algorithm(), rate(), 0u64..=20, any::<bool>())),
         cost(),
         prop::bool::weighted(0.85),
+        prop::option::weighted(0.4, -3i64..=1),
     )
-        .prop_map(|(key, change, cost, enforce)| OpSpec {
+        .prop_map(|(key, change, cost, enforce, debited_in)| OpSpec {
             key,
             change,
             cost,
             enforce,
+            debited_in,
         })
 }
 
@@ -314,8 +321,8 @@ fn case() -> impl Strategy<Value = Case> {
         .prop_map(|(start, pool, steps)| Case { start, pool, steps })
 }
 
-/// The bucket ops of one step.
-fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey]) -> Vec<BucketOp> {
+/// The bucket ops of one step at `now`.
+fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey], now: i64) -> Vec<BucketOp> {
     let mut seen = [false; POOL];
     let mut ops = Vec::new();
     for spec in &step.ops {
@@ -333,12 +340,15 @@ fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey]) -> Vec<BucketOp
             },
             None => base,
         };
+        // The window index the limiter puts `now` in (its period clamped as it clamps it).
+        let period = i64::try_from(params.period_us.clamp(1000, limiter::MAX_PERIOD_US)).unwrap();
         ops.push(BucketOp {
             key: keys[spec.key].clone(),
             params,
             cost: spec.cost,
             enforce: spec.enforce,
             reference: None,
+            debited_in: spec.debited_in.map(|offset| now / period + offset),
         });
     }
     ops
@@ -399,7 +409,7 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
     for (n, step) in case.steps.iter().enumerate() {
         clock.advance(step.dt);
         let now = clock.now_us();
-        let ops = ops_of(step, &case.pool, &keys);
+        let ops = ops_of(step, &case.pool, &keys, now);
         let expected = memory.apply(&ops).await.map_err(|e| e.to_string())?;
 
         let mut pipe = redis::pipe();
@@ -1301,6 +1311,41 @@ async fn counter_is_the_reference_integer() {
     assert!(lua(&mut conn, &refund, Some(NOW)).await.committed);
     let exists: bool = conn.exists(&key).await.unwrap();
     assert!(!exists, "a full refund leaves the counter");
+}
+
+/// The refund of a counter's debit (`BucketOp::undo`) names the counter the debit named (the
+/// key carries the pod's window): given after the store's clock has moved into the next
+/// window, it lowers the debit's counter, never the next window's, in the script and in the
+/// specification alike.
+#[tokio::test]
+async fn counter_refund_names_the_debits_window() {
+    use floodgate::bucket::Undo;
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let debit = vec![counter_op("v", p, 3, true, pod, 67)];
+    let debited = lua(&mut conn, &debit, Some(NOW)).await;
+    assert!(debited.committed);
+    assert_eq!(debited, counter_spec(&debit, &HashMap::new(), NOW).0);
+    let refund = vec![debit[0].undo(&debited.buckets[0], Undo::Withdrawn).unwrap()];
+    assert_eq!(script::keys(PREFIX, &refund), script::keys(PREFIX, &debit));
+    // The next window has begun, and a pod of it has counted 4 there already.
+    let later = NOW + 60_000_000;
+    let next = vec![counter_op("v", p, 4, true, pod + 60, 67)];
+    assert!(lua(&mut conn, &next, Some(later)).await.committed);
+    let refunded = lua(&mut conn, &refund, Some(later)).await;
+    assert!(refunded.committed);
+    let counts: HashMap<Vec<u8>, u64> = [(script::keys(PREFIX, &debit)[0].clone(), 3)].into();
+    assert_eq!(refunded, counter_spec(&refund, &counts, later).0);
+    let debit_key = String::from_utf8(script::keys(PREFIX, &debit)[0].clone()).unwrap();
+    let next_key = String::from_utf8(script::keys(PREFIX, &next)[0].clone()).unwrap();
+    assert!(
+        !conn.exists::<_, bool>(&debit_key).await.unwrap(),
+        "3 - 3: deleted"
+    );
+    let held: String = conn.get(&next_key).await.unwrap();
+    assert_eq!(held, "4", "the next window keeps its count");
 }
 
 /// A counter key of another type or holding no integer reads as absent and is replaced by

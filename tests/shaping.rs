@@ -268,6 +268,69 @@ async fn shutdown_answers_held_requests_at_once(backend: Backend) {
     server.join().await;
 }
 
+/// A fixed window of 5 a second beside a token bucket that holds: one token every 20 s,
+/// a burst of 1, held up to a minute.
+const WINDOW_AND_HOLD: &str = "
+domain: w
+descriptors:
+  - key: u
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: fixed_window}
+  - key: s
+    rate_limit: {unit: minute, requests_per_unit: 3, burst: 1, max_wait: 60s}
+";
+
+/// A held request cancelled after its fixed window has ended gives nothing back to the
+/// window that is current then: that window never counted it, so it still admits only its
+/// limit (the refund goes to the debit's own window, which is gone).
+async fn a_cancelled_wait_refunds_its_own_window_only(backend: Backend) {
+    let server = TestServer::with(WINDOW_AND_HOLD).on(backend).start().await;
+    let both = || {
+        request(
+            "w",
+            vec![descriptor(&[("u", "A")]), descriptor(&[("s", "A")])],
+        )
+    };
+    // Late in second W: one passes, three are held (20, 40 and 60 s), all four counted in W.
+    server.advance_ms(900);
+    assert_eq!(server.ask(both()).await.overall_code, Code::Ok as i32);
+    let client = server.client().await;
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move { client.should_rate_limit(both()).await })
+        })
+        .collect();
+    eventually("three requests are held", || async {
+        server.metric("floodgate_requests_in_flight") == 3
+    })
+    .await;
+    // Early in W + 1: a fresh window admits its 5.
+    server.advance_ms(200);
+    let only_u = || request("w", vec![descriptor(&[("u", "A")])]);
+    let mut ok = 0;
+    for _ in 0..6 {
+        ok += usize::from(server.ask(only_u()).await.overall_code == Code::Ok as i32);
+    }
+    assert_eq!(ok, 5);
+    // The held clients leave: their debits of W are not W + 1's to give back.
+    for task in &held {
+        task.abort();
+    }
+    eventually("the held requests are cancelled and refunded", || async {
+        server.metric(r#"floodgate_shaped_requests_total{domain="w",result="cancelled"}"#) == 3
+    })
+    .await;
+    for _ in 0..4 {
+        let response = server.ask(only_u()).await;
+        assert_eq!(
+            response.overall_code,
+            Code::OverLimit as i32,
+            "W + 1 already admitted 5: {response:?}"
+        );
+    }
+    server.stop().await;
+}
+
 /// Instantiates every scenario above once per store (as tests/rls.rs's `behaviour_suite!`).
 macro_rules! on_both_stores {
     ($($scenario:ident),* $(,)?) => {
@@ -297,4 +360,5 @@ on_both_stores!(
     beyond_max_wait_refused_and_nothing_debited,
     a_cancelled_wait_gives_its_tokens_back,
     shutdown_answers_held_requests_at_once,
+    a_cancelled_wait_refunds_its_own_window_only,
 );

@@ -375,6 +375,98 @@ async fn push_nack_update_and_restart() {
     task.abort();
 }
 
+/// Domain `bulk`: `n` rules `k=v<i>`, each its own per-minute limit (the smallest encoding a
+/// rule has: a few bytes each, so a push of many stays within the gRPC message limit).
+fn bulk(n: usize) -> RateLimitConfig {
+    RateLimitConfig {
+        name: "bulk".into(),
+        domain: "bulk".into(),
+        descriptors: (0..n)
+            .map(|i| RateLimitDescriptor {
+                key: "k".into(),
+                value: format!("v{i}"),
+                rate_limit: Some(RateLimitPolicy {
+                    unit: RateLimitUnit::Minute as i32,
+                    requests_per_unit: 10,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+/// The process's peak resident set (`VmHWM`), in MiB.
+fn peak_rss_mib(server: &Floodgate) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kib / 1024
+}
+
+/// The memory limit of the shipped manifests (deploy/kubernetes/base/deployment.yaml).
+const POD_MEMORY_LIMIT_MIB: u64 = 256;
+
+/// A push over the rule cap (200,000 rules in a 2 MB message) is NACKed naming the count and
+/// the cap, before anything is converted, and the limits in force stay; a push at the cap is
+/// accepted; and either way the process's peak memory stays within the manifests' limit.
+#[tokio::test]
+async fn pushes_are_bounded_by_the_rule_cap() {
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![edge(2, RateLimitUnit::Hour)]);
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let server = start(&addr.to_string(), &[]);
+    until_limit(&server, 2).await;
+
+    let huge = bulk(200_000);
+    assert!(huge.encoded_len() < 4 << 20, "within tonic's message limit");
+    plane.push("v2", vec![edge(5, RateLimitUnit::Hour), huge]);
+    let nack = plane.answer_to("2").await;
+    assert_eq!(nack.version_info, "v1");
+    let message = nack.error_detail.unwrap().message;
+    let cap = floodgate::config::MAX_LOAD_RULES;
+    for expected in [
+        "xds:bulk".to_owned(),
+        "200001 rules".to_owned(),
+        format!("more than the {cap} one load may hold (--max-load-rules)"),
+    ] {
+        assert!(message.contains(&expected), "{expected}: {message}");
+    }
+    assert_eq!(limit(&server).await, Some(2), "the limits in force stay");
+    let peak = peak_rss_mib(&server);
+    assert!(peak < POD_MEMORY_LIMIT_MIB, "peak RSS {peak} MiB");
+    eprintln!("peak RSS after the refused push: {peak} MiB");
+    server.stop().await;
+    task.abort();
+
+    // A push of as many rules as the cap allows is accepted and enforced, within the limit
+    // too: measured on a fresh process (the peak only ever grows), after the other one is
+    // gone, so that the two loads do not compete for the loader's deadline.
+    let mut at_cap = bulk(cap - 1);
+    at_cap
+        .descriptors
+        .push(edge(9, RateLimitUnit::Hour).descriptors.remove(0));
+    at_cap.domain = "edge".into();
+    let plane = ControlPlane::new();
+    plane.push("v1", vec![at_cap]);
+    let (addr, task) = plane.serve("127.0.0.1:0".parse().unwrap(), None).await;
+    let server = start(&addr.to_string(), &[]);
+    let ack = plane.answer_to("1").await;
+    assert!(ack.error_detail.is_none(), "{:?}", ack.error_detail);
+    until_limit(&server, 9).await;
+    let peak = peak_rss_mib(&server);
+    assert!(peak < POD_MEMORY_LIMIT_MIB, "peak RSS {peak} MiB");
+    eprintln!("peak RSS after the accepted push of {cap} rules: {peak} MiB");
+    server.stop().await;
+    task.abort();
+}
+
 /// Until a first configuration has loaded the server is not ready, and `/healthcheck` says
 /// why; after it, it is ready.
 #[tokio::test]

@@ -7,7 +7,7 @@
 //! them, as [`settle`] decides.
 
 use super::{BucketKey, ReferenceCounter};
-use crate::limiter::{Cost, Evaluation, LimitParams, View};
+use crate::limiter::{Cost, Evaluation, LimitParams, State, View};
 
 /// One bucket of one request: which bucket, how to count, and how much.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,11 @@ pub struct BucketOp {
     /// A fixed window shared with reference pods (reference counters on): Redis keeps it
     /// under the reference's name as a plain integer; `key` stays its identity in-process.
     pub reference: Option<ReferenceCounter>,
+    /// For a refund ([`BucketOp::undo`]) of a fixed or sliding window debit: the index of the
+    /// window the debit was counted in ([`BucketResult::window`]), so that the refund goes
+    /// back to that window or nowhere ([`crate::limiter::evaluate_refund_of`]). `None` for
+    /// everything else; a client's `is_negative_hits` refunds the current window.
+    pub debited_in: Option<i64>,
 }
 
 /// Why debits are given back, which decides whether an overdraft debit is given back too.
@@ -52,6 +57,7 @@ impl BucketOp {
             };
         debited.then(|| BucketOp {
             cost: -self.cost,
+            debited_in: result.window,
             ..self.clone()
         })
     }
@@ -67,6 +73,10 @@ pub struct BucketResult {
     pub view: View,
     /// When not admitted: time until this cost could pass; `None` if it never can.
     pub retry_after_us: Option<u64>,
+    /// The index of the window a fixed or sliding window operation stored its state in
+    /// (where its debit was counted); `None` when nothing was stored, and for token buckets.
+    /// A refund of the debit names it ([`BucketOp::debited_in`]).
+    pub window: Option<i64>,
 }
 
 /// A store's answer for a whole request.
@@ -123,8 +133,19 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
         .zip(evaluations)
         .map(|(op, e)| {
             let applies = committed && (e.admitted || op.params.overdraft);
-            store.push(applies && e.next.is_some());
+            let stored = applies && e.next.is_some();
+            store.push(stored);
+            let window = match e.next {
+                Some((State::FixedWindow { window, .. }, _))
+                | Some((State::SlidingWindow { window, .. }, _))
+                    if stored =>
+                {
+                    Some(window)
+                }
+                _ => None,
+            };
             BucketResult {
+                window,
                 admitted: e.admitted,
                 view: if applies { e.committed } else { e.current },
                 retry_after_us: if e.admitted {
@@ -180,6 +201,7 @@ mod tests {
             cost,
             enforce: true,
             reference: None,
+            debited_in: None,
         };
         let now = 1_700_000_040_000_000;
         let ops = [op(b"a", true, 5), op(b"b", false, 1)];
@@ -224,6 +246,7 @@ mod tests {
             cost,
             enforce: true,
             reference: None,
+            debited_in: None,
         };
         let result = |admitted| BucketResult {
             admitted,
@@ -232,6 +255,7 @@ mod tests {
                 reset_us: 0,
             },
             retry_after_us: None,
+            window: None,
         };
         let undone = |op: BucketOp, admitted, why| op.undo(&result(admitted), why).map(|u| u.cost);
         for why in [Undo::NotCommitted, Undo::Withdrawn] {

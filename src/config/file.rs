@@ -8,7 +8,9 @@
 //!   wait for a writer forever) and **read only if it is a regular file**, checked on the
 //!   opened file itself (a FIFO, a socket or a device such as `/dev/zero`, reached directly
 //!   or through a symlink, is refused);
-//! - **read up to [`MAX_FILE_BYTES`]**, and a whole load up to [`MAX_LOAD_BYTES`];
+//! - **read up to [`MAX_FILE_BYTES`]**, and a whole load up to [`MAX_LOAD_BYTES`]; a load
+//!   holds at most [`Defaults::max_rules`](super::Defaults::max_rules) rules (default
+//!   [`MAX_LOAD_RULES`]), counted before compiling, for files and xDS pushes alike;
 //! - **refused when its flow collections (`[...]`, `{...}`) nest deeper than
 //!   [`MAX_FLOW_DEPTH`]**, before the YAML parser sees it: libyaml's scanner costs time
 //!   quadratic in that depth (100,000 levels pin a core for many seconds), and no limits file
@@ -37,6 +39,13 @@ pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
 
 /// Most bytes one load reads, all files of a directory together.
 pub const MAX_LOAD_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Most rules one load may hold by default (`--max-load-rules`): every descriptor of every
+/// file (or pushed `RateLimitConfig`), nested ones included, counted before anything is
+/// compiled. A pushed configuration has no file size to bound it: a 3.4 MB protobuf
+/// message carries 200,000 descriptors, and each rule costs a few KiB from the YAML it is
+/// converted to up to the matching tree, so this keeps a load within a pod's memory.
+pub const MAX_LOAD_RULES: usize = 20_000;
 
 /// Deepest nesting of YAML flow collections accepted in a limits file.
 pub const MAX_FLOW_DEPTH: usize = 64;

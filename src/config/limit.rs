@@ -10,12 +10,17 @@ use crate::limiter::{Algorithm, LimitParams};
 pub struct Defaults {
     /// Algorithm of every limit that does not name one (`algorithm:`).
     pub algorithm: Algorithm,
+    /// Most rules (descriptors, nested ones included) one load may hold, all its files or
+    /// pushed resources together (`--max-load-rules`); a load over it is refused whole,
+    /// before anything is compiled.
+    pub max_rules: usize,
 }
 
 impl Default for Defaults {
     fn default() -> Self {
         Defaults {
             algorithm: Algorithm::TokenBucket,
+            max_rules: super::MAX_LOAD_RULES,
         }
     }
 }

@@ -105,10 +105,19 @@ pub(crate) fn compile(
     // Name, root, hash tag, and the file that defined the domain first.
     let mut domains: Vec<(String, Children, bool, &str)> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
+    // Rules counted so far, and the file that took the load past `max_rules`: from it on,
+    // files are only parsed and counted (to name the total), never compiled.
+    let mut rules = 0usize;
+    let mut past_cap: Option<&str> = None;
     for (file, content) in sources {
         let Some(model) = parse(file, content, lenient, &mut errors) else {
             continue;
         };
+        rules = rules.saturating_add(model.rule_count());
+        if rules > defaults.max_rules {
+            past_cap.get_or_insert(file);
+            continue;
+        }
         let name = model.domain.unwrap_or_default();
         let existing = index.get(&name).copied();
         if name.is_empty() {
@@ -148,6 +157,9 @@ pub(crate) fn compile(
             }
         }
     }
+    if let Some(file) = past_cap {
+        errors.push(too_many_rules(file, rules, defaults.max_rules));
+    }
     if !errors.is_empty() {
         return Err(ConfigErrors(errors));
     }
@@ -160,6 +172,19 @@ pub(crate) fn compile(
         tracing::debug!(domain = %domain.name, rules = domain.rules().len(), "loaded domain");
     }
     Ok(domains)
+}
+
+/// The error of a load holding `rules` rules, more than `max_rules`; `file` is the one that
+/// took it past the cap.
+pub(crate) fn too_many_rules(file: &str, rules: usize, max_rules: usize) -> ConfigError {
+    error(
+        file,
+        "",
+        format!(
+            "the load holds {rules} rules (descriptors, nested ones included), more than the \
+             {max_rules} one load may hold (--max-load-rules); nothing of it is loaded"
+        ),
+    )
 }
 
 /// A hint for a domain defined twice because a Kubernetes volume's `..<timestamp>` copy was

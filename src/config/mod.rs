@@ -43,8 +43,8 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 pub use file::{
-    LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FILES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOADS_RUNNING,
-    MAX_WALK_DEPTH,
+    LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FILES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOAD_RULES,
+    MAX_LOADS_RUNNING, MAX_WALK_DEPTH,
 };
 pub use files::{RuntimeLayout, Source};
 pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name, format_wait, parse_wait};

@@ -24,6 +24,21 @@ pub(crate) struct FileModel {
     pub(crate) redis_hash_tag: Option<bool>,
 }
 
+impl FileModel {
+    /// How many rules the file holds: its descriptors, nested ones included.
+    pub(crate) fn rule_count(&self) -> usize {
+        count(self.descriptors.as_deref())
+    }
+}
+
+fn count(descriptors: Option<&[DescriptorModel]>) -> usize {
+    descriptors.map_or(0, |list| {
+        list.iter()
+            .map(|d| 1 + count(d.descriptors.as_deref()))
+            .sum()
+    })
+}
+
 /// One descriptor node.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -26,12 +26,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::transport::Endpoint;
 
-pub use convert::to_source;
+pub use convert::{rule_count, to_source};
 
 use super::{Config, ConfigError, ConfigErrors, Defaults, LOAD_DEADLINE};
 use crate::metrics::Metrics;
+use crate::proto::discovery::DiscoveryRequest;
 use crate::proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use crate::proto::discovery::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::rls_conf::RateLimitConfig;
@@ -173,14 +173,15 @@ async fn session(
     *call.metadata_mut() = options.headers.clone();
     let mut responses = client.stream_aggregated_resources(call).await?.into_inner();
     tracing::info!(version = %resume.version, "xDS stream open");
-    while let Some(response) = responses.message().await? {
+    while let Some(mut response) = responses.message().await? {
         *pushes += 1;
         resume.nonce.clone_from(&response.nonce);
         if response.type_url != TYPE_URL {
             tracing::debug!(type_url = %response.type_url, "xDS response of another type ignored");
             continue;
         }
-        let answer = match load(&response, options).await {
+        let resources = std::mem::take(&mut response.resources);
+        let answer = match load(&response.version_info, resources, options).await {
             Ok(loaded) => {
                 let domains = loaded.domains().count();
                 config.store(Arc::new(loaded));
@@ -231,12 +232,43 @@ fn request(
     }
 }
 
-/// Decodes and loads every resource of `response`, off the runtime and within the loader's
-/// deadline, as a reload of files is.
-async fn load(response: &DiscoveryResponse, options: &XdsOptions) -> Result<Config, ConfigErrors> {
-    let mut sources = Vec::with_capacity(response.resources.len());
+/// Decodes, converts and loads every resource of push `version`, all of it off the runtime
+/// (on the loader's thread, within its deadline) as a reload of files is: a push of many
+/// rules costs memory and CPU there, never the threads that answer requests.
+async fn load(
+    version: &str,
+    resources: Vec<prost_types::Any>,
+    options: &XdsOptions,
+) -> Result<Config, ConfigErrors> {
+    let (defaults, merge) = (options.defaults, options.merge_domains);
+    let label = format!("xds version {version}");
+    let compile = move || {
+        let sources = sources(resources, defaults.max_rules)?;
+        Config::compile(&sources, &defaults, merge)
+    };
+    tokio::task::spawn_blocking(move || super::file::load_within(label, LOAD_DEADLINE, compile))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ConfigErrors(vec![error(
+                "xds".into(),
+                format!("load failed: {e}"),
+            )]))
+        })
+}
+
+/// The `(file name, YAML)` sources of a push's resources, or every reason it cannot load.
+/// Rules are counted on each decoded resource before it is converted: once the push is past
+/// `max_rules`, the rest is only decoded and counted (one resource at a time, to name the
+/// total), so a push over the cap costs no more memory than its largest resource.
+fn sources(
+    resources: Vec<prost_types::Any>,
+    max_rules: usize,
+) -> Result<Vec<(String, String)>, ConfigErrors> {
+    let mut sources = Vec::with_capacity(resources.len());
     let mut errors = Vec::new();
-    for (i, any) in response.resources.iter().enumerate() {
+    let mut rules = 0usize;
+    let mut past_cap = None;
+    for (i, any) in resources.into_iter().enumerate() {
         let label = format!("xds:resources[{i}]");
         if any.type_url != TYPE_URL {
             errors.push(error(
@@ -246,24 +278,26 @@ async fn load(response: &DiscoveryResponse, options: &XdsOptions) -> Result<Conf
             continue;
         }
         match RateLimitConfig::decode(any.value.as_slice()) {
-            Ok(config) => sources.push(to_source(&config)),
+            Ok(config) => {
+                rules = rules.saturating_add(rule_count(&config));
+                if rules > max_rules {
+                    past_cap.get_or_insert_with(|| format!("xds:{}", config.name));
+                } else if past_cap.is_none() {
+                    sources.push(to_source(&config));
+                }
+            }
             Err(e) => errors.push(error(label, format!("cannot decode: {e}"))),
         }
     }
-    if !errors.is_empty() {
-        return Err(ConfigErrors(errors));
+    if let Some(file) = past_cap {
+        sources.clear();
+        errors.push(super::load::too_many_rules(&file, rules, max_rules));
     }
-    let (defaults, merge) = (options.defaults, options.merge_domains);
-    let label = format!("xds version {}", response.version_info);
-    let compile = move || Config::compile(&sources, &defaults, merge);
-    tokio::task::spawn_blocking(move || super::file::load_within(label, LOAD_DEADLINE, compile))
-        .await
-        .unwrap_or_else(|e| {
-            Err(ConfigErrors(vec![error(
-                "xds".into(),
-                format!("load failed: {e}"),
-            )]))
-        })
+    if errors.is_empty() {
+        Ok(sources)
+    } else {
+        Err(ConfigErrors(errors))
+    }
 }
 
 fn error(file: String, message: String) -> ConfigError {

@@ -2,14 +2,51 @@
 //!
 //! Counters, not rates: the page derives rates from two successive reads, so nothing is
 //! computed or kept between polls, and the request path does no work for the console.
+//!
+//! Bounded: the limits come one page at a time (domains in name order after `after`,
+//! optionally only those whose name contains `filter`), at most `limit` domains
+//! ([`MAX_DOMAINS_PER_PAGE`]) and [`MAX_RULES_PER_PAGE`] rules, so one poll costs the same
+//! with ten domains or ten thousand; the answer says how many domains match and where the
+//! next page starts.
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{ConsoleError, ConsoleState};
-use crate::config::{Limit, Rule, algorithm_name};
+use crate::config::{Limit, algorithm_name};
 use crate::metrics::{LoadRecord, RuleCounts};
+
+/// Domains on a page when the page does not ask for fewer.
+pub(super) const MAX_DOMAINS_PER_PAGE: usize = 50;
+
+/// Rules on a page, all its domains together: a page ends before the domain that would pass
+/// it, and a first domain with more rules than this shows only this many of them.
+pub(super) const MAX_RULES_PER_PAGE: usize = 500;
+
+/// Which page of the limits a poll asks for.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PageQuery {
+    /// Start after this domain name (the `next_after` of the previous page); none: the first.
+    after: Option<String>,
+    /// Most domains on the page, 1 to [`MAX_DOMAINS_PER_PAGE`] (the default).
+    limit: Option<usize>,
+    /// Only the domains whose name contains this text.
+    filter: Option<String>,
+}
+
+/// Where the page lies among the domains that match.
+#[derive(Serialize)]
+struct PageInfo {
+    /// Domains that match the filter (all domains without one).
+    domains_total: usize,
+    /// Domains of those before this page.
+    domains_before: usize,
+    /// The `after` of the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_after: Option<String>,
+}
 
 /// The dashboard's data.
 #[derive(Serialize)]
@@ -20,8 +57,10 @@ struct Snapshot {
     store: StoreStatus,
     /// ShouldRateLimit calls by result, since start.
     requests: Vec<(&'static str, u64)>,
-    /// The limits in force and their counters.
+    /// The limits in force and their counters: this page of them.
     domains: Vec<DomainStatus>,
+    /// Which page `domains` is.
+    page: PageInfo,
     /// The last limits loads, newest first.
     loads: Vec<LoadRecord>,
 }
@@ -43,6 +82,8 @@ struct DomainStatus {
     name: String,
     /// The sum of its rules' counters.
     counts: RuleCounts,
+    /// How many rules the domain has; `rules` holds fewer when the page's rule budget ran out.
+    rules_total: usize,
     rules: Vec<RuleStatus>,
 }
 
@@ -94,38 +135,60 @@ fn add(total: &mut RuleCounts, counts: &RuleCounts) {
 pub(super) async fn state(
     State(state): State<ConsoleState>,
     headers: HeaderMap,
+    Query(query): Query<PageQuery>,
 ) -> Result<axum::Json<impl Serialize>, ConsoleError> {
     state.authorize_read(&headers)?;
+    let limit = query.limit.unwrap_or(MAX_DOMAINS_PER_PAGE);
+    if !(1..=MAX_DOMAINS_PER_PAGE).contains(&limit) {
+        return Err(ConsoleError::BadRequest(format!(
+            "limit must be from 1 to {MAX_DOMAINS_PER_PAGE} (got {limit})"
+        )));
+    }
     let config = state.limiter.config();
     let metrics = state.limiter.metrics();
-    let domains = config
-        .domains()
-        .map(|domain| {
-            let label = domain.metric_label();
-            let mut total = RuleCounts::default();
-            let rules = domain
-                .rules()
-                .into_iter()
-                .map(|rule: &Rule| {
-                    let counts = metrics.rule_counts(label, &rule.path);
-                    add(&mut total, &counts);
-                    RuleStatus {
-                        path: rule.path.to_string(),
-                        shadow: rule.shadow_mode,
-                        quota: rule.quota_mode,
-                        detailed: rule.detailed_metric || rule.value_to_metric,
-                        limits: rule.limits.iter().map(LimitStatus::of).collect(),
-                        counts,
-                    }
-                })
-                .collect();
-            DomainStatus {
-                name: domain.name.clone(),
-                counts: total,
-                rules,
+    let filter = query.filter.as_deref().unwrap_or("");
+    let matching = || config.domains().filter(|d| d.name.contains(filter));
+    let after = query.after.as_deref();
+    let domains_total = matching().count();
+    let domains_before = after.map_or(0, |after| {
+        matching().take_while(|d| d.name.as_str() <= after).count()
+    });
+    let mut rules_left = MAX_RULES_PER_PAGE;
+    let mut next_after = None;
+    let mut domains = Vec::new();
+    for domain in matching().skip(domains_before) {
+        let rules = domain.rules();
+        if domains.len() == limit || (!domains.is_empty() && rules.len() > rules_left) {
+            next_after = domains.last().map(|d: &DomainStatus| d.name.clone());
+            break;
+        }
+        let shown = rules.len().min(rules_left);
+        rules_left -= shown;
+        let label = domain.metric_label();
+        // The domain's sum counts every rule, shown or not.
+        let mut total = RuleCounts::default();
+        let mut statuses = Vec::with_capacity(shown);
+        for (i, rule) in rules.iter().enumerate() {
+            let counts = metrics.rule_counts(label, &rule.path);
+            add(&mut total, &counts);
+            if i < shown {
+                statuses.push(RuleStatus {
+                    path: rule.path.to_string(),
+                    shadow: rule.shadow_mode,
+                    quota: rule.quota_mode,
+                    detailed: rule.detailed_metric || rule.value_to_metric,
+                    limits: rule.limits.iter().map(LimitStatus::of).collect(),
+                    counts,
+                });
             }
-        })
-        .collect();
+        }
+        domains.push(DomainStatus {
+            name: domain.name.clone(),
+            counts: total,
+            rules_total: rules.len(),
+            rules: statuses,
+        });
+    }
     let store = match &state.options.redis {
         Some(redis) => {
             let closed = redis.breaker_closed();
@@ -153,6 +216,11 @@ pub(super) async fn state(
         store,
         requests: metrics.request_counts(),
         domains,
+        page: PageInfo {
+            domains_total,
+            domains_before,
+            next_after,
+        },
         loads: metrics.loads().newest_first(),
     }))
 }

@@ -16,7 +16,9 @@
 //! watches), the store's health and the last limits loads.
 //!
 //! Access rules (docs/security.md): mutations need the bearer token ([`token`]); reads need
-//! it only with `--admin-read-requires-token`; every mutation is logged with the peer.
+//! it too whenever one is configured (or with `--admin-read-requires-token`); every mutation
+//! is logged with the peer. Writes are JSON from the admin port's own origin only
+//! (`crate::http`'s cross-site guard).
 
 use std::sync::Arc;
 
@@ -206,9 +208,12 @@ impl ConsoleState {
             })
     }
 
-    /// Refuses a read-only call when reads need the token and it does not carry it.
+    /// Refuses a read-only call that does not carry the token when one is configured (the
+    /// answers hold bucket keys and limits with request values: client addresses, user
+    /// ids), or when reads need it (`--admin-read-requires-token`, which without a token
+    /// refuses every read).
     fn authorize_read(&self, headers: &HeaderMap) -> Result<(), ConsoleError> {
-        if self.options.read_requires_token {
+        if self.options.read_requires_token || self.options.token.is_set() {
             self.authorize(headers)
         } else {
             Ok(())

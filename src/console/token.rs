@@ -102,6 +102,11 @@ impl AdminToken {
         ))
     }
 
+    /// Whether a token is configured (console reads need it then).
+    pub fn is_set(&self) -> bool {
+        self.token.load().is_some()
+    }
+
     /// Checks an `Authorization` header value.
     pub fn check(&self, authorization: Option<&[u8]>) -> Result<(), Refusal> {
         let Some(presented) = authorization.and_then(|h| h.strip_prefix(b"Bearer ")) else {

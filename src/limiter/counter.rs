@@ -30,7 +30,9 @@ pub fn evaluate_counter(
         .max(start)
         .min(exact(start + period - 1))
         .min(MAX_NOW_US);
-    fixed_window::evaluate(params, count.map(|c| (index, c)), now, cost)
+    // The key names the window, and `now` is clamped into it: a refund always goes back to the
+    // counter its debit named, whatever the store's clock says.
+    fixed_window::evaluate(params, count.map(|c| (index, c)), now, cost, None)
 }
 
 #[cfg(test)]

@@ -9,11 +9,14 @@ use super::window::{Position, plausible};
 use super::{Cost, Evaluation, LimitParams, MAX_COUNT, Op, State, View, exact};
 
 /// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against the stored `(window, count)`.
+/// A refund naming the window it was debited in (`debited_in`) is given back only while that
+/// window is the current one ([`super::evaluate_refund_of`]).
 pub(super) fn evaluate(
     params: &LimitParams,
     stored: Option<(i64, u64)>,
     now: i64,
     cost: Cost,
+    debited_in: Option<i64>,
 ) -> Evaluation {
     let period = super::period_us(params);
     let limit = super::limit(params);
@@ -55,6 +58,11 @@ pub(super) fn evaluate(
         Op::Debit(n) if n > limit => Evaluation::denied(current, None),
         // n ≤ limit, so the fresh count of the next window admits it; this window never will.
         Op::Debit(_) => Evaluation::denied(current, Some(until_end)),
+        // The debit's window has ended: its count is gone, and the current window never
+        // counted the debit, so there is nothing to give back.
+        Op::Refund(_) if debited_in.is_some_and(|window| window != pos.index) => {
+            Evaluation::unchanged(current)
+        }
         Op::Refund(n) => {
             let count = count - n.min(count);
             let ttl = if count == 0 { 0 } else { until_end };
@@ -87,6 +95,11 @@ mod tests {
             overdraft: false,
             max_wait_us: 0,
         }
+    }
+
+    /// A refund into the current window, as a client's `is_negative_hits` gives it.
+    fn evaluate(p: &LimitParams, s: Option<(i64, u64)>, now: i64, cost: Cost) -> Evaluation {
+        super::evaluate(p, s, now, cost, None)
     }
 
     fn stored(e: &Evaluation) -> Option<(i64, u64)> {
@@ -260,6 +273,29 @@ mod tests {
             ))
         );
         assert_eq!(e, evaluate(&params(5), None, NOW, -1));
+    }
+
+    /// A refund naming its debit's window gives back into that window while it is current,
+    /// and nothing once it has ended: the next window never counted that debit.
+    #[test]
+    fn refund_goes_back_to_its_own_window_only() {
+        let e = super::evaluate(&params(5), Some((INDEX, 4)), NOW, -3, Some(INDEX));
+        assert_eq!(stored(&e), Some((INDEX, 1)));
+        let e = super::evaluate(&params(5), Some((INDEX, 4)), NOW + MINUTE, -3, Some(INDEX));
+        assert!(e.admitted && e.next.is_none());
+        assert_eq!(e.current.remaining, 5);
+        let e = super::evaluate(
+            &params(5),
+            Some((INDEX + 1, 5)),
+            NOW + MINUTE,
+            -3,
+            Some(INDEX),
+        );
+        assert!(
+            e.admitted && e.next.is_none(),
+            "the later window keeps its count"
+        );
+        assert_eq!(e.committed.remaining, 0);
     }
 
     proptest! {

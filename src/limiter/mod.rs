@@ -320,12 +320,32 @@ pub const MAX_COUNT: u64 = u32::MAX as u64;
 /// Evaluate `cost` against a bucket. `state` None = absent (full bucket / empty windows).
 /// A state of another algorithm than `params.algorithm` is treated as absent.
 ///
+/// A refund here goes to the window `now_us` falls in (a client's `is_negative_hits`); a
+/// refund of a debit this server made names its window with [`evaluate_refund_of`].
+///
 /// `now_us` is clamped to `[0, MAX_NOW_US]`; see the module docs for the other clamps.
 pub fn evaluate(
     params: &LimitParams,
     state: Option<&State>,
     now_us: i64,
     cost: Cost,
+) -> Evaluation {
+    evaluate_refund_of(params, state, now_us, cost, None)
+}
+
+/// [`evaluate`], where a refund (`cost < 0`) of a fixed or sliding window gives back a debit
+/// counted in the window with index `debited_in` (the `window` of the state the debit stored):
+/// a fixed window's count only while that window is the current one; a sliding window's
+/// current count, or its previous one once the debit's window has become the previous; and
+/// nothing once the debit's window is forgotten, so a debit can never be refunded into a
+/// window it was not counted in. `None` refunds into the current window, as [`evaluate`].
+/// Token buckets ignore `debited_in`: their refund is exact whenever it comes.
+pub fn evaluate_refund_of(
+    params: &LimitParams,
+    state: Option<&State>,
+    now_us: i64,
+    cost: Cost,
+    debited_in: Option<i64>,
 ) -> Evaluation {
     let now = now_us.clamp(0, MAX_NOW_US);
     match params.algorithm {
@@ -341,7 +361,7 @@ pub fn evaluate(
                 Some(State::FixedWindow { window, count }) => Some((*window, *count)),
                 _ => None,
             };
-            fixed_window::evaluate(params, stored, now, cost)
+            fixed_window::evaluate(params, stored, now, cost, debited_in)
         }
         Algorithm::SlidingWindow => {
             let stored = match state {
@@ -356,7 +376,7 @@ pub fn evaluate(
                 }),
                 _ => None,
             };
-            sliding_window::evaluate(params, stored, now, cost)
+            sliding_window::evaluate(params, stored, now, cost, debited_in)
         }
     }
 }

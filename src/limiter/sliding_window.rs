@@ -68,12 +68,15 @@ fn first_ms_within(previous: u64, budget: u64, window_ms: u64) -> Option<u64> {
     (e < window_ms).then_some(e)
 }
 
-/// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against the stored counters.
+/// Evaluate `cost` at `now` (in `[0, MAX_NOW_US]`) against the stored counters. A refund
+/// naming the window it was debited in (`debited_in`) goes back to that window's counter
+/// ([`super::evaluate_refund_of`]).
 pub(super) fn evaluate(
     params: &LimitParams,
     stored: Option<Stored>,
     now: i64,
     cost: Cost,
+    debited_in: Option<i64>,
 ) -> Evaluation {
     let period = super::period_us(params);
     let limit = super::limit(params);
@@ -136,7 +139,16 @@ pub(super) fn evaluate(
         Op::Debit(n) => {
             Evaluation::denied(current_view, Some(retry_after(&pos, &counters, limit, n)))
         }
-        // Refunds only touch the current window: the previous one is history.
+        // A debit counted in the previous window is given back to `previous`, which the
+        // estimate still weighs; one counted earlier is forgotten already.
+        Op::Refund(n) if debited_in.is_some_and(|window| window == pos.index - 1) => commit(at(
+            counters.current,
+            counters.previous - n.min(counters.previous),
+        )),
+        Op::Refund(_) if debited_in.is_some_and(|window| window != pos.index) => {
+            Evaluation::unchanged(current_view)
+        }
+        // A refund into the current window (its own, or a client's `is_negative_hits`).
         Op::Refund(n) => commit(at(
             counters.current - n.min(counters.current),
             counters.previous,
@@ -196,6 +208,11 @@ mod tests {
             overdraft: false,
             max_wait_us: 0,
         }
+    }
+
+    /// A refund into the current window, as a client's `is_negative_hits` gives it.
+    fn evaluate(p: &LimitParams, s: Option<Stored>, now: i64, cost: Cost) -> Evaluation {
+        super::evaluate(p, s, now, cost, None)
     }
 
     fn stored(window: i64, current: u64, previous: u64) -> Option<Stored> {
@@ -346,6 +363,43 @@ mod tests {
         assert_eq!(e.next.map(|n| n.1), Some(MINUTE as u64));
         let e = evaluate(&params(10), None, NOW, -5);
         assert_eq!(e.next.map(|n| n.1), Some(0));
+    }
+
+    /// A refund naming its debit's window gives back to that window's counter: `current`
+    /// while it is current, `previous` once it is the previous one, nothing once forgotten.
+    #[test]
+    fn refund_goes_back_to_its_own_slot() {
+        let refund = |s, now, window| super::evaluate(&params(10), s, now, -5, Some(window));
+        let counts = |e: &Evaluation| match e.next {
+            Some((
+                State::SlidingWindow {
+                    current, previous, ..
+                },
+                _,
+            )) => Some((current, previous)),
+            _ => None,
+        };
+        assert_eq!(
+            counts(&refund(stored(INDEX, 6, 7), NOW, INDEX)),
+            Some((1, 7))
+        );
+        assert_eq!(
+            counts(&refund(stored(INDEX, 6, 7), NOW, INDEX - 1)),
+            Some((6, 2))
+        );
+        // The stored window rolled: the debit's window is the previous one now.
+        let e = refund(stored(INDEX - 1, 6, 7), NOW, INDEX - 1);
+        assert_eq!(counts(&e), Some((0, 1)));
+        let e = refund(stored(INDEX, 6, 7), NOW, INDEX - 2);
+        assert!(
+            e.admitted && e.next.is_none(),
+            "forgotten: nothing to give back"
+        );
+        assert!(
+            refund(stored(INDEX - 2, 6, 7), NOW, INDEX - 2)
+                .next
+                .is_none()
+        );
     }
 
     /// Denied at 15 s with previous 10, current 2, limit 10, cost 2: it needs

@@ -356,6 +356,7 @@ pub(super) fn op_slot(
             cost: 0,
             enforce: false,
             reference: reference.map(ReferenceCounter::new),
+            debited_in: None,
         });
         ops.len() - 1
     })

@@ -25,6 +25,7 @@ fn config() -> Config {
         &[("t.yaml".to_string(), LIMITS.to_string())],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap()
@@ -67,6 +68,7 @@ fn answer(plan: &Plan<'_>, admitted: bool, remaining: u64, reset_us: u64) -> App
                     reset_us,
                 },
                 retry_after_us: if admitted { Some(0) } else { Some(1) },
+                window: None,
             })
             .collect(),
     }
@@ -84,6 +86,7 @@ fn hash_tagged_domain_tags_every_key() {
         ],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap();
@@ -135,6 +138,7 @@ descriptors:
         ],
         &Defaults {
             algorithm: Algorithm::TokenBucket,
+            ..Defaults::default()
         },
     )
     .unwrap();
@@ -408,6 +412,7 @@ fn over_limit_headers_carry_retry_after() {
             reset_us: 60_000_000,
         },
         retry_after_us: Some(11_000_001),
+        window: None,
     };
     let response = plan.respond(&applied, &with_headers()).response;
     assert_eq!(
@@ -463,6 +468,7 @@ fn near_limit_counts_hits_above_threshold() {
         cost,
         enforce: true,
         reference: None,
+        debited_in: None,
     };
     // Threshold 8: 7 → 10 has two hits above it; 8 → 9 has one; 5 → 8 none.
     assert_eq!(near_limit_hits(&op(3), 0, 3, 0.8), 2);
@@ -496,6 +502,7 @@ fn modes(keys: &[&str], admitted: &[bool], options: &PlanOptions) -> (i32, Vec<i
         &[("q.yaml".to_string(), MODES.to_string())],
         &Defaults {
             algorithm: Algorithm::FixedWindow,
+            ..Defaults::default()
         },
     )
     .unwrap();

@@ -129,6 +129,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
             url,
             Defaults {
                 algorithm: settings.algorithm.value.into(),
+                max_rules: settings.max_load_rules.value,
             },
             settings.merge_domains,
         )?),
@@ -344,6 +345,7 @@ fn loader(settings: &ServeSettings) -> Result<Loader, ServerError> {
             .map_err(|e| ServerError::Settings(e.to_string()))?,
         defaults: Defaults {
             algorithm: settings.algorithm.value.into(),
+            max_rules: settings.max_load_rules.value,
         },
         merge_domains: settings.merge_domains,
     })

@@ -14,7 +14,8 @@ pub struct ConsoleSettings {
     pub admin_token_file: Option<PathBuf>,
 
     /// Whether read-only console calls (bucket inspection, the dashboard's data) need the
-    /// token too. Off by default: like /metrics and /rlconfig, they show counts, not secrets.
+    /// token even without --admin-token-file (then every read is refused). With a token file
+    /// they always need it: their bucket keys hold request values (client addresses).
     #[arg(long, env = "FLOODGATE_ADMIN_READ_REQUIRES_TOKEN", value_name = "BOOL",
           default_value_t = false, action = clap::ArgAction::Set)]
     pub admin_read_requires_token: bool,

@@ -61,6 +61,7 @@ where
                 reset_us: 0,
             },
             retry_after_us: None,
+            window: None,
         };
         ops.len()
     ];

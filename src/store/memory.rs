@@ -299,7 +299,7 @@ impl MemoryStore {
                     .get(&op.key)
                     .filter(|e| e.expires_at_us() > now)
                     .map(Entry::state);
-                limiter::evaluate(&op.params, state.as_ref(), now, op.cost)
+                limiter::evaluate_refund_of(&op.params, state.as_ref(), now, op.cost, op.debited_in)
             })
             .collect();
 
@@ -391,6 +391,7 @@ mod tests {
             cost,
             enforce: true,
             reference: None,
+            debited_in: None,
         }
     }
 

@@ -112,6 +112,7 @@ impl OverLimitCache {
                         reset_us: us(known.full_at.saturating_duration_since(now)),
                     },
                     retry_after_us: Some(us(known.until - now)),
+                    window: None,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -204,6 +205,7 @@ mod tests {
             cost,
             enforce: true,
             reference: None,
+            debited_in: None,
         }
     }
 
@@ -219,6 +221,7 @@ mod tests {
                     reset_us: retry_us,
                 },
                 retry_after_us: Some(retry_us),
+                window: None,
             }],
         }
     }
@@ -301,6 +304,7 @@ mod tests {
                     reset_us: 0,
                 },
                 retry_after_us: Some(0),
+                window: None,
             }],
         };
         cache.learn(&[op(b"a", -1)], &refund, sent);

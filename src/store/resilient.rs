@@ -253,6 +253,7 @@ fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
                         reset_us: 0,
                     },
                     retry_after_us: if admitted { Some(0) } else { None },
+                    window: None,
                 }
             })
             .collect(),

@@ -180,6 +180,7 @@ mod tests {
             cost: 1,
             enforce: true,
             reference: None,
+            debited_in: None,
         }
     }
 

@@ -34,6 +34,8 @@ try {
   });
   page.setDefaultTimeout(TIMEOUT);
   await page.goto(admin + "/");
+  // With a token configured, the dashboard's data needs it too: typed in as an operator does.
+  await page.fill("#token", token);
 
   // The numbers move with the traffic: the total of a rule grows, and its rate goes above 0.
   const total = page.locator('[data-total="rule:shop.user"]');
@@ -54,6 +56,10 @@ try {
     null,
     { timeout: TIMEOUT },
   );
+  // The limits come one page at a time: this server has one domain, so one page of one.
+  const pageInfo = await page.locator("#page-info").textContent();
+  if (pageInfo !== "domains 1–1 of 1") fail("page info " + pageInfo);
+  if (!(await page.locator("#page-next").isDisabled())) fail("a next page of one domain");
   const storeName = await page.locator("#store-name").textContent();
   if (storeName !== "memory") fail("store shown as " + storeName);
 

@@ -13,13 +13,36 @@ pub struct HttpResponse {
     pub body: String,
 }
 
-/// Sends `method path` with an optional body and reads the whole response.
+/// Sends `method path` with an optional body (declared JSON) and reads the whole response.
 pub async fn call(addr: SocketAddr, method: &str, path: &str, body: Option<&str>) -> HttpResponse {
+    call_with(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
+    .await
+}
+
+/// Sends `method path` with exactly `headers` (besides Host, Connection and Content-Length)
+/// and an optional body, and reads the whole response.
+pub async fn call_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let body = body.unwrap_or("");
+    let headers: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+         {headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(request.as_bytes()).await.unwrap();

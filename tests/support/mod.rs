@@ -440,6 +440,7 @@ impl Setup {
 pub fn defaults() -> Defaults {
     Defaults {
         algorithm: Algorithm::TokenBucket,
+        ..Defaults::default()
     }
 }
 

@@ -231,3 +231,46 @@ fn metadata_must_be_a_mapping() {
         "mapping",
     );
 }
+
+/// A load holds at most `max_rules` rules (descriptors, nested ones included), all files
+/// together: over it, the load is refused whole, naming the file that passed the cap, the
+/// total and the cap; at it, it loads.
+#[test]
+fn rules_per_load_are_capped() {
+    let nested = "domain: a\ndescriptors:\n  - key: k\n    descriptors:\n      - {key: x, rate_limit: {unit: second, requests_per_unit: 1}}\n      - {key: y, rate_limit: {unit: second, requests_per_unit: 1}}\n";
+    let flat = "domain: b\ndescriptors:\n  - {key: p, rate_limit: {unit: second, requests_per_unit: 1}}\n  - {key: q, rate_limit: {unit: second, requests_per_unit: 1}}\n  - {key: r, rate_limit: {unit: second, requests_per_unit: 1}}\n";
+    let files = sources(&[("a.yaml", nested), ("b.yaml", flat), ("c.yaml", flat)]);
+    let capped = |max_rules| {
+        Config::from_sources(
+            &files,
+            &Defaults {
+                max_rules,
+                ..Defaults::default()
+            },
+        )
+    };
+    let ConfigErrors(errors) = capped(5).unwrap_err();
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].file, "b.yaml");
+    assert!(
+        errors[0]
+            .message
+            .contains("holds 9 rules (descriptors, nested ones included), more than the 5"),
+        "{}",
+        errors[0].message
+    );
+    assert!(errors[0].message.contains("--max-load-rules"));
+    // Duplicate domain b aside (c.yaml), the cap is all that is said once it is passed.
+    let two = &files[..2];
+    assert!(
+        Config::from_sources(
+            two,
+            &Defaults {
+                max_rules: 6,
+                ..Defaults::default()
+            }
+        )
+        .is_ok()
+    );
+    assert!(capped(9).is_err_and(|ConfigErrors(e)| e[0].message.contains("duplicate domain")));
+}

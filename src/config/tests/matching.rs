@@ -336,6 +336,7 @@ fn default_algorithm() {
         "{domain: d, descriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]}";
     let defaults = Defaults {
         algorithm: Algorithm::SlidingWindow,
+        ..Defaults::default()
     };
     let config = Config::from_sources(&sources(&[("x.yaml", yaml)]), &defaults).unwrap();
     let found = config.domain("d").unwrap().find(&[(b"k", b"v")]).unwrap();

@@ -12,6 +12,16 @@ use crate::proto::rls_conf::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
 
+/// How many rules a pushed configuration holds: its descriptors, nested ones included (what
+/// [`super::super::Defaults::max_rules`] bounds, counted before any conversion).
+pub fn rule_count(config: &RateLimitConfig) -> usize {
+    count(&config.descriptors)
+}
+
+fn count(list: &[RateLimitDescriptor]) -> usize {
+    list.iter().map(|d| 1 + count(&d.descriptors)).sum()
+}
+
 /// The `(file name, YAML)` source of one pushed configuration.
 pub fn to_source(config: &RateLimitConfig) -> (String, String) {
     let mut file = Mapping::new();

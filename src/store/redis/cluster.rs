@@ -321,6 +321,7 @@ mod tests {
             cost: 1,
             enforce: true,
             reference: None,
+            debited_in: None,
         }
     }
 

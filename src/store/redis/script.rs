@@ -14,9 +14,10 @@
 //!        token bucket: interval, scale, cost, burst, wait (its GCRA constants in ticks,
 //!                      limiter::Ticks; interval 0 = rate 0)
 //!        windows:      requests_per_period, period_us, cost, burst (a reference counter:
-//!                      its EXPIRE, s), max_wait_us
+//!                      its EXPIRE, s), 1 + debited_in (0 = None)
 //! reply  one binary string of little-endian f64s, each a whole number: committed,
-//!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never)
+//!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never),
+//!        window (-1 = None)
 //! ```
 //!
 //! Both directions are binary and the token bucket's constants come computed: the script's
@@ -38,7 +39,7 @@ use crate::store::StoreError;
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
 /// Reply values per op, after the leading `committed` and `delay_us`.
-pub const REPLY_PER_OP: usize = 4;
+pub const REPLY_PER_OP: usize = 5;
 
 /// Bytes per reply value: a little-endian `f64`.
 pub const REPLY_VALUE_BYTES: usize = 8;
@@ -143,13 +144,15 @@ impl ToRedisArgs for PackedOps<'_> {
                     ]
                 }
                 // A reference counter has no burst; its slot carries the counter's EXPIRE.
+                // A window has no max_wait (validation refuses it); its slot carries the
+                // window a refund's debit was counted in, plus one (0: the current window).
                 (_, reference) => [
                     f64::from(flags),
                     params.requests_per_period as f64,
                     params.period_us as f64,
                     op.cost as f64,
                     reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
-                    params.max_wait_us as f64,
+                    op.debited_in.map_or(0, |w| w.max(0) + 1) as f64,
                 ],
             };
             for number in numbers {
@@ -265,10 +268,16 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
                     )));
                 }
             };
+            let window = match values[4] {
+                -1 => None,
+                w if w >= 0 => Some(w),
+                w => return Err(malformed(format!("window of operation {i} is {w}"))),
+            };
             Ok(BucketResult {
                 admitted,
                 view,
                 retry_after_us,
+                window,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -305,6 +314,7 @@ mod tests {
             cost,
             enforce,
             reference: None,
+            debited_in: None,
         }
     }
 
@@ -358,11 +368,12 @@ mod tests {
 
     /// `EVALSHA <sha> <#keys>`, the KEYS (prefix + bucket key), then ARGV: now (empty = Redis
     /// TIME) and the packed ops: flags, then a token bucket's interval, scale, cost, burst
-    /// and wait in ticks, a window's rate, period, cost, burst and max_wait.
+    /// and wait in ticks, a window's rate, period, cost, burst and 1 + debited_in.
     #[test]
     fn command_layout() {
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
         overdraft.params.overdraft = true;
+        overdraft.debited_in = Some(28_333_333);
         let ops = [
             op(Algorithm::TokenBucket, 3, true),
             overdraft,
@@ -384,8 +395,8 @@ mod tests {
                 // token bucket (0) + enforce (4): T = ceil(60 s / 7) in whole µs (precise
                 // enough: no finer ticks), scale 1, burst 9, no wait
                 [4.0, 8_571_429.0, 1.0, 3.0, 9.0, 0.0],
-                // fixed window (1) + overdraft (8), shadow
-                [9.0, 7.0, 60_000_000.0, -2.0, 9.0, 0.0],
+                // fixed window (1) + overdraft (8), shadow; a refund of window 28333333
+                [9.0, 7.0, 60_000_000.0, -2.0, 9.0, 28_333_334.0],
                 // sliding window (2) + enforce (4); i64::MIN is a power of two, exact
                 [
                     6.0,
@@ -459,7 +470,23 @@ mod tests {
     #[test]
     fn decode_reply() {
         let reply = packed(&[
-            0.0, 0.0, 1.0, 4.0, 1_500.0, 0.0, 0.0, 0.0, 6e7, 5.9e7, 0.0, 2.0, 0.0, -1.0,
+            0.0,
+            0.0,
+            1.0,
+            4.0,
+            1_500.0,
+            0.0,
+            28_333_333.0,
+            0.0,
+            0.0,
+            6e7,
+            5.9e7,
+            -1.0,
+            0.0,
+            2.0,
+            0.0,
+            -1.0,
+            -1.0,
         ]);
         let applied = decode(&reply, 3).unwrap();
         assert_eq!(
@@ -476,6 +503,7 @@ mod tests {
                             reset_us: 1_500
                         },
                         retry_after_us: Some(0),
+                        window: Some(28_333_333),
                     },
                     BucketResult {
                         admitted: false,
@@ -484,6 +512,7 @@ mod tests {
                             reset_us: 60_000_000
                         },
                         retry_after_us: Some(59_000_000),
+                        window: None,
                     },
                     BucketResult {
                         admitted: false,
@@ -492,6 +521,7 @@ mod tests {
                             reset_us: 0
                         },
                         retry_after_us: None,
+                        window: None,
                     },
                 ],
             }
@@ -510,44 +540,53 @@ mod tests {
     /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
     #[test]
     fn decode_rejects_malformed_replies() {
-        let cases: [(&[f64], usize, &str); 12] = [
+        let cases: [(&[f64], usize, &str); 13] = [
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0],
+                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0],
                 1,
-                "40 bytes for 1 bucket operations, expected 6 values of 8",
+                "48 bytes for 1 bucket operations, expected 7 values of 8",
             ),
             (&[1.0], 1, "8 bytes"),
-            (&[2.0, 0.0, 1.0, 0.0, 0.0, 0.0], 1, "committed is 2"),
-            (&[1.0, 0.0, 3.0, 0.0, 0.0, 0.0], 1, "admitted is 3"),
+            (&[2.0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "committed is 2"),
+            (&[1.0, 0.0, 3.0, 0.0, 0.0, 0.0, -1.0], 1, "admitted is 3"),
             (
-                &[1.0, 0.0, 1.0, -1.0, 0.0, 0.0],
+                &[1.0, 0.0, 1.0, -1.0, 0.0, 0.0, -1.0],
                 1,
                 "remaining of operation 0 is negative",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 5.0],
+                &[1.0, 0.0, 1.0, 0.0, 0.0, 5.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is 5 while admitted is true",
             ),
             (
-                &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0],
+                &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is -2",
             ),
-            (&[1.0, -1.0, 1.0, 0.0, 0.0, 0.0], 1, "delay_us is -1"),
             (
-                &[0.0, 5.0, 0.0, 0.0, 0.0, 7.0],
+                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0, -2.0],
+                1,
+                "window of operation 0 is -2",
+            ),
+            (&[1.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "delay_us is -1"),
+            (
+                &[0.0, 5.0, 0.0, 0.0, 0.0, 7.0, -1.0],
                 1,
                 "delay_us is 5 (committed: false)",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.5, 0.0, 0.0],
+                &[1.0, 0.0, 1.0, 0.5, 0.0, 0.0, -1.0],
                 1,
                 "value 3 is 0.5, not a whole number",
             ),
-            (&[1.0, 0.0, 1.0, f64::NAN, 0.0, 0.0], 1, "value 3 is NaN"),
             (
-                &[1.0, 0.0, 1.0, 1_152_921_504_606_846_976.0, 0.0, 0.0],
+                &[1.0, 0.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
+                1,
+                "value 3 is NaN",
+            ),
+            (
+                &[1.0, 0.0, 1.0, 1_152_921_504_606_846_976.0, 0.0, 0.0, -1.0],
                 1,
                 "value 3 is 1152921504606847000, not a whole number",
             ),
