@@ -186,6 +186,14 @@ fn compile(
             Observer::Histogram(buckets)
         }
     };
+    // The exposition would carry `le` twice on every bucket, and Prometheus refuses the whole
+    // scrape for it (the exporter panics on such an event).
+    if matches!(observer, Observer::Histogram(_))
+        && kind.is_none_or(|k| k == StatKind::Observer)
+        && labels.iter().any(|(key, _)| key == "le")
+    {
+        return Err("label le is reserved for a histogram's buckets".into());
+    }
     if raw.summary_options.is_some() && raw.quantiles.is_some() {
         return Err("quantiles are given both at the top level and in summary_options".into());
     }

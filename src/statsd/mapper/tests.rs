@@ -359,12 +359,24 @@ fn bad_files_are_named() {
             "cannot have summary_options",
         ),
         ("mappings: [{match: a.b, name: a, scale: -1}]", "scale"),
+        (
+            "mappings: [{match: a.b, name: a, observer_type: histogram, labels: {le: x}}]",
+            "label le",
+        ),
     ];
     for (text, expected) in cases {
         let error = Mapper::parse(text).unwrap_err();
         assert!(error.contains(expected), "{text}: {error}");
         assert!(error.starts_with("mappings[0]"), "{text}: {error}");
     }
+    // `le` is only the buckets' own label on a histogram: a counter may carry one.
+    assert!(
+        Mapper::parse(
+            "mappings: [{match: a.b, name: a, match_metric_type: counter, \
+             observer_type: histogram, labels: {le: x}}]"
+        )
+        .is_ok()
+    );
     assert!(Mapper::parse("mappings: {a: 1}").is_err());
     assert!(Mapper::parse("defaults: {match_type: x}").is_err());
     let missing = Mapper::load(Path::new("/nonexistent/conf.yaml")).unwrap_err();

@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::mapper::{Mapped, MappedSeries, Mapper, Observer, StatKind};
 use super::super::{Sample, StatName, Stats};
-use super::{HELP, label_text};
+use super::{HELP, help_text, label_text};
 
 /// Label names and values, sorted by name.
 type Labels = Vec<(String, String)>;
@@ -205,7 +205,10 @@ fn add(families: &mut BTreeMap<String, Family>, mapped: Mapped, kind: Type, valu
     let value = value as f64 * series.scale.unwrap_or(1.0);
     let family = families.entry(series.name).or_insert_with(|| Family {
         kind,
-        help: series.help.unwrap_or_else(|| HELP.to_string()),
+        help: series
+            .help
+            .as_deref()
+            .map_or_else(|| HELP.to_string(), help_text),
         values: BTreeMap::new(),
         observer: None,
     });
@@ -234,7 +237,10 @@ fn add_observer(families: &mut BTreeMap<String, Family>, mapped: Mapped) {
         series.name,
         Family {
             kind,
-            help: series.help.unwrap_or_else(|| HELP.to_string()),
+            help: series
+                .help
+                .as_deref()
+                .map_or_else(|| HELP.to_string(), help_text),
             values: BTreeMap::new(),
             observer: Some((series.labels, buckets, series.scale.unwrap_or(1.0))),
         },
@@ -358,6 +364,31 @@ mappings:
         let text = conflict.encode_prometheus(false);
         assert!(text.contains("# TYPE rt counter\nrt 1\n"), "{text}");
         assert!(!text.contains("rt_sum"), "{text}");
+    }
+
+    /// A help text with a line feed and a backslash, and label values with quotes, a
+    /// backslash and a line feed, are escaped: each series stays one line of the exposition.
+    #[test]
+    fn help_and_label_values_are_escaped() {
+        let stats = mapped(
+            r#"
+mappings:
+  - match: ratelimit.service.*
+    name: loads
+    help: "Loads,\nby C:\\result."
+    labels:
+      result: "say \"$1\"\\\n"
+"#,
+        );
+        stats.count(StatName::ConfigLoadSuccess, 1);
+        let text = stats.encode_prometheus(false);
+        assert!(
+            text.contains(
+                "# HELP loads Loads,\\nby C:\\\\result.\n# TYPE loads counter\n\
+                 loads{result=\"say \\\"config_load_success\\\"\\\\\\n\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 
     /// The exact bound for a bucket and scale, computed as the product is compared.
