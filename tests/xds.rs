@@ -541,16 +541,7 @@ async fn envoy_gateway_environment() {
     assert_eq!(second.overall_code, 2, "one per day: the second is over");
 
     // A scrape of PROMETHEUS_ADDR: the file's names and labels.
-    let line = server
-        .log_line("serving the reference's Prometheus series")
-        .expect("no Prometheus listener logged");
-    let start = line.find("addr=").unwrap() + "addr=".len();
-    let target: SocketAddr = line[start..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let target = server.logged_addr("serving the reference's Prometheus series");
     let scrape = call(target, "GET", "/metrics", None).await;
     assert_eq!(scrape.status, 200);
     let text = scrape.body;

@@ -150,7 +150,7 @@ impl Stats {
             let _ = writeln!(
                 out,
                 "# HELP {name} {}\n# TYPE {name} {}",
-                family.help,
+                help_text(&family.help),
                 family.kind.name()
             );
             for (labels, value) in &family.values {
@@ -205,10 +205,7 @@ fn add(families: &mut BTreeMap<String, Family>, mapped: Mapped, kind: Type, valu
     let value = value as f64 * series.scale.unwrap_or(1.0);
     let family = families.entry(series.name).or_insert_with(|| Family {
         kind,
-        help: series
-            .help
-            .as_deref()
-            .map_or_else(|| HELP.to_string(), help_text),
+        help: series.help.unwrap_or_else(|| HELP.to_string()),
         values: BTreeMap::new(),
         observer: None,
     });
@@ -237,10 +234,7 @@ fn add_observer(families: &mut BTreeMap<String, Family>, mapped: Mapped) {
         series.name,
         Family {
             kind,
-            help: series
-                .help
-                .as_deref()
-                .map_or_else(|| HELP.to_string(), help_text),
+            help: series.help.unwrap_or_else(|| HELP.to_string()),
             values: BTreeMap::new(),
             observer: Some((series.labels, buckets, series.scale.unwrap_or(1.0))),
         },
