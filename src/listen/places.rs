@@ -20,7 +20,7 @@
 //! `max_connections` idle connections would otherwise lock out every new client for as long
 //! as he likes. Instead, a new connection at the bound closes the connection idle the longest
 //! (its next read fails, and hyper drops it) and takes its place at once. Only when every
-//! connection has a call in flight is the new one refused, as before: a busy connection is
+//! connection has a call in flight is the new one refused: a busy connection is
 //! never cut. An idle Envoy connection that is closed this way costs Envoy a reconnect on its
 //! next call, not a failed call.
 //!
