@@ -271,6 +271,11 @@ fn bad_files_are_named() {
         ),
         ("mappings: [{match: 'a..b', name: a}]", "invalid glob match"),
         ("mappings: [{match: 'a.b*', name: a}]", "invalid glob match"),
+        (
+            "mappings: [{match: 'a.b--c', name: a}]",
+            "invalid glob match",
+        ),
+        ("mappings: [{match: 'a-.b', name: a}]", "invalid glob match"),
         ("mappings: [{match: a.b}]", "sets no metric name"),
         (
             "mappings: [{match: a.b, name: 'a-b'}]",
@@ -316,6 +321,8 @@ fn bad_files_are_named() {
         assert!(error.contains(expected), "{text}: {error}");
         assert!(error.starts_with("mappings[0]"), "{text}: {error}");
     }
+    // A `-` between two other characters is fine, in the first component or a later one.
+    assert!(Mapper::parse("mappings: [{match: a-b.1-c.*, name: a}]").is_ok());
     // `le` is only the buckets' own label on a histogram: a counter may carry one.
     assert!(
         Mapper::parse(
