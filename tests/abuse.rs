@@ -63,6 +63,14 @@ async fn gauge(http: SocketAddr, series: &str) -> f64 {
     metric(http, series).await.unwrap_or(0.0)
 }
 
+/// The gRPC port's connections open now, and those evicted so far.
+async fn grpc_open_and_evicted(http: SocketAddr) -> (f64, f64) {
+    (
+        gauge(http, "floodgate_connections_open{port=\"grpc\"}").await,
+        gauge(http, "floodgate_connections_evicted_total{port=\"grpc\"}").await,
+    )
+}
+
 /// 20,000 bodiless streams on one connection: the server holds at most its per-connection
 /// bound (100), RSS grows by less than 32 MiB (unbounded, it was 285 MB), every one counts
 /// in flight, a legitimate call on another connection is answered, the request timeout frees
@@ -169,13 +177,8 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
         idle.push(TcpStream::connect(server.grpc).await.unwrap());
     }
     eventually("20 open, 20 evicted", || async {
-        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 20.0
-            && gauge(
-                server.http,
-                "floodgate_connections_evicted_total{port=\"grpc\"}",
-            )
-            .await
-                >= 20.0
+        let (open, evicted) = grpc_open_and_evicted(server.http).await;
+        open == 20.0 && evicted >= 20.0
     })
     .await;
     // The admin port has its own bound: health stays reachable while gRPC is full.
@@ -236,14 +239,8 @@ async fn idle_connections_make_way_for_a_new_client() {
         // One at a time, so that which one is idle longest is known.
         let opened = idle.len();
         eventually("the connection admitted", || async {
-            gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await
-                == opened.min(50) as f64
-                && gauge(
-                    server.http,
-                    "floodgate_connections_evicted_total{port=\"grpc\"}",
-                )
-                .await
-                    == opened.saturating_sub(50) as f64
+            grpc_open_and_evicted(server.http).await
+                == (opened.min(50) as f64, opened.saturating_sub(50) as f64)
         })
         .await;
     }
@@ -295,13 +292,7 @@ async fn idle_connections_past_the_default_bound_make_way() {
         idle.push(TcpStream::connect(server.grpc).await.unwrap());
     }
     eventually("1,000 open, 100 evicted", || async {
-        gauge(server.http, "floodgate_connections_open{port=\"grpc\"}").await == 1_000.0
-            && gauge(
-                server.http,
-                "floodgate_connections_evicted_total{port=\"grpc\"}",
-            )
-            .await
-                == 100.0
+        grpc_open_and_evicted(server.http).await == (1_000.0, 100.0)
     })
     .await;
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
