@@ -243,7 +243,8 @@ impl axum::serve::Listener for Admission {
 }
 
 /// An admitted connection: holds its place under the port's bound until dropped, and fails
-/// its reads once it was told to make way for a new connection, once it has not sent its
+/// its reads once it was told to make way for a new connection (and has answered the calls
+/// it had in flight then: `listen/places.rs`), once it has not sent its
 /// opening within the handshake timeout, or once nothing has been read for the idle timeout.
 ///
 /// On a TLS port it wraps the TLS stream (the handshake runs on the bare socket under the
@@ -347,7 +348,7 @@ impl Guard {
     /// Why the connection must close now, if it must; otherwise `cx` is woken when it may.
     /// Re-arms the timer when it fired early (something was read since it was set).
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Option<Close> {
-        if self.activity().poll_evicted(cx).is_ready() {
+        if self.activity().poll_closing(cx).is_ready() {
             return Some(Close::Evicted);
         }
         loop {
@@ -439,7 +440,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Guarded<T> {
         let this = self.get_mut();
         // Checked first too: a peer that keeps sending (PINGs) would otherwise keep reads
         // ready and never see the eviction.
-        if this.guard.activity().is_evicted() {
+        if this.guard.activity().must_close() {
             return Poll::Ready(Err(this.guard.close(Close::Evicted)));
         }
         let before = buf.filled().len();
@@ -482,7 +483,12 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        let flushed = Pin::new(&mut this.inner).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = flushed {
+            this.guard.activity().flushed();
+        }
+        flushed
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -605,6 +611,42 @@ mod tests {
         assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
         let _call = busy.activity().begin_call();
         assert!(bound.places.take().is_none());
+    }
+
+    /// A call that starts on a connection just chosen to make way (hyper read its HEADERS
+    /// before the eviction) is not cut: reads go on until the call has ended and its answer
+    /// has been flushed, and only then fail.
+    #[tokio::test]
+    async fn a_call_racing_its_eviction_is_answered_before_the_close() {
+        use futures_util::FutureExt;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            idle_timeout: Duration::from_secs(600),
+            handshake_timeout: Duration::from_secs(600),
+        };
+        let bound = PortBound::new(limits, Port::Http, Metrics::shared());
+        let (mut raced, mut client) = guarded(&bound);
+        let (_newcomer, taken) = bound.places.take().unwrap();
+        assert_eq!(taken, Taken::Evicted);
+        let call = raced.activity().begin_call();
+        // The rest of the call's request still reaches it.
+        client.write_all(b"body").await.unwrap();
+        let mut buf = [0; 4];
+        raced.read_exact(&mut buf).await.unwrap();
+        drop(call);
+        // Answered but not flushed: the read waits rather than failing.
+        raced.write_all(b"answer").await.unwrap();
+        assert!(raced.read(&mut buf).now_or_never().is_none());
+        raced.flush().await.unwrap();
+        let error = tokio::time::timeout(Duration::from_secs(10), raced.read(&mut buf))
+            .await
+            .expect("the read was not woken")
+            .unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+        let mut answer = [0; 6];
+        client.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"answer");
     }
 
     /// A repeated event is logged once, then again only after LOG_EVERY, with its count.

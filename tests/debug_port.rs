@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::net::SocketAddr;
-
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::http::call;
 use support::process::Floodgate;
@@ -52,16 +50,7 @@ async fn debug_port_serves_rlconfig_and_stats() {
             ("LOG_LEVEL", "info"),
         ],
     );
-    let line = server
-        .log_line("serving the debug port")
-        .expect("no debug port logged");
-    let start = line.find("addr=").unwrap() + "addr=".len();
-    let debug: SocketAddr = line[start..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let debug = server.logged_addr("serving the debug port");
 
     // The index lists the endpoints as the reference's does: `path: help`, sorted by path;
     // like the reference's catch-all `/`, any other path answers it too.

@@ -145,16 +145,7 @@ async fn prometheus_scrapes_the_reference_series() {
             ("LOG_LEVEL", "info"),
         ],
     );
-    let line = server
-        .log_line("serving the reference's Prometheus series")
-        .expect("no Prometheus listener logged");
-    let start = line.find("addr=").unwrap() + "addr=".len();
-    let target: SocketAddr = line[start..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let target = server.logged_addr("serving the reference's Prometheus series");
 
     let mut rls = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await

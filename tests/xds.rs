@@ -523,109 +523,16 @@ async fn over_tls() {
 }
 
 /// The mapping file Envoy Gateway mounts at `/etc/statsd-exporter/conf.yaml` (its
-/// `statsd_conf.yaml`), after one mapping of the per-policy kind a mapping file adds: a glob
-/// for one domain, with labels of its own, ahead of the generic ones.
-const EG_MAPPER: &str = r#"mappings:
-  - match: "ratelimit.service.rate_limit.edge.*.over_limit"
+/// `statsd_conf.yaml`; the mapper's unit tests read it too).
+const EG_MAPPER: &str = include_str!("data/envoy-gateway-statsd-conf.yaml");
+
+/// A mapping of the per-policy kind a mapping file adds: a glob for one domain, with labels
+/// of its own, ahead of the generic ones.
+const EG_POLICY_MAPPING: &str = r#"  - match: "ratelimit.service.rate_limit.edge.*.over_limit"
     name: "eg_policy_over_limit"
     labels:
       policy: "edge-policy"
       key: "$1"
-  - match: "ratelimit.service.rate_limit.*.*.near_limit"
-    name: "ratelimit_service_rate_limit_near_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.over_limit"
-    name: "ratelimit_service_rate_limit_over_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.total_hits"
-    name: "ratelimit_service_rate_limit_total_hits"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.within_limit"
-    name: "ratelimit_service_rate_limit_within_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.shadow_mode"
-    name: "ratelimit_service_rate_limit_shadow_mode"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.near_limit"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_near_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.over_limit"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_over_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_total_hits"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.within_limit"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_within_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.shadow_mode"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_shadow_mode"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-
-  - match: "ratelimit.service.call.should_rate_limit.*"
-    name: "ratelimit_service_should_rate_limit_error"
-    match_metric_type: counter
-    labels:
-      err_type: "$1"
-
-  - match: "ratelimit_server.*.total_requests"
-    name: "ratelimit_service_total_requests"
-    match_metric_type: counter
-    labels:
-      grpc_method: "$1"
-  - match: "ratelimit_server.*.response_time"
-    name: "ratelimit_service_response_time_seconds"
-    timer_type: histogram
-    labels:
-      grpc_method: "$1"
-
-  - match: "ratelimit.service.config_load_success"
-    name: "ratelimit_service_config_load_success"
-    match_metric_type: counter
-  - match: "ratelimit.service.config_load_error"
-    name: "ratelimit_service_config_load_error"
-    match_metric_type: counter
 "#;
 
 /// Started as Envoy Gateway starts the reference (`/bin/ratelimit`, no arguments, every
@@ -651,7 +558,8 @@ async fn envoy_gateway_environment() {
     let ca_file = write("certs/ca.crt", &ca.pem);
     let cert_file = write("certs/tls.crt", &own.cert_pem);
     let key_file = write("certs/tls.key", &own.key_pem);
-    let mapper_file = write("etc/statsd-exporter/conf.yaml", EG_MAPPER);
+    let mapper = EG_MAPPER.replacen("mappings:\n", &format!("mappings:\n{EG_POLICY_MAPPING}"), 1);
+    let mapper_file = write("etc/statsd-exporter/conf.yaml", &mapper);
     // The management server presents a certificate of the same CA and requires one.
     let plane = ControlPlane::new();
     plane.push("v1", vec![edge(1, RateLimitUnit::Day)]);
@@ -725,16 +633,7 @@ async fn envoy_gateway_environment() {
     assert_eq!(second.overall_code, 2, "one per day: the second is over");
 
     // A scrape of PROMETHEUS_ADDR: the file's names and labels.
-    let line = server
-        .log_line("serving the reference's Prometheus series")
-        .expect("no Prometheus listener logged");
-    let start = line.find("addr=").unwrap() + "addr=".len();
-    let target: SocketAddr = line[start..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let target = server.logged_addr("serving the reference's Prometheus series");
     let scrape = call(target, "GET", "/metrics", None).await;
     assert_eq!(scrape.status, 200);
     let text = scrape.body;

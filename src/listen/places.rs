@@ -20,9 +20,15 @@
 //! `max_connections` idle connections would otherwise lock out every new client for as long
 //! as he likes. Instead, a new connection at the bound closes the connection idle the longest
 //! (its next read fails, and hyper drops it) and takes its place at once. Only when every
-//! connection has a call in flight is the new one refused, as before: a busy connection is
+//! connection has a call in flight is the new one refused: a busy connection is
 //! never cut. An idle Envoy connection that is closed this way costs Envoy a reconnect on its
 //! next call, not a failed call.
+//!
+//! **A call that races the eviction is still answered.** hyper may have read a call's
+//! HEADERS just before the connection was chosen and hand it to the service just after:
+//! failing the next read then would reset that call. So an evicted connection closes only
+//! once it has no call in flight and every answer given since the eviction has been flushed
+//! ([`ANSWERED`]); until then it reads and writes as usual.
 //!
 //! Finding the longest-idle connection scans the port's connections (a few µs for the
 //! default 1,000) under a lock; it happens only when the port is full. Taking and freeing a
@@ -38,6 +44,11 @@ use futures_util::task::AtomicWaker;
 
 /// Set in [`Activity::calls`] once the connection has been chosen to make way.
 const EVICTED: u32 = 1 << 31;
+/// Set in [`Activity::calls`] when a call ends on an evicted connection, until the connection
+/// is next flushed: its answer may still sit in hyper's buffers, and closing now would lose it.
+const ANSWERED: u32 = 1 << 30;
+/// The bits of [`Activity::calls`] that are not the count.
+const FLAGS: u32 = EVICTED | ANSWERED;
 
 /// The places of one port (shared by all its listeners).
 #[derive(Debug)]
@@ -184,12 +195,14 @@ impl Drop for Place {
 /// The calls in flight on one connection, and whether it was told to close.
 #[derive(Debug)]
 pub(crate) struct Activity {
-    /// Calls in flight, plus [`EVICTED`] once the connection was chosen to make way.
+    /// Calls in flight, plus [`EVICTED`] once the connection was chosen to make way, plus
+    /// [`ANSWERED`] while an answer given since then may not be flushed yet.
     calls: AtomicU32,
     /// When the last call ended, or the connection was accepted: µs since `epoch`.
     idle_since: AtomicU64,
     epoch: Instant,
-    /// Woken when the connection is evicted.
+    /// Woken when the connection is evicted, and when it may close after that (its last call
+    /// ended; its answers were flushed).
     closing: AtomicWaker,
 }
 
@@ -205,23 +218,41 @@ impl Activity {
         self.calls.load(Ordering::Acquire) & EVICTED != 0
     }
 
-    /// Ready once the connection is told to close; until then, `cx` is woken when it is.
-    pub(crate) fn poll_evicted(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.is_evicted() {
+    /// Whether the connection must close now: it was evicted, has no call in flight, and
+    /// every answer given since was flushed.
+    pub(crate) fn must_close(&self) -> bool {
+        self.calls.load(Ordering::Acquire) == EVICTED
+    }
+
+    /// Ready once the connection must close ([`Activity::must_close`]); until then, `cx` is
+    /// woken when it may.
+    pub(crate) fn poll_closing(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.must_close() {
             return Poll::Ready(());
         }
         self.closing.register(cx.waker());
-        // Evicted between the check and the registration: its wake-up may have been missed.
-        if self.is_evicted() {
+        // Closing between the check and the registration: its wake-up may have been missed.
+        if self.must_close() {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     }
 
-    /// Completes once the connection is told to close.
-    pub(crate) async fn evicted(&self) {
-        std::future::poll_fn(|cx| self.poll_evicted(cx)).await;
+    /// Completes once the connection must close.
+    pub(crate) async fn closing(&self) {
+        std::future::poll_fn(|cx| self.poll_closing(cx)).await;
+    }
+
+    /// Records that what was written to the connection has been flushed: the answers of calls
+    /// that ended on it since its eviction are on their way, so it may close.
+    pub(crate) fn flushed(&self) {
+        // One load on every flush of a connection that was not evicted.
+        if self.calls.load(Ordering::Acquire) & ANSWERED != 0
+            && self.calls.fetch_and(!ANSWERED, Ordering::AcqRel) & !ANSWERED == EVICTED
+        {
+            self.closing.wake();
+        }
     }
 }
 
@@ -231,12 +262,28 @@ pub(crate) struct Call(Arc<Activity>);
 
 impl Drop for Call {
     fn drop(&mut self) {
-        let before = self.0.calls.fetch_sub(1, Ordering::AcqRel);
-        if before & !EVICTED == 1 {
+        let activity = &self.0;
+        // One atomic step, so the connection is never seen with no call and no answer pending
+        // between this call's end and its answer's flush.
+        let ended = |n: u32| {
+            let n = n.wrapping_sub(1);
+            Some(if n & EVICTED != 0 { n | ANSWERED } else { n })
+        };
+        let Ok(before) = activity
+            .calls
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, ended)
+        else {
+            return;
+        };
+        if before & !FLAGS == 1 {
             // The last call ended: the connection is idle from now.
-            self.0
+            activity
                 .idle_since
-                .store(micros_since(self.0.epoch), Ordering::Relaxed);
+                .store(micros_since(activity.epoch), Ordering::Relaxed);
+        }
+        if before & EVICTED != 0 {
+            // A pending read waits on the flush now, not on this call.
+            activity.closing.wake();
         }
     }
 }

@@ -168,7 +168,7 @@ impl GrpcTls {
         let due = guard.opening_due();
         let accepted = tokio::select! {
             accepted = tokio::time::timeout_at(due, acceptor.accept(tcp)) => accepted,
-            () = guard.activity().evicted() => {
+            () = guard.activity().closing() => {
                 tracing::debug!(%peer, "TLS handshake abandoned to admit a new connection");
                 return None;
             }

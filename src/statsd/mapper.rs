@@ -26,9 +26,9 @@
 //! `honor_labels`, native histograms) are accepted and change nothing here
 //! (`docs/observability.md` says why). A file the exporter would refuse (a bad regex, a glob
 //! it cannot compile, a name or label key it rejects, an unknown `match_type`, …) is an
-//! error naming the mapping; so are histogram buckets that are not increasing and a
-//! negative or non-finite `scale`, which the exporter would crash on or silently drop
-//! everything for.
+//! error naming the mapping; so are histogram buckets that are not increasing, an `le`
+//! label on a histogram, and a negative or non-finite `scale`, which the exporter would
+//! crash on or silently drop everything for.
 
 use std::path::Path;
 

@@ -266,6 +266,13 @@ impl Stats {
     }
 }
 
+/// A `# HELP` line's text, escaped as the text format requires (`\\` and `\n`): a mapping
+/// file's `help` may hold a line feed (a YAML block scalar), which would otherwise end the
+/// line and break the whole exposition.
+fn help_text(help: &str) -> String {
+    help.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
 /// `{a="x",b="y"}` (with `le` last, if given), values escaped as the text format requires.
 fn label_text<K: AsRef<str>>(labels: &[(K, String)], le: Option<&str>) -> String {
     let pairs = labels

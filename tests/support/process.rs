@@ -149,6 +149,20 @@ impl Floodgate {
         lines.iter().find(|line| line.contains(text)).cloned()
     }
 
+    /// The `addr=` of the first log line so far that contains `text` (a listener's "serving"
+    /// line); panics naming `text` if there is none.
+    pub fn logged_addr(&self, text: &str) -> SocketAddr {
+        let line = self
+            .log_line(text)
+            .unwrap_or_else(|| panic!("no log line with {text:?}"));
+        let start = line.find("addr=").expect("no addr= in the line") + "addr=".len();
+        line[start..]
+            .split_whitespace()
+            .next()
+            .and_then(|addr| addr.parse().ok())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+    }
+
     /// How many log lines so far contain `text`.
     pub fn log_count(&self, text: &str) -> usize {
         let lines = self.lines.lock().unwrap();

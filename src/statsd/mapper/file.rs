@@ -186,6 +186,14 @@ fn compile(
             Observer::Histogram(buckets)
         }
     };
+    // The exposition would carry `le` twice on every bucket, and Prometheus refuses the whole
+    // scrape for it (the exporter panics on such an event).
+    if matches!(observer, Observer::Histogram(_))
+        && kind.is_none_or(|k| k == StatKind::Observer)
+        && labels.iter().any(|(key, _)| key == "le")
+    {
+        return Err("label le is reserved for a histogram's buckets".into());
+    }
     if raw.summary_options.is_some() && raw.quantiles.is_some() {
         return Err("quantiles are given both at the top level and in summary_options".into());
     }
@@ -207,7 +215,8 @@ fn compile(
 }
 
 /// A glob `match`, checked as the exporter checks it: the first component `*` or
-/// `[a-zA-Z_][a-zA-Z0-9_-]*`, the others `*` or `[a-zA-Z0-9_][a-zA-Z0-9_-]*`.
+/// `[a-zA-Z_](-?[a-zA-Z0-9_])*`, the others `*` or `[a-zA-Z0-9_](-?[a-zA-Z0-9_])*` (a `-`
+/// only between two other characters).
 fn glob(pattern: &str) -> Result<Matcher, String> {
     let mut fields = Vec::new();
     for (i, field) in pattern.split('.').enumerate() {
@@ -219,7 +228,11 @@ fn glob(pattern: &str) -> Result<Matcher, String> {
         let first_ok = chars
             .next()
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || (i > 0 && c.is_ascii_digit()));
-        if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        let dashes_ok = !field.ends_with('-') && !field.contains("--");
+        if !first_ok
+            || !dashes_ok
+            || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
             return Err(format!(
                 "invalid glob match {pattern:?}: components are * or [a-zA-Z0-9_-] names"
             ));

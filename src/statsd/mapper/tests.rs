@@ -2,61 +2,8 @@ use super::*;
 
 /// The mapping file Envoy Gateway mounts at `/etc/statsd-exporter/conf.yaml` (its
 /// `statsd_conf.yaml`: the reference's default mapping without the timer's `scale`).
-pub(crate) const ENVOY_GATEWAY: &str = r#"# Requires statsd exporter >= v0.6.0 since it uses the "drop" action.
-mappings:
-  - match: "ratelimit.service.rate_limit.*.*.near_limit"
-    name: "ratelimit_service_rate_limit_near_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.over_limit"
-    name: "ratelimit_service_rate_limit_over_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit.service.rate_limit.*.*.total_hits"
-    name: "ratelimit_service_rate_limit_total_hits"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.over_limit"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_over_limit"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit\\.service\\.rate_limit\\.([^\\.]*)\\.([^\\.]*)\\.([^\\.]*)(\\..*)?\\.total_hits"
-    match_type: regex
-    name: "ratelimit_service_rate_limit_total_hits"
-    timer_type: "histogram"
-    labels:
-      domain: "$1"
-      key1: "$2"
-      key2: "$3"
-  - match: "ratelimit.service.call.should_rate_limit.*"
-    name: "ratelimit_service_should_rate_limit_error"
-    match_metric_type: counter
-    labels:
-      err_type: "$1"
-  - match: "ratelimit_server.*.total_requests"
-    name: "ratelimit_service_total_requests"
-    match_metric_type: counter
-    labels:
-      grpc_method: "$1"
-  - match: "ratelimit_server.*.response_time"
-    name: "ratelimit_service_response_time_seconds"
-    timer_type: histogram
-    labels:
-      grpc_method: "$1"
-  - match: "ratelimit.service.config_load_success"
-    name: "ratelimit_service_config_load_success"
-    match_metric_type: counter
-"#;
+pub(crate) const ENVOY_GATEWAY: &str =
+    include_str!("../../../tests/data/envoy-gateway-statsd-conf.yaml");
 
 fn series(mapped: Mapped) -> MappedSeries {
     match mapped {
@@ -324,6 +271,11 @@ fn bad_files_are_named() {
         ),
         ("mappings: [{match: 'a..b', name: a}]", "invalid glob match"),
         ("mappings: [{match: 'a.b*', name: a}]", "invalid glob match"),
+        (
+            "mappings: [{match: 'a.b--c', name: a}]",
+            "invalid glob match",
+        ),
+        ("mappings: [{match: 'a-.b', name: a}]", "invalid glob match"),
         ("mappings: [{match: a.b}]", "sets no metric name"),
         (
             "mappings: [{match: a.b, name: 'a-b'}]",
@@ -359,12 +311,26 @@ fn bad_files_are_named() {
             "cannot have summary_options",
         ),
         ("mappings: [{match: a.b, name: a, scale: -1}]", "scale"),
+        (
+            "mappings: [{match: a.b, name: a, observer_type: histogram, labels: {le: x}}]",
+            "label le",
+        ),
     ];
     for (text, expected) in cases {
         let error = Mapper::parse(text).unwrap_err();
         assert!(error.contains(expected), "{text}: {error}");
         assert!(error.starts_with("mappings[0]"), "{text}: {error}");
     }
+    // A `-` between two other characters is fine, in the first component or a later one.
+    assert!(Mapper::parse("mappings: [{match: a-b.1-c.*, name: a}]").is_ok());
+    // `le` is only the buckets' own label on a histogram: a counter may carry one.
+    assert!(
+        Mapper::parse(
+            "mappings: [{match: a.b, name: a, match_metric_type: counter, \
+             observer_type: histogram, labels: {le: x}}]"
+        )
+        .is_ok()
+    );
     assert!(Mapper::parse("mappings: {a: 1}").is_err());
     assert!(Mapper::parse("defaults: {match_type: x}").is_err());
     let missing = Mapper::load(Path::new("/nonexistent/conf.yaml")).unwrap_err();

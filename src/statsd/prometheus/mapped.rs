@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::mapper::{Mapped, MappedSeries, Mapper, Observer, StatKind};
 use super::super::{Sample, StatName, Stats};
-use super::{HELP, label_text};
+use super::{HELP, help_text, label_text};
 
 /// Label names and values, sorted by name.
 type Labels = Vec<(String, String)>;
@@ -150,7 +150,7 @@ impl Stats {
             let _ = writeln!(
                 out,
                 "# HELP {name} {}\n# TYPE {name} {}",
-                family.help,
+                help_text(&family.help),
                 family.kind.name()
             );
             for (labels, value) in &family.values {
@@ -358,6 +358,31 @@ mappings:
         let text = conflict.encode_prometheus(false);
         assert!(text.contains("# TYPE rt counter\nrt 1\n"), "{text}");
         assert!(!text.contains("rt_sum"), "{text}");
+    }
+
+    /// A help text with a line feed and a backslash, and label values with quotes, a
+    /// backslash and a line feed, are escaped: each series stays one line of the exposition.
+    #[test]
+    fn help_and_label_values_are_escaped() {
+        let stats = mapped(
+            r#"
+mappings:
+  - match: ratelimit.service.*
+    name: loads
+    help: "Loads,\nby C:\\result."
+    labels:
+      result: "say \"$1\"\\\n"
+"#,
+        );
+        stats.count(StatName::ConfigLoadSuccess, 1);
+        let text = stats.encode_prometheus(false);
+        assert!(
+            text.contains(
+                "# HELP loads Loads,\\nby C:\\\\result.\n# TYPE loads counter\n\
+                 loads{result=\"say \\\"config_load_success\\\"\\\\\\n\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 
     /// The exact bound for a bucket and scale, computed as the product is compared.
