@@ -7,6 +7,7 @@
 #
 #   scripts/fuzz-smoke.sh                  every target, 20 s each
 #   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh request json    a long run of two targets
+#   FUZZ_BUILD_ONLY=1 scripts/fuzz-smoke.sh  only build them (scripts/test.sh, ahead of time)
 #
 # The build goes to $CARGO_TARGET_DIR/fuzz (or target/fuzz; with FUZZ_SANITIZER, fuzz-<name>):
 # its flags differ from the normal build's, and sharing a directory would make each rebuild
@@ -43,6 +44,7 @@ if ! "${fuzz[@]}" build "${flags[@]}" >&2; then
     exit 1
 fi
 echo "fuzz: build took $((SECONDS - started)) s"
+[ -z "${FUZZ_BUILD_ONLY:-}" ] || exit 0
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
