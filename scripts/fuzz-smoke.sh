@@ -26,6 +26,10 @@ if [ "$#" -gt 0 ]; then targets=("$@"); else targets=(config request json bucket
 # halve the executions per second. Pass FUZZ_SANITIZER=address to check dependencies' unsafe.
 # cargo-fuzz comes from .tools/venv (scripts/install-test-tools.sh).
 export PATH="$PWD/.tools/venv/bin:$PATH"
+# cargo-fuzz builds every crate with full debug info (`profile.release.debug=true`); line
+# tables are all a crash report needs (its stack frames keep file and line), for a smaller
+# build: rustc takes the last of two -C flags, and RUSTFLAGS come last.
+export RUSTFLAGS="-Cdebuginfo=line-tables-only${RUSTFLAGS:+ $RUSTFLAGS}"
 fuzz=(cargo +nightly fuzz)
 flags=(--sanitizer "$sanitizer" --target-dir "$target_dir")
 
