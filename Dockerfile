@@ -21,8 +21,8 @@ COPY src src
 # out of the cached target directory in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --bin floodgate \
-    && install -D -m 0755 target/release/floodgate /out/floodgate
+    cargo build --profile production --locked --bin floodgate \
+    && install -D -m 0755 target/production/floodgate /out/floodgate
 
 # :nonroot runs as uid/gid 65532 ("nonroot") and has no shell.
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -51,10 +51,10 @@ scripts/install-test-tools.sh >/dev/null
 
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BENCH_BIN:-}" ] || [ -z "${BENCH_LOADGEN:-}" ]; then
-    cargo build --release --quiet --bin floodgate --example loadgen
+    cargo build --profile production --quiet --bin floodgate --example loadgen
 fi
-BIN=${BENCH_BIN:-$TARGET/release/floodgate}
-LOADGEN=${BENCH_LOADGEN:-$TARGET/release/examples/loadgen}
+BIN=${BENCH_BIN:-$TARGET/production/floodgate}
+LOADGEN=${BENCH_LOADGEN:-$TARGET/production/examples/loadgen}
 
 # Domain `bench`, k0..k9: ten descriptors of huge limits (every request admitted, buckets
 # full again within microseconds). Domain `fill`: one request per 2 minutes per key, so each

@@ -25,9 +25,9 @@ if [ ! -x .tools/bench-venv/bin/python ] || ! .tools/bench-venv/bin/python -c 'i
 fi
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release --quiet --bin floodgate
+    cargo build --profile production --quiet --bin floodgate
 fi
-BIN=${BENCH_BIN:-$TARGET/release/floodgate}
+BIN=${BENCH_BIN:-$TARGET/production/floodgate}
 
 mkdir "$WORK/limits"
 cat > "$WORK/limits/burst.yaml" <<'YAML'

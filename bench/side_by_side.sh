@@ -38,9 +38,9 @@ STRACE_REQUESTS=${SBS_STRACE_REQUESTS:-20000}
 SCRIPT_CALLS=${SBS_SCRIPT_CALLS:-20000}
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release --quiet --bin floodgate
+    cargo build --profile production --quiet --bin floodgate
 fi
-BIN=${BENCH_BIN:-$TARGET/release/floodgate}
+BIN=${BENCH_BIN:-$TARGET/production/floodgate}
 
 LIMITADOR=${LIMITADOR_BIN:-}
 if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then

@@ -21,8 +21,8 @@ CONNECTIONS=16
 
 need_h2load
 command -v redis-server >/dev/null || scripts/install-test-tools.sh
-cargo build --release --quiet
-BIN=${CARGO_TARGET_DIR:-target}/release/floodgate
+cargo build --profile production --quiet --bin floodgate
+BIN=${CARGO_TARGET_DIR:-target}/production/floodgate
 
 # One interval's hits (RPS × INTERVAL per value) stay well within a bucket, which then refills
 # and expires from Redis within a minute: new keys all along, old ones leaving.

@@ -7,6 +7,7 @@
 #
 #   scripts/fuzz-smoke.sh                  every target, 20 s each
 #   FUZZ_SECONDS=600 scripts/fuzz-smoke.sh request json    a long run of two targets
+#   FUZZ_BUILD_ONLY=1 scripts/fuzz-smoke.sh  only build them (scripts/test.sh, ahead of time)
 #
 # The build goes to $CARGO_TARGET_DIR/fuzz (or target/fuzz; with FUZZ_SANITIZER, fuzz-<name>):
 # its flags differ from the normal build's, and sharing a directory would make each rebuild
@@ -25,6 +26,10 @@ if [ "$#" -gt 0 ]; then targets=("$@"); else targets=(config request json bucket
 # halve the executions per second. Pass FUZZ_SANITIZER=address to check dependencies' unsafe.
 # cargo-fuzz comes from .tools/venv (scripts/install-test-tools.sh).
 export PATH="$PWD/.tools/venv/bin:$PATH"
+# cargo-fuzz builds every crate with full debug info (`profile.release.debug=true`); line
+# tables are all a crash report needs (its stack frames keep file and line), for a smaller
+# build: rustc takes the last of two -C flags, and RUSTFLAGS come last.
+export RUSTFLAGS="-Cdebuginfo=line-tables-only${RUSTFLAGS:+ $RUSTFLAGS}"
 fuzz=(cargo +nightly fuzz)
 flags=(--sanitizer "$sanitizer" --target-dir "$target_dir")
 
@@ -43,6 +48,7 @@ if ! "${fuzz[@]}" build "${flags[@]}" >&2; then
     exit 1
 fi
 echo "fuzz: build took $((SECONDS - started)) s"
+[ -z "${FUZZ_BUILD_ONLY:-}" ] || exit 0
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

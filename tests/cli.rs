@@ -64,6 +64,53 @@ fn check_config_reports_every_error() {
     assert!(stderr.contains("invalid (2 errors)"), "{stderr}");
 }
 
+/// check-config reports every error of every file, a wrong YAML type (`requests_per_unit:
+/// -1`) hiding none of its file's other errors, and says where a YAML syntax error hides the
+/// rest of its file.
+#[test]
+fn check_config_reports_type_errors_and_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n  \
+         - key: j\n    shadow_mode: maybe\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n  \
+         - key: ''\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: b\ndescriptors:\n  - key: k\n   value: x\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "domain: a\ndescriptors: {key: x}\n",
+    )
+    .unwrap();
+    let out = run(&["check-config", dir.path().to_str().unwrap()], &[]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    for expected in [
+        "a.yaml: descriptors[0].rate_limit.requests_per_unit: invalid type: integer `-1`, \
+         expected u32 (line 4, column 51)",
+        "a.yaml: descriptors[1].shadow_mode: invalid type: string \"maybe\", expected a boolean",
+        "a.yaml: descriptors[1].rate_limit.unit: invalid rate limit unit 'fortnight'",
+        "a.yaml: descriptors[2].key: descriptor has empty key",
+        "b.yaml: descriptors: invalid YAML",
+        "nothing else in this file is checked until it is valid YAML",
+        "c.yaml: descriptors: invalid type: map, expected a sequence (line 2, column 14); \
+         nothing inside it is checked",
+        "c.yaml: domain: duplicate domain 'a'",
+        "invalid (7 errors)",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "{expected:?} missing from:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("missing requests_per_unit"), "{stderr}");
+}
+
 /// check-config prints a limit's max_wait and warns when it outlasts the clients' timeout.
 #[test]
 fn check_config_warns_of_max_wait_beyond_the_client_timeout() {

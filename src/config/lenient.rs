@@ -11,7 +11,7 @@
 
 use serde_yaml_ng::{Mapping, Value};
 
-use super::model::FileModel;
+use super::model::{FileModel, Level};
 
 /// The reference's known keys (`validKeys` in its config loader): accepted anywhere.
 const REFERENCE_KEYS: [&str; 16] = [
@@ -33,51 +33,6 @@ const REFERENCE_KEYS: [&str; 16] = [
     "metadata",
 ];
 
-/// Where a mapping stands in a limits file.
-#[derive(Clone, Copy)]
-enum Level {
-    File,
-    Descriptor,
-    RateLimit,
-    Replaces,
-}
-
-impl Level {
-    /// The keys that mean something here, floodgate's extensions included.
-    fn allows(self, key: &str) -> bool {
-        let keys: &[&str] = match self {
-            Level::File => &["domain", "descriptors", "redis_hash_tag"],
-            Level::Descriptor => &[
-                "key",
-                "value",
-                "rate_limit",
-                "rate_limits",
-                "descriptors",
-                "shadow_mode",
-                "quota_mode",
-                "detailed_metric",
-                "value_to_metric",
-                "share_threshold",
-                "metadata",
-            ],
-            Level::RateLimit => &[
-                "unit",
-                "requests_per_unit",
-                "unlimited",
-                "name",
-                "replaces",
-                "algorithm",
-                "burst",
-                "unit_multiplier",
-                "overdraft",
-                "max_wait",
-            ],
-            Level::Replaces => &["name"],
-        };
-        keys.contains(&key)
-    }
-}
-
 /// The file as the reference reads it, when that differs from what it says; `None` when
 /// nothing needed rewriting or the rewritten file still does not parse (the strict parse
 /// then reports the error, with its position).
@@ -93,6 +48,12 @@ pub(crate) fn parse(file: &str, content: &str) -> Option<FileModel> {
         tracing::warn!(file, "{change}");
     }
     Some(model)
+}
+
+/// `value` rewritten as the reference reads it, without logging the changes: for a file that
+/// fails to load anyway, so that its other errors are those of the file the reference reads.
+pub(crate) fn read_quietly(value: &mut Value) {
+    rewrite(value, Level::File, "", &mut Vec::new());
 }
 
 /// Drops misplaced reference keys under `value` and gives every limit a count, recording each
@@ -118,12 +79,8 @@ fn rewrite(value: &mut Value, level: Level, at: &str, changes: &mut Vec<String>)
     }
     for (key, child) in map.iter_mut() {
         let Some(key) = key.as_str() else { continue };
-        let (child_level, list) = match (level, key) {
-            (Level::File | Level::Descriptor, "descriptors") => (Level::Descriptor, true),
-            (Level::Descriptor, "rate_limit") => (Level::RateLimit, false),
-            (Level::Descriptor, "rate_limits") => (Level::RateLimit, true),
-            (Level::RateLimit, "replaces") => (Level::Replaces, true),
-            _ => continue,
+        let Some((child_level, list)) = level.child(key) else {
+            continue;
         };
         match child {
             Value::Sequence(items) if list => {

@@ -12,6 +12,7 @@ use super::files::{self, Source};
 use super::limit::Defaults;
 use super::model::FileModel;
 use super::tree::{Children, Domain};
+use super::typecheck::{self, Hidden};
 use super::validate::Builder;
 
 /// One problem in the limits configuration.
@@ -110,7 +111,8 @@ pub(crate) fn compile(
     let mut rules = 0usize;
     let mut past_cap: Option<&str> = None;
     for (file, content) in sources {
-        let Some(model) = parse(file, content, lenient, &mut errors) else {
+        let (model, hidden) = parse(file, content, lenient, &mut errors);
+        let Some(model) = model else {
             continue;
         };
         rules = rules.saturating_add(model.rule_count());
@@ -120,7 +122,7 @@ pub(crate) fn compile(
         }
         let name = model.domain.unwrap_or_default();
         let existing = index.get(&name).copied();
-        if name.is_empty() {
+        if name.is_empty() && !hidden.covers("domain") {
             errors.push(error(
                 file,
                 "domain",
@@ -138,6 +140,7 @@ pub(crate) fn compile(
             file,
             defaults,
             errors: &mut errors,
+            hidden: &hidden,
         };
         let descriptors = model.descriptors.unwrap_or_default();
         let hash_tag = model.redis_hash_tag.unwrap_or(false);
@@ -203,35 +206,74 @@ fn dot_directory_hint(first: &str, second: &str) -> &'static str {
     }
 }
 
-/// Deserializes one file; a YAML syntax or type error becomes one error with line and column.
-/// With `lenient` (reference mode), a file is first read as the reference reads it
+/// Deserializes one file. A YAML syntax error is one error with line and column, and hides
+/// the rest of the file; the type errors (and unknown keys) of a valid YAML file are all
+/// reported ([`typecheck`]), the first with its line and column, and what is left of the file
+/// is returned for validation, with the paths whose errors are already reported. With
+/// `lenient` (reference mode), a file is first read as the reference reads it
 /// ([`super::lenient`]).
 fn parse(
     file: &str,
     content: &str,
     lenient: bool,
     errors: &mut Vec<ConfigError>,
-) -> Option<FileModel> {
+) -> (Option<FileModel>, Hidden) {
     if content.trim().is_empty() {
         // serde_yaml_ng reports an empty document as a type error; the reference's complaint
         // about such a file is its empty domain, which is clearer.
-        return Some(FileModel::default());
+        return (Some(FileModel::default()), Hidden::default());
     }
     if lenient && let Some(model) = super::lenient::parse(file, content) {
-        return Some(model);
+        return (Some(model), Hidden::default());
     }
     let deserializer = serde_yaml_ng::Deserializer::from_str(content);
-    match serde_path_to_error::deserialize::<_, FileModel>(deserializer) {
-        Ok(model) => Some(model),
-        Err(e) => {
-            let path = match e.path().to_string() {
-                root if root == "." => String::new(),
-                path => path,
-            };
-            errors.push(error(file, &path, yaml_message(e.inner(), &path)));
-            None
+    let (first_path, first_message) =
+        match serde_path_to_error::deserialize::<_, FileModel>(deserializer) {
+            Ok(model) => return (Some(model), Hidden::default()),
+            Err(e) => {
+                let path = match e.path().to_string() {
+                    root if root == "." => String::new(),
+                    path => path,
+                };
+                let message = yaml_message(e.inner(), &path);
+                (path, message)
+            }
+        };
+    // serde stops at its first error: a file that is valid YAML is checked again key by key,
+    // for the others.
+    let mut value = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(content) {
+        Ok(value) => value,
+        Err(_) => {
+            let message = format!(
+                "{first_message}; nothing else in this file is checked until it is valid YAML"
+            );
+            errors.push(error(file, &first_path, message));
+            return (None, Hidden::default());
         }
+    };
+    if lenient {
+        super::lenient::read_quietly(&mut value);
     }
+    let checked = typecheck::check(value);
+    if checked.errors.is_empty() {
+        // Not expected (serde refused the file, so some key must fail alone); never lost.
+        errors.push(error(file, &first_path, first_message));
+        return (None, Hidden::default());
+    }
+    for found in checked.errors {
+        // The strict parse's message has the position; the key-by-key one cannot.
+        let message = if found.path == first_path {
+            first_message.clone()
+        } else {
+            found.message
+        };
+        let message = match found.hides {
+            "" => message,
+            hides => format!("{message}; {hides}"),
+        };
+        errors.push(error(file, &found.path, message));
+    }
+    (checked.model, checked.hidden)
 }
 
 /// serde_yaml_ng's message without the path and position it embeds (we report the path
@@ -251,10 +293,7 @@ fn yaml_message(e: &serde_yaml_ng::Error, path: &str) -> String {
     else {
         return format!("invalid YAML: {message}");
     };
-    let message = message.replace(
-        "struct FileModel",
-        "a mapping with `domain` and `descriptors`",
-    );
+    let message = typecheck::name_structs(message);
     let message = match message.split_once(": ") {
         // serde_yaml_ng prefixes the path it tracked, which ends where ours ends or before.
         Some((head, tail)) if !head.contains(' ') && path.starts_with(head) => tail,

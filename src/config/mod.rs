@@ -15,6 +15,8 @@
 //! - `files` — which files a limits path (or the reference's runtime layout) holds;
 //! - `lenient` — reference mode: a file read as the reference reads it (misplaced keys);
 //! - `load` — reading the listed files, parsing, error collection, merging domains;
+//! - `typecheck` — a file that serde refuses, checked key by key, so that every type error is
+//!   reported and the rest of the file is still validated;
 //! - `metadata` — a descriptor's `metadata:`, compiled for dynamic metadata;
 //! - `validate` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
@@ -32,6 +34,7 @@ mod metadata;
 mod model;
 pub mod reload;
 mod tree;
+mod typecheck;
 mod validate;
 pub mod xds;
 

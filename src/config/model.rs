@@ -135,3 +135,66 @@ pub(crate) enum AlgorithmModel {
     /// `sliding_window`.
     SlidingWindow,
 }
+
+/// Where a mapping stands in a limits file: which keys it may hold, and which of them hold
+/// mappings of their own. Shared by the readings of a file that walk it as YAML before serde
+/// does (`lenient`, `typecheck`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Level {
+    /// The file itself: [`FileModel`].
+    File,
+    /// A descriptor: [`DescriptorModel`].
+    Descriptor,
+    /// A limit: [`RateLimitModel`].
+    RateLimit,
+    /// A `replaces` item: [`ReplacesModel`].
+    Replaces,
+}
+
+impl Level {
+    /// The keys that mean something here, floodgate's extensions included.
+    pub(crate) fn allows(self, key: &str) -> bool {
+        let keys: &[&str] = match self {
+            Level::File => &["domain", "descriptors", "redis_hash_tag"],
+            Level::Descriptor => &[
+                "key",
+                "value",
+                "rate_limit",
+                "rate_limits",
+                "descriptors",
+                "shadow_mode",
+                "quota_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "share_threshold",
+                "metadata",
+            ],
+            Level::RateLimit => &[
+                "unit",
+                "requests_per_unit",
+                "unlimited",
+                "name",
+                "replaces",
+                "algorithm",
+                "burst",
+                "unit_multiplier",
+                "overdraft",
+                "max_wait",
+            ],
+            Level::Replaces => &["name"],
+        };
+        keys.contains(&key)
+    }
+
+    /// The level of the mappings under `key` here, and whether `key` holds a list of them;
+    /// `None` for a key holding a scalar (or free-form `metadata`), or an unknown key.
+    pub(crate) fn child(self, key: &str) -> Option<(Level, bool)> {
+        match (self, key) {
+            (Level::File | Level::Descriptor, "descriptors") => Some((Level::Descriptor, true)),
+            (Level::Descriptor, "rate_limit") => Some((Level::RateLimit, false)),
+            (Level::Descriptor, "rate_limits") => Some((Level::RateLimit, true)),
+            (Level::RateLimit, "replaces") => Some((Level::Replaces, true)),
+            _ => None,
+        }
+    }
+}

@@ -9,6 +9,7 @@ use super::limit::{self, Defaults, Limit, Rule, Unit, algorithm_name};
 use super::load::ConfigError;
 use super::model::{AlgorithmModel, DescriptorModel, RateLimitModel};
 use super::tree::{Children, Node};
+use super::typecheck::Hidden;
 use crate::limiter::{Algorithm, MAX_WAIT_US};
 
 /// Longest period the limiter accepts: its arithmetic must stay below 2^53 µs in Lua doubles.
@@ -24,10 +25,16 @@ pub(crate) struct Builder<'a> {
     pub(crate) defaults: &'a Defaults,
     /// Where errors go.
     pub(crate) errors: &'a mut Vec<ConfigError>,
+    /// Paths whose error the parse already reported (a key of the wrong type, dropped): an
+    /// error at or below one would restate it, and is left out.
+    pub(crate) hidden: &'a Hidden,
 }
 
 impl Builder<'_> {
     fn push(&mut self, path: &str, message: impl Into<String>) {
+        if self.hidden.covers(path) {
+            return;
+        }
         self.errors.push(ConfigError {
             file: self.file.to_owned(),
             path: path.to_owned(),

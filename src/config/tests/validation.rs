@@ -406,6 +406,65 @@ fn all_errors_collected() {
     );
 }
 
+/// A wrong YAML type hides no other error of its file: every ill-typed key is reported (the
+/// first with line and column), the rest of the file is still validated, and a dropped key is
+/// not reported again as missing.
+#[test]
+fn type_errors_hide_nothing_else() {
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: -1}\n  - key: b\n    shadow_mode: maybe\n    rate_limit: {unit: eon, requests_per_unit: 1}\n  - {key: '', rate_limit: {unlimited: sure}}\n";
+    let found: Vec<(String, String)> = errors(yaml)
+        .into_iter()
+        .map(|e| (e.path, e.message))
+        .collect();
+    let paths: Vec<&str> = found.iter().map(|(path, _)| path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "descriptors[0].rate_limit.requests_per_unit",
+            "descriptors[1].shadow_mode",
+            "descriptors[2].rate_limit.unlimited",
+            "descriptors[1].rate_limit.unit",
+            "descriptors[2].key",
+        ]
+    );
+    assert!(
+        found[0].1.contains("expected u32 (line 4, column 51)"),
+        "{found:?}"
+    );
+    assert!(found[1].1.contains("expected a boolean"), "{found:?}");
+    assert!(
+        found[2].1.contains("other fields are not checked"),
+        "{found:?}"
+    );
+    assert!(found[3].1.contains("'eon'"), "{found:?}");
+}
+
+/// A YAML syntax error is the only error of its file and says that it hides the rest; the
+/// other files are still checked.
+#[test]
+fn syntax_error_says_it_hides_the_rest() {
+    let files = sources(&[
+        (
+            "a.yaml",
+            "domain: a\ndescriptors:\n  - key: a\n   value: b\n",
+        ),
+        (
+            "b.yaml",
+            "domain: b\ndescriptors: [{key: k, rate_limit: {unit: eon, requests_per_unit: 1}}]\n",
+        ),
+    ]);
+    let ConfigErrors(errors) = Config::from_sources(&files, &Defaults::default()).unwrap_err();
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(errors[0].message.contains("invalid YAML"), "{errors:#?}");
+    assert!(
+        errors[0]
+            .message
+            .contains("nothing else in this file is checked"),
+        "{errors:#?}"
+    );
+    assert_eq!(errors[1].file, "b.yaml");
+}
+
 /// Errors display as `file: path: message`, one per line, without a path when there is none.
 #[test]
 fn error_display() {
