@@ -4,8 +4,9 @@
 //! 1. the local over-limit cache — a bucket Redis recently said is empty answers OVER_LIMIT
 //!    with no Redis call;
 //! 2. the circuit breaker — while open, Redis is not called at all;
-//! 3. the shedder ([`super::shed`]) — while a queue stands in front of Redis, a call beyond
-//!    what Redis completes within half the deadline is not sent;
+//! 3. the shedder ([`super::shed`]) — an adaptive bound on the calls in flight to Redis, with a
+//!    short queue in front of it: past what Redis answers within half the deadline, a call
+//!    waits briefly for a place, and is shed (not sent) when none comes in time;
 //! 4. Redis, within the command timeout.
 //!
 //! When Redis cannot answer (breaker open, timeout, connection failure, or the call was shed),
@@ -269,46 +270,52 @@ impl Store for ResilientStore {
             self.metrics.record_local_cache_hit();
             return Ok(applied);
         }
-        let answer = if !self.breaker.is_closed() {
-            self.degraded(
-                ops,
-                StoreError::Unavailable("Redis unavailable (circuit open)".into()),
-            )
-        } else {
-            // Counted in flight until Redis answers or the request is dropped.
-            let call = self.shedder.as_ref().map(Shedder::admit);
-            if let Some(None) = call {
-                self.metrics.record_store_error("shed");
-                let shed = "Redis is saturated: call shed before its deadline";
-                return self
-                    .degraded(ops, StoreError::Unavailable(shed.into()))
-                    .resolve(ops)
-                    .await;
-            }
-            match self.redis.apply(ops).await {
-                Ok(applied) => {
-                    self.breaker.record_success();
-                    if let Some(cache) = &self.cache {
-                        cache.learn(ops, &applied, sent);
-                    }
-                    return Ok(applied);
+        if !self.breaker.is_closed() {
+            let open = StoreError::Unavailable("Redis unavailable (circuit open)".into());
+            return self.degraded(ops, open).resolve(ops).await;
+        }
+        // A place among the calls in flight (perhaps after a short wait), held until Redis
+        // answers or the request is dropped; none: the call is shed.
+        let call = match &self.shedder {
+            Some(shedder) => match shedder.admit().await {
+                Some(call) => Some(call),
+                None => {
+                    self.metrics.record_store_error("shed");
+                    let shed = "Redis is saturated: call shed before its deadline";
+                    return self
+                        .degraded(ops, StoreError::Unavailable(shed.into()))
+                        .resolve(ops)
+                        .await;
                 }
-                Err(error) if error.is_transient() => {
-                    self.metrics.record_store_error(error.kind());
-                    self.breaker.record_failure(&error);
-                    self.degraded(ops, error)
-                }
-                Err(error) => {
-                    // Not an outage: a defect (bad script reply, missing ACL permission).
-                    // Report it, once per distinct error at warn level; masking it with a
-                    // policy answer would hide it.
-                    self.metrics.record_store_error(error.kind());
-                    self.log_defect(&error);
-                    return Err(error);
-                }
-            }
+            },
+            None => None,
         };
-        answer.resolve(ops).await
+        let answer = self.redis.apply(ops).await;
+        if let Some(call) = call {
+            call.end(answer.as_ref().is_err_and(StoreError::is_transient));
+        }
+        match answer {
+            Ok(applied) => {
+                self.breaker.record_success();
+                if let Some(cache) = &self.cache {
+                    cache.learn(ops, &applied, sent);
+                }
+                Ok(applied)
+            }
+            Err(error) if error.is_transient() => {
+                self.metrics.record_store_error(error.kind());
+                self.breaker.record_failure(&error);
+                self.degraded(ops, error).resolve(ops).await
+            }
+            Err(error) => {
+                // Not an outage: a defect (bad script reply, missing ACL permission).
+                // Report it, once per distinct error at warn level; masking it with a
+                // policy answer would hide it.
+                self.metrics.record_store_error(error.kind());
+                self.log_defect(&error);
+                Err(error)
+            }
+        }
     }
     /// Resets in Redis, and forgets what this replica cached or counted locally about the
     /// buckets: a cached denial would otherwise outlive the reset until it expired. Other
