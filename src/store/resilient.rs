@@ -34,7 +34,7 @@ use super::overlimit::OverLimitCache;
 use super::shed::Shedder;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
-use crate::limiter::View;
+use crate::limiter::{LimitParams, View};
 use crate::metrics::Metrics;
 
 /// Defects (store errors that are not outages) are logged at most this often: each request
@@ -204,16 +204,81 @@ impl ResilientStore {
         *unlogged = 0;
     }
 
-    fn degraded(&self, ops: &[BucketOp], error: StoreError) -> DegradedAnswer<'_> {
+    fn degraded(
+        &self,
+        ops: &[BucketOp],
+        error: StoreError,
+        reason: LocalReason,
+    ) -> DegradedAnswer<'_> {
         self.metrics.record_degraded(self.policy.as_str());
         match self.policy {
             FailurePolicy::Error => DegradedAnswer::Ready(Err(error)),
             FailurePolicy::Allow => DegradedAnswer::Ready(Ok(answer_all(ops, true))),
             FailurePolicy::Deny => DegradedAnswer::Ready(Ok(answer_all(ops, false))),
             FailurePolicy::Local => match &self.fallback {
-                Some(memory) => DegradedAnswer::Local(memory),
+                Some(memory) => {
+                    self.metrics.record_local_decision(reason.label());
+                    DegradedAnswer::Local(memory)
+                }
                 None => DegradedAnswer::Ready(Err(error)),
             },
+        }
+    }
+
+    /// Under policy `local`, debits what Redis committed from this replica's local buckets
+    /// too, so that they count every admission of this replica, not only their own: when
+    /// Redis cannot answer (calls shed under overload, an outage), a local bucket admits only
+    /// what is left of the rate after what Redis admitted here, and a limit keeps its rate
+    /// per replica instead of gaining a second one. Overdraft debits, never refused: Redis
+    /// decided. Costs one in-process update per request, under `local` only.
+    async fn mirror(&self, ops: &[BucketOp], applied: &Applied) {
+        let Some(memory) = self.fallback.as_ref().filter(|_| applied.committed) else {
+            return;
+        };
+        if self.policy != FailurePolicy::Local {
+            return;
+        }
+        let debits: Vec<BucketOp> = ops
+            .iter()
+            .zip(&applied.buckets)
+            .filter(|(op, result)| op.cost != 0 && (result.admitted || op.params.overdraft))
+            .map(|(op, _)| BucketOp {
+                enforce: false,
+                params: LimitParams {
+                    overdraft: true,
+                    max_wait_us: 0,
+                    ..op.params
+                },
+                ..op.clone()
+            })
+            .collect();
+        if debits.is_empty() {
+            return;
+        }
+        // The in-process store fails only on a defect; Redis's answer stands either way.
+        if let Err(error) = memory.apply(&debits).await {
+            tracing::debug!(%error, "local buckets not updated with Redis's debits");
+        }
+    }
+}
+
+/// Why Redis did not decide a request (the `reason` of `floodgate_local_decisions_total`).
+#[derive(Clone, Copy, Debug)]
+enum LocalReason {
+    /// The call was shed before Redis (overload).
+    Shed,
+    /// The circuit breaker is open (outage).
+    CircuitOpen,
+    /// The call failed or timed out.
+    StoreError,
+}
+
+impl LocalReason {
+    fn label(self) -> &'static str {
+        match self {
+            LocalReason::Shed => "shed",
+            LocalReason::CircuitOpen => "circuit_open",
+            LocalReason::StoreError => "store_error",
         }
     }
 }
@@ -272,7 +337,10 @@ impl Store for ResilientStore {
         }
         if !self.breaker.is_closed() {
             let open = StoreError::Unavailable("Redis unavailable (circuit open)".into());
-            return self.degraded(ops, open).resolve(ops).await;
+            return self
+                .degraded(ops, open, LocalReason::CircuitOpen)
+                .resolve(ops)
+                .await;
         }
         // A place among the calls in flight (perhaps after a short wait), held until Redis
         // answers or the request is dropped; none: the call is shed.
@@ -283,7 +351,7 @@ impl Store for ResilientStore {
                     self.metrics.record_store_error("shed");
                     let shed = "Redis is saturated: call shed before its deadline";
                     return self
-                        .degraded(ops, StoreError::Unavailable(shed.into()))
+                        .degraded(ops, StoreError::Unavailable(shed.into()), LocalReason::Shed)
                         .resolve(ops)
                         .await;
                 }
@@ -300,12 +368,15 @@ impl Store for ResilientStore {
                 if let Some(cache) = &self.cache {
                     cache.learn(ops, &applied, sent);
                 }
+                self.mirror(ops, &applied).await;
                 Ok(applied)
             }
             Err(error) if error.is_transient() => {
                 self.metrics.record_store_error(error.kind());
                 self.breaker.record_failure(&error);
-                self.degraded(ops, error).resolve(ops).await
+                self.degraded(ops, error, LocalReason::StoreError)
+                    .resolve(ops)
+                    .await
             }
             Err(error) => {
                 // Not an outage: a defect (bad script reply, missing ACL permission).
