@@ -455,3 +455,63 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
     assert!(ok > 0);
     server.stop().await;
 }
+
+/// A flood of console bucket reads (64 clients at once) while gRPC requests keep coming:
+/// the reads beyond the console's few places are refused at once (503, "console busy"),
+/// every gRPC request is answered by Redis, and Redis's circuit breaker never opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_flood_neither_starves_grpc_nor_opens_the_breaker() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // A deadline a loaded test host always meets: this is about places, not speed.
+    let (server, _dir) = serve(&["--redis-url", &url, "--redis-timeout-ms", "2000"]);
+    let http = server.http;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let stop = stop.clone();
+        flood.spawn(async move {
+            let (mut read, mut busy) = (0u64, 0u64);
+            let body = r#"{"domain":"d","entries":[{"key":"k","value":"v"}]}"#;
+            while !stop.load(Ordering::Relaxed) {
+                let response = support::http::call(http, "POST", "/buckets/get", Some(body)).await;
+                match response.status {
+                    200 => read += 1,
+                    503 if response.body.contains("console busy") => busy += 1,
+                    other => panic!("{other}: {}", response.body),
+                }
+            }
+            (read, busy)
+        });
+    }
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    for i in 0..200 {
+        let probe = request("d", vec![descriptor(&[("k", &format!("probe-{i}"))])]);
+        let response = client
+            .should_rate_limit(probe)
+            .await
+            .expect("probe answered");
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (read, busy) = flood
+        .join_all()
+        .await
+        .into_iter()
+        .fold((0, 0), |(r, b), (read, busy)| (r + read, b + busy));
+    assert!(read > 0, "console reads answered");
+    assert!(
+        busy > 0,
+        "reads beyond the console's places refused ({read} answered)"
+    );
+    assert_eq!(server.log_count("circuit open"), 0, "the breaker opened");
+    assert_eq!(count(http, "floodgate_store_available").await, 1);
+    assert_eq!(
+        count(http, r#"floodgate_requests_total{result="store_error"}"#).await,
+        0
+    );
+    server.stop().await;
+}
