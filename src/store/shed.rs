@@ -18,7 +18,7 @@
 //! (0.9 at most, 0.5 at least, so an overshoot is undone in one round trip); a call that
 //! failed or timed out multiplies it by 0.9. At most once per round trip: only a call sent
 //! after the last cut can cut again (TCP's fast recovery), so a queue of slow calls already
-//! sent counts as one signal. The bound never goes under [`MIN_LIMIT`], so a Redis that nearly
+//! sent counts as one signal. The bound never goes under [`MIN_LIMIT`] (20), so a Redis that nearly
 //! stopped still gets calls and its recovery is seen.
 //!
 //! Why not a bound computed by Little's law from the last interval (`answers × target /
@@ -73,9 +73,12 @@ mod simulation;
 /// How long the queue must stay non-empty to count as standing (CoDel's interval).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// The bound never goes below this many calls in flight: a store that completes a few calls
-/// per round trip (Redis nearly down) still gets calls, so it is noticed when it recovers.
-pub const MIN_LIMIT: u64 = 4;
+/// The bound never goes below this many calls in flight (Netflix's `AIMDLimit` default): a
+/// store that completes a few calls per round trip (Redis nearly down) still gets calls, so
+/// it is noticed when it recovers; and a host so busy that every call takes longer than the
+/// target, which no bound can fix, still gets this many calls answered per round trip rather
+/// than a handful.
+pub const MIN_LIMIT: u64 = 20;
 
 /// The bound never goes above this: far beyond what one Redis completes within a deadline.
 pub const MAX_LIMIT: u64 = 100_000;
