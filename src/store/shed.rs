@@ -94,7 +94,7 @@ pub const MIN_QUEUE: u64 = 64;
 /// The latency compared with the target is a moving average over about this many answers:
 /// the trend of the calls, not one call's tail (a host's scheduling hiccup, a slow packet),
 /// which would cut the bound every round trip.
-const SMOOTHING: u64 = 16;
+pub const SMOOTHING: u64 = 16;
 
 /// Fixed point of the bound: 2^20 is one call, so it can grow by a fraction per completion.
 const ONE: u64 = 1 << 20;
