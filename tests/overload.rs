@@ -381,8 +381,8 @@ async fn random_key_flood_keeps_local_cache_bounded() {
 /// Limits of the overload tests: `k` admits 100 per second, in bursts of at most 10.
 const HUNDRED_PER_SECOND: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 10}\n";
 
-/// With `--on-store-error local`, a 100/s limit offered ten times its rate while Redis
-/// keeps stalling (calls shed, timed out, answered by Redis in turn) admits at most its rate
+/// With `--on-store-error local`, a 100/s limit offered ten times its rate (and bursts) while
+/// Redis keeps stalling (calls shed, timed out, answered by Redis in turn) admits at most its rate
 /// over the run plus one burst from Redis's bucket and one from the local one; the requests
 /// decided locally are counted by reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -412,14 +412,10 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
     let started = Instant::now();
     let mut requests = tokio::task::JoinSet::new();
     let mut ticker = tokio::time::interval(std::time::Duration::from_millis(1));
-    // Ten times the rate for three seconds; Redis stalls for 150 ms of every 300.
-    for i in 0..3_000u32 {
-        ticker.tick().await;
-        if i % 300 == 0 {
-            redis.freeze();
-        } else if i % 300 == 150 {
-            redis.thaw();
-        }
+    // Ten times the rate for three seconds, and a burst of 200 at once as Redis stalls for
+    // 150 of every 300 requests: more calls than the bound and its queue hold, so some are
+    // shed.
+    let send = |requests: &mut tokio::task::JoinSet<()>| {
         let (mut client, ok) = (client.clone(), ok.clone());
         requests.spawn(async move {
             let request = request("d", vec![descriptor(&[("k", "v")])]);
@@ -429,6 +425,18 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
                 ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
         });
+    };
+    for i in 0..3_000u32 {
+        ticker.tick().await;
+        if i % 300 == 0 {
+            redis.freeze();
+            for _ in 0..200 {
+                send(&mut requests);
+            }
+        } else if i % 300 == 150 {
+            redis.thaw();
+        }
+        send(&mut requests);
     }
     redis.thaw();
     requests.join_all().await;
