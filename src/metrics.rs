@@ -27,6 +27,7 @@
 //! | `floodgate_memory_evictions_total` | — | buckets the memory store evicted to stay within `--memory-max-buckets` |
 //! | `floodgate_store_errors_total` | kind | failed store calls of requests (`unavailable`: outage; `failed`: defect) |
 //! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
+//! | `floodgate_local_decisions_total` | reason | requests decided by this replica's in-memory buckets (`--on-store-error local`) because Redis could not answer: `shed` (the call to Redis was shed), `circuit_open`, `store_error` (the call failed or timed out) |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
 //! | `floodgate_global_shadow_mode_total` | — | requests answered OK only because of global shadow mode (the reference's `global_shadow_mode`) |
@@ -299,6 +300,7 @@ pub struct Metrics {
     memory_evictions: Counter,
     store_errors: Family<KindLabels, Counter>,
     store_degraded: Family<PolicyLabels, Counter>,
+    local_decisions: Family<ReasonLabels, Counter>,
     store_available: Gauge,
     local_cache_over_limit: Counter,
     global_shadow_mode: Counter,
@@ -383,6 +385,7 @@ impl Metrics {
         let memory_evictions = Counter::default();
         let store_errors = Family::<KindLabels, Counter>::default();
         let store_degraded = Family::<PolicyLabels, Counter>::default();
+        let local_decisions = Family::<ReasonLabels, Counter>::default();
         let store_available = Gauge::default();
         let local_cache_over_limit = Counter::default();
         let global_shadow_mode = Counter::default();
@@ -485,6 +488,12 @@ impl Metrics {
             store_degraded.clone(),
         );
         registry.register(
+            "floodgate_local_decisions",
+            "Requests decided by this replica's in-memory buckets (policy local) because Redis \
+             could not answer, by reason (shed, circuit_open, store_error)",
+            local_decisions.clone(),
+        );
+        registry.register(
             "floodgate_store_available",
             "1 while the store is usable (circuit closed), else 0",
             store_available.clone(),
@@ -580,6 +589,7 @@ impl Metrics {
             memory_evictions,
             store_errors,
             store_degraded,
+            local_decisions,
             store_available,
             local_cache_over_limit,
             global_shadow_mode,
@@ -868,6 +878,14 @@ impl Metrics {
     pub fn record_degraded(&self, policy: &'static str) {
         self.store_degraded
             .get_or_create(&PolicyLabels { policy })
+            .inc();
+    }
+
+    /// Counts a request decided by the local buckets of policy `local`, and why Redis did not
+    /// decide it (`shed`, `circuit_open`, `store_error`).
+    pub fn record_local_decision(&self, reason: &'static str) {
+        self.local_decisions
+            .get_or_create(&ReasonLabels { reason })
             .inc();
     }
 

@@ -183,8 +183,9 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub redis_failure_threshold: u32,
 
-    /// Shed load early when a queue stands in front of Redis: calls that would wait past
-    /// the deadline are answered at once by --on-store-error instead (docs/redis.md).
+    /// Bound the calls in flight to Redis (an adaptive limit with a short queue): calls
+    /// beyond what Redis answers in time are answered at once by --on-store-error instead
+    /// (docs/redis.md).
     #[arg(long, env = "FLOODGATE_REDIS_SHEDDING", value_name = "BOOL", default_value_t = true,
           action = clap::ArgAction::Set)]
     pub redis_shedding: bool,

@@ -1,4 +1,5 @@
-//! Overload and floods: bounded requests in flight (refused at once, never queued), the gRPC
+//! Overload and floods: bounded requests in flight (refused at once, never queued), limits
+//! that keep limiting under policy `local` while Redis is overloaded, the gRPC
 //! message cap, the request caps, and random-key floods that keep the memory store and the
 //! local over-limit cache within their bounds (read from `/metrics`, as an operator would).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -375,4 +376,152 @@ async fn random_key_flood_keeps_local_cache_bounded() {
         "answer": format!("{values} distinct values admitted then denied as Redis says; cache {entries} entries, {evictions} evicted"),
         "note": format!("{elapsed} ms in a {} build", build()),
     }));
+}
+
+/// Limits of the overload tests: `k` admits 100 per second, in bursts of at most 10.
+const HUNDRED_PER_SECOND: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 10}\n";
+
+/// With `--on-store-error local`, a 100/s limit offered ten times its rate (and bursts) while
+/// Redis keeps stalling (calls shed, timed out, answered by Redis in turn) admits at most its rate
+/// over the run plus one burst from Redis's bucket and one from the local one; the requests
+/// decided locally are counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
+    const RATE: u64 = 100;
+    const BURST: u64 = 10;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("limits.yaml"), HUNDRED_PER_SECOND).unwrap();
+    let server = Floodgate::start(&[
+        "--config",
+        dir.path().to_str().unwrap(),
+        "--redis-url",
+        &url,
+        "--on-store-error",
+        "local",
+        // The local over-limit cache would answer most denials alone; off, every request
+        // goes to Redis or to the local buckets.
+        "--local-cache-size",
+        "0",
+    ]);
+    let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let mut requests = tokio::task::JoinSet::new();
+    let mut ticker = tokio::time::interval(std::time::Duration::from_millis(1));
+    // Ten times the rate for three seconds, and a burst of 200 at once as Redis stalls for
+    // 150 of every 300 requests: more calls than the bound and its queue hold, so some are
+    // shed.
+    let send = |requests: &mut tokio::task::JoinSet<()>| {
+        let (mut client, ok) = (client.clone(), ok.clone());
+        requests.spawn(async move {
+            let request = request("d", vec![descriptor(&[("k", "v")])]);
+            if let Ok(response) = client.should_rate_limit(request).await
+                && response.into_inner().overall_code == Code::Ok as i32
+            {
+                ok.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    };
+    for i in 0..3_000u32 {
+        ticker.tick().await;
+        if i % 300 == 0 {
+            redis.freeze();
+            for _ in 0..200 {
+                send(&mut requests);
+            }
+        } else if i % 300 == 150 {
+            redis.thaw();
+        }
+        send(&mut requests);
+    }
+    redis.thaw();
+    requests.join_all().await;
+    let elapsed = started.elapsed();
+    let ok = ok.load(std::sync::atomic::Ordering::Relaxed);
+    let bound = RATE * elapsed.as_millis() as u64 / 1_000 + 2 * BURST;
+    let shed = count(
+        server.http,
+        r#"floodgate_local_decisions_total{reason="shed"}"#,
+    )
+    .await;
+    let failed = count(
+        server.http,
+        r#"floodgate_local_decisions_total{reason="store_error"}"#,
+    )
+    .await;
+    let metrics = format!("shed locally {shed}, failed over locally {failed}");
+    eprintln!("{ok} admitted in {elapsed:?} (bound {bound}); {metrics}");
+    assert!(shed > 0, "calls were shed and decided locally: {metrics}");
+    assert!(
+        ok <= bound,
+        "{ok} admitted in {elapsed:?}: more than {bound} ({RATE}/s + 2 × {BURST}); {metrics}"
+    );
+    assert!(ok > 0);
+    server.stop().await;
+}
+
+/// A flood of console bucket reads (64 clients at once) while gRPC requests keep coming:
+/// the reads beyond the console's few places are refused at once (503, "console busy"),
+/// every gRPC request is answered by Redis, and Redis's circuit breaker never opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_flood_neither_starves_grpc_nor_opens_the_breaker() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let redis = RedisServer::start();
+    let url = redis.url();
+    // A deadline a loaded test host always meets: this is about places, not speed.
+    let (server, _dir) = serve(&["--redis-url", &url, "--redis-timeout-ms", "2000"]);
+    let http = server.http;
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let stop = stop.clone();
+        flood.spawn(async move {
+            let (mut read, mut busy) = (0u64, 0u64);
+            let body = r#"{"domain":"d","entries":[{"key":"k","value":"v"}]}"#;
+            while !stop.load(Ordering::Relaxed) {
+                let response = support::http::call(http, "POST", "/buckets/get", Some(body)).await;
+                match response.status {
+                    200 => read += 1,
+                    503 if response.body.contains("console busy") => busy += 1,
+                    // The store's own answer on a loaded test host, not the console's bound.
+                    503 if response.body.contains("store unavailable") => {}
+                    other => panic!("{other}: {}", response.body),
+                }
+            }
+            (read, busy)
+        });
+    }
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
+    for i in 0..200 {
+        let probe = request("d", vec![descriptor(&[("k", &format!("probe-{i}"))])]);
+        let response = client
+            .should_rate_limit(probe)
+            .await
+            .expect("probe answered");
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (read, busy) = flood
+        .join_all()
+        .await
+        .into_iter()
+        .fold((0, 0), |(r, b), (read, busy)| (r + read, b + busy));
+    assert!(read > 0, "console reads answered");
+    assert!(
+        busy > 0,
+        "reads beyond the console's places refused ({read} answered)"
+    );
+    assert_eq!(server.log_count("circuit open"), 0, "the breaker opened");
+    assert_eq!(count(http, "floodgate_store_available").await, 1);
+    assert_eq!(
+        count(http, r#"floodgate_requests_total{result="store_error"}"#).await,
+        0
+    );
+    server.stop().await;
 }

@@ -15,6 +15,9 @@
 //! derives rates from successive reads, so the request path pays nothing when no one
 //! watches), the store's health and the last limits loads.
 //!
+//! Bounded (docs/console.md): the calls that reach the store hold one of [`STORE_CALLS`]
+//! places, so a flood of them cannot take Redis from the request path.
+//!
 //! Access rules (docs/security.md): mutations need the bearer token ([`token`]); reads need
 //! it too whenever one is configured (or with `--admin-read-requires-token`); every mutation
 //! is logged with the peer. Writes are JSON from the admin port's own origin only
@@ -23,12 +26,14 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use crate::bucket::BucketOp;
 use crate::config::algorithm_name;
@@ -80,15 +85,36 @@ pub struct ConsoleState {
     pub options: ConsoleOptions,
 }
 
-/// The console's routes, merged into the admin router.
+/// Console calls that reach the store at once, at most; one more is refused at once (503,
+/// `Retry-After: 1`). An operator's tool needs a few; a flood of them must not take Redis's
+/// capacity from the request path nor open its circuit breaker.
+pub const STORE_CALLS: usize = 4;
+
+/// The console's routes, merged into the admin router. Those that reach the store (bucket
+/// inspection, reset, set) hold one of [`STORE_CALLS`] places while they run.
 pub fn router(state: ConsoleState) -> Router {
-    Router::new()
-        .route("/", get(page))
-        .route("/console/state", get(dashboard::state))
+    let places = Arc::new(Semaphore::new(STORE_CALLS));
+    let bounded = Router::new()
         .route("/buckets/get", post(inspect))
         .route("/buckets/reset", post(reset))
         .route("/buckets/set", post(set_remaining))
+        .route_layer(axum::middleware::from_fn(move |request, next| {
+            take_place(places.clone(), request, next)
+        }))
+        .with_state(state.clone());
+    Router::new()
+        .route("/", get(page))
+        .route("/console/state", get(dashboard::state))
         .with_state(state)
+        .merge(bounded)
+}
+
+/// Runs a store-reaching console call in one of the [`STORE_CALLS`] places, or refuses it.
+async fn take_place(places: Arc<Semaphore>, request: Request, next: Next) -> Response {
+    match places.try_acquire() {
+        Ok(_place) => next.run(request).await,
+        Err(_) => ConsoleError::Busy.into_response(),
+    }
 }
 
 /// A console call: a descriptor (domain and entries, as in ShouldRateLimit), optionally
@@ -171,6 +197,10 @@ enum ConsoleError {
     Forbidden,
     #[error("{0}")]
     Store(#[from] StoreError),
+    #[error(
+        "console busy: {STORE_CALLS} bucket calls already in flight; not queued, retry shortly"
+    )]
+    Busy,
 }
 
 impl IntoResponse for ConsoleError {
@@ -179,10 +209,15 @@ impl IntoResponse for ConsoleError {
             ConsoleError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ConsoleError::Unauthorized => StatusCode::UNAUTHORIZED,
             ConsoleError::Forbidden => StatusCode::FORBIDDEN,
-            ConsoleError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ConsoleError::Store(_) | ConsoleError::Busy => StatusCode::SERVICE_UNAVAILABLE,
         };
         let mut response =
             (status, axum::Json(json!({ "error": self.to_string() }))).into_response();
+        if matches!(self, ConsoleError::Busy) {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 header::WWW_AUTHENTICATE,

@@ -4,8 +4,9 @@
 //! 1. the local over-limit cache — a bucket Redis recently said is empty answers OVER_LIMIT
 //!    with no Redis call;
 //! 2. the circuit breaker — while open, Redis is not called at all;
-//! 3. the shedder ([`super::shed`]) — while a queue stands in front of Redis, a call beyond
-//!    what Redis completes within half the deadline is not sent;
+//! 3. the shedder ([`super::shed`]) — an adaptive bound on the calls in flight to Redis, with a
+//!    short queue in front of it: past what Redis answers within half the deadline, a call
+//!    waits briefly for a place, and is shed (not sent) when none comes in time;
 //! 4. Redis, within the command timeout.
 //!
 //! When Redis cannot answer (breaker open, timeout, connection failure, or the call was shed),
@@ -33,7 +34,7 @@ use super::overlimit::OverLimitCache;
 use super::shed::Shedder;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
-use crate::limiter::View;
+use crate::limiter::{LimitParams, View};
 use crate::metrics::Metrics;
 
 /// Defects (store errors that are not outages) are logged at most this often: each request
@@ -203,16 +204,81 @@ impl ResilientStore {
         *unlogged = 0;
     }
 
-    fn degraded(&self, ops: &[BucketOp], error: StoreError) -> DegradedAnswer<'_> {
+    fn degraded(
+        &self,
+        ops: &[BucketOp],
+        error: StoreError,
+        reason: LocalReason,
+    ) -> DegradedAnswer<'_> {
         self.metrics.record_degraded(self.policy.as_str());
         match self.policy {
             FailurePolicy::Error => DegradedAnswer::Ready(Err(error)),
             FailurePolicy::Allow => DegradedAnswer::Ready(Ok(answer_all(ops, true))),
             FailurePolicy::Deny => DegradedAnswer::Ready(Ok(answer_all(ops, false))),
             FailurePolicy::Local => match &self.fallback {
-                Some(memory) => DegradedAnswer::Local(memory),
+                Some(memory) => {
+                    self.metrics.record_local_decision(reason.label());
+                    DegradedAnswer::Local(memory)
+                }
                 None => DegradedAnswer::Ready(Err(error)),
             },
+        }
+    }
+
+    /// Under policy `local`, debits what Redis committed from this replica's local buckets
+    /// too, so that they count every admission of this replica, not only their own: when
+    /// Redis cannot answer (calls shed under overload, an outage), a local bucket admits only
+    /// what is left of the rate after what Redis admitted here, and a limit keeps its rate
+    /// per replica instead of gaining a second one. Overdraft debits, never refused: Redis
+    /// decided. Costs one in-process update per request, under `local` only.
+    async fn mirror(&self, ops: &[BucketOp], applied: &Applied) {
+        let Some(memory) = self.fallback.as_ref().filter(|_| applied.committed) else {
+            return;
+        };
+        if self.policy != FailurePolicy::Local {
+            return;
+        }
+        let debits: Vec<BucketOp> = ops
+            .iter()
+            .zip(&applied.buckets)
+            .filter(|(op, result)| op.cost != 0 && (result.admitted || op.params.overdraft))
+            .map(|(op, _)| BucketOp {
+                enforce: false,
+                params: LimitParams {
+                    overdraft: true,
+                    max_wait_us: 0,
+                    ..op.params
+                },
+                ..op.clone()
+            })
+            .collect();
+        if debits.is_empty() {
+            return;
+        }
+        // The in-process store fails only on a defect; Redis's answer stands either way.
+        if let Err(error) = memory.apply(&debits).await {
+            tracing::debug!(%error, "local buckets not updated with Redis's debits");
+        }
+    }
+}
+
+/// Why Redis did not decide a request (the `reason` of `floodgate_local_decisions_total`).
+#[derive(Clone, Copy, Debug)]
+enum LocalReason {
+    /// The call was shed before Redis (overload).
+    Shed,
+    /// The circuit breaker is open (outage).
+    CircuitOpen,
+    /// The call failed or timed out.
+    StoreError,
+}
+
+impl LocalReason {
+    fn label(self) -> &'static str {
+        match self {
+            LocalReason::Shed => "shed",
+            LocalReason::CircuitOpen => "circuit_open",
+            LocalReason::StoreError => "store_error",
         }
     }
 }
@@ -270,46 +336,58 @@ impl Store for ResilientStore {
             self.metrics.record_local_cache_hit();
             return Ok(applied);
         }
-        let answer = if !self.breaker.is_closed() {
-            self.degraded(
-                ops,
-                StoreError::Unavailable("Redis unavailable (circuit open)".into()),
-            )
-        } else {
-            // Counted in flight until Redis answers or the request is dropped.
-            let call = self.shedder.as_ref().map(Shedder::admit);
-            if let Some(None) = call {
-                self.metrics.record_store_error("shed");
-                let shed = "Redis is saturated: call shed before its deadline";
-                return self
-                    .degraded(ops, StoreError::Unavailable(shed.into()))
-                    .resolve(ops)
-                    .await;
-            }
-            match self.redis.apply(ops).await {
-                Ok(applied) => {
-                    self.breaker.record_success();
-                    if let Some(cache) = &self.cache {
-                        cache.learn(ops, &applied, sent);
-                    }
-                    return Ok(applied);
+        if !self.breaker.is_closed() {
+            let open = StoreError::Unavailable("Redis unavailable (circuit open)".into());
+            return self
+                .degraded(ops, open, LocalReason::CircuitOpen)
+                .resolve(ops)
+                .await;
+        }
+        // A place among the calls in flight (perhaps after a short wait), held until Redis
+        // answers or the request is dropped; none: the call is shed.
+        let call = match &self.shedder {
+            Some(shedder) => match shedder.admit().await {
+                Some(call) => Some(call),
+                None => {
+                    self.metrics.record_store_error("shed");
+                    let shed = "Redis is saturated: call shed before its deadline";
+                    return self
+                        .degraded(ops, StoreError::Unavailable(shed.into()), LocalReason::Shed)
+                        .resolve(ops)
+                        .await;
                 }
-                Err(error) if error.is_transient() => {
-                    self.metrics.record_store_error(error.kind());
-                    self.breaker.record_failure(&error);
-                    self.degraded(ops, error)
-                }
-                Err(error) => {
-                    // Not an outage: a defect (bad script reply, missing ACL permission).
-                    // Report it, once per distinct error at warn level; masking it with a
-                    // policy answer would hide it.
-                    self.metrics.record_store_error(error.kind());
-                    self.log_defect(&error);
-                    return Err(error);
-                }
-            }
+            },
+            None => None,
         };
-        answer.resolve(ops).await
+        let answer = self.redis.apply(ops).await;
+        if let Some(call) = call {
+            call.end(answer.as_ref().is_err_and(StoreError::is_transient));
+        }
+        match answer {
+            Ok(applied) => {
+                self.breaker.record_success();
+                if let Some(cache) = &self.cache {
+                    cache.learn(ops, &applied, sent);
+                }
+                self.mirror(ops, &applied).await;
+                Ok(applied)
+            }
+            Err(error) if error.is_transient() => {
+                self.metrics.record_store_error(error.kind());
+                self.breaker.record_failure(&error);
+                self.degraded(ops, error, LocalReason::StoreError)
+                    .resolve(ops)
+                    .await
+            }
+            Err(error) => {
+                // Not an outage: a defect (bad script reply, missing ACL permission).
+                // Report it, once per distinct error at warn level; masking it with a
+                // policy answer would hide it.
+                self.metrics.record_store_error(error.kind());
+                self.log_defect(&error);
+                Err(error)
+            }
+        }
     }
     /// Resets in Redis, and forgets what this replica cached or counted locally about the
     /// buckets: a cached denial would otherwise outlive the reset until it expired. Other

@@ -1,252 +1,517 @@
-//! Early shedding in front of Redis: when a queue stands in front of Redis, the calls that
-//! could not be answered in time are answered at once instead of after the deadline.
+//! Admission in front of Redis: an adaptive bound on the calls in flight, and a short queue in
+//! front of it, so that past Redis's capacity the calls Redis can answer in time are answered
+//! and the excess is answered at once by the failure policy.
 //!
 //! Envoy's fleet is an open loop: requests keep arriving whether or not floodgate answers the
-//! earlier ones. When they arrive faster than Redis can run the script, the calls queue in
-//! front of Redis, every call waits longer, and soon every call runs out of the command
-//! deadline (`--redis-timeout-ms`) — after Redis did its work for nothing, since the answer
-//! comes too late. Shedding answers the excess immediately, by the failure policy, so the
-//! rest are answered in time and Redis only works on calls whose answers are used.
+//! earlier ones. Past what Redis can run, calls queue in front of Redis, every call waits
+//! longer, and soon every call runs out of the command deadline (`--redis-timeout-ms`) after
+//! Redis did its work for nothing. Two mechanisms, each with a long record in production:
 //!
-//! The signal is the one CoDel uses for network queues: a *standing* queue, seen as the
-//! shortest latency of the calls completed in an interval ([`INTERVAL`]) staying above a
-//! target (half the deadline). A burst that drains within the interval does not trigger it;
-//! neither does one slow call. While shedding, at most `throughput × target` calls are in
-//! flight (Little's law: that many calls complete within the target at the throughput Redis
-//! just showed), recomputed every interval; a call beyond that is shed. Shedding ends after
-//! an interval in which nothing was shed and the shortest latency was back under the target.
+//! **The bound: an AIMD concurrency limit** (additive increase, multiplicative decrease), the
+//! congestion control of TCP Reno (RFC 5681) as Netflix's `concurrency-limits` library applies
+//! it to RPC servers (`AIMDLimit`: a call slower than a timeout counts as a drop). While calls
+//! complete within the *target* (half the deadline) and the bound is in use, the bound grows
+//! by one per bound's worth of completions (about one per round trip; doubling per round trip
+//! until the first congestion signal while calls take under half the target, as TCP's slow
+//! start). When the answers' latency, averaged over the last [`SMOOTHING`] answers (the trend,
+//! not one call's tail), passes the target, the bound is multiplied by `target / latency`
+//! (0.9 at most, 0.5 at least, so an overshoot is undone in one round trip); a call that
+//! failed or timed out multiplies it by 0.9. At most once per round trip: only a call sent
+//! after the last cut can cut again (TCP's fast recovery), so a queue of slow calls already
+//! sent counts as one signal. The bound never goes under [`MIN_LIMIT`] (20), so a Redis that nearly
+//! stopped still gets calls and its recovery is seen.
 //!
-//! Everything is a handful of atomics on the request path: one increment and one decrement
-//! of the in-flight count, a `fetch_min` and an increment per completion; once per interval
-//! one completion recomputes the bound.
+//! Why not a bound computed by Little's law from the last interval (`answers × target /
+//! interval`): it is only steady when calls take exactly the target. When they take longer
+//! for a reason the bound does not control — Redis slowed by the CPU that answering the
+//! excess takes from it on a shared host, or the host's own scheduling delay — every
+//! interval's bound is `bound × target / latency`, smaller than the last, down to its floor,
+//! where it stays while the load lasts (the load keeps something shed). And it bounds nothing
+//! until a whole interval was slow, so a step in load first runs calls past the deadline. An
+//! AIMD bound moves by its own steps, up one per round trip while calls are in time and down
+//! at most once per round trip when they are not, and bounds from the first call. Any bound
+//! above Redis's bandwidth-delay product (capacity × no-load round trip, a few calls) keeps
+//! Redis busy, so goodput stays at capacity while the sawtooth swings between 90% and 100%.
+//! What no latency-based bound can do is tell a host that alone adds more than the target to
+//! every call from a queue: the bound then sits at its floor and the failure policy answers
+//! the rest.
+//!
+//! **The queue: adaptive LIFO with CoDel** ("Fail at scale", Ben Maurer, ACM Queue 2015, as
+//! Facebook's RPC servers run it; CoDel from Nichols and Jacobson, ACM Queue 2012). A call
+//! beyond the bound waits for a place instead of failing at once:
+//! - normally first in, first out, for at most the *long wait*, a quarter of the deadline
+//!   (a call that got its place then still has the target and a quarter to spare);
+//! - once the queue has not been empty for [`INTERVAL`] (a standing queue, CoDel's signal),
+//!   last in, first out, for at most the *short wait*, a tenth of the deadline: the newest
+//!   calls are those whose clients still wait for them, and an old call is dropped before it
+//!   is served. A client that retries at once gets served rather than queued behind its own
+//!   earlier attempts.
+//! - at most as many calls wait as the bound lets in flight (at least [`MIN_QUEUE`]); one
+//!   more is shed at once —
+//!   while the queue stands, the oldest waiter is shed instead and the newcomer waits.
+//!
+//! A call that is shed (queue full, or its wait ran out) gets `--on-store-error`'s answer at
+//! once (see [`super::resilient`]).
+//!
+//! Cost on the request path while under the bound: one increment and one decrement of the
+//! calls in flight, a load of the waiting count, and one compare-and-swap of the bound per
+//! completion while it grows. The queue's mutex is only taken while calls wait.
+//!
+//! Time is passed in as a value (ns since the shedder's start), so [`Controller`] runs the
+//! same under a simulated clock (`simulation`, the tests below) as under the real one.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-/// How long the shortest latency must stay above the target before shedding starts, and how
-/// often the bound is recomputed: long enough that a burst drains within it, short enough
-/// that a standing queue is cut within a few deadlines.
+use tokio::sync::oneshot;
+
+#[cfg(test)]
+mod simulation;
+
+/// How long the queue must stay non-empty to count as standing (CoDel's interval).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// The bound never goes below this many calls in flight: a store that completes a few calls
-/// per interval (Redis nearly down) still gets calls, so it is noticed when it recovers.
-const MIN_BOUND: u64 = 4;
+/// The bound never goes below this many calls in flight (Netflix's `AIMDLimit` default): a
+/// store that completes a few calls per round trip (Redis nearly down) still gets calls, so
+/// it is noticed when it recovers; and a host so busy that every call takes longer than the
+/// target, which no bound can fix, still gets this many calls answered per round trip rather
+/// than a handful.
+pub const MIN_LIMIT: u64 = 20;
 
-/// No bound: not shedding.
-const UNBOUNDED: u64 = u64::MAX;
+/// The bound never goes above this: far beyond what one Redis completes within a deadline.
+pub const MAX_LIMIT: u64 = 100_000;
 
-/// The standing-queue detector and the in-flight bound of one store.
-#[derive(Debug)]
-pub struct Shedder {
-    /// The latency a call may reach without counting as queued: half the deadline.
-    target_ns: u64,
-    /// Where the nanosecond clock below starts.
-    epoch: Instant,
-    /// Calls sent and not yet answered.
-    in_flight: AtomicU64,
-    /// Calls allowed in flight ([`UNBOUNDED`] while not shedding).
-    bound: AtomicU64,
-    /// Start of the current interval, ns since `epoch`.
-    interval_start_ns: AtomicU64,
-    /// Shortest latency completed in the current interval, ns.
-    min_latency_ns: AtomicU64,
-    /// Calls completed in the current interval.
-    completed: AtomicU64,
-    /// Calls shed in the current interval.
-    shed: AtomicU64,
+/// The bound a store starts with, before any signal: enough for a busy replica's first
+/// round trips; slow start raises it within a few round trips where more is needed.
+pub const INITIAL_LIMIT: u64 = 64;
+
+/// At least this many calls may wait, however low the bound: the wait, not the room, is
+/// what sheds a call while Redis recovers.
+pub const MIN_QUEUE: u64 = 64;
+
+/// The latency compared with the target is a moving average over about this many answers:
+/// the trend of the calls, not one call's tail (a host's scheduling hiccup, a slow packet),
+/// which would cut the bound every round trip.
+pub const SMOOTHING: u64 = 16;
+
+/// Fixed point of the bound: 2^20 is one call, so it can grow by a fraction per completion.
+const ONE: u64 = 1 << 20;
+
+/// How a call that held a place ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// The store answered (whatever it answered).
+    Answered,
+    /// The store failed or timed out: a congestion signal whatever the latency.
+    Failed,
+    /// The caller went away first: a congestion signal only if it had waited past the target.
+    Cancelled,
 }
 
-/// A call let through, counted in flight until it is dropped: when the store answered, failed
-/// or timed out, or when the request was cancelled — the latency is what the caller waited.
+/// Something waiting for a place: told when it has one.
+pub trait Waiter {
+    /// Hands the waiter a place; false if it is gone (the place goes to the next waiter).
+    fn wake(self) -> bool;
+}
+
+impl Waiter for oneshot::Sender<()> {
+    fn wake(self) -> bool {
+        self.send(()).is_ok()
+    }
+}
+
+/// What [`Controller::enter`] decided for a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// The call holds a place: send it.
+    Admitted,
+    /// The call waits for a place, for at most this many ns; it is woken when it has one.
+    Queued {
+        /// The longest the call may wait.
+        wait_ns: u64,
+    },
+    /// The queue is full: answer the call by the failure policy now.
+    Shed,
+}
+
+/// The queue of calls waiting for a place.
+#[derive(Debug)]
+struct Queue<W> {
+    /// Oldest first, each with when it arrived (ns).
+    waiters: VecDeque<(W, u64)>,
+    /// When the queue last went from empty to not empty (ns).
+    busy_since_ns: u64,
+}
+
+impl<W> Queue<W> {
+    /// A standing queue: not empty for the whole last [`INTERVAL`].
+    fn standing(&self, now_ns: u64) -> bool {
+        !self.waiters.is_empty() && now_ns.saturating_sub(self.busy_since_ns) > nanos(INTERVAL)
+    }
+}
+
+/// The adaptive bound and the queue, with time passed in (see the module doc).
+#[derive(Debug)]
+pub struct Controller<W> {
+    /// A call slower than this is a congestion signal: half the deadline.
+    target_ns: u64,
+    /// How long a call may wait for a place while the queue is not standing.
+    long_wait_ns: u64,
+    /// How long a call may wait for a place while the queue stands.
+    short_wait_ns: u64,
+    /// Calls holding a place.
+    in_flight: AtomicU64,
+    /// The bound, in units of [`ONE`].
+    limit: AtomicU64,
+    /// True until the first congestion signal: the bound doubles per round trip meanwhile.
+    slow_start: AtomicBool,
+    /// Moving average of the answers' latency (ns; 0 before the first).
+    latency_ns: AtomicU64,
+    /// When the bound was last cut (ns); only a call sent after it may cut again.
+    last_cut_ns: AtomicU64,
+    /// How many calls wait (the queue's length, readable without its lock).
+    waiting: AtomicU64,
+    /// The calls waiting for a place.
+    queue: Mutex<Queue<W>>,
+}
+
+impl<W: Waiter> Controller<W> {
+    /// A controller for calls that have `deadline` to complete.
+    pub fn new(deadline: Duration) -> Controller<W> {
+        let deadline_ns = nanos(deadline).max(10);
+        Controller {
+            target_ns: deadline_ns / 2,
+            long_wait_ns: deadline_ns / 4,
+            short_wait_ns: deadline_ns / 10,
+            in_flight: AtomicU64::new(0),
+            limit: AtomicU64::new(INITIAL_LIMIT * ONE),
+            slow_start: AtomicBool::new(true),
+            latency_ns: AtomicU64::new(0),
+            last_cut_ns: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
+            queue: Mutex::new(Queue {
+                waiters: VecDeque::new(),
+                busy_since_ns: 0,
+            }),
+        }
+    }
+
+    /// The bound of calls in flight now.
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed) / ONE
+    }
+
+    /// Calls holding a place now.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Calls waiting for a place now.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// A call arrives at `now_ns`: admitted, queued (then `waiter()` is what will be woken),
+    /// or shed.
+    pub fn enter(&self, now_ns: u64, waiter: impl FnOnce() -> W) -> Entry {
+        // Fast path: nobody waits (a newcomer does not pass a waiter) and a place is free.
+        if self.waiting.load(Ordering::SeqCst) == 0 {
+            let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+            if before < self.limit() {
+                return Entry::Admitted;
+            }
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        self.prune(&mut queue, now_ns);
+        if queue.waiters.len() as u64 >= self.limit().max(MIN_QUEUE) {
+            if !queue.standing(now_ns) {
+                return Entry::Shed;
+            }
+            // Last in, first out: the oldest waiter is the one to give up (its wait ends
+            // now), not the newcomer, whose client is the likeliest to still be waiting.
+            queue.waiters.pop_front();
+        }
+        if queue.waiters.is_empty() {
+            queue.busy_since_ns = now_ns;
+        }
+        let wait_ns = self.wait_ns(&queue, now_ns);
+        queue.waiters.push_back((waiter(), now_ns));
+        self.waiting
+            .store(queue.waiters.len() as u64, Ordering::SeqCst);
+        // A place may have been freed since the fast path looked.
+        self.drain(&mut queue, now_ns);
+        Entry::Queued { wait_ns }
+    }
+
+    /// A call that held a place since `sent_ns` ended at `now_ns`: adjust the bound, and give
+    /// its place to a waiter, if any.
+    pub fn end(&self, now_ns: u64, sent_ns: u64, end: End) {
+        let latency = now_ns.saturating_sub(sent_ns);
+        // The latency a cut is sized by: the average's, or for a failure none (a 10% cut).
+        let (congested, latency) = match end {
+            End::Answered => {
+                let average = self.smoothed(latency);
+                (average > self.target_ns, average)
+            }
+            End::Failed => (true, 0),
+            End::Cancelled if latency > self.target_ns => (true, 0),
+            // Gone before the target: says nothing about the store.
+            End::Cancelled => {
+                self.release(now_ns);
+                return;
+            }
+        };
+        if congested {
+            self.cut(now_ns, sent_ns, latency);
+        } else {
+            self.grow(latency);
+        }
+        self.release(now_ns);
+    }
+
+    /// Gives a place back without a sample (a place granted to a waiter that was gone).
+    pub fn release(&self, now_ns: u64) {
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+            self.drain(&mut queue, now_ns);
+        }
+    }
+
+    /// Adds an answer's latency to the moving average (over about [`SMOOTHING`] answers) and
+    /// returns the average. Racing completions may lose an update: an average does not mind.
+    fn smoothed(&self, latency: u64) -> u64 {
+        let average = self.latency_ns.load(Ordering::Relaxed);
+        let next = if average == 0 {
+            latency
+        } else if latency >= average {
+            average + (latency - average) / SMOOTHING
+        } else {
+            average - (average - latency) / SMOOTHING
+        };
+        self.latency_ns.store(next, Ordering::Relaxed);
+        next
+    }
+
+    /// Multiplicative decrease, once per round trip: only a call sent after the last cut
+    /// saw the current bound, so only it may cut it again. The cut is 10%, or down to
+    /// `target / latency` of the bound when the call took longer (at most halving it), so an
+    /// overshoot is undone in one round trip.
+    fn cut(&self, now_ns: u64, sent_ns: u64, latency: u64) {
+        let last = self.last_cut_ns.load(Ordering::Relaxed);
+        if sent_ns < last
+            || self
+                .last_cut_ns
+                .compare_exchange(last, now_ns.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.slow_start.store(false, Ordering::Relaxed);
+        // In 1/1024ths: between a half and nine tenths.
+        let kept = if latency == 0 {
+            921
+        } else {
+            (u128::from(self.target_ns) * 1024 / u128::from(latency)).clamp(512, 921)
+        };
+        let _ = self
+            .limit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
+                let cut = u128::from(limit) * kept / 1024;
+                Some(u64::try_from(cut).unwrap_or(limit).max(MIN_LIMIT * ONE))
+            });
+    }
+
+    /// Additive increase (one per bound's worth of completions), only while the bound is in
+    /// use: a bound nobody reaches says nothing. Until the first cut, and while calls take
+    /// under half the target, one per completion instead (slow start: doubling per round
+    /// trip, and stopping well before the target so it does not overshoot it).
+    fn grow(&self, latency: u64) {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if self.in_flight.load(Ordering::Relaxed) * 2 * ONE < limit {
+            return;
+        }
+        let step = if self.slow_start.load(Ordering::Relaxed) && latency <= self.target_ns / 2 {
+            ONE
+        } else {
+            (ONE * ONE / limit.max(1)).max(1)
+        };
+        let _ = self
+            .limit
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |limit| {
+                Some((limit + step).min(MAX_LIMIT * ONE))
+            });
+    }
+
+    /// How long a call arriving now may wait.
+    fn wait_ns(&self, queue: &Queue<W>, now_ns: u64) -> u64 {
+        if queue.standing(now_ns) {
+            self.short_wait_ns
+        } else {
+            self.long_wait_ns
+        }
+    }
+
+    /// Drops the waiters that waited longer than a call arriving now may (their own timers
+    /// shed them; this frees their room in the queue).
+    fn prune(&self, queue: &mut Queue<W>, now_ns: u64) {
+        let wait_ns = self.wait_ns(queue, now_ns);
+        while queue
+            .waiters
+            .front()
+            .is_some_and(|(_, at)| now_ns.saturating_sub(*at) > wait_ns)
+        {
+            queue.waiters.pop_front();
+        }
+        self.waiting
+            .store(queue.waiters.len() as u64, Ordering::SeqCst);
+    }
+
+    /// Hands free places to waiters: the oldest first normally, the newest first while the
+    /// queue stands.
+    fn drain(&self, queue: &mut Queue<W>, now_ns: u64) {
+        self.prune(queue, now_ns);
+        while !queue.waiters.is_empty() {
+            let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
+            if before >= self.limit() {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+                break;
+            }
+            let next = if queue.standing(now_ns) {
+                queue.waiters.pop_back()
+            } else {
+                queue.waiters.pop_front()
+            };
+            let woken = next.is_some_and(|(waiter, _)| waiter.wake());
+            if !woken {
+                self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting
+            .store(queue.waiters.len() as u64, Ordering::SeqCst);
+    }
+}
+
+/// The controller of one store, on the real clock.
+#[derive(Debug)]
+pub struct Shedder {
+    /// Where the nanosecond clock starts.
+    epoch: Instant,
+    /// The bound and the queue.
+    controller: Controller<oneshot::Sender<()>>,
+}
+
+/// A call holding a place until it is dropped or [`Admitted::end`]ed: a drop without `end`
+/// is a cancelled call (the request went away while the store worked).
 #[derive(Debug)]
 #[must_use = "dropping the call ends it at once"]
 pub struct Admitted<'a> {
     shedder: &'a Shedder,
-    sent: Instant,
+    sent_ns: u64,
+    end: End,
+}
+
+impl Admitted<'_> {
+    /// Ends the call: `failed` when the store failed or timed out.
+    pub fn end(mut self, failed: bool) {
+        self.end = if failed { End::Failed } else { End::Answered };
+    }
 }
 
 impl Drop for Admitted<'_> {
     fn drop(&mut self) {
-        let now = Instant::now();
-        self.shedder.record(now.duration_since(self.sent), now);
+        let shedder = self.shedder;
+        shedder
+            .controller
+            .end(shedder.now_ns(), self.sent_ns, self.end);
+    }
+}
+
+/// A queued call's ticket: a place granted to it and not taken (its wait ran out as the place
+/// came, or the request went away) goes back to the controller.
+struct Ticket<'a> {
+    shedder: &'a Shedder,
+    granted: oneshot::Receiver<()>,
+    /// The place was taken by the call: nothing to give back.
+    taken: bool,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        self.granted.close();
+        if self.granted.try_recv().is_ok() {
+            self.shedder.controller.release(self.shedder.now_ns());
+        }
     }
 }
 
 impl Shedder {
     /// A shedder for a store whose calls have `deadline` to complete.
     pub fn new(deadline: Duration) -> Shedder {
-        let target = deadline / 2;
         Shedder {
-            target_ns: u64::try_from(target.as_nanos()).unwrap_or(u64::MAX).max(1),
             epoch: Instant::now(),
-            in_flight: AtomicU64::new(0),
-            bound: AtomicU64::new(UNBOUNDED),
-            interval_start_ns: AtomicU64::new(0),
-            min_latency_ns: AtomicU64::new(u64::MAX),
-            completed: AtomicU64::new(0),
-            shed: AtomicU64::new(0),
+            controller: Controller::new(deadline),
         }
     }
 
-    /// Lets a call through, or `None` to shed it: the store is shedding and the bound of
-    /// calls in flight is reached.
-    pub fn admit(&self) -> Option<Admitted<'_>> {
-        let before = self.in_flight.fetch_add(1, Ordering::Relaxed);
-        if before >= self.bound.load(Ordering::Relaxed) {
-            self.in_flight.fetch_sub(1, Ordering::Relaxed);
-            self.shed.fetch_add(1, Ordering::Relaxed);
-            return None;
+    fn now_ns(&self) -> u64 {
+        nanos(self.epoch.elapsed())
+    }
+
+    /// A place for a call — at once, or after a short wait in the queue — or `None` to shed
+    /// the call: the queue is full, or its wait ran out.
+    pub async fn admit(&self) -> Option<Admitted<'_>> {
+        let mut ticket = None;
+        let entry = self.controller.enter(self.now_ns(), || {
+            let (tx, rx) = oneshot::channel();
+            ticket = Some(rx);
+            tx
+        });
+        match entry {
+            Entry::Admitted => {}
+            Entry::Shed => return None,
+            Entry::Queued { wait_ns } => {
+                let mut ticket = Ticket {
+                    shedder: self,
+                    granted: ticket?,
+                    taken: false,
+                };
+                let wait = Duration::from_nanos(wait_ns);
+                match tokio::time::timeout(wait, &mut ticket.granted).await {
+                    Ok(Ok(())) => {
+                        // The place is ours now: the ticket must not give it back.
+                        ticket.taken = true;
+                    }
+                    // The wait ran out, or the queue dropped us (older than a standing
+                    // queue lets wait); a place granted meanwhile goes back with the ticket.
+                    Ok(Err(_)) | Err(_) => return None,
+                }
+            }
         }
         Some(Admitted {
             shedder: self,
-            sent: Instant::now(),
+            sent_ns: self.now_ns(),
+            end: End::Cancelled,
         })
     }
 
-    /// Records the end of a call that took `latency`, at `now`.
-    fn record(&self, latency: Duration, now: Instant) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.min_latency_ns
-            .fetch_min(nanos(latency), Ordering::Relaxed);
-        self.completed.fetch_add(1, Ordering::Relaxed);
-        self.maybe_end_interval(nanos(now.duration_since(self.epoch)));
+    /// The bound of calls in flight now.
+    pub fn limit(&self) -> u64 {
+        self.controller.limit()
     }
 
-    /// True while calls beyond a bound are shed.
-    pub fn is_shedding(&self) -> bool {
-        self.bound.load(Ordering::Relaxed) != UNBOUNDED
-    }
-
-    /// The bound of calls in flight, `None` while not shedding.
-    pub fn bound(&self) -> Option<u64> {
-        Some(self.bound.load(Ordering::Relaxed)).filter(|&b| b != UNBOUNDED)
-    }
-
-    /// At the end of an interval, one completion (the one that wins the start's
-    /// compare-and-swap) decides from the interval's figures whether to shed in the next.
-    fn maybe_end_interval(&self, now_ns: u64) {
-        let start = self.interval_start_ns.load(Ordering::Relaxed);
-        let interval_ns = nanos(INTERVAL);
-        let elapsed = now_ns.saturating_sub(start);
-        if elapsed < interval_ns
-            || self
-                .interval_start_ns
-                .compare_exchange(start, now_ns, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
-        {
-            return;
-        }
-        let min_latency = self.min_latency_ns.swap(u64::MAX, Ordering::Relaxed);
-        let completed = self.completed.swap(0, Ordering::Relaxed);
-        let shed = self.shed.swap(0, Ordering::Relaxed);
-        let queued = min_latency > self.target_ns;
-        let shedding = if self.is_shedding() {
-            queued || shed > 0
-        } else {
-            queued
-        };
-        let bound = if shedding {
-            // Little's law: calls that complete within the target at this throughput.
-            let per_target =
-                u128::from(completed) * u128::from(self.target_ns) / u128::from(elapsed);
-            u64::try_from(per_target)
-                .unwrap_or(UNBOUNDED - 1)
-                .max(MIN_BOUND)
-        } else {
-            UNBOUNDED
-        };
-        self.bound.store(bound, Ordering::Relaxed);
+    /// Calls waiting for a place now.
+    pub fn waiting(&self) -> u64 {
+        self.controller.waiting()
     }
 }
 
 fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Admits a call and completes it `at` after the shedder's start, having taken `latency`.
-    fn complete(shedder: &Shedder, latency: Duration, at: Duration) {
-        std::mem::forget(shedder.admit().expect("admitted"));
-        shedder.record(latency, shedder.epoch + at);
-    }
-
-    const DEADLINE: Duration = Duration::from_millis(10);
-
-    #[test]
-    fn fast_calls_never_shed() {
-        let shedder = Shedder::new(DEADLINE);
-        for i in 1..=1000u32 {
-            complete(&shedder, Duration::from_millis(4), INTERVAL / 100 * i);
-        }
-        assert!(!shedder.is_shedding());
-        let calls: Vec<_> = (0..10_000).map(|_| shedder.admit()).collect();
-        assert!(calls.iter().all(Option::is_some), "not shedding: no bound");
-    }
-
-    #[test]
-    fn one_slow_call_in_an_interval_does_not_start_shedding() {
-        let shedder = Shedder::new(DEADLINE);
-        complete(&shedder, Duration::from_millis(50), INTERVAL / 2);
-        complete(&shedder, Duration::from_millis(1), INTERVAL / 2);
-        complete(&shedder, Duration::from_millis(1), INTERVAL + INTERVAL / 10);
-        assert!(!shedder.is_shedding());
-    }
-
-    #[test]
-    fn a_standing_queue_bounds_calls_in_flight_by_littles_law() {
-        let shedder = Shedder::new(DEADLINE);
-        // 1000 completions in the first interval, none faster than 6 ms (> the 5 ms target):
-        // 10,000 calls per second, so 50 complete within the target.
-        for i in 1..=1000u32 {
-            complete(&shedder, Duration::from_millis(6), INTERVAL / 1000 * i);
-        }
-        assert_eq!(shedder.bound(), Some(50));
-        let calls: Vec<_> = (0..60).map(|_| shedder.admit()).collect();
-        assert_eq!(calls.iter().filter(|c| c.is_some()).count(), 50);
-    }
-
-    #[test]
-    fn shedding_ends_after_a_quiet_interval_under_the_target() {
-        let shedder = Shedder::new(DEADLINE);
-        for i in 1..=100u32 {
-            complete(&shedder, Duration::from_millis(8), INTERVAL / 100 * i);
-        }
-        assert!(shedder.is_shedding());
-        // Next interval: fast, but calls were still shed in it: keeps shedding.
-        let held: Vec<_> = std::iter::from_fn(|| shedder.admit()).take(1000).collect();
-        assert!(held.len() < 1000 && shedder.admit().is_none());
-        drop(held);
-        for i in 1..=100u32 {
-            complete(
-                &shedder,
-                Duration::from_millis(1),
-                INTERVAL + INTERVAL / 100 * i,
-            );
-        }
-        assert!(
-            shedder.is_shedding(),
-            "shed in that interval: still shedding"
-        );
-        for i in 1..=100u32 {
-            complete(
-                &shedder,
-                Duration::from_millis(1),
-                INTERVAL * 2 + INTERVAL / 100 * i,
-            );
-        }
-        assert!(
-            !shedder.is_shedding(),
-            "nothing shed, latency under target: stops"
-        );
-    }
-
-    #[test]
-    fn the_bound_never_goes_below_the_minimum() {
-        let shedder = Shedder::new(DEADLINE);
-        complete(&shedder, Duration::from_secs(1), INTERVAL * 3);
-        assert_eq!(shedder.bound(), Some(MIN_BOUND));
-    }
 }

@@ -1,0 +1,189 @@
+#!/usr/bin/env bash
+# Overload: what floodgate and Limitador answer past Redis's capacity. Every figure counts OK
+# answers only and says beside it how many were not OK.
+#
+#   bench/overload.sh                                   # both parts, release build
+#   OVL_RATES="20000 50000 100000 150000" OVL_SECONDS=10 bench/overload.sh
+#   OVL_PARTS=open bench/overload.sh                    # one part: open or closed
+#   BENCH_BIN=/path/floodgate LOADGEN_BIN=/path/loadgen LIMITADOR_BIN=/path/limitador-server \
+#       bench/overload.sh
+#
+# 1. Open loop (examples/loadgen --rps: requests leave on schedule whether or not earlier
+#    ones were answered, as an Envoy fleet's do; latency from the scheduled time), one
+#    descriptor, OVL_KEYS distinct values drawn uniformly (many keys), Redis, a fresh server
+#    per row. Columns: offered load, OK/s, not OK/s (floodgate: shed before Redis in
+#    brackets; Limitador: gRPC errors), p50 and p99 in ms of all answers. Both servers'
+#    answers are counted by gRPC status and code by loadgen.
+# 2. Closed loop (h2load, the rows of the issue): 128, 512 and 1,024 calls in flight, 1 and 4
+#    descriptors, Redis, floodgate; OK/s from floodgate_requests_total{result="ok"} (h2load
+#    cannot see gRPC status in trailers), not OK beside it; then 128 again 2 s after the
+#    1,024 run, on the same server. The goal: 512 and 1,024 keep >= 0.6x and >= 0.5x of the
+#    OK/s at 128, and the run 2 s after is back to >= 0.9x.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+need_h2load
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+RATES=${OVL_RATES:-"20000 50000 100000 150000 300000"}
+SECONDS_PER_RUN=${OVL_SECONDS:-10}
+KEYS=${OVL_KEYS:-100000}
+PARTS=${OVL_PARTS:-"open closed"}
+TARGET=${CARGO_TARGET_DIR:-target}
+if [ -z "${BENCH_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; then
+    cargo build --release --quiet --bin floodgate --example loadgen
+fi
+BIN=${BENCH_BIN:-$TARGET/release/floodgate}
+LOADGEN=${LOADGEN_BIN:-$TARGET/release/examples/loadgen}
+
+LIMITADOR=${LIMITADOR_BIN:-}
+if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
+    LIMITADOR=$WORK/limitador-server
+    gunzip -c ../shared/peers/limitador-server.gz > "$LIMITADOR"
+    chmod +x "$LIMITADOR"
+fi
+[ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
+
+# Domains `one` (k0) and `four` (k0..k3), 10^6 per second per value: nothing is over limit,
+# so every answer that is not OK is the server's failure to answer in time.
+mkdir "$WORK/limits"
+for domain in one four; do
+    n=1; [ "$domain" = four ] && n=4
+    {
+        echo "domain: $domain"
+        echo "descriptors:"
+        for i in $(seq 0 $((n - 1))); do
+            echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
+        done
+    } > "$WORK/limits/$domain.yaml"
+    for i in $(seq 0 $((n - 1))); do
+        cat <<YAML
+- namespace: $domain
+  max_value: 1000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[$i]['k$i']"]
+YAML
+    done
+done > "$WORK/limitador.yaml"
+python3 bench/grpc_body.py one 1 "$WORK/one.bin"
+python3 bench/grpc_body.py four 4 "$WORK/four.bin"
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --logfile "$WORK/redis.log" --daemonize no &
+PIDS+=($!)
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+
+# start SERVER : floodgate or limitador on Redis (flushed); sets GRPC_PORT, HTTP_PORT, SRV_PID.
+start() {
+    GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    if [ "$1" = floodgate ]; then
+        RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+            --http-addr "127.0.0.1:$HTTP_PORT" --redis-url "redis://127.0.0.1:$REDIS_PORT/" \
+            >"$WORK/server.log" 2>&1 &
+        SRV_PID=$!
+        until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
+    else
+        "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
+            "$WORK/limitador.yaml" redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/server.log" 2>&1 &
+        SRV_PID=$!
+        until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
+    fi
+    PIDS+=("$SRV_PID")
+}
+stop() { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
+
+# floodgate's answers so far: "ok not_ok shed".
+answers() {
+    curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
+        $1 == "floodgate_store_errors_total{kind=\"shed\"}" { shed += $2 }
+        END { print ok + 0, all - ok, shed + 0 }'
+}
+
+if [[ " $PARTS " == *" open "* ]]; then
+    echo
+    echo "## Open loop: offered load, 1 descriptor, $KEYS keys uniform, Redis, ${SECONDS_PER_RUN} s per row"
+    echo
+    echo "| server | offered/s | OK/s | not OK/s (shed) | p50 ms | p99 ms |"
+    echo "|---|---|---|---|---|---|"
+    SERVERS=(floodgate)
+    [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
+    for rate in $RATES; do
+        for server in "${SERVERS[@]}"; do
+            start "$server"
+            shed0=0
+            [ "$server" = floodgate ] && read -r _ _ shed0 < <(answers)
+            "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain one --connections 16 \
+                --rps "$rate" --keys "$KEYS" --descriptors 1 --duration "$SECONDS_PER_RUN" \
+                --warmup 2 --threads 2 >"$WORK/loadgen.json" 2>"$WORK/loadgen.err" || true
+            shed=-
+            if [ "$server" = floodgate ]; then
+                read -r _ _ shed1 < <(answers)
+                shed=$((shed1 - shed0))
+            fi
+            stop
+            python3 - "$WORK/loadgen.json" "$server" "$rate" "$shed" "$SECONDS_PER_RUN" <<'PY'
+import json, sys
+path, server, rate, shed, seconds = sys.argv[1:]
+try:
+    r = json.loads(open(path).read().strip().splitlines()[-1])
+except (IndexError, ValueError):
+    print(f"| {server} | {rate} | (loadgen failed) | | | |")
+    sys.exit()
+s = r["seconds"] or float(seconds)
+ok = r["answers"].get("ok", 0) / s
+not_ok = (r["requests"] - r["answers"].get("ok", 0)) / s
+shed = f" ({int(shed) / s:.0f})" if shed != "-" else ""
+print(f"| {server} | {rate} | {ok:.0f} | {not_ok:.0f}{shed} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+PY
+        done
+    done
+fi
+
+# h2 IN_FLIGHT SECONDS BODY : 64 connections with IN_FLIGHT / 64 streams each (under the
+# default --grpc-max-connections and --grpc-max-concurrent-streams).
+h2() {
+    h2load -c 64 -m $(( $1 / 64 )) -t 1 -D "$2" --data "$3" -H 'content-type: application/grpc' \
+        -H 'te: trailers' \
+        "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
+        >"$WORK/h2.out" 2>&1 || true
+}
+
+# closed IN_FLIGHT BODY : one run of SECONDS_PER_RUN on the running server; prints
+# "ok_per_s not_ok shed".
+closed() {
+    local ok0 bad0 shed0 ok1 bad1 shed1
+    read -r ok0 bad0 shed0 < <(answers)
+    h2 "$1" "$SECONDS_PER_RUN" "$2"
+    read -r ok1 bad1 shed1 < <(answers)
+    echo "$(( (ok1 - ok0) / SECONDS_PER_RUN )) $((bad1 - bad0)) $((shed1 - shed0))"
+}
+
+if [[ " $PARTS " == *" closed "* ]]; then
+    echo
+    echo "## Closed loop: calls in flight, Redis, floodgate, ${SECONDS_PER_RUN} s per run (h2load: 64 connections)"
+    echo
+    echo "| descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 |"
+    echo "|---|---|---|---|---|"
+    for body in one four; do
+        n=1; [ "$body" = four ] && n=4
+        start floodgate
+        h2 128 2 "$WORK/$body.bin"   # warm-up
+        base=
+        for inflight in 128 512 1024 "128 (2 s after 1024)"; do
+            c=${inflight%% *}
+            [ "$inflight" = "128 (2 s after 1024)" ] && sleep 2
+            read -r ok bad shed < <(closed "$c" "$WORK/$body.bin")
+            [ -z "$base" ] && base=$ok
+            ratio=$(python3 -c "print(f'{$ok / max($base, 1):.2f}')")
+            echo "| $n | $inflight | $ok | $bad ($shed) | $ratio |"
+        done
+        stop
+    done
+fi
+
+echo
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"
