@@ -2,7 +2,7 @@
 # Overload: what floodgate and Limitador answer past Redis's capacity. Every figure counts OK
 # answers only and says beside it how many were not OK.
 #
-#   bench/overload.sh                                   # both parts, release build
+#   bench/overload.sh                                   # both parts, production build
 #   OVL_RATES="20000 50000 100000 150000" OVL_SECONDS=10 bench/overload.sh
 #   OVL_PARTS=open bench/overload.sh                    # one part: open or closed
 #   BENCH_BIN=/path/floodgate LOADGEN_BIN=/path/loadgen LIMITADOR_BIN=/path/limitador-server \
@@ -31,10 +31,10 @@ KEYS=${OVL_KEYS:-100000}
 PARTS=${OVL_PARTS:-"open closed"}
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BENCH_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; then
-    cargo build --release --quiet --bin floodgate --example loadgen
+    cargo build --profile production --quiet --bin floodgate --example loadgen
 fi
-BIN=${BENCH_BIN:-$TARGET/release/floodgate}
-LOADGEN=${LOADGEN_BIN:-$TARGET/release/examples/loadgen}
+BIN=${BENCH_BIN:-$TARGET/production/floodgate}
+LOADGEN=${LOADGEN_BIN:-$TARGET/production/examples/loadgen}
 
 LIMITADOR=${LIMITADOR_BIN:-}
 if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
