@@ -202,9 +202,14 @@ async fn denied_request_changes_no_key() {
 #[tokio::test]
 async fn every_key_has_a_ttl() {
     let Setup { redis, server } = setup().await;
-    for key in ["many", "one", "fw", "sw"] {
+    // Each key's TTL is its time to become full again, so every write here leaves one of
+    // 30 s or more (two hits of 500 of `many`'s 1000 a minute, not two of one): the check
+    // below reads them long before they expire, however loaded the machine is.
+    for (key, hits) in [("many", 500), ("one", 1), ("fw", 1), ("sw", 1)] {
         for _ in 0..2 {
-            server.ask(simple("r", key, "x")).await;
+            let mut request = simple("r", key, "x");
+            request.hits_addend = hits;
+            server.ask(request).await;
         }
     }
     let keys = keys(&redis).await;

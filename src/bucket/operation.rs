@@ -7,7 +7,7 @@
 //! them, as [`settle`] decides.
 
 use super::{BucketKey, ReferenceCounter};
-use crate::limiter::{Cost, Evaluation, LimitParams, State, View};
+use crate::limiter::{Algorithm, Cost, Evaluation, LimitParams, State, View};
 
 /// One bucket of one request: which bucket, how to count, and how much.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,7 +50,12 @@ impl BucketOp {
     /// answer, or `None` when there is nothing to give back for `why` (a check, a refund,
     /// a debit that was not stored). The one place the overdraft rule of [`Undo`] lives.
     pub fn undo(&self, result: &BucketResult, why: Undo) -> Option<BucketOp> {
+        // A window debit that was stored names its window; one that names none was never
+        // stored (a synthetic `allow` answer while the store is down), and a refund of it
+        // would go to the current window, giving back what was never taken.
+        let stored = result.window.is_some() || self.params.algorithm == Algorithm::TokenBucket;
         let debited = self.cost > 0
+            && stored
             && match why {
                 Undo::NotCommitted => result.admitted || self.params.overdraft,
                 Undo::Withdrawn => result.admitted && !self.params.overdraft,
@@ -268,5 +273,48 @@ mod tests {
         assert_eq!(undone(op(true, 3), false, Undo::NotCommitted), Some(-3));
         assert_eq!(undone(op(true, 3), true, Undo::NotCommitted), Some(-3));
         assert_eq!(undone(op(true, 3), true, Undo::Withdrawn), None);
+    }
+
+    /// A window debit is given back to the window it names, and a window "debit" that names
+    /// none (the store's `allow` answer while it is down stores nothing) is not given back:
+    /// a refund of it would lower the current window's count by hits it never counted.
+    #[test]
+    fn undo_of_a_window_needs_the_window_it_was_stored_in() {
+        let op = BucketOp {
+            key: BucketKey::new(
+                "d",
+                [(&b"k"[..], KeyValue::Value(b"v"))],
+                Algorithm::FixedWindow,
+                1_000_000,
+            ),
+            params: LimitParams {
+                algorithm: Algorithm::FixedWindow,
+                requests_per_period: 10,
+                period_us: 1_000_000,
+                burst: 10,
+                overdraft: false,
+                max_wait_us: 0,
+            },
+            cost: 3,
+            enforce: true,
+            reference: None,
+            debited_in: None,
+        };
+        let result = |window| BucketResult {
+            admitted: true,
+            view: View {
+                remaining: 7,
+                reset_us: 0,
+            },
+            retry_after_us: Some(0),
+            window,
+        };
+        for why in [Undo::NotCommitted, Undo::Withdrawn] {
+            let refund = op
+                .undo(&result(Some(41)), why)
+                .map(|u| (u.cost, u.debited_in));
+            assert_eq!(refund, Some((-3, Some(41))));
+            assert_eq!(op.undo(&result(None), why), None, "nothing was stored");
+        }
     }
 }
