@@ -310,9 +310,13 @@ impl RedisStore {
                     .map_err(StoreError::Failed)?,
             ),
         };
+        // No response timeout of redis-rs's: every call already has the store's deadline
+        // (`RedisStore::on_connection`), and a second timer per call costs a timer-wheel
+        // entry registered and cleared on every request. (The connect timeout covers a new
+        // connection's setup commands: AUTH, HELLO, SELECT.)
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.command_timeout));
+            .set_response_timeout(None);
         let (failures, connect_failures) = watch::channel(String::new());
         let counts = Arc::new(PoolCounts::default());
         let failures = ConnectFailures(Arc::new(failures));
@@ -440,11 +444,28 @@ impl RedisStore {
         }
     }
 
-    async fn with_deadline<T>(
-        &self,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        deadline(self.command_timeout, work).await
+    /// Runs `work` on a lent connection within the command timeout: the call's one deadline,
+    /// checkout included. A call that runs out of time retires the connection it was on, as
+    /// a transport failure does: a connection that stopped answering (a peer gone without a
+    /// reset, a network partition) is not lent again, and its replacement is looked up anew
+    /// (through the sentinels, or the name resolved again).
+    async fn on_connection<T, Fut>(&self, work: impl FnOnce(Lent) -> Fut) -> Result<T, StoreError>
+    where
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut in_flight = None;
+        let call = async {
+            let lent = self.lend().await?;
+            in_flight = Some(Arc::clone(&lent.broken));
+            work(lent).await
+        };
+        let outcome = tokio::time::timeout(self.command_timeout, call).await;
+        outcome.unwrap_or_else(|_| {
+            if let Some(broken) = in_flight {
+                broken.store(true, Ordering::Relaxed);
+            }
+            Err(late(self.command_timeout))
+        })
     }
 }
 
@@ -477,11 +498,12 @@ async fn deadline<T>(
 ) -> Result<T, StoreError> {
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "Redis did not answer within {timeout:?}"
-            )))
-        })
+        .unwrap_or_else(|_| Err(late(timeout)))
+}
+
+/// The error of a call that ran out of its `timeout`: an outage.
+fn late(timeout: Duration) -> StoreError {
+    StoreError::Unavailable(format!("Redis did not answer within {timeout:?}"))
 }
 
 /// [`classify`], and retire the pooled connection (the pool replaces it) when the error says
@@ -574,8 +596,7 @@ impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let now = self.test_clock.as_ref().map(|clock| clock.now_us());
         let command = script::command(&self.prefix, ops, now);
-        self.with_deadline(async {
-            let mut lent = self.lend().await?;
+        self.on_connection(|mut lent| async move {
             let reply = script::call(&mut lent.conn, &command).await;
             let reply = reply.map_err(|e| classify_on(&lent, e))?;
             script::decode(&reply, ops.len())
@@ -589,8 +610,7 @@ impl Store for RedisStore {
             return Ok(());
         }
         let keys = script::keys(&self.prefix, ops);
-        self.with_deadline(async {
-            let lent = self.lend().await?;
+        self.on_connection(|lent| async move {
             let mut conn = lent.conn.clone();
             redis::cmd("DEL")
                 .arg(keys)
@@ -620,8 +640,7 @@ impl RemoteStore for RedisStore {
         self.apply(&[]).await?;
         let mut key = self.prefix.clone();
         key.extend_from_slice(PROBE_KEY);
-        self.with_deadline(async {
-            let lent = self.lend().await?;
+        self.on_connection(|lent| async move {
             let mut conn = lent.conn.clone();
             redis::cmd("SET")
                 .arg(&key)
