@@ -246,6 +246,35 @@ async fn survives_script_flush() {
     server.stop().await;
 }
 
+/// A connection Redis closed (`CLIENT KILL`) is never lent again, although calls reuse their
+/// thread's connection without a pool checkout: at most one call fails, the next ones are
+/// answered on a new connection.
+#[tokio::test]
+async fn a_killed_connection_is_replaced_at_once() {
+    let redis = RedisServer::start();
+    // One connection: each connection the kill closed costs one failed call to find.
+    let store = RedisStore::new(&RedisSettings {
+        pool_size: 1,
+        ..redis_settings(&redis.url())
+    })
+    .unwrap();
+    for _ in 0..3 {
+        store.apply(&[]).await.unwrap();
+    }
+    let killed: i64 = redis
+        .query(::redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal"))
+        .unwrap();
+    assert!(killed >= 1, "the store's connection was open");
+    // The first call may still meet the dead connection: that is how it is found broken.
+    let _ = store.apply(&[]).await;
+    for i in 0..5 {
+        store
+            .apply(&[])
+            .await
+            .unwrap_or_else(|e| panic!("call {i} after the kill: {e}"));
+    }
+}
+
 /// With Redis down: UNAVAILABLE at once (no hang), health NOT_SERVING; after a restart,
 /// health SERVING and normal answers again, without restarting floodgate.
 #[tokio::test]

@@ -16,10 +16,11 @@
 //! as broken, so after a Redis restart the pool would keep handing out dead connections, and
 //! validating with `PING` on checkout would add a second Redis command to every request.
 
+use std::cell::RefCell;
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
@@ -113,6 +114,7 @@ impl Drop for Counted {
 
 /// A connection handle for one call: the multiplexed connection (cheap to clone; many calls
 /// share it concurrently) and its pooled connection's broken flag.
+#[derive(Clone)]
 struct Lent {
     conn: MultiplexedConnection,
     broken: Arc<AtomicBool>,
@@ -200,7 +202,7 @@ impl fmt::Debug for ConnectFailures {
 /// about 17 % less CPU per request, and Redis read its commands in fewer, larger reads.
 /// Calls are lent the most recently used connection (bb8's LIFO queue), so in practice a
 /// thread multiplexes everything over one connection and opens another only while one is
-/// being replaced.
+/// being replaced; between checkouts the thread reuses it directly ([`REUSE_FOR`]).
 struct ThreadPools {
     /// Each thread's pool, found by a scan: there are as many as threads (a handful).
     by_thread: std::sync::RwLock<Vec<(std::thread::ThreadId, bb8::Pool<Connector>)>>,
@@ -211,7 +213,38 @@ struct ThreadPools {
 thread_local! {
     /// This thread's id, without taking `std::thread::current()` (an `Arc`) per call.
     static THREAD: std::thread::ThreadId = std::thread::current().id();
+
+    /// The connection each store last lent this thread, reused by its next calls on this
+    /// thread without a pool checkout (see [`Reused`]).
+    static REUSED: RefCell<Vec<Reused>> = const { RefCell::new(Vec::new()) };
 }
+
+/// How long a thread reuses the connection a checkout lent it before asking its pool again.
+///
+/// A checkout costs more than the rest of the call's own client work: the thread's pool found
+/// under a lock shared by every thread, the connect-failure watch cloned (a reference count
+/// every thread shares), bb8's lock, clock reads and statistics, and the same again when the
+/// guard is returned. Each thread multiplexes its calls over one connection anyway (the
+/// pool's LIFO queue lends the most recently used), so the checkout only ever answers "the
+/// same connection as before". Asking once a second still lets the pool do its work: a
+/// connection it retired by age or idleness stops being used within a second, and one found
+/// broken is never reused (its flag is read on every call).
+const REUSE_FOR: Duration = Duration::from_secs(1);
+
+/// A thread's reusable connection for one store.
+struct Reused {
+    /// Which store lent it ([`RedisStore::id`]).
+    store: u64,
+    /// Dead once the store is dropped: the entry is then removed, closing its connection.
+    alive: Weak<()>,
+    /// The connection and its broken flag.
+    lent: Lent,
+    /// When the pool must be asked again.
+    until: Instant,
+}
+
+/// Numbers the stores, to tell their entries apart in a thread's [`REUSED`] list.
+static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(0);
 
 impl ThreadPools {
     /// The calling thread's pool, made (on the calling runtime) on the thread's first call.
@@ -244,6 +277,10 @@ impl ThreadPools {
 pub struct RedisStore {
     /// Multiplexed connections, a pool per calling thread; broken ones are replaced on return.
     pools: ThreadPools,
+    /// This store's entry in each thread's [`REUSED`] list.
+    id: u64,
+    /// Lives as long as the store: threads drop their reused connection once it is gone.
+    alive: Arc<()>,
     /// The last connect failure, published as it happens.
     connect_failures: watch::Receiver<String>,
     /// Key prefix bytes.
@@ -273,9 +310,13 @@ impl RedisStore {
                     .map_err(StoreError::Failed)?,
             ),
         };
+        // No response timeout of redis-rs's: every call already has the store's deadline
+        // (`RedisStore::on_connection`), and a second timer per call costs a timer-wheel
+        // entry registered and cleared on every request. (The connect timeout covers a new
+        // connection's setup commands: AUTH, HELLO, SELECT.)
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(Some(settings.command_timeout));
+            .set_response_timeout(None);
         let (failures, connect_failures) = watch::channel(String::new());
         let counts = Arc::new(PoolCounts::default());
         let failures = ConnectFailures(Arc::new(failures));
@@ -308,6 +349,8 @@ impl RedisStore {
                 by_thread: std::sync::RwLock::new(Vec::new()),
                 make: Box::new(make),
             },
+            id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
+            alive: Arc::new(()),
             connect_failures,
             prefix: settings.key_prefix.clone().into_bytes(),
             command_timeout: settings.command_timeout,
@@ -330,11 +373,41 @@ impl RedisStore {
         self
     }
 
+    /// A handle on a live connection: the one this thread was lent last, while it is neither
+    /// broken nor older than [`REUSE_FOR`], else a new checkout ([`Self::check_out_live`]).
+    async fn lend(&self) -> Result<Lent, StoreError> {
+        let reused = REUSED.with_borrow_mut(|kept| {
+            let at = kept.iter().position(|entry| entry.store == self.id)?;
+            let entry = &kept[at];
+            if entry.lent.broken.load(Ordering::Relaxed) || Instant::now() >= entry.until {
+                kept.swap_remove(at);
+                return None;
+            }
+            Some(entry.lent.clone())
+        });
+        if let Some(lent) = reused {
+            return Ok(lent);
+        }
+        let lent = self.check_out_live().await?;
+        let until = Instant::now() + REUSE_FOR;
+        REUSED.with_borrow_mut(|kept| {
+            // Entries of dropped stores go here, with their connections.
+            kept.retain(|entry| entry.store != self.id && entry.alive.strong_count() > 0);
+            kept.push(Reused {
+                store: self.id,
+                alive: Arc::downgrade(&self.alive),
+                lent: lent.clone(),
+                until,
+            });
+        });
+        Ok(lent)
+    }
+
     /// A handle on a live pooled connection, with the pool's guard already returned: bb8
     /// lends connections exclusively, but a multiplexed connection carries many concurrent
     /// calls, so holding the guard across a call would cap in-flight calls at the pool size.
     /// A connection found broken is handed back (bb8 then discards it) and another is taken.
-    async fn lend(&self) -> Result<Lent, StoreError> {
+    async fn check_out_live(&self) -> Result<Lent, StoreError> {
         // Bounded by the configured size, not `pool.state()`, which takes the pool's lock.
         for _ in 0..=self.pool_size {
             let pooled = self.checkout().await?;
@@ -371,11 +444,28 @@ impl RedisStore {
         }
     }
 
-    async fn with_deadline<T>(
-        &self,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        deadline(self.command_timeout, work).await
+    /// Runs `work` on a lent connection within the command timeout: the call's one deadline,
+    /// checkout included. A call that runs out of time retires the connection it was on, as
+    /// a transport failure does: a connection that stopped answering (a peer gone without a
+    /// reset, a network partition) is not lent again, and its replacement is looked up anew
+    /// (through the sentinels, or the name resolved again).
+    async fn on_connection<T, Fut>(&self, work: impl FnOnce(Lent) -> Fut) -> Result<T, StoreError>
+    where
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let mut in_flight = None;
+        let call = async {
+            let lent = self.lend().await?;
+            in_flight = Some(Arc::clone(&lent.broken));
+            work(lent).await
+        };
+        let outcome = tokio::time::timeout(self.command_timeout, call).await;
+        outcome.unwrap_or_else(|_| {
+            if let Some(broken) = in_flight {
+                broken.store(true, Ordering::Relaxed);
+            }
+            Err(late(self.command_timeout))
+        })
     }
 }
 
@@ -408,11 +498,12 @@ async fn deadline<T>(
 ) -> Result<T, StoreError> {
     tokio::time::timeout(timeout, work)
         .await
-        .unwrap_or_else(|_| {
-            Err(StoreError::Unavailable(format!(
-                "Redis did not answer within {timeout:?}"
-            )))
-        })
+        .unwrap_or_else(|_| Err(late(timeout)))
+}
+
+/// The error of a call that ran out of its `timeout`: an outage.
+fn late(timeout: Duration) -> StoreError {
+    StoreError::Unavailable(format!("Redis did not answer within {timeout:?}"))
 }
 
 /// [`classify`], and retire the pooled connection (the pool replaces it) when the error says
@@ -505,8 +596,7 @@ impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let now = self.test_clock.as_ref().map(|clock| clock.now_us());
         let command = script::command(&self.prefix, ops, now);
-        self.with_deadline(async {
-            let mut lent = self.lend().await?;
+        self.on_connection(|mut lent| async move {
             let reply = script::call(&mut lent.conn, &command).await;
             let reply = reply.map_err(|e| classify_on(&lent, e))?;
             script::decode(&reply, ops.len())
@@ -520,8 +610,7 @@ impl Store for RedisStore {
             return Ok(());
         }
         let keys = script::keys(&self.prefix, ops);
-        self.with_deadline(async {
-            let lent = self.lend().await?;
+        self.on_connection(|lent| async move {
             let mut conn = lent.conn.clone();
             redis::cmd("DEL")
                 .arg(keys)
@@ -551,8 +640,7 @@ impl RemoteStore for RedisStore {
         self.apply(&[]).await?;
         let mut key = self.prefix.clone();
         key.extend_from_slice(PROBE_KEY);
-        self.with_deadline(async {
-            let lent = self.lend().await?;
+        self.on_connection(|lent| async move {
             let mut conn = lent.conn.clone();
             redis::cmd("SET")
                 .arg(&key)

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# CPU per request of two (or more) floodgate binaries, alternating, on the bench's load: for
+# comparing a change on a machine that is not quiet, where req/s means little but the CPU time
+# a server spends per request (user + sys, /proc/<pid>/stat, over a fixed number of requests)
+# still compares within one run.
+#
+#   bench/cpu_ab.sh OLD_BIN NEW_BIN                 # Redis, 1 and 4 descriptors
+#   AB_ROUNDS=5 AB_REQUESTS=100000 AB_ROWS="none one four" bench/cpu_ab.sh A B C
+#   AB_ARGS="--redis-timeout-ms 1000" bench/cpu_ab.sh A B   # a loaded machine: no misses
+#
+# Rows (AB_ROWS): none (no store: an unknown domain), one and four (Redis, 1 and 4
+# descriptors, 10^6 per second each, as bench/side_by_side.sh). Each round runs every binary
+# once per row, in turn (a fresh server and a flushed Redis each time), so load that drifts
+# during the run touches every binary alike. Prints one line per run, then per row and
+# binary the median CPU µs/req and the total of answers that were not OK (floodgate's own
+# count plus h2load's failures): a binary that errs is not cheaper, it is broken.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+need_h2load
+[ $# -ge 1 ] || { sed -n '2,15p' "$0"; exit 2; }
+BINS=("$@")
+ROUNDS=${AB_ROUNDS:-3}
+REQUESTS=${AB_REQUESTS:-50000}
+WARMUP=${AB_WARMUP:-10000}
+ROWS=(${AB_ROWS:-one four})
+# Extra `floodgate serve` arguments, e.g. a longer Redis deadline where the machine is so
+# loaded that the default 10 ms is missed (an error answer costs less than an OK one).
+read -r -a EXTRA <<<"${AB_ARGS:-}"
+
+mkdir "$WORK/limits"
+for n in 1 4; do
+    domain=one; [ "$n" = 4 ] && domain=four
+    {
+        echo "domain: $domain"
+        echo "descriptors:"
+        for i in $(seq 0 $((n - 1))); do
+            echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
+        done
+    } > "$WORK/limits/$domain.yaml"
+    python3 bench/grpc_body.py "$domain" "$n" "$WORK/$domain.bin"
+done
+python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
+
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --logfile "$WORK/redis.log" --daemonize no &
+PIDS+=($!)
+until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+TICKS=$(getconf CLK_TCK)
+
+# run BIN ROW : prints "cpu_us_per_request not_ok" for one fresh server.
+run() {
+    local bin=$1 row=$2 grpc http pid
+    grpc=$(free_port); http=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    RUST_LOG=warn "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
+        --http-addr "127.0.0.1:$http" --redis-url "redis://127.0.0.1:$REDIS_PORT/" \
+        "${EXTRA[@]}" >"$WORK/server.log" 2>&1 &
+    pid=$!
+    until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do sleep 0.1; done
+    local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    local h2=(h2load -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers'
+              --data "$WORK/$row.bin")
+    "${h2[@]}" -n "$WARMUP" "$url" >/dev/null 2>&1
+    local t0 t1
+    t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    "${h2[@]}" -n "$REQUESTS" "$url" >"$WORK/h2.out" 2>&1
+    t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    local not_ok
+    not_ok=$(curl -s "127.0.0.1:$http/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
+        END { print all - ok }')
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    local failed
+    failed=$(sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' "$WORK/h2.out" |
+        awk '{print $1 + $2}')
+    # Warm-up included in the error count: an error anywhere is an error.
+    echo "$(python3 -c "print(f'{1e6 * ($t1 - $t0) / $TICKS / $REQUESTS:.2f}')") $((not_ok + failed))"
+}
+
+echo "| round | row | binary | CPU µs/req | not OK |"
+echo "|---|---|---|---|---|"
+for round in $(seq "$ROUNDS"); do
+    for row in "${ROWS[@]}"; do
+        for i in "${!BINS[@]}"; do
+            read -r cpu bad < <(run "${BINS[$i]}" "$row")
+            echo "| $round | $row | $i | $cpu | $bad |"
+            echo "$row $i $cpu $bad" >> "$WORK/results"
+        done
+    done
+done
+echo
+echo "| row | binary | median CPU µs/req | runs | not OK (all runs) |"
+echo "|---|---|---|---|---|"
+python3 - "$WORK/results" "${BINS[@]}" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    row, i, cpu, bad = line.split()
+    rows.setdefault((row, int(i)), []).append((float(cpu), int(bad)))
+for (row, i), runs in rows.items():
+    cpus = [c for c, _ in runs]
+    print(f"| {row} | {i}: {sys.argv[2 + i]} | {statistics.median(cpus):.2f} | "
+          f"{', '.join(f'{c:.2f}' for c in cpus)} | {sum(b for _, b in runs)} |")
+PY
+echo
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg)"
