@@ -21,3 +21,42 @@ cleanup() {
 trap cleanup EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# The side-by-side limits, 10^6 per second per value so that nothing is ever over limit:
+# floodgate's domains `one` (descriptor k0) and `four` (k0..k3) in $WORK/limits/, Limitador's
+# namespaces of the same names in $WORK/limitador.yaml (one limit per descriptor i, variable
+# descriptors[i]['k<i>']: separate namespaces, because a Limitador limit whose variable a
+# request lacks fails it), and the gRPC bodies $WORK/one.bin and $WORK/four.bin.
+write_side_by_side_limits() {
+    mkdir -p "$WORK/limits"
+    local domain n i
+    for domain in one four; do
+        n=1; [ "$domain" = four ] && n=4
+        {
+            echo "domain: $domain"
+            echo "descriptors:"
+            for i in $(seq 0 $((n - 1))); do
+                echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
+            done
+        } > "$WORK/limits/$domain.yaml"
+        for i in $(seq 0 $((n - 1))); do
+            cat <<YAML
+- namespace: $domain
+  max_value: 1000000
+  seconds: 1
+  conditions: []
+  variables: ["descriptors[$i]['k$i']"]
+YAML
+        done
+        python3 bench/grpc_body.py "$domain" "$n" "$WORK/$domain.bin"
+    done > "$WORK/limitador.yaml"
+}
+
+# A redis-server on a free loopback port, no persistence, stopped on exit; sets REDIS_PORT.
+start_redis() {
+    REDIS_PORT=$(free_port)
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+        --logfile "$WORK/redis.log" --daemonize no &
+    PIDS+=($!)
+    until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+}

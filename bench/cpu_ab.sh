@@ -28,25 +28,10 @@ ROWS=(${AB_ROWS:-one four})
 # loaded that the default 10 ms is missed (an error answer costs less than an OK one).
 read -r -a EXTRA <<<"${AB_ARGS:-}"
 
-mkdir "$WORK/limits"
-for n in 1 4; do
-    domain=one; [ "$n" = 4 ] && domain=four
-    {
-        echo "domain: $domain"
-        echo "descriptors:"
-        for i in $(seq 0 $((n - 1))); do
-            echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
-        done
-    } > "$WORK/limits/$domain.yaml"
-    python3 bench/grpc_body.py "$domain" "$n" "$WORK/$domain.bin"
-done
+write_side_by_side_limits
 python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
 
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --logfile "$WORK/redis.log" --daemonize no &
-PIDS+=($!)
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+start_redis
 TICKS=$(getconf CLK_TCK)
 
 # run BIN ROW : prints "cpu_us_per_request not_ok" for one fresh server.

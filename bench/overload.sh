@@ -46,34 +46,9 @@ fi
 
 # Domains `one` (k0) and `four` (k0..k3), 10^6 per second per value: nothing is over limit,
 # so every answer that is not OK is the server's failure to answer in time.
-mkdir "$WORK/limits"
-for domain in one four; do
-    n=1; [ "$domain" = four ] && n=4
-    {
-        echo "domain: $domain"
-        echo "descriptors:"
-        for i in $(seq 0 $((n - 1))); do
-            echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
-        done
-    } > "$WORK/limits/$domain.yaml"
-    for i in $(seq 0 $((n - 1))); do
-        cat <<YAML
-- namespace: $domain
-  max_value: 1000000
-  seconds: 1
-  conditions: []
-  variables: ["descriptors[$i]['k$i']"]
-YAML
-    done
-done > "$WORK/limitador.yaml"
-python3 bench/grpc_body.py one 1 "$WORK/one.bin"
-python3 bench/grpc_body.py four 4 "$WORK/four.bin"
+write_side_by_side_limits
 
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --logfile "$WORK/redis.log" --daemonize no &
-PIDS+=($!)
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+start_redis
 
 # start SERVER : floodgate or limitador on Redis (flushed); sets GRPC_PORT, HTTP_PORT, SRV_PID.
 start() {

@@ -53,26 +53,7 @@ command -v strace >/dev/null || echo "(no strace: no syscall columns)"
 
 # Domain (namespace) `one`: descriptor k0; `four`: k0..k3. Separate, because a Limitador
 # limit whose variable a request lacks (descriptors[3] of a 1-descriptor request) fails it.
-mkdir "$WORK/limits"
-for domain in one four; do
-    n=1; [ "$domain" = four ] && n=4
-    {
-        echo "domain: $domain"
-        echo "descriptors:"
-        for i in $(seq 0 $((n - 1))); do
-            echo "  - {key: k$i, rate_limit: {unit: second, requests_per_unit: 1000000}}"
-        done
-    } > "$WORK/limits/$domain.yaml"
-    for i in $(seq 0 $((n - 1))); do
-        cat <<YAML
-- namespace: $domain
-  max_value: 1000000
-  seconds: 1
-  conditions: []
-  variables: ["descriptors[$i]['k$i']"]
-YAML
-    done
-done > "$WORK/limitador.yaml"
+write_side_by_side_limits
 # 10^9 per hour (3.6 µs per token) counts in ticks of 0.1 µs: the script-cost rows only.
 for n in 1 4; do
     {
@@ -85,14 +66,8 @@ for n in 1 4; do
     python3 bench/grpc_body.py "fine$n" "$n" "$WORK/fine$n.bin"
 done
 python3 bench/grpc_body.py nobody 1 "$WORK/noop.bin"
-python3 bench/grpc_body.py one 1 "$WORK/one.bin"
-python3 bench/grpc_body.py four 4 "$WORK/four.bin"
 
-REDIS_PORT=$(free_port)
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-    --logfile "$WORK/redis.log" --daemonize no &
-PIDS+=($!)
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+start_redis
 
 # start SERVER STORE : starts floodgate or limitador on the store (none, memory, redis); sets
 # GRPC_PORT, HTTP_PORT, SRV_PID.
