@@ -60,3 +60,15 @@ start_redis() {
     PIDS+=($!)
     until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
 }
+
+# Limitador for the side-by-side rows: LIMITADOR_BIN, else unpacked from
+# ../shared/peers/limitador-server.gz into $WORK; sets LIMITADOR (empty when there is none).
+find_limitador() {
+    LIMITADOR=${LIMITADOR_BIN:-}
+    if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
+        LIMITADOR=$WORK/limitador-server
+        gunzip -c ../shared/peers/limitador-server.gz > "$LIMITADOR"
+        chmod +x "$LIMITADOR"
+    fi
+    [ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
+}

@@ -36,13 +36,7 @@ fi
 BIN=${BENCH_BIN:-$TARGET/production/floodgate}
 LOADGEN=${LOADGEN_BIN:-$TARGET/production/examples/loadgen}
 
-LIMITADOR=${LIMITADOR_BIN:-}
-if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
-    LIMITADOR=$WORK/limitador-server
-    gunzip -c ../shared/peers/limitador-server.gz > "$LIMITADOR"
-    chmod +x "$LIMITADOR"
-fi
-[ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
+find_limitador
 
 # Domains `one` (k0) and `four` (k0..k3), 10^6 per second per value: nothing is over limit,
 # so every answer that is not OK is the server's failure to answer in time.

@@ -42,13 +42,7 @@ if [ -z "${BENCH_BIN:-}" ]; then
 fi
 BIN=${BENCH_BIN:-$TARGET/production/floodgate}
 
-LIMITADOR=${LIMITADOR_BIN:-}
-if [ -z "$LIMITADOR" ] && [ -f ../shared/peers/limitador-server.gz ]; then
-    LIMITADOR=$WORK/limitador-server
-    gunzip -c ../shared/peers/limitador-server.gz > "$LIMITADOR"
-    chmod +x "$LIMITADOR"
-fi
-[ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
+find_limitador
 command -v strace >/dev/null || echo "(no strace: no syscall columns)"
 
 # Domain (namespace) `one`: descriptor k0; `four`: k0..k3. Separate, because a Limitador
