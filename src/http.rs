@@ -14,7 +14,8 @@
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 //!
 //! Every write (`POST /json`, `POST /buckets/*`) must be `Content-Type: application/json`
-//! (else `415`) and may not come from another site's page (`Origin`, else `403`):
+//! (else `415`) and may not come from another site's page (`Origin`, else `403`), nor from a
+//! browser that reached the port under a host name it could have rebound (else `403`):
 //! `http::same_origin`.
 //!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
@@ -60,6 +61,7 @@ pub struct AdminState {
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
+    let allowed_hosts = Arc::clone(&state.console.allowed_hosts);
     let router = Router::new().route("/healthcheck", get(healthcheck));
     // Off, /json is not routed at all: a 404 tells a client it does not exist here.
     let router = if state.json_endpoint {
@@ -76,8 +78,10 @@ pub fn router(state: AdminState) -> Router {
         .route("/rlconfig", get(rlconfig))
         .with_state(state)
         .merge(console)
-        // Every write, `/json` and the console's alike: JSON from this origin only.
-        .layer(axum::middleware::from_fn(
+        // Every write, `/json` and the console's alike: JSON from this origin only, and from a
+        // browser only under a name that cannot be rebound.
+        .layer(axum::middleware::from_fn_with_state(
+            allowed_hosts,
             same_origin::refuse_cross_site_writes,
         ))
 }

@@ -430,6 +430,76 @@ async fn console_writes_refuse_cross_site_requests() {
     server.stop().await;
 }
 
+/// A page that reaches the admin port by DNS rebinding (its own name re-pointed at the port,
+/// so `Origin` and `Host` agree) writes nothing, through the console or `/json`, even with
+/// the token; a name listed with `--admin-allowed-host` and a client without `Origin` under
+/// any name still write.
+#[tokio::test]
+async fn writes_refuse_dns_rebinding() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path(), &[], &["--admin-allowed-host", "Admin.Internal"]);
+    let addr = server.http;
+    for _ in 0..3 {
+        assert_eq!(hit(addr, "user", "ann").await, 200);
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    let reset = serde_json::to_string(&request("user", "ann")).unwrap();
+    let port = addr.port();
+    let rebound = format!("evil.example:{port}");
+    let rebound_origin = format!("http://{rebound}");
+    let refund = r#"{"domain": "shop", "descriptors": [{"entries": [{"key": "user",
+        "value": "ann"}], "hits_addend": 3, "is_negative_hits": true}]}"#;
+    let browser = [
+        ("Host", rebound.as_str()),
+        ("Origin", rebound_origin.as_str()),
+        ("Content-Type", "application/json"),
+        ("Authorization", bearer.as_str()),
+    ];
+    for (path, body) in [("/buckets/reset", reset.as_str()), ("/json", refund)] {
+        let response = http::call_with(addr, "POST", path, &browser, Some(body)).await;
+        assert_eq!(response.status, 403, "{path}: {}", response.body);
+        assert!(
+            response.body.contains("--admin-allowed-host"),
+            "{}",
+            response.body
+        );
+    }
+    assert_eq!(
+        remaining(addr, "user", "ann").await,
+        2,
+        "nothing was given back"
+    );
+    // curl under the same name (no Origin): not a browser, not refused.
+    let curl = [
+        ("Host", rebound.as_str()),
+        ("Content-Type", "application/json"),
+        ("Authorization", bearer.as_str()),
+    ];
+    let response = http::call_with(addr, "POST", "/json", &curl, Some(refund)).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(
+        remaining(addr, "user", "ann").await,
+        5,
+        "the refund was taken"
+    );
+    for _ in 0..2 {
+        assert_eq!(hit(addr, "user", "ann").await, 200);
+    }
+    // The listed name, from a browser.
+    let listed = format!("admin.internal:{port}");
+    let listed_origin = format!("http://{listed}");
+    let browser = [
+        ("Host", listed.as_str()),
+        ("Origin", listed_origin.as_str()),
+        ("Content-Type", "application/json"),
+        ("Authorization", bearer.as_str()),
+    ];
+    let response = http::call_with(addr, "POST", "/buckets/reset", &browser, Some(&reset)).await;
+    assert_eq!(response.status, 200, "{}", response.body);
+    assert_eq!(remaining(addr, "user", "ann").await, 5);
+    server.stop().await;
+}
+
 /// A new token written to the file is in force without a restart, and the old one is not.
 #[tokio::test]
 async fn the_token_file_is_reloaded() {

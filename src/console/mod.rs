@@ -62,6 +62,9 @@ pub struct ConsoleOptions {
     pub token: AdminToken,
     /// Read-only calls need the token too.
     pub read_requires_token: bool,
+    /// Host names besides IP addresses and `localhost` under which browsers may write to
+    /// the admin port (`--admin-allowed-host`), lowercase.
+    pub allowed_hosts: Arc<[String]>,
     /// The Redis store with its breaker, when buckets live in Redis (health on the page).
     pub redis: Option<Arc<ResilientStore>>,
 }
@@ -71,6 +74,7 @@ impl std::fmt::Debug for ConsoleOptions {
         f.debug_struct("ConsoleOptions")
             .field("token", &self.token)
             .field("read_requires_token", &self.read_requires_token)
+            .field("allowed_hosts", &self.allowed_hosts)
             .field("redis", &self.redis.as_ref().map(|redis| redis.name()))
             .finish()
     }

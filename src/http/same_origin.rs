@@ -12,17 +12,34 @@
 //! curl, Envoy's Lua filters): browsers always send it on a cross-origin POST.
 //!
 //! Same-origin means the `Origin`'s `host[:port]` is the request's `Host` (HTTP/2:
-//! `:authority`), a default port written or not. docs/security.md describes the model.
+//! `:authority`), a default port written or not.
+//!
+//! Same-origin is not enough against DNS rebinding: a page at `http://evil.example:8080`
+//! whose name its owner re-points at 127.0.0.1 sends its writes with `Origin` and `Host` both
+//! `evil.example:8080`, and the browser believes it is talking to its own site. So a write
+//! that carries `Origin` (a browser's) is taken only under a host name nobody can rebind: an
+//! IP address, `localhost` or a `*.localhost` name (browsers resolve those to loopback
+//! themselves), or a name the operator listed (`--admin-allowed-host`, for an ingress in front
+//! of the port). The same defence as webpack-dev-server's `allowedHosts` and Jupyter's host
+//! check. docs/security.md describes the model.
 
-use axum::extract::Request;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// Passes reads (GET, HEAD, OPTIONS) through; answers any other request `415` unless its body
-/// is declared JSON, and `403` when its `Origin` is another site's.
-pub(crate) async fn refuse_cross_site_writes(request: Request, next: Next) -> Response {
+/// is declared JSON, and `403` when its `Origin` is another site's or, for a browser's write,
+/// when it was sent to a host name outside `allowed_hosts` that could be rebound.
+pub(crate) async fn refuse_cross_site_writes(
+    State(allowed_hosts): State<Arc<[String]>>,
+    request: Request,
+    next: Next,
+) -> Response {
     if matches!(
         *request.method(),
         Method::GET | Method::HEAD | Method::OPTIONS
@@ -34,14 +51,18 @@ pub(crate) async fn refuse_cross_site_writes(request: Request, next: Next) -> Re
         .authority()
         .map(|a| a.as_str().to_owned())
         .or_else(|| header_text(request.headers(), header::HOST).map(str::to_owned));
-    if let Err((status, message)) = check(request.headers(), host.as_deref()) {
+    if let Err((status, message)) = check(request.headers(), host.as_deref(), &allowed_hosts) {
         return (status, axum::Json(json!({ "error": message }))).into_response();
     }
     next.run(request).await
 }
 
 /// The verdict on a write's headers, `host` being the authority it was sent to.
-fn check(headers: &HeaderMap, host: Option<&str>) -> Result<(), (StatusCode, String)> {
+fn check(
+    headers: &HeaderMap,
+    host: Option<&str>,
+    allowed_hosts: &[String],
+) -> Result<(), (StatusCode, String)> {
     let content_type = header_text(headers, header::CONTENT_TYPE);
     if !content_type.is_some_and(is_json) {
         return Err((
@@ -57,8 +78,21 @@ fn check(headers: &HeaderMap, host: Option<&str>) -> Result<(), (StatusCode, Str
         return Ok(());
     };
     let origin = origin.to_str().unwrap_or("");
-    if host.is_some_and(|host| same_origin(origin, host)) {
-        return Ok(());
+    match host {
+        Some(host) if same_origin(origin, host) => {
+            if cannot_be_rebound(host, allowed_hosts) {
+                return Ok(());
+            }
+            return Err((
+                StatusCode::FORBIDDEN,
+                format!(
+                    "browser write refused: this admin port was reached as '{host}', a name \
+                     that could be pointed at it by DNS rebinding; use its IP address or \
+                     localhost, or list the name with --admin-allowed-host"
+                ),
+            ));
+        }
+        _ => {}
     }
     Err((
         StatusCode::FORBIDDEN,
@@ -68,6 +102,23 @@ fn check(headers: &HeaderMap, host: Option<&str>) -> Result<(), (StatusCode, Str
             host.unwrap_or("no Host header")
         ),
     ))
+}
+
+/// Whether `authority` (`host[:port]`) names the admin port by an IP address, `localhost`,
+/// a `*.localhost` name, or one of `allowed_hosts` (lowercase).
+fn cannot_be_rebound(authority: &str, allowed_hosts: &[String]) -> bool {
+    let host = match authority.strip_prefix('[') {
+        // `[v6]:port` or `[v6]`
+        Some(rest) => rest.split_once(']').map_or(rest, |(ip, _)| ip),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    host.parse::<IpAddr>().is_ok()
+        || host == "localhost"
+        || host.ends_with(".localhost")
+        || allowed_hosts.contains(&host)
 }
 
 fn header_text(headers: &HeaderMap, name: header::HeaderName) -> Option<&str> {
@@ -125,7 +176,11 @@ mod tests {
             "application/json; charset=utf-8",
             "Application/JSON",
         ] {
-            assert_eq!(check(&headers(Some(ok), None), Some("h:1")), Ok(()), "{ok}");
+            assert_eq!(
+                check(&headers(Some(ok), None), Some("h:1"), &[]),
+                Ok(()),
+                "{ok}"
+            );
         }
         for refused in [
             None,
@@ -134,7 +189,7 @@ mod tests {
             Some("multipart/form-data; boundary=x"),
             Some("application/jsonx"),
         ] {
-            let (status, message) = check(&headers(refused, None), Some("h:1")).unwrap_err();
+            let (status, message) = check(&headers(refused, None), Some("h:1"), &[]).unwrap_err();
             assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{refused:?}");
             assert!(message.contains("application/json"), "{message}");
         }
@@ -144,7 +199,10 @@ mod tests {
     #[test]
     fn only_the_admin_ports_own_origin() {
         let json = Some("application/json");
-        assert_eq!(check(&headers(json, None), Some("127.0.0.1:8080")), Ok(()));
+        assert_eq!(
+            check(&headers(json, None), Some("127.0.0.1:8080"), &[]),
+            Ok(())
+        );
         for (origin, host) in [
             ("http://127.0.0.1:8080", "127.0.0.1:8080"),
             ("http://LOCALHOST:8080", "localhost:8080"),
@@ -166,11 +224,57 @@ mod tests {
         let (status, message) = check(
             &headers(json, Some("http://evil.example")),
             Some("127.0.0.1:8080"),
+            &[],
         )
         .unwrap_err();
         assert_eq!(status, StatusCode::FORBIDDEN);
         assert!(message.contains("http://evil.example"), "{message}");
-        let (status, _) = check(&headers(json, Some("http://evil.example")), None).unwrap_err();
+        let (status, _) =
+            check(&headers(json, Some("http://evil.example")), None, &[]).unwrap_err();
         assert_eq!(status, StatusCode::FORBIDDEN);
+    }
+
+    /// A browser's same-origin write is taken under an IP address, `localhost` or a listed
+    /// name, and refused under any other name (DNS rebinding); a client without Origin is
+    /// not affected by the name.
+    #[test]
+    fn browser_writes_only_under_names_that_cannot_be_rebound() {
+        let json = Some("application/json");
+        let allowed = ["admin.internal".to_owned()];
+        for host in [
+            "127.0.0.1:8080",
+            "10.1.2.3:8080",
+            "[::1]:8080",
+            "[fe80::1]",
+            "localhost:8080",
+            "LOCALHOST",
+            "floodgate.localhost:8080",
+            "admin.internal:8080",
+            "Admin.Internal.",
+        ] {
+            let origin: &'static str = Box::leak(format!("http://{host}").into_boxed_str());
+            assert_eq!(
+                check(&headers(json, Some(origin)), Some(host), &allowed),
+                Ok(()),
+                "{host}"
+            );
+        }
+        for host in [
+            "evil.example:8080",
+            "localhost.evil.example:8080",
+            "127.0.0.1.nip.io:8080",
+            "admin.internal.evil.example",
+        ] {
+            let origin: &'static str = Box::leak(format!("http://{host}").into_boxed_str());
+            let (status, message) =
+                check(&headers(json, Some(origin)), Some(host), &allowed).unwrap_err();
+            assert_eq!(status, StatusCode::FORBIDDEN, "{host}");
+            assert!(message.contains("--admin-allowed-host"), "{message}");
+            assert_eq!(
+                check(&headers(json, None), Some(host), &[]),
+                Ok(()),
+                "{host}"
+            );
+        }
     }
 }

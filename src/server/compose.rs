@@ -53,6 +53,13 @@ impl RunOptions {
             console: ConsoleOptions {
                 token: components.admin_token.clone(),
                 read_requires_token: settings.console.admin_read_requires_token,
+                allowed_hosts: settings
+                    .console
+                    .admin_allowed_hosts
+                    .iter()
+                    .map(|host| host.trim().to_ascii_lowercase())
+                    .filter(|host| !host.is_empty())
+                    .collect(),
                 redis: components.redis.clone(),
             },
         }

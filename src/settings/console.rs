@@ -19,6 +19,19 @@ pub struct ConsoleSettings {
     #[arg(long, env = "FLOODGATE_ADMIN_READ_REQUIRES_TOKEN", value_name = "BOOL",
           default_value_t = false, action = clap::ArgAction::Set)]
     pub admin_read_requires_token: bool,
+
+    /// Host names (besides IP addresses and `localhost`) under which a browser may write to
+    /// the admin port (`POST /json`, the console's buckets): the name of an ingress or
+    /// proxy in front of it. A browser's write (one with `Origin`) sent to any other name is
+    /// refused (403), so a page that reaches the port by DNS rebinding writes nothing.
+    /// Comma-separated; clients that send no `Origin` (curl, the CLI) are not affected.
+    #[arg(
+        long = "admin-allowed-host",
+        env = "FLOODGATE_ADMIN_ALLOWED_HOSTS",
+        value_name = "HOST",
+        value_delimiter = ','
+    )]
+    pub admin_allowed_hosts: Vec<String>,
 }
 
 /// `floodgate bucket`: inspect, reset or set a bucket through a running server's admin port.

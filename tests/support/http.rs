@@ -36,12 +36,22 @@ pub async fn call_with(
 ) -> HttpResponse {
     let mut stream = TcpStream::connect(addr).await.unwrap();
     let body = body.unwrap_or("");
+    // `Host: addr` unless the caller names the host itself (a client that reached the port
+    // under a DNS name).
+    let host = if headers
+        .iter()
+        .any(|(name, _)| name.eq_ignore_ascii_case("host"))
+    {
+        String::new()
+    } else {
+        format!("Host: {addr}\r\n")
+    };
     let headers: String = headers
         .iter()
         .map(|(name, value)| format!("{name}: {value}\r\n"))
         .collect();
     let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\n{host}Connection: close\r\n\
          {headers}Content-Length: {}\r\n\r\n{body}",
         body.len()
     );
