@@ -25,6 +25,10 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 const LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n  - key: user\n    detailed_metric: true\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
 
+/// How long SIGTERM may take to end the process before a test fails: a guard against a hang,
+/// not a timing (the default grace alone is 10 s, and a loaded machine adds to it).
+const STOP: Duration = Duration::from_secs(30);
+
 /// Starts the binary on a limits file with `args`.
 fn start(args: &[&str]) -> (Floodgate, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -113,7 +117,7 @@ async fn bodiless_streams_on_one_connection_are_bounded() {
     let _ = attacker.open_streams(50).await;
     // The grace (3 s) ends the streams before their request timeout (10 s) does; the bound
     // guards against a hang with room for a loaded machine.
-    stop_within(server, Duration::from_secs(30)).await;
+    stop_within(server, STOP).await;
 }
 
 /// Bodiless streams over several connections take `--max-in-flight` places from their
@@ -146,7 +150,7 @@ async fn bodiless_streams_count_against_max_in_flight() {
     })
     .await;
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// How long the server takes to close `stream` (reading until EOF or an error), bounded by
@@ -241,7 +245,7 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
         let series = format!("floodgate_connections_handshake_timeouts_total{{port=\"{port}\"}}");
         assert_eq!(gauge(server.http, &series).await, 0.0, "{port}");
     }
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// 60 idle HTTP/2 connections (preface sent, no stream) against `--grpc-max-connections 50`
@@ -296,7 +300,7 @@ async fn idle_connections_make_way_for_a_new_client() {
         call(server.http, "GET", "/healthcheck", None).await.status,
         200
     );
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// With the default bound (1,000), 1,100 idle TCP connections do not stop a new client's
@@ -320,7 +324,7 @@ async fn idle_connections_past_the_default_bound_make_way() {
     .await;
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
     drop(idle);
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 const HELD: &str = "domain: d\ndescriptors:\n  - key: held\n    rate_limit: {unit: minute, requests_per_unit: 1, max_wait: 60s}\n";
@@ -433,7 +437,7 @@ async fn pings_do_not_keep_a_connection_from_being_evicted() {
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
     eventually("the pinging one closed", || async { pinging.is_closed() }).await;
     assert!(!quiet.is_closed());
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// One `GET /healthcheck` on an HTTP/1.1 keep-alive `connection`, its response read whole
@@ -517,7 +521,7 @@ async fn connections_that_do_not_open_in_time_are_closed() {
     );
     assert!(!opened.is_closed(), "an opened connection was closed");
     assert_eq!(keep_alive_health(&mut keep_alive).await, 200);
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// On a TLS gRPC port (`--handshake-timeout 5`), the handshake timeout covers the TLS
@@ -569,7 +573,7 @@ async fn tls_connections_that_do_not_open_in_time_are_closed() {
         .await,
         1.0
     );
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// The open-files soft limit is raised to the hard limit at start-up, so the connection
@@ -584,7 +588,7 @@ async fn open_files_limit_is_raised_to_the_hard_limit() {
         .and_then(|h| h.parse().ok())
         .expect("a finite hard limit");
     let (server, _dir) = start(&[]);
-    let log = stop_within(server, Duration::from_secs(12)).await;
+    let log = stop_within(server, STOP).await;
     assert!(log.contains(&format!("open_files={hard}")), "{log}");
 }
 
@@ -653,7 +657,7 @@ async fn out_of_descriptors_the_accept_loop_pauses_and_recovers() {
             >= 1.0
     );
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// Checks one Prometheus text line: `name{label="value",...} number`, with only the escapes
@@ -751,7 +755,7 @@ async fn metric_labels_are_escaped_and_capped() {
         metric(server.http, "floodgate_rule_series_overflow_total").await,
         Some(43.0)
     );
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
 
 /// Bytes that are not a RateLimitRequest are INVALID_ARGUMENT (a client error, not INTERNAL)
@@ -794,5 +798,5 @@ async fn undecodable_request_is_invalid_argument() {
         metric(server.http, "floodgate_requests_total{result=\"invalid\"}").await,
         Some(1.0)
     );
-    stop_within(server, Duration::from_secs(12)).await;
+    stop_within(server, STOP).await;
 }
