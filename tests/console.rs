@@ -294,7 +294,7 @@ async fn console_works_on_redis() {
         &[],
     );
     // Serving once Redis has answered a probe.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + support::EVENTUALLY;
     while http::call(server.http, "GET", "/healthcheck", None)
         .await
         .status
@@ -508,7 +508,7 @@ async fn the_token_file_is_reloaded() {
     let url = format!("http://{}", server.http);
     std::fs::write(dir.path().join("token"), "rotated\n").unwrap();
     let reset = request("user", "dan");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + support::EVENTUALLY;
     // Polled: the reload follows a file-system event, settled by the watcher.
     while client::send(&url, Call::Reset, &reset, Some("rotated"))
         .await
@@ -621,7 +621,7 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
         serde_json::from_str::<serde_json::Value>(&dashboard_state(server.http, "").await.body)
             .unwrap()
     };
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + support::EVENTUALLY;
     while read().await["store"]["breaker"] != "closed" || hit(server.http, "user", "a").await != 200
     {
         assert!(std::time::Instant::now() < deadline, "Redis never usable");
@@ -634,7 +634,7 @@ async fn dashboard_shows_store_errors_and_the_breaker() {
     );
     redis.stop();
     // Until the breaker opens, requests fail with a store error, counted per rule.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = std::time::Instant::now() + support::EVENTUALLY;
     loop {
         assert_eq!(hit(server.http, "user", "a").await, 503);
         let state = read().await;

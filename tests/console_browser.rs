@@ -14,11 +14,14 @@ use std::time::Duration;
 use support::http;
 use support::process::Floodgate;
 
+// `user`: 5 an hour, a token every 12 minutes. The page inspects the bucket the test
+// exhausted and expects 0 left; at 5 a minute a token came back 12 s later, which a loaded
+// machine spends starting Chromium and waiting for the traffic's numbers.
 const LIMITS: &str = "\
 domain: shop
 descriptors:
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
+    rate_limit: {unit: hour, requests_per_unit: 5}
   - key: plan
     value: premium
     rate_limits:

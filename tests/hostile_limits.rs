@@ -47,7 +47,8 @@ fn mkfifo(path: &Path) {
     assert!(Command::new("mkfifo").arg(path).status().unwrap().success());
 }
 
-/// SIGTERM; asserts exit 0 within 5 s; returns the log.
+/// SIGTERM; asserts exit 0 within 30 s (a guard against a hang, with room for a loaded
+/// machine); returns the log.
 async fn stop_quickly(server: Floodgate) -> String {
     let started = Instant::now();
     let (exit, log) = tokio::task::spawn_blocking(move || server.terminate())
@@ -55,7 +56,7 @@ async fn stop_quickly(server: Floodgate) -> String {
         .unwrap();
     assert_eq!(exit.code(), Some(0), "{log}");
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(30),
         "shutdown took {:?}",
         started.elapsed()
     );
@@ -101,10 +102,13 @@ async fn hostile_files_fail_the_reload_without_blocking_it() {
     for (path, make, reason) in &hostile {
         let before = loads(server.http, "error").await;
         make();
-        let took = next_load(&server, "error", before).await;
-        assert!(
-            took < Duration::from_secs(3),
-            "{reason}: the reload took {took:?}"
+        next_load(&server, "error", before).await;
+        // Failed at once, for its own reason: a load that blocked would instead be abandoned
+        // at the load deadline, saying so (not timed: a loaded machine may take seconds).
+        assert_eq!(
+            server.log_count("abandoned"),
+            0,
+            "{reason}: the load blocked"
         );
         assert_eq!(last_success(server.http).await, Some(0.0), "{reason}");
         assert!(server.log_count(reason) >= 1, "{reason} not logged");
@@ -135,7 +139,6 @@ fn fifo_at_start_up_is_a_usage_error() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.yaml"), limits(10)).unwrap();
     mkfifo(&dir.path().join("x.yaml"));
-    let started = Instant::now();
     let output = Command::new(env!("CARGO_BIN_EXE_floodgate"))
         .args(["serve", "--config", dir.path().to_str().unwrap()])
         .args(["--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"])
@@ -147,5 +150,7 @@ fn fifo_at_start_up_is_a_usage_error() {
         stderr.contains("x.yaml") && stderr.contains("FIFO"),
         "{stderr}"
     );
-    assert!(started.elapsed() < Duration::from_secs(5));
+    // At once, not by the load deadline: a load that blocked on the FIFO is abandoned then,
+    // saying so (not timed: a loaded machine may take seconds to start the binary).
+    assert!(!stderr.contains("abandoned"), "{stderr}");
 }

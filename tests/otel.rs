@@ -394,15 +394,18 @@ async fn a_silent_collector_never_blocks_requests_or_shutdown() {
         "--shutdown-grace",
         "1",
     ]);
-    let started = std::time::Instant::now();
+    // One request held by the export would wait for the exporter's timeout (10 s): each is
+    // bounded alone, with room for a loaded machine (not the 50 together, which a loaded
+    // machine can stretch past any small bound).
     for i in 0..50 {
+        let started = std::time::Instant::now();
         ask(&server, &i.to_string(), &[]).await;
+        let answering = started.elapsed();
+        assert!(
+            answering < std::time::Duration::from_secs(8),
+            "request {i}: {answering:?}"
+        );
     }
-    let answering = started.elapsed();
-    assert!(
-        answering < std::time::Duration::from_secs(5),
-        "{answering:?}"
-    );
     let stopping = std::time::Instant::now();
     server.stop().await;
     let stopped = stopping.elapsed();

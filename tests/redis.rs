@@ -230,19 +230,19 @@ async fn every_key_has_a_ttl() {
 #[tokio::test]
 async fn survives_script_flush() {
     let Setup { redis, server } = setup().await;
-    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    // `one` (1 a minute): Redis runs on real time, and `many` refills a token every 60 ms,
+    // which a loaded machine can spend between two requests.
+    assert_eq!(server.ask(simple("r", "one", "x")).await.overall_code, OK);
     let mut conn = redis.connection().await;
     let _: () = ::redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    let response = server.ask(simple("r", "many", "x")).await;
-    assert_eq!(response.overall_code, OK);
-    assert_eq!(
-        response.statuses[0].limit_remaining, 998,
-        "state kept across the flush"
-    );
+    // Answered by the script (an error otherwise), on the state kept: the bucket is empty.
+    let response = server.ask(simple("r", "one", "x")).await;
+    assert_eq!(response.overall_code, OVER, "state kept across the flush");
+    assert_eq!(response.statuses[0].limit_remaining, 0);
     server.stop().await;
 }
 
@@ -279,7 +279,10 @@ async fn a_killed_connection_is_replaced_at_once() {
 /// health SERVING and normal answers again, without restarting floodgate.
 #[tokio::test]
 async fn outage_then_recovery_under_policy_error() {
-    let Setup { mut redis, server } = setup().await;
+    // A command timeout far beyond the bound asserted below: a call that waits for it (a
+    // hang) fails the test, one that fails fast passes however loaded the machine is.
+    let Setup { mut redis, server } =
+        setup_with(FailurePolicy::Error, 0, Duration::from_secs(60)).await;
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
     // SERVING once Redis has answered (the health task follows the store asynchronously).
     eventually("health SERVING", || async {
@@ -295,7 +298,7 @@ async fn outage_then_recovery_under_policy_error() {
         assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
         // Generous: proves no hang on a dead Redis, not a latency figure (see bench/).
         assert!(
-            started.elapsed() < Duration::from_secs(1),
+            started.elapsed() < Duration::from_secs(20),
             "{:?}",
             started.elapsed()
         );
@@ -334,17 +337,17 @@ async fn hung_redis_is_bounded_by_timeout_and_breaker() {
         }
     });
     let server = serve(&url, FailurePolicy::Error, 0, Duration::from_millis(50)).await;
-    let started = Instant::now();
-    for _ in 0..20 {
-        let status = server.ask_err(simple("r", "many", "x")).await;
-        assert_eq!(status.code(), tonic::Code::Unavailable);
-    }
-    // 3 timeouts of 50 ms open the breaker; 20 hung calls would take 1 s.
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
+    // Each call ends (the bound only guards against a hang); that the breaker, not the
+    // timeout, answered all but the first few is counted below, not timed.
+    let calls = async {
+        for _ in 0..20 {
+            let status = server.ask_err(simple("r", "many", "x")).await;
+            assert_eq!(status.code(), tonic::Code::Unavailable);
+        }
+    };
+    tokio::time::timeout(EVENTUALLY, calls)
+        .await
+        .expect("calls to a hung Redis never ended");
     let metrics = call(server.http_addr, "GET", "/metrics", None).await.body;
     // At most the threshold (3) of request calls reached the frozen Redis before the breaker
     // opened (the idle probe's failures count toward it too); every request was answered.
@@ -373,7 +376,10 @@ async fn hung_redis_is_bounded_by_timeout_and_breaker() {
 async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let redis = RedisServer::start();
-    let deadline = Duration::from_millis(50);
+    // Far beyond what a loaded machine adds to a call of a local Redis (a 50 ms deadline
+    // failed its very first call, and shed calls after Redis recovered, on a loaded one):
+    // what is shed here is the stall's queue, not the machine's slowness.
+    let deadline = Duration::from_secs(5);
     let store = RedisStore::new(&RedisSettings {
         command_timeout: deadline,
         ..redis_settings(&redis.url())

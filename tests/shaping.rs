@@ -1,17 +1,16 @@
 //! Shaping: a token bucket with `max_wait` holds a request until its tokens arrive and
-//! answers it OK, instead of refusing it — on the memory store and on a real Redis, both on
-//! real time (the waits are real sleeps of the server).
+//! answers it OK, instead of refusing it — on the memory store and on a real Redis. The
+//! waits are real sleeps of the server.
 //!
-//! The pacing tolerance, derived: with burst B and one token every I, the store reserves the
-//! k-th request past the burst the moment `e₁ + k·I`, where `e₁` is when the store first
-//! evaluated the burst (GCRA: its theoretical arrival time, exact in µs). The server sleeps
-//! until then and answers, so the client receives that answer
-//! - never before `s₀ + k·I`, `s₀` being when the client sent the burst (`s₀ ≤ e₁`, and a
-//!   sleep never ends early): this bound is exact, no tolerance;
-//! - after `e₁ + k·I` by the timer's resolution (1 ms), one loopback trip and scheduling. We
-//!   allow half a token interval (I/2): within it each answer still comes before the next
-//!   token exists, which is what "paced at the rate" means. `e₁` is bounded by when the
-//!   client received the first immediate answer (`a₀ ≥ e₁`).
+//! What is asserted holds on any machine, however loaded: the pacing and max_wait scenarios
+//! run the store on the test's manual clock, which stands still, so every request is
+//! evaluated at the same moment and the k-th past the burst is reserved exactly k token
+//! intervals later (GCRA, exact in µs); the server then sleeps that long, and a sleep never
+//! ends early. So its answer reaches the client no earlier than `s₀ + k·I` (`s₀`: when the
+//! client sent the burst) and its `x-ratelimit-delayed-ms` header says at least `k·I`. How
+//! late a loaded machine answers is not asserted (on real time, a 50 ms tolerance failed on
+//! a loaded machine; benchmarks measure speed). The scenarios that hold a request for a
+//! minute run on real time, waiting on what the store shows, never on a fixed time.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod support;
@@ -60,20 +59,24 @@ fn delayed_ms(response: &RateLimitResponse) -> Option<u64> {
         .map(|h| h.value.parse().unwrap())
 }
 
-/// One token every 100 ms, a burst of 5, held up to 2 s.
+/// One token every 250 ms, a burst of 5, held up to 3 s (within the test server's request
+/// timeout, 5 s). On Redis, the first key written expires 250 ms of real time later: the
+/// burst's requests, sent together, are all evaluated long before.
 const PACED: &str = "
 domain: s
 descriptors:
   - key: k
-    rate_limit: {unit: second, requests_per_unit: 10, burst: 5, max_wait: 2s}
+    rate_limit: {unit: second, requests_per_unit: 4, burst: 5, max_wait: 3s}
 ";
-const INTERVAL: Duration = Duration::from_millis(100);
+const INTERVAL: Duration = Duration::from_millis(250);
 const BURST: usize = 5;
 
-/// A burst of 3× the bucket: every request answered OK, the first B at once and each later
-/// one when its token arrives, one interval apart.
+/// A burst of 3× the bucket: every request answered OK, B at once and each later one held
+/// for its token, one interval apart.
 async fn a_burst_of_three_buckets_is_paced_not_refused(backend: Backend) {
-    let (server, _redis) = start(PACED, backend).await;
+    // The store's clock stands still (see the module doc): every request is evaluated at the
+    // same moment, so the k-th past the burst is held exactly k intervals.
+    let server = TestServer::with(PACED).on(backend).start().await;
     let client = server.client().await;
     let sent = Instant::now();
     let answers = futures_util::future::join_all((0..3 * BURST).map(|_| {
@@ -91,44 +94,36 @@ async fn a_burst_of_three_buckets_is_paced_not_refused(backend: Backend) {
     for (_, response) in &answers {
         assert_eq!(response.overall_code, Code::Ok as i32, "{response:?}");
     }
-    let mut at: Vec<(Instant, Option<u64>)> = answers
+    let immediate = answers
         .iter()
-        .map(|(at, response)| (*at, delayed_ms(response)))
+        .filter(|(_, response)| delayed_ms(response).is_none())
+        .count();
+    assert_eq!(immediate, BURST, "{answers:?}");
+    // The held ones: the k-th to arrive came no earlier than k intervals after the burst was
+    // sent, and the k-th shortest hold (the header) lasted at least k intervals (a sleep never
+    // ends early). Both are exact on any machine; how late a loaded one answers is not
+    // asserted (benchmarks measure speed).
+    let mut arrivals: Vec<Instant> = answers
+        .iter()
+        .filter(|(_, response)| delayed_ms(response).is_some())
+        .map(|(at, _)| *at)
         .collect();
-    at.sort_by_key(|(at, _)| *at);
-    let immediate = at.iter().filter(|(_, delayed)| delayed.is_none()).count();
-    assert_eq!(immediate, BURST, "{at:?}");
-    // The immediate answers come first; the first of them bounds e₁ from above.
-    assert!(
-        at[..BURST].iter().all(|(_, delayed)| delayed.is_none()),
-        "{at:?}"
-    );
-    let first = at[0].0;
-    for (k, (answered, delayed)) in at[BURST..].iter().enumerate() {
+    arrivals.sort();
+    let mut holds: Vec<u64> = answers
+        .iter()
+        .filter_map(|(_, response)| delayed_ms(response))
+        .collect();
+    holds.sort_unstable();
+    for (k, (answered, held)) in arrivals.iter().zip(&holds).enumerate() {
         let k = u32::try_from(k + 1).unwrap();
         let earliest = sent + INTERVAL * k;
-        let latest = first + INTERVAL * k + INTERVAL / 2;
         assert!(
             *answered >= earliest,
             "answer {k} past the burst came {:?} too early",
             earliest - *answered
         );
-        assert!(
-            *answered <= latest,
-            "answer {k} past the burst came {:?} late",
-            *answered - latest
-        );
-        // The header says how long it was held (rounded up to the ms): k intervals less
-        // however much later than e₁ the store evaluated it, plus the timer's slack.
-        let delayed = Duration::from_millis(delayed.unwrap());
-        assert!(
-            delayed <= INTERVAL * k + INTERVAL / 2,
-            "{delayed:?} for {k}"
-        );
-        assert!(
-            delayed + INTERVAL / 2 >= INTERVAL * k,
-            "{delayed:?} for {k}"
-        );
+        let held = Duration::from_millis(*held);
+        assert!(held >= INTERVAL * k, "{held:?} for {k}: {holds:?}");
     }
     assert_eq!(
         server.metric(r#"floodgate_shaped_requests_total{domain="s",result="served"}"#),
@@ -141,27 +136,30 @@ async fn a_burst_of_three_buckets_is_paced_not_refused(backend: Backend) {
     server.stop().await;
 }
 
-/// One token every 100 ms, a burst of 2, held up to 250 ms.
+/// One token every 15 s, a burst of 2, held up to 40 s.
 const SHORT_WAIT: &str = "
 domain: s
 descriptors:
   - key: k
-    rate_limit: {unit: second, requests_per_unit: 10, burst: 2, max_wait: 250ms}
+    rate_limit: {unit: minute, requests_per_unit: 4, burst: 2, max_wait: 40s}
 ";
 
 /// Beyond max_wait a request is refused, and debits nothing: the next request gets the
 /// tokens the refused one would have taken.
 async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
-    let (server, _redis) = start(SHORT_WAIT, backend).await;
+    // The store's clock stands still: the waits below are exact whatever the machine's load,
+    // and no Redis key (30 s of TTL and more) expires meanwhile.
+    let mut server = TestServer::with(SHORT_WAIT).on(backend).start().await;
     let mut client = server.client().await;
     for _ in 0..2 {
         let response = server.ask(simple("s", "k", "v")).await;
         assert_eq!(delayed_ms(&response), None, "{response:?}");
     }
-    // Its token is 100 ms away: held. Sent concurrently with what follows.
-    let mut held = client.clone();
+    // Its token is 15 s away: held. Sent concurrently with what follows.
+    let mut third = client.clone();
     let held = tokio::spawn(async move {
-        held.should_rate_limit(simple("s", "k", "v"))
+        third
+            .should_rate_limit(simple("s", "k", "v"))
             .await
             .unwrap()
             .into_inner()
@@ -170,28 +168,41 @@ async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
         server.metric("floodgate_requests_in_flight") == 1
     })
     .await;
-    // Three more tokens would be 400 ms away: beyond 250 ms, refused, with when to retry.
+    // Three more tokens would be 60 s away (45 s without the third's): beyond 40 s, refused,
+    // with when to retry.
     let heavy = request("s", vec![with_hits(descriptor(&[("k", "v")]), 3)]);
     let refused = client.should_rate_limit(heavy).await.unwrap().into_inner();
     assert_eq!(refused.overall_code, Code::OverLimit as i32, "{refused:?}");
     assert_eq!(delayed_ms(&refused), None);
-    // Had it debited, the next token would be 500 ms away and this refused too: it is 200 ms.
-    let next = client
-        .should_rate_limit(simple("s", "k", "v"))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(next.overall_code, Code::Ok as i32, "{next:?}");
-    let delayed = delayed_ms(&next).expect("held");
-    assert!((1..=250).contains(&delayed), "{delayed}");
-    let held = held.await.unwrap();
-    assert_eq!(held.overall_code, Code::Ok as i32);
-    assert!(delayed_ms(&held).is_some());
+    // Had it debited, the next token would be 75 s away and this refused too: it is 30 s
+    // away, so it is held (answered, OK, only when shutdown releases it below).
+    let mut after = client.clone();
+    let next = tokio::spawn(async move {
+        after
+            .should_rate_limit(simple("s", "k", "v"))
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    eventually("the next request is held too, or answered", || async {
+        next.is_finished() || server.metric("floodgate_requests_in_flight") == 2
+    })
+    .await;
+    server.begin_stop();
+    for (which, task) in [("next", next), ("third", held)] {
+        let response = task.await.unwrap();
+        assert_eq!(
+            response.overall_code,
+            Code::Ok as i32,
+            "{which}: {response:?}"
+        );
+        assert!(delayed_ms(&response).is_some(), "{which} not held");
+    }
     assert_eq!(
-        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="served"}"#),
+        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="released"}"#),
         2
     );
-    server.stop().await;
+    server.join().await;
 }
 
 /// One token a minute, a burst of 1, held up to a minute: a held request waits ~60 s.
@@ -202,32 +213,48 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1, max_wait: 60s}
 ";
 
+/// Seconds until `k=v`'s bucket is full again, by a check-only request (debits nothing).
+async fn seconds_until_full(server: &TestServer) -> i64 {
+    let check = request("s", vec![with_hits(descriptor(&[("k", "v")]), 0)]);
+    let response = server.ask(check).await;
+    response.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds)
+}
+
+/// Sends `k=v` on a task and waits until the store has committed it (its debit shows in the
+/// bucket: full again in about two minutes, not one), so that it is held from then on; a
+/// request refused instead ends the wait, and fails the test.
+async fn send_and_hold(
+    server: &TestServer,
+) -> tokio::task::JoinHandle<Result<tonic::Response<RateLimitResponse>, tonic::Status>> {
+    let mut client = server.client().await;
+    let task = tokio::spawn(async move { client.should_rate_limit(simple("s", "k", "v")).await });
+    eventually("the request committed and held", || async {
+        task.is_finished() || seconds_until_full(server).await > 90
+    })
+    .await;
+    assert!(!task.is_finished(), "answered at once: {:?}", task.await);
+    task
+}
+
 /// A client that gives up while its request is held gets its token given back: the next
 /// request takes it.
 async fn a_cancelled_wait_gives_its_tokens_back(backend: Backend) {
     let (server, _redis) = start(SLOW, backend).await;
     let first = server.ask(simple("s", "k", "v")).await;
     assert_eq!(delayed_ms(&first), None);
-    // Held ~60 s; the client's deadline ends it long before.
-    let mut client = server.client().await;
-    let mut impatient = tonic::Request::new(simple("s", "k", "v"));
-    impatient.set_timeout(Duration::from_millis(200));
-    let status = client.should_rate_limit(impatient).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::Cancelled, "{status:?}");
+    // Held ~60 s; the client gives up (its call dropped, as a client deadline does) once the
+    // request is held, not after a fixed time that a loaded machine may not reach the hold in.
+    send_and_hold(&server).await.abort();
     eventually("the cancelled request is refunded", || async {
         server.metric(r#"floodgate_shaped_requests_total{domain="s",result="cancelled"}"#) == 1
     })
     .await;
     // Its token is the one after the first again: held about a minute, not two (which would
-    // exceed max_wait and be refused).
-    let mut next = tonic::Request::new(simple("s", "k", "v"));
-    next.set_timeout(Duration::from_millis(200));
-    let status = client.should_rate_limit(next).await.unwrap_err();
-    assert_eq!(
-        status.code(),
-        tonic::Code::Cancelled,
-        "held, not refused: {status:?}"
-    );
+    // exceed max_wait and be refused: send_and_hold fails on an answer at once).
+    send_and_hold(&server).await.abort();
     eventually("the second cancelled request is refunded", || async {
         server.metric(r#"floodgate_shaped_requests_total{domain="s",result="cancelled"}"#) == 2
     })

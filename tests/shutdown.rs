@@ -59,7 +59,7 @@ async fn shutdown_drains_in_flight_requests() {
 
     server.begin_stop();
     // The listener closes while the request is still held inside the store.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + support::EVENTUALLY;
     while tokio::net::TcpStream::connect(grpc_addr).await.is_ok() {
         assert!(Instant::now() < deadline, "still accepting connections");
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
 /// How long a reload may take to show before a test fails.
-const DEADLINE: Duration = Duration::from_secs(10);
+const DEADLINE: Duration = Duration::from_secs(30);
 /// How often a condition is polled.
 const POLL: Duration = Duration::from_millis(20);
 

@@ -11,7 +11,8 @@ const admin = process.env.FLOODGATE_ADMIN;
 const token = process.env.FLOODGATE_TOKEN;
 const screenshot = process.env.SCREENSHOT;
 const executablePath = process.env.CHROMIUM || "/usr/bin/chromium";
-const TIMEOUT = 15000;
+// A guard against a hang, with room for a loaded machine (Chromium included).
+const TIMEOUT = 30000;
 
 function fail(message) {
   console.error("console test: " + message);

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 
 /// How long a wait for progress may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(20);
+const DEADLINE: Duration = Duration::from_secs(30);
 
 /// One request's fate.
 #[derive(Clone, Debug)]

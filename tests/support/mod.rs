@@ -46,7 +46,7 @@ pub mod volume;
 
 /// How long [`eventually`] waits before failing the test: long enough for a loaded machine
 /// (failovers, reloads, restarts all finish in well under a second on a quiet one).
-pub const EVENTUALLY: Duration = Duration::from_secs(20);
+pub const EVENTUALLY: Duration = Duration::from_secs(30);
 
 /// Polls `check` every 10 ms until it holds, failing the test after [`EVENTUALLY`]; returns
 /// how long it took. The one way tests wait for something asynchronous: never a sleep.

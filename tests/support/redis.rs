@@ -279,8 +279,35 @@ pub(crate) fn client(url: &str, tls: Option<&TlsFiles>) -> redis::Client {
     }
 }
 
-/// A port nobody listened on a moment ago (bind port 0, read it, release it).
+/// A port nobody listened on a moment ago (bound, then released).
+///
+/// Taken below the kernel's ephemeral range (where one is set as usual), never from it: no
+/// client socket is ever given such a port as its own, so while the server is down (a test
+/// stops or restarts it) a client's reconnect can neither take its port nor connect to
+/// itself on it (TCP simultaneous open, which an ephemeral port allows when nothing
+/// listens), and the restart finds the port free.
 pub(crate) fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    /// Where the ports below the ephemeral range start: clear of the usual services.
+    const LOWEST: u32 = 20_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    if ephemeral > LOWEST + 1_000 {
+        let span = ephemeral - LOWEST;
+        // A start of this process's own, so that test binaries run side by side rarely try
+        // the same ports; a port taken meanwhile makes the server's start fail, and retry.
+        let start = std::process::id().wrapping_mul(7_919);
+        for _ in 0..span {
+            let port = LOWEST + (start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))) % span;
+            let port = u16::try_from(port).unwrap();
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
 }
