@@ -293,7 +293,7 @@ impl LeaseStore {
                             *augment,
                             &result,
                             applied.committed,
-                            sent,
+                            (sent, now),
                             id,
                             &self.sizing,
                             returns,
@@ -429,6 +429,16 @@ impl Store for LeaseStore {
             routes,
             settled: false,
         };
+        // A fixed window's lease that ended here (expired, or a changed limit) goes back
+        // before the request is sent: sent after it, the request could be denied, and the
+        // over-limit cache hold the bucket as empty until the window ends while the returned
+        // tokens sit in Redis. A token bucket's denial is cached only until its retry time:
+        // its return need not hold the request up.
+        let (windowed, other): (Vec<_>, Vec<_>) = std::mem::take(&mut returns)
+            .into_iter()
+            .partition(|op| op.debited_in.is_some());
+        self.return_later(other);
+        self.send_returns(windowed).await;
         let remote: Vec<usize> = (0..ops.len())
             .filter(|&i| !matches!(flight.routes[i], Route::Local(_)))
             .collect();

@@ -223,10 +223,10 @@ impl Entry {
         Route::Remote { augment }
     }
 
-    /// Redis answered `op` (sent with `augment` more tokens at `sent`) with `result`, the
-    /// request as a whole `committed` or not: remembers what Redis has left and, when the
-    /// lease's debit was stored, holds it as this bucket's lease (`id`), the previous lease's
-    /// rest pushed to `returns`. Returns the tokens held as a new lease.
+    /// Redis answered `op` (sent with `augment` more tokens at `sent`, answered at `now`)
+    /// with `result`, the request as a whole `committed` or not: remembers what Redis has
+    /// left and, when the lease's debit was stored, holds it as this bucket's lease (`id`),
+    /// the previous lease's rest pushed to `returns`. Returns the tokens held as a new lease.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn answered(
         &mut self,
@@ -235,7 +235,7 @@ impl Entry {
         augment: u64,
         result: &BucketResult,
         committed: bool,
-        sent: Instant,
+        (sent, now): (Instant, Instant),
         id: u64,
         sizing: &Sizing,
         returns: &mut Vec<BucketOp>,
@@ -252,7 +252,11 @@ impl Entry {
         }
         self.end(key, returns);
         let reset_at = sent + Duration::from_micros(result.view.reset_us);
-        let mut expires = sent + sizing.lifetime;
+        // The lifetime counts from the answer: a lease that arrived after a slow call still
+        // serves its lifetime. Every token of it was debited before it is spent, whenever
+        // that is, so for a token bucket this only shifts admissions later by the call's
+        // latency.
+        let mut expires = now + sizing.lifetime;
         if windowed {
             // Redis's clock put the debit in a window ending `reset_us` after it evaluated,
             // which was after `sent`: ending the lease `reset_us` after `sent` ends it before
@@ -436,7 +440,7 @@ mod tests {
                         augment,
                         &result(remaining, None),
                         true,
-                        now,
+                        (now, now),
                         1,
                         &sizing(),
                         &mut returns,
@@ -497,7 +501,7 @@ mod tests {
                 0,
                 &result(990, None),
                 true,
-                now,
+                (now, now),
                 1,
                 &sizing(),
                 &mut returns,
@@ -535,7 +539,7 @@ mod tests {
             augment,
             &result(980, None),
             true,
-            now,
+            (now, now),
             7,
             &sizing(),
             &mut returns,
@@ -573,7 +577,7 @@ mod tests {
             augment,
             &no,
             false,
-            now,
+            (now, now),
             8,
             &sizing(),
             &mut returns,
@@ -611,7 +615,7 @@ mod tests {
                 augment,
                 &result(980, window),
                 true,
-                now,
+                (now, now),
                 1,
                 &sizing(),
                 &mut returns,
@@ -657,7 +661,7 @@ mod tests {
             augment,
             &ending,
             true,
-            now,
+            (now, now),
             1,
             &sizing(),
             &mut returns,
@@ -695,7 +699,7 @@ mod tests {
             augment,
             &result(980, None),
             true,
-            now,
+            (now, now),
             3,
             &sizing(),
             &mut returns,
