@@ -841,6 +841,30 @@ mod tests {
         assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
     }
 
+    /// Leases are on at a tenth by default, off at 0, and a fraction outside [0, 0.5] is
+    /// refused with the flag's meaning.
+    #[test]
+    fn lease_fraction_defaults_and_bounds() {
+        let fraction = |extra: &[&str]| {
+            let args = [&["serve", "--config", "x"][..], extra].concat();
+            parse(&args).map(|cli| match cli.command {
+                Command::Serve(s) => s.lease_fraction,
+                _ => panic!("not serve"),
+            })
+        };
+        assert_eq!(fraction(&[]).unwrap(), 0.1);
+        assert_eq!(fraction(&["--lease-fraction", "0"]).unwrap(), 0.0);
+        assert_eq!(fraction(&["--lease-fraction", "0.5"]).unwrap(), 0.5);
+        for bad in ["0.6", "-0.1", "NaN", "a tenth"] {
+            let flag = format!("--lease-fraction={bad}");
+            let error = fraction(&[&flag]).unwrap_err().to_string();
+            assert!(
+                error.contains("lease fraction between 0 (off) and 0.5"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
     /// The admin listener can be turned off, and /json on its own.
     #[test]
     fn admin_http_can_be_turned_off() {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::process::Floodgate;
-use support::redis::RedisServer;
+use support::redis::{RedisCluster, RedisServer};
 use support::{eventually, simple};
 
 const LIMITS: &str = "domain: leases
@@ -45,19 +45,19 @@ struct Tally {
     errors: AtomicU64,
 }
 
-fn floodgate(limits: &Path, redis: &RedisServer) -> Floodgate {
-    let url = redis.url();
+/// A replica on `limits`, its Redis named by `store` (`--redis-url …` or `--redis-cluster …`).
+fn floodgate(limits: &Path, store: &[&str]) -> Floodgate {
     // A Redis call that outlives its deadline may have debited tokens it cannot report: on a
     // loaded test machine that would be lost supply, not a lease's doing. A deadline no
     // call reaches keeps every answer an answer.
-    Floodgate::start(&[
+    let mut args = vec![
         "--config",
         limits.to_str().unwrap(),
-        "--redis-url",
-        &url,
         "--redis-timeout-ms",
         "2000",
-    ])
+    ];
+    args.extend_from_slice(store);
+    Floodgate::start(&args)
 }
 
 /// Waits until the replica answers from Redis (its pool connected, the breaker closed), on a
@@ -155,7 +155,9 @@ async fn token_bucket_case(key: &'static str, rate: f64, burst: f64, leased: boo
     let dir = tempfile::tempdir().unwrap();
     let limits = dir.path().join("limits.yaml");
     std::fs::write(&limits, LIMITS).unwrap();
-    let replicas = [floodgate(&limits, &redis), floodgate(&limits, &redis)];
+    let url = redis.url();
+    let store = ["--redis-url", url.as_str()];
+    let replicas = [floodgate(&limits, &store), floodgate(&limits, &store)];
     for replica in &replicas {
         until_ready(replica.grpc).await;
     }
@@ -213,16 +215,31 @@ async fn token_bucket_case(key: &'static str, rate: f64, burst: f64, leased: boo
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_never_admit_past_a_fixed_window() {
     let redis = RedisServer::start();
+    let url = redis.url();
+    fixed_window_case(&["--redis-url", url.as_str()], &redis).await;
+}
+
+/// The same in a Redis Cluster: the lease's debit and its return go to the bucket's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_never_admit_past_a_fixed_window_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    fixed_window_case(&["--redis-cluster", seeds.as_str()], cluster.masters()[0]).await;
+}
+
+/// Hammers the fixed window from two replicas on `store` until nearly all of it is admitted,
+/// and checks the bounds; `clock` is a Redis whose `TIME` names the windows.
+async fn fixed_window_case(store: &[&str], clock: &RedisServer) {
     let dir = tempfile::tempdir().unwrap();
     let limits = dir.path().join("limits.yaml");
     std::fs::write(&limits, LIMITS).unwrap();
-    let replicas = [floodgate(&limits, &redis), floodgate(&limits, &redis)];
+    let replicas = [floodgate(&limits, store), floodgate(&limits, store)];
     for replica in &replicas {
         until_ready(replica.grpc).await;
     }
     let tally = Arc::new(Tally::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let first_secs = redis_secs(&redis).await;
+    let first_secs = redis_secs(clock).await;
     let mut callers = Vec::new();
     for replica in &replicas {
         callers.extend(hammer(replica.grpc, "fw", tally.clone(), stop.clone()).await);
@@ -239,7 +256,7 @@ async fn two_replicas_never_admit_past_a_fixed_window() {
     for caller in callers {
         caller.await.unwrap();
     }
-    let last_secs = redis_secs(&redis).await;
+    let last_secs = redis_secs(clock).await;
     let windows = last_secs / 3600 - first_secs / 3600 + 1;
     let ok = tally.ok.load(Ordering::Relaxed);
     let over = tally.over.load(Ordering::Relaxed);
