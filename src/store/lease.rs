@@ -8,10 +8,12 @@
 //!   request that goes to Redis for it asks for `augment` more tokens: the same script, the
 //!   same all-or-nothing, one call. If the request commits, those tokens are this replica's
 //!   lease; if anything denies, nothing was debited and no lease is held.
-//! - **Spent locally, briefly.** Until it is empty or expires ([`LIFETIME`] after its call was
-//!   sent; a fixed window's lease also ends with the window it was debited in), requests on
-//!   the bucket take their cost from the lease with no Redis call. Because every token was
-//!   debited in Redis before it is spent, admissions across replicas never exceed the limit.
+//! - **Spent locally, briefly.** Until it is empty or expires ([`LIFETIME`] after Redis
+//!   answered its call; a fixed window's lease also ends with the window it was debited in),
+//!   requests on the bucket take their cost from the lease with no Redis call. Because every
+//!   token was debited in Redis before it is spent, admissions across replicas never exceed
+//!   the limit. Once half is spent, the next request renews it in its own call (the tokens
+//!   are added to the lease), while the rest answers the requests arriving meanwhile.
 //! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a
 //!   lease taken under other limit parameters (a reload changed the limit), and every lease
 //!   at shutdown send their unspent tokens back as a refund: to a token bucket (never past its

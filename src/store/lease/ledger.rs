@@ -77,6 +77,8 @@ pub(super) struct Lease {
     pub(super) params: LimitParams,
     /// Tokens not yet spent.
     pub(super) left: u64,
+    /// Tokens it held when taken (or last renewed): renewed once half is spent.
+    pub(super) size: u64,
     /// Spent only before this instant: the lease's lifetime from when its call was sent,
     /// and for a fixed window never past the end of the window it was debited in.
     pub(super) expires: Instant,
@@ -196,27 +198,33 @@ impl Entry {
         {
             self.end(key, returns);
         }
-        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
-            lease.left -= cost;
-            return Route::Local(Take {
-                lease: lease.id,
-                tokens: cost,
-                params: lease.params,
-                window: lease.window,
-                view: lease.view(now),
-            });
-        }
-        if self.acquiring {
-            return Route::Remote { augment: 0 };
-        }
         // Sized from this replica's own demand: half as much again as one lifetime's worth,
         // so a steady stream does not run out before the lease ends; never more than the
-        // bucket's share, nor more than Redis last had left beside this request.
+        // bucket's share with what is held, nor more than Redis last had left beside this
+        // request.
+        let held = self.lease.as_ref().map_or(0, |lease| lease.left);
         let demand = self.demand.max(self.last_demand);
         let wanted = demand.saturating_add(demand / 2);
         let room = self.hint.unwrap_or(0).saturating_sub(cost);
-        let augment = wanted.min(sizing.max_lease(&op.params)).min(room);
-        if augment < MIN_LEASE {
+        let augment = wanted
+            .min(sizing.max_lease(&op.params).saturating_sub(held))
+            .min(room);
+        let can_ask = !self.acquiring && augment >= MIN_LEASE;
+        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
+            // Renewed once half spent, by this request's own call, while the other half
+            // still answers the requests that arrive during that call.
+            let renew = can_ask && (lease.left - cost).saturating_mul(2) < lease.size;
+            if !renew {
+                lease.left -= cost;
+                return Route::Local(Take {
+                    lease: lease.id,
+                    tokens: cost,
+                    params: lease.params,
+                    window: lease.window,
+                    view: lease.view(now),
+                });
+            }
+        } else if !can_ask {
             return Route::Remote { augment: 0 };
         }
         self.acquiring = true;
@@ -250,7 +258,6 @@ impl Entry {
         if !committed || !result.admitted || (windowed && result.window.is_none()) {
             return 0;
         }
-        self.end(key, returns);
         let reset_at = sent + Duration::from_micros(result.view.reset_us);
         // The lifetime counts from the answer: a lease that arrived after a slow call still
         // serves its lifetime. Every token of it was debited before it is spent, whenever
@@ -263,8 +270,22 @@ impl Entry {
             // that window does, so no token of it is spent in the next window.
             expires = expires.min(reset_at);
         }
+        // A renewal of the lease held (same limit, same window) adds to it, keeping its id
+        // so that tokens given back by requests in flight still land in it.
+        if let Some(lease) = self.lease.as_mut().filter(|lease| {
+            lease.params == op.params && lease.window == result.window && now < lease.expires
+        }) {
+            lease.left += augment;
+            lease.size = lease.left;
+            lease.expires = expires;
+            lease.reset_at = reset_at;
+            lease.redis_remaining = result.view.remaining;
+            return augment;
+        }
+        self.end(key, returns);
         self.lease = Some(Lease {
             id,
+            size: augment,
             params: op.params,
             left: augment,
             expires,
@@ -545,19 +566,50 @@ mod tests {
             &mut returns,
         );
         assert_eq!(held, augment);
-        for n in 1..=augment {
+        // Spent locally until half is gone; then one request renews with its own call.
+        let mut spent = 0;
+        let renewal = loop {
             match entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns) {
                 Route::Local(take) => {
+                    spent += 1;
                     assert_eq!(take.lease, 7);
-                    assert_eq!(take.view.remaining, 980 + augment - n);
+                    assert_eq!(take.view.remaining, 980 + augment - spent);
                 }
-                other => panic!("expected a local answer, got {other:?}"),
+                Route::Remote { augment } => break augment,
+                Route::Bypass => panic!("a tracked bucket is never bypassed"),
             }
+        };
+        assert!(renewal > 0, "the renewal asks for tokens");
+        assert!(
+            spent < augment && (augment - spent - 1) * 2 < augment,
+            "renewed once half is spent, before the lease runs out"
+        );
+        // While the renewal is in flight the rest is spent locally, then Redis decides.
+        for _ in spent..augment {
+            assert!(matches!(
+                entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
+                Route::Local(_)
+            ));
         }
-        assert!(matches!(
+        assert_eq!(
             entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
-            Route::Remote { .. }
-        ));
+            Route::Remote { augment: 0 }
+        );
+        // The renewal lands: added to the lease, which keeps its id.
+        let held = entry.answered(
+            &key(),
+            &op(p, 1),
+            renewal,
+            &result(900, None),
+            true,
+            (now, now),
+            8,
+            &sizing(),
+            &mut returns,
+        );
+        assert_eq!(held, renewal);
+        let lease = entry.lease().expect("a lease is held");
+        assert_eq!((lease.id, lease.left), (7, renewal));
         assert!(returns.is_empty(), "a spent lease returns nothing");
         // A denied ask holds nothing, and the next request may ask again.
         let mut denied = Entry::new(now);
