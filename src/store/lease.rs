@@ -672,6 +672,45 @@ mod tests {
         assert_eq!(left_in_redis(&remote, b"small", 5).await, 3);
     }
 
+    /// Asking for a lease never turns an admission into a denial: when Redis has room for
+    /// the request but not for the lease asked beside it, the request is sent again without
+    /// the ask and admitted, and every token stays accounted for.
+    #[tokio::test]
+    async fn an_ask_that_does_not_fit_is_dropped_not_the_request() {
+        let (remote, leases) = setup();
+        let mut admitted = 0;
+        while leases.held().0 == 0 {
+            assert!(
+                leases
+                    .apply(&[op(b"hot", 1000, 1)])
+                    .await
+                    .unwrap()
+                    .committed
+            );
+            admitted += 1;
+        }
+        // Another replica takes all but 3 tokens: the renewal's ask cannot fit.
+        let taken = left_in_redis(&remote, b"hot", 1000).await - 3;
+        let other = remote.memory.apply(&[op(b"hot", 1000, taken as i64)]).await;
+        assert!(other.unwrap().committed);
+        // Spend the lease down to its renewal and beyond: every request is admitted.
+        for _ in 0..leases.held().1 + 2 {
+            assert!(
+                leases
+                    .apply(&[op(b"hot", 1000, 1)])
+                    .await
+                    .unwrap()
+                    .committed
+            );
+            admitted += 1;
+        }
+        let (_, held) = leases.held();
+        assert_eq!(
+            left_in_redis(&remote, b"hot", 1000).await + admitted + held + taken,
+            1000
+        );
+    }
+
     /// Small buckets never get a lease: every request is a Redis call, as without leases.
     #[tokio::test]
     async fn small_buckets_always_go_to_redis() {
