@@ -36,6 +36,11 @@
 //! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
 //! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
 //! | `floodgate_per_second_refunds_total` | result | `--redis-per-second-*`: refunds of one Redis's debits after the other denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
+//! | `floodgate_lease_acquired_total` | — | leases taken on hot Redis buckets (docs/leases.md) |
+//! | `floodgate_lease_tokens_total` | — | tokens debited in Redis as leases |
+//! | `floodgate_lease_tokens_returned_total` | — | unspent lease tokens sent back to their bucket |
+//! | `floodgate_lease_return_failures_total` | — | returns of unspent lease tokens that failed (those tokens stay debited until the bucket refills or the window ends) |
+//! | `floodgate_lease_local_answers_total` | — | requests answered from this replica's leases alone, no Redis call |
 //! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
@@ -316,6 +321,8 @@ pub struct Metrics {
     requests_in_flight: Gauge,
     /// Connection bounds and label caps (`floodgate_connections_*`, the rule series cap).
     abuse: Abuse,
+    /// The lease layer's counters ([`LeaseMetrics`]).
+    leases: LeaseMetrics,
     /// Run before every exposition.
     samplers: Samplers,
     /// The reference's statsd stats, when they are sent or exposed.
@@ -563,6 +570,7 @@ impl Metrics {
             requests_in_flight.clone(),
         );
         let abuse = Abuse::register(&mut registry);
+        let leases = LeaseMetrics::register(&mut registry);
         let statsd_dropped = Counter::default();
         registry.register(
             "floodgate_statsd_dropped_lines",
@@ -604,6 +612,7 @@ impl Metrics {
             local_cache_evictions,
             requests_in_flight,
             abuse,
+            leases,
             samplers: Samplers::default(),
             statsd: OnceLock::new(),
             statsd_dropped,
@@ -894,6 +903,11 @@ impl Metrics {
         self.store_available.set(i64::from(available));
     }
 
+    /// The lease layer's counters, for [`crate::store::lease`] to keep a handle to.
+    pub fn leases(&self) -> &LeaseMetrics {
+        &self.leases
+    }
+
     /// Counts a request denied by the local over-limit cache.
     pub fn record_local_cache_hit(&self) {
         self.local_cache_over_limit.inc();
@@ -1025,6 +1039,70 @@ pub const OVERFLOW_RULE: &str = "_overflow";
 
 /// Default of [`Metrics::set_max_detailed_series`].
 pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
+
+/// The counters of the lease layer ([`crate::store::lease`]): cheap clones of the registered
+/// handles, so the layer records without going through [`Metrics`].
+#[derive(Clone, Debug, Default)]
+pub struct LeaseMetrics {
+    acquired: Counter,
+    tokens_leased: Counter,
+    tokens_returned: Counter,
+    return_failures: Counter,
+    local_answers: Counter,
+}
+
+impl LeaseMetrics {
+    fn register(registry: &mut Registry) -> LeaseMetrics {
+        let leases = LeaseMetrics::default();
+        registry.register(
+            "floodgate_lease_acquired",
+            "Leases taken on hot Redis buckets (one script call debits a slice of a bucket)",
+            leases.acquired.clone(),
+        );
+        registry.register(
+            "floodgate_lease_tokens",
+            "Tokens debited in Redis as leases",
+            leases.tokens_leased.clone(),
+        );
+        registry.register(
+            "floodgate_lease_tokens_returned",
+            "Unspent lease tokens sent back to their bucket (expiry, a changed limit, shutdown)",
+            leases.tokens_returned.clone(),
+        );
+        registry.register(
+            "floodgate_lease_return_failures",
+            "Returns of unspent lease tokens that failed: those tokens stay debited until \
+             their bucket refills or their window ends",
+            leases.return_failures.clone(),
+        );
+        registry.register(
+            "floodgate_lease_local_answers",
+            "Requests answered from this replica's leases alone, without a Redis call",
+            leases.local_answers.clone(),
+        );
+        leases
+    }
+
+    /// A lease of `tokens` was debited in Redis.
+    pub fn record_acquired(&self, tokens: u64) {
+        self.acquired.inc();
+        self.tokens_leased.inc_by(tokens);
+    }
+
+    /// A return of `tokens` unspent tokens ended: sent (`ok`) or failed.
+    pub fn record_returned(&self, tokens: u64, ok: bool) {
+        if ok {
+            self.tokens_returned.inc_by(tokens);
+        } else {
+            self.return_failures.inc();
+        }
+    }
+
+    /// A request was answered from leases alone.
+    pub fn record_local_answer(&self) {
+        self.local_answers.inc();
+    }
+}
 
 /// Metrics of the bounds that keep one client from exhausting the server: connections per
 /// port, and the cap on rule series that carry request values.

@@ -61,6 +61,10 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(250);
 const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long shutdown waits for Redis to take back the leases' unspent tokens. A lease
+/// expires within tens of milliseconds anyway; this only spares the other replicas the wait.
+const LEASE_RETURN_DEADLINE: Duration = Duration::from_secs(1);
+
 /// How often the memory store drops expired buckets.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -247,6 +251,9 @@ pub async fn serve(components: Components) -> Result<(), ServerError> {
     if let Some(memory) = &components.memory {
         memory.spawn_sweeper(SWEEP_INTERVAL);
     }
+    if let Some(leases) = &components.leases {
+        leases.spawn_sweeper();
+    }
     let mut store_health = None;
     if let Some(redis) = &components.redis {
         redis.spawn_probe(PROBE_INTERVAL);
@@ -293,6 +300,15 @@ pub async fn serve(components: Components) -> Result<(), ServerError> {
         shutdown,
     )
     .await;
+    // Drained: no request spends a lease any more, so their rest goes back to the other
+    // replicas now rather than at expiry (bounded: the grace is spent, Redis calls are not).
+    if let Some(leases) = &components.leases
+        && tokio::time::timeout(LEASE_RETURN_DEADLINE, leases.return_all())
+            .await
+            .is_err()
+    {
+        tracing::warn!("leases not returned in time: their tokens come back at expiry");
+    }
     // Spans of the drained requests are still queued: export them before the process exits.
     if let Some(traces) = &components.traces {
         traces.shutdown(crate::otel::FLUSH_DEADLINE).await;

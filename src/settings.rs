@@ -203,6 +203,12 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_LOCAL_CACHE_SIZE", default_value_t = 100_000)]
     pub local_cache_size: u64,
 
+    /// Most of a bucket's capacity one replica may hold as a lease on a hot Redis bucket,
+    /// spent locally for tens of milliseconds (0 turns leases off; docs/leases.md).
+    #[arg(long, env = "FLOODGATE_LEASE_FRACTION", value_name = "RATIO",
+          default_value_t = crate::store::lease::DEFAULT_FRACTION, value_parser = parse_lease_fraction)]
+    pub lease_fraction: f64,
+
     /// Algorithm for limits that do not name one, and for descriptor limit overrides.
     #[command(flatten)]
     pub algorithm: AlgorithmFlag,
@@ -576,6 +582,15 @@ fn parse_ratio(text: &str) -> Result<f32, String> {
         .ok_or_else(|| format!("'{text}' is not a ratio between 0 and 1"))
 }
 
+/// `--lease-fraction`: a number from 0 (leases off) to 0.5. More than half a bucket in one
+/// replica's hands would leave the others less than this one holds.
+fn parse_lease_fraction(text: &str) -> Result<f64, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|r| (0.0..=0.5).contains(r))
+        .ok_or_else(|| format!("'{text}' is not a lease fraction between 0 (off) and 0.5"))
+}
+
 // ---- end of the response block ----
 
 /// `floodgate check-config`.
@@ -723,6 +738,7 @@ impl fmt::Debug for ServeSettings {
             .field("redis_per_second", &self.redis_per_second)
             .field("on_store_error", &self.on_store_error)
             .field("local_cache_size", &self.local_cache_size)
+            .field("lease_fraction", &self.lease_fraction)
             .field("default_algorithm", &self.algorithm.value)
             .field("max_load_rules", &self.max_load_rules.value)
             .field("shadow_mode", &self.shadow_mode)
@@ -823,6 +839,30 @@ mod tests {
         };
         assert_eq!(s.max_in_flight, 2);
         assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
+    }
+
+    /// Leases are on at a tenth by default, off at 0, and a fraction outside [0, 0.5] is
+    /// refused with the flag's meaning.
+    #[test]
+    fn lease_fraction_defaults_and_bounds() {
+        let fraction = |extra: &[&str]| {
+            let args = [&["serve", "--config", "x"][..], extra].concat();
+            parse(&args).map(|cli| match cli.command {
+                Command::Serve(s) => s.lease_fraction,
+                _ => panic!("not serve"),
+            })
+        };
+        assert_eq!(fraction(&[]).unwrap(), 0.1);
+        assert_eq!(fraction(&["--lease-fraction", "0"]).unwrap(), 0.0);
+        assert_eq!(fraction(&["--lease-fraction", "0.5"]).unwrap(), 0.5);
+        for bad in ["0.6", "-0.1", "NaN", "a tenth"] {
+            let flag = format!("--lease-fraction={bad}");
+            let error = fraction(&[&flag]).unwrap_err().to_string();
+            assert!(
+                error.contains("lease fraction between 0 (off) and 0.5"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     /// The admin listener can be turned off, and /json on its own.

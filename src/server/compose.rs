@@ -27,7 +27,8 @@ use crate::plan::PlanOptions;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
 use crate::statsd::Mapper;
-use crate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use crate::store::lease::LeaseStore;
+use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -76,6 +77,9 @@ pub struct Components {
     pub memory: Option<Arc<MemoryStore>>,
     /// The Redis (or Redis Cluster) store with its failure policy, when configured.
     pub redis: Option<Arc<ResilientStore>>,
+    /// The leases on Redis's hot buckets, unless `--lease-fraction 0` or no Redis: swept
+    /// while serving, returned at shutdown.
+    pub leases: Option<Arc<LeaseStore>>,
     /// TLS on the gRPC port, loaded, when configured.
     pub tls: Option<GrpcTls>,
     /// With `--health-requires-limits`: whether the limits in force have a domain; hot
@@ -179,6 +183,9 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         });
         memory
     };
+    // Leases sit between the failure policy and Redis (store::lease): a Redis fault is still
+    // the policy's to answer.
+    let mut lease_store = None;
     let (store, memory, redis): (Arc<dyn Store>, _, _) =
         match remote::remote_store(&settings, &metrics)? {
             None => {
@@ -186,6 +193,18 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
                 (memory.clone(), Some(memory), None)
             }
             Some(remote) => {
+                let remote = match settings.lease_fraction > 0.0 {
+                    true => {
+                        let leases = Arc::new(LeaseStore::new(
+                            remote,
+                            settings.lease_fraction,
+                            metrics.leases().clone(),
+                        ));
+                        lease_store = Some(leases.clone());
+                        leases as Arc<dyn RemoteStore>
+                    }
+                    false => remote,
+                };
                 let fallback = (settings.on_store_error == FailurePolicy::Local).then(memory_store);
                 let resilient = Arc::new(ResilientStore::new(
                     remote,
@@ -253,6 +272,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         config,
         memory,
         redis,
+        leases: lease_store,
         tls,
         limits_loaded,
         xds,

@@ -11,6 +11,9 @@
 //!   [`fanout`], the all-or-nothing across stores (or slots) that cannot share one script.
 //! - [`resilient`]: Redis (either kind, a [`RemoteStore`]) behind [`overlimit`] (local over-limit cache) and [`breaker`]
 //!   (circuit breaker), answering by the failure policy while Redis is unusable.
+//! - [`lease`]: between [`resilient`] and Redis, hot buckets answered locally from tokens
+//!   debited in advance (`--lease-fraction`); all or nothing still holds, since every token a
+//!   lease spends was debited in Redis by the same script first.
 
 use async_trait::async_trait;
 
@@ -18,6 +21,7 @@ use crate::bucket::{Applied, BucketKey, BucketOp};
 
 pub mod breaker;
 pub mod fanout;
+pub mod lease;
 pub mod memory;
 pub mod overlimit;
 pub mod redis;

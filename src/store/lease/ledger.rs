@@ -1,0 +1,786 @@
+//! One bucket's lease accounting, with time passed in: what a replica knows of a hot bucket
+//! (its recent demand, Redis's last answer, the lease it holds) and every move of a lease's
+//! tokens — acquired, spent, given back, returned — so that the rules of [`super`] live in
+//! one place that unit tests drive with a made-up clock.
+//!
+//! A lease's tokens were debited in Redis before any is spent, so nothing here can admit more
+//! than Redis granted: spending takes from `left`, a denial elsewhere puts the tokens back,
+//! and whatever is unspent when the lease ends becomes a refund operation ([`Entry::end`])
+//! for the caller to send.
+
+use std::time::{Duration, Instant};
+
+use crate::bucket::{BucketKey, BucketOp, BucketResult};
+use crate::limiter::{Algorithm, LimitParams, View};
+
+/// A lease smaller than this is not worth a script call's bookkeeping, and a bucket whose
+/// share (`--lease-fraction` × capacity) is smaller is never leased: small limits are
+/// decided by Redis on every request, exactly as without leases.
+pub const MIN_LEASE: u64 = 8;
+
+/// How a replica sizes and times its leases.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sizing {
+    /// The most of a bucket's capacity one lease may hold (`--lease-fraction`).
+    pub(super) fraction: f64,
+    /// How long a lease is spent before its rest goes back; also the period over which
+    /// demand is measured.
+    pub(super) lifetime: Duration,
+}
+
+impl Sizing {
+    /// The largest lease of a bucket with `params`: `fraction` × its capacity (a token
+    /// bucket's burst, a fixed window's limit), whole tokens; 0 for anything never leased.
+    pub(super) fn max_lease(&self, params: &LimitParams) -> u64 {
+        let capacity = match params.algorithm {
+            Algorithm::TokenBucket => params.burst,
+            Algorithm::FixedWindow => params.requests_per_period,
+            // The sliding estimate weights the previous window's count, which a lease taken
+            // in it would inflate after its tokens went back: sliding windows are not leased.
+            Algorithm::SlidingWindow => return 0,
+        };
+        if params.requests_per_period == 0 {
+            return 0;
+        }
+        let share = (capacity as f64 * self.fraction).floor();
+        if share >= MIN_LEASE as f64 {
+            share as u64
+        } else {
+            0
+        }
+    }
+
+    /// Whether `op` may be answered from a lease. Everything else goes to Redis as it
+    /// would without leases: checks and refunds (`cost <= 0`), shadow-mode buckets (they
+    /// never deny, and Redis reports their state), overdraft and shaped (`max_wait`) limits
+    /// (their debt and delay are Redis's to compute), counters shared with reference pods,
+    /// and undo operations naming a window.
+    pub(super) fn leasable(&self, op: &BucketOp) -> bool {
+        op.enforce
+            && op.cost > 0
+            && !op.params.overdraft
+            && op.params.max_wait_us == 0
+            && op.reference.is_none()
+            && op.debited_in.is_none()
+            && op.cost.unsigned_abs() <= self.max_lease(&op.params)
+    }
+}
+
+/// Tokens of a bucket held by this replica, debited in Redis, spent locally until `expires`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Lease {
+    /// Tells leases of one bucket apart, so that tokens given back after the lease was
+    /// replaced do not land in its successor.
+    pub(super) id: u64,
+    /// The limit it was taken under; a request under other parameters (a reload changed the
+    /// limit) ends it.
+    pub(super) params: LimitParams,
+    /// Tokens not yet spent.
+    pub(super) left: u64,
+    /// Tokens it held when taken (or last renewed): renewed once half is spent.
+    pub(super) size: u64,
+    /// Spent only before this instant: the lease's lifetime from when its call was sent,
+    /// and for a fixed window never past the end of the window it was debited in.
+    pub(super) expires: Instant,
+    /// Fixed window: the window it was debited in (refunds go back there or nowhere).
+    pub(super) window: Option<i64>,
+    /// When the bucket is full again (token bucket) or its window ends (fixed window), as
+    /// Redis reported it, counted from when the call was sent.
+    pub(super) reset_at: Instant,
+    /// Whole tokens Redis reported left after the lease's debit.
+    pub(super) redis_remaining: u64,
+}
+
+impl Lease {
+    /// The bucket as this replica sees it at `now`: what Redis had left when the lease was
+    /// taken plus what the lease has left (at most the capacity), and the time until the
+    /// reset Redis reported.
+    pub(super) fn view(&self, now: Instant) -> View {
+        let capacity = match self.params.algorithm {
+            Algorithm::TokenBucket => self.params.burst,
+            _ => self.params.requests_per_period,
+        };
+        View {
+            remaining: self.redis_remaining.saturating_add(self.left).min(capacity),
+            reset_us: u64::try_from(self.reset_at.saturating_duration_since(now).as_micros())
+                .unwrap_or(u64::MAX),
+        }
+    }
+}
+
+/// Tokens a request took from a lease, to give back if the request is not committed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Take {
+    /// The lease they came from.
+    pub(super) lease: u64,
+    /// How many.
+    pub(super) tokens: u64,
+    /// The limit the lease was taken under.
+    pub(super) params: LimitParams,
+    /// The window the lease was debited in.
+    pub(super) window: Option<i64>,
+    /// The bucket as seen after the take.
+    pub(super) view: View,
+}
+
+/// Where one operation of a request goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Not leasable (or not tracked): to Redis, untouched.
+    Bypass,
+    /// Answered from the lease.
+    Local(Take),
+    /// To Redis with `augment` more tokens for a new lease (0: none asked).
+    Remote {
+        /// Extra tokens debited with the operation, held as a lease if it commits.
+        augment: u64,
+    },
+}
+
+/// What this replica knows of one leasable bucket.
+#[derive(Clone, Debug)]
+pub(super) struct Entry {
+    /// Start of the current demand period.
+    period_start: Instant,
+    /// Tokens asked in the current period.
+    demand: u64,
+    /// Tokens asked in the period before it (0 if it saw none, or was long ago).
+    last_demand: u64,
+    /// Last time a request touched the bucket.
+    last_seen: Instant,
+    /// Whole tokens Redis reported left in its last answer: a lease is sized to fit in it,
+    /// so that asking for one seldom makes a request that would fit fail.
+    hint: Option<u64>,
+    /// A call asking for a lease is in flight: no second one until it is answered.
+    acquiring: bool,
+    /// The lease held, if any.
+    lease: Option<Lease>,
+}
+
+impl Entry {
+    /// A bucket first seen at `now`.
+    pub(super) fn new(now: Instant) -> Entry {
+        Entry {
+            period_start: now,
+            demand: 0,
+            last_demand: 0,
+            last_seen: now,
+            hint: None,
+            acquiring: false,
+            lease: None,
+        }
+    }
+
+    /// The lease held, if any.
+    pub(super) fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// Routes `op` (leasable, see [`Sizing::leasable`]) at `now`: counts its demand, ends a
+    /// lease that expired or was taken under other limit parameters (its refund pushed to
+    /// `returns`), takes the cost from the lease if it has enough, and otherwise sends the op
+    /// to Redis, asking for a lease when the bucket is hot and no other request is already
+    /// asking.
+    pub(super) fn route(
+        &mut self,
+        key: &BucketKey,
+        op: &BucketOp,
+        now: Instant,
+        sizing: &Sizing,
+        returns: &mut Vec<BucketOp>,
+    ) -> Route {
+        let cost = op.cost.unsigned_abs();
+        self.observe(now, cost, sizing.lifetime);
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|lease| lease.params != op.params || now >= lease.expires)
+        {
+            self.end(key, returns);
+        }
+        // Sized from this replica's own demand: half as much again as one lifetime's worth,
+        // so a steady stream does not run out before the lease ends; never more than the
+        // bucket's share with what is held, nor more than Redis last had left beside this
+        // request.
+        let held = self.lease.as_ref().map_or(0, |lease| lease.left);
+        let demand = self.demand.max(self.last_demand);
+        let wanted = demand.saturating_add(demand / 2);
+        let room = self.hint.unwrap_or(0).saturating_sub(cost);
+        let augment = wanted
+            .min(sizing.max_lease(&op.params).saturating_sub(held))
+            .min(room);
+        let can_ask = !self.acquiring && augment >= MIN_LEASE;
+        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
+            // Renewed once half spent, by this request's own call, while the other half
+            // still answers the requests that arrive during that call.
+            let renew = can_ask && (lease.left - cost).saturating_mul(2) < lease.size;
+            if !renew {
+                lease.left -= cost;
+                return Route::Local(Take {
+                    lease: lease.id,
+                    tokens: cost,
+                    params: lease.params,
+                    window: lease.window,
+                    view: lease.view(now),
+                });
+            }
+        } else if !can_ask {
+            return Route::Remote { augment: 0 };
+        }
+        self.acquiring = true;
+        Route::Remote { augment }
+    }
+
+    /// Redis answered `op` (sent with `augment` more tokens at `sent`, answered at `now`)
+    /// with `result`, the request as a whole `committed` or not: remembers what Redis has
+    /// left and, when the lease's debit was stored, holds it as this bucket's lease (`id`),
+    /// the previous lease's rest pushed to `returns`. Returns the tokens held as a new lease.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn answered(
+        &mut self,
+        key: &BucketKey,
+        op: &BucketOp,
+        augment: u64,
+        result: &BucketResult,
+        committed: bool,
+        (sent, now): (Instant, Instant),
+        id: u64,
+        sizing: &Sizing,
+        returns: &mut Vec<BucketOp>,
+    ) -> u64 {
+        self.hint = Some(result.view.remaining);
+        if augment == 0 {
+            return 0;
+        }
+        self.acquiring = false;
+        let windowed = op.params.algorithm == Algorithm::FixedWindow;
+        // A fixed window's debit that names no window was not stored; nothing to hold.
+        if !committed || !result.admitted || (windowed && result.window.is_none()) {
+            return 0;
+        }
+        let reset_at = sent + Duration::from_micros(result.view.reset_us);
+        // The lifetime counts from the answer: a lease that arrived after a slow call still
+        // serves its lifetime. Every token of it was debited before it is spent, whenever
+        // that is, so for a token bucket this only shifts admissions later by the call's
+        // latency.
+        let mut expires = now + sizing.lifetime;
+        if windowed {
+            // Redis's clock put the debit in a window ending `reset_us` after it evaluated,
+            // which was after `sent`: ending the lease `reset_us` after `sent` ends it before
+            // that window does, so no token of it is spent in the next window.
+            expires = expires.min(reset_at);
+        }
+        // A renewal of the lease held (same limit, same window) adds to it, keeping its id
+        // so that tokens given back by requests in flight still land in it.
+        if let Some(lease) = self.lease.as_mut().filter(|lease| {
+            lease.params == op.params && lease.window == result.window && now < lease.expires
+        }) {
+            lease.left += augment;
+            lease.size = lease.left;
+            lease.expires = expires;
+            lease.reset_at = reset_at;
+            lease.redis_remaining = result.view.remaining;
+            return augment;
+        }
+        self.end(key, returns);
+        self.lease = Some(Lease {
+            id,
+            size: augment,
+            params: op.params,
+            left: augment,
+            expires,
+            window: result.window,
+            reset_at,
+            redis_remaining: result.view.remaining,
+        });
+        augment
+    }
+
+    /// A request that asked for a lease ended without an answer (failed, or dropped): another
+    /// request may ask.
+    pub(super) fn abandon(&mut self) {
+        self.acquiring = false;
+    }
+
+    /// Gives back tokens taken by a request that was not committed: to their lease while it
+    /// is still held and unexpired, else to Redis (a refund pushed to `returns`).
+    pub(super) fn give_back(
+        &mut self,
+        key: &BucketKey,
+        take: &Take,
+        now: Instant,
+        returns: &mut Vec<BucketOp>,
+    ) {
+        match self
+            .lease
+            .as_mut()
+            .filter(|lease| lease.id == take.lease && now < lease.expires)
+        {
+            Some(lease) => lease.left += take.tokens,
+            None => returns.push(refund(key, &take.params, take.tokens, take.window)),
+        }
+    }
+
+    /// Ends the lease held (if any): its unspent tokens become a refund pushed to `returns`.
+    pub(super) fn end(&mut self, key: &BucketKey, returns: &mut Vec<BucketOp>) {
+        if let Some(lease) = self.lease.take()
+            && lease.left > 0
+        {
+            returns.push(refund(key, &lease.params, lease.left, lease.window));
+        }
+    }
+
+    /// The sweep at `now`: ends an expired lease (refund to `returns`). Returns whether the
+    /// entry is worth keeping: a lease held, a lease being asked for, or a request seen
+    /// within the last two lifetimes.
+    pub(super) fn sweep(
+        &mut self,
+        key: &BucketKey,
+        now: Instant,
+        lifetime: Duration,
+        returns: &mut Vec<BucketOp>,
+    ) -> bool {
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|lease| now >= lease.expires)
+        {
+            self.end(key, returns);
+        }
+        self.lease.is_some()
+            || self.acquiring
+            || now.saturating_duration_since(self.last_seen) < lifetime * 2
+    }
+
+    /// Counts `cost` tokens of demand at `now`, in periods of `lifetime`.
+    fn observe(&mut self, now: Instant, cost: u64, lifetime: Duration) {
+        let since = now.saturating_duration_since(self.period_start);
+        if since >= lifetime {
+            self.last_demand = if since < lifetime * 2 { self.demand } else { 0 };
+            self.demand = 0;
+            self.period_start = now;
+        }
+        self.demand = self.demand.saturating_add(cost);
+        self.last_seen = now;
+    }
+}
+
+/// The operation that gives `tokens` back to `key`'s bucket: a token bucket's refund (the
+/// store never fills a bucket past its capacity), or a fixed window's refund to the window
+/// they were debited in, dropped by the store if that window has ended.
+pub(super) fn refund(
+    key: &BucketKey,
+    params: &LimitParams,
+    tokens: u64,
+    window: Option<i64>,
+) -> BucketOp {
+    BucketOp {
+        key: key.clone(),
+        params: *params,
+        cost: -i64::try_from(tokens).unwrap_or(i64::MAX),
+        enforce: true,
+        reference: None,
+        debited_in: window,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bucket::KeyValue;
+
+    const LIFETIME: Duration = Duration::from_millis(50);
+
+    fn sizing() -> Sizing {
+        Sizing {
+            fraction: 0.1,
+            lifetime: LIFETIME,
+        }
+    }
+
+    fn params(algorithm: Algorithm, limit: u64) -> LimitParams {
+        LimitParams {
+            algorithm,
+            requests_per_period: limit,
+            period_us: 1_000_000,
+            burst: limit,
+            overdraft: false,
+            max_wait_us: 0,
+        }
+    }
+
+    fn key() -> BucketKey {
+        BucketKey::new(
+            "d",
+            [(&b"k"[..], KeyValue::Value(b"v"))],
+            Algorithm::TokenBucket,
+            1_000_000,
+        )
+    }
+
+    fn op(params: LimitParams, cost: i64) -> BucketOp {
+        BucketOp {
+            key: key(),
+            params,
+            cost,
+            enforce: true,
+            reference: None,
+            debited_in: None,
+        }
+    }
+
+    fn result(remaining: u64, window: Option<i64>) -> BucketResult {
+        BucketResult {
+            admitted: true,
+            view: View {
+                remaining,
+                reset_us: 400_000,
+            },
+            retry_after_us: Some(0),
+            window,
+        }
+    }
+
+    /// Routes `n` requests of cost 1 at `now`, answering each remote one as Redis would
+    /// with `remaining` left; returns the routes.
+    fn warm(
+        entry: &mut Entry,
+        p: LimitParams,
+        now: Instant,
+        n: usize,
+        remaining: u64,
+    ) -> Vec<Route> {
+        let mut returns = Vec::new();
+        (0..n)
+            .map(|_| {
+                let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+                if let Route::Remote { augment } = route {
+                    entry.answered(
+                        &key(),
+                        &op(p, 1),
+                        augment,
+                        &result(remaining, None),
+                        true,
+                        (now, now),
+                        1,
+                        &sizing(),
+                        &mut returns,
+                    );
+                }
+                route
+            })
+            .collect()
+    }
+
+    /// A bucket's share is fraction × capacity; below a few tokens, or for sliding windows,
+    /// nothing is leased, and only plain enforcing debits are leasable.
+    #[test]
+    fn small_buckets_and_special_ops_are_never_leased() {
+        let s = sizing();
+        assert_eq!(s.max_lease(&params(Algorithm::TokenBucket, 1000)), 100);
+        assert_eq!(s.max_lease(&params(Algorithm::FixedWindow, 1000)), 100);
+        assert_eq!(s.max_lease(&params(Algorithm::SlidingWindow, 1000)), 0);
+        assert_eq!(s.max_lease(&params(Algorithm::TokenBucket, 79)), 0);
+        assert_eq!(s.max_lease(&params(Algorithm::TokenBucket, 80)), 8);
+        let p = params(Algorithm::TokenBucket, 1000);
+        assert!(s.leasable(&op(p, 1)));
+        assert!(!s.leasable(&op(p, 0)), "a check");
+        assert!(!s.leasable(&op(p, -1)), "a refund");
+        assert!(!s.leasable(&op(p, 101)), "more than a lease");
+        let shadow = BucketOp {
+            enforce: false,
+            ..op(p, 1)
+        };
+        assert!(!s.leasable(&shadow));
+        let shaped = op(
+            LimitParams {
+                max_wait_us: 1000,
+                ..p
+            },
+            1,
+        );
+        assert!(!s.leasable(&shaped));
+        let off = Sizing { fraction: 0.0, ..s };
+        assert!(!off.leasable(&op(p, 1)));
+    }
+
+    /// A cold bucket goes to Redis without a lease; once several requests arrived within a
+    /// lifetime, the next asks for a lease sized from that demand, within what Redis had
+    /// left, and only one request asks at a time.
+    #[test]
+    fn a_lease_is_asked_for_once_the_bucket_is_hot() {
+        let now = Instant::now();
+        let p = params(Algorithm::TokenBucket, 1000);
+        let mut entry = Entry::new(now);
+        let mut returns = Vec::new();
+        for _ in 0..5 {
+            let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+            assert_eq!(route, Route::Remote { augment: 0 });
+            entry.answered(
+                &key(),
+                &op(p, 1),
+                0,
+                &result(990, None),
+                true,
+                (now, now),
+                1,
+                &sizing(),
+                &mut returns,
+            );
+        }
+        // Demand 6 → wants 9.
+        let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+        assert_eq!(route, Route::Remote { augment: 9 });
+        let other = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+        assert_eq!(other, Route::Remote { augment: 0 }, "one ask at a time");
+        // Redis had only 5 left: a lease must fit beside the request, so none is asked.
+        let mut poor = Entry::new(now);
+        warm(&mut poor, p, now, 20, 5);
+        let route = poor.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+        assert_eq!(route, Route::Remote { augment: 0 });
+        assert!(returns.is_empty());
+    }
+
+    /// A committed ask becomes a lease spent locally until it is empty; then the bucket
+    /// goes back to Redis; a denied or failed ask holds nothing and lets the next ask.
+    #[test]
+    fn acquire_spend_and_run_out() {
+        let now = Instant::now();
+        let p = params(Algorithm::TokenBucket, 1000);
+        let mut entry = Entry::new(now);
+        let w = warm(&mut entry, p, now, 5, 990);
+        let mut returns = Vec::new();
+        let r = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
+        let Route::Remote { augment } = r else {
+            panic!("expected an ask, warmed with {w:?}, got {r:?}");
+        };
+        let held = entry.answered(
+            &key(),
+            &op(p, 1),
+            augment,
+            &result(980, None),
+            true,
+            (now, now),
+            7,
+            &sizing(),
+            &mut returns,
+        );
+        assert_eq!(held, augment);
+        // Spent locally until half is gone; then one request renews with its own call.
+        let mut spent = 0;
+        let renewal = loop {
+            match entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns) {
+                Route::Local(take) => {
+                    spent += 1;
+                    assert_eq!(take.lease, 7);
+                    assert_eq!(take.view.remaining, 980 + augment - spent);
+                }
+                Route::Remote { augment } => break augment,
+                Route::Bypass => panic!("a tracked bucket is never bypassed"),
+            }
+        };
+        assert!(renewal > 0, "the renewal asks for tokens");
+        assert!(
+            spent < augment && (augment - spent - 1) * 2 < augment,
+            "renewed once half is spent, before the lease runs out"
+        );
+        // While the renewal is in flight the rest is spent locally, then Redis decides.
+        for _ in spent..augment {
+            assert!(matches!(
+                entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
+                Route::Local(_)
+            ));
+        }
+        assert_eq!(
+            entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
+            Route::Remote { augment: 0 }
+        );
+        // The renewal lands: added to the lease, which keeps its id.
+        let held = entry.answered(
+            &key(),
+            &op(p, 1),
+            renewal,
+            &result(900, None),
+            true,
+            (now, now),
+            8,
+            &sizing(),
+            &mut returns,
+        );
+        assert_eq!(held, renewal);
+        let lease = entry.lease().expect("a lease is held");
+        assert_eq!((lease.id, lease.left), (7, renewal));
+        assert!(returns.is_empty(), "a spent lease returns nothing");
+        // A denied ask holds nothing, and the next request may ask again.
+        let mut denied = Entry::new(now);
+        warm(&mut denied, p, now, 5, 990);
+        let Route::Remote { augment } =
+            denied.route(&key(), &op(p, 1), now, &sizing(), &mut returns)
+        else {
+            panic!("expected an ask");
+        };
+        let no = BucketResult {
+            admitted: false,
+            ..result(3, None)
+        };
+        let held = denied.answered(
+            &key(),
+            &op(p, 1),
+            augment,
+            &no,
+            false,
+            (now, now),
+            8,
+            &sizing(),
+            &mut returns,
+        );
+        assert_eq!(held, 0);
+        assert!(denied.lease().is_none());
+        assert_eq!(
+            denied.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
+            Route::Remote { augment: 0 },
+            "Redis had 3 left: too few for a lease"
+        );
+    }
+
+    /// At expiry the lease is not spent: its rest goes back as a refund (a token bucket's
+    /// without a window, a fixed window's to the window it was debited in).
+    #[test]
+    fn expiry_returns_the_rest() {
+        let now = Instant::now();
+        for (algorithm, window) in [
+            (Algorithm::TokenBucket, None),
+            (Algorithm::FixedWindow, Some(42)),
+        ] {
+            let p = params(algorithm, 1000);
+            let mut entry = Entry::new(now);
+            warm(&mut entry, p, now, 5, 990);
+            let mut returns = Vec::new();
+            let Route::Remote { augment } =
+                entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns)
+            else {
+                panic!("expected an ask");
+            };
+            entry.answered(
+                &key(),
+                &op(p, 1),
+                augment,
+                &result(980, window),
+                true,
+                (now, now),
+                1,
+                &sizing(),
+                &mut returns,
+            );
+            assert!(matches!(
+                entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns),
+                Route::Local(_)
+            ));
+            let later = now + LIFETIME;
+            assert!(entry.sweep(&key(), later, LIFETIME, &mut returns));
+            assert!(entry.lease().is_none());
+            assert_eq!(returns.len(), 1);
+            assert_eq!(returns[0].cost, -i64::try_from(augment - 1).unwrap());
+            assert_eq!(returns[0].debited_in, window);
+            assert!(!entry.sweep(&key(), later + LIFETIME * 2, LIFETIME, &mut returns));
+        }
+    }
+
+    /// A fixed window's lease ends when the window Redis debited it in ends, even before its
+    /// lifetime: none of its tokens is spent in the next window.
+    #[test]
+    fn a_window_lease_ends_with_its_window() {
+        let now = Instant::now();
+        let p = params(Algorithm::FixedWindow, 1000);
+        let mut entry = Entry::new(now);
+        warm(&mut entry, p, now, 5, 990);
+        let mut returns = Vec::new();
+        let Route::Remote { augment } =
+            entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns)
+        else {
+            panic!("expected an ask");
+        };
+        let ending = BucketResult {
+            view: View {
+                remaining: 980,
+                reset_us: 10_000,
+            },
+            ..result(980, Some(7))
+        };
+        entry.answered(
+            &key(),
+            &op(p, 1),
+            augment,
+            &ending,
+            true,
+            (now, now),
+            1,
+            &sizing(),
+            &mut returns,
+        );
+        assert_eq!(
+            entry.lease().map(|l| l.expires),
+            Some(now + Duration::from_millis(10))
+        );
+        let after = now + Duration::from_millis(10);
+        assert!(matches!(
+            entry.route(&key(), &op(p, 1), after, &sizing(), &mut returns),
+            Route::Remote { .. }
+        ));
+        assert_eq!(returns.len(), 1, "the rest goes back to window 7");
+        assert_eq!(returns[0].debited_in, Some(7));
+    }
+
+    /// Tokens of a request denied elsewhere go back to their lease; after the lease ended
+    /// or was replaced, to Redis instead. A changed limit ends the lease.
+    #[test]
+    fn give_back_and_changed_limits() {
+        let now = Instant::now();
+        let p = params(Algorithm::TokenBucket, 1000);
+        let mut entry = Entry::new(now);
+        warm(&mut entry, p, now, 5, 990);
+        let mut returns = Vec::new();
+        let Route::Remote { augment } =
+            entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns)
+        else {
+            panic!("expected an ask");
+        };
+        entry.answered(
+            &key(),
+            &op(p, 1),
+            augment,
+            &result(980, None),
+            true,
+            (now, now),
+            3,
+            &sizing(),
+            &mut returns,
+        );
+        let Route::Local(take) = entry.route(&key(), &op(p, 2), now, &sizing(), &mut returns)
+        else {
+            panic!("expected a local answer");
+        };
+        assert_eq!(entry.lease().map(|l| l.left), Some(augment - 2));
+        entry.give_back(&key(), &take, now, &mut returns);
+        assert_eq!(entry.lease().map(|l| l.left), Some(augment));
+        assert!(returns.is_empty());
+        // A reload changed the limit: the lease ends, its tokens go back, Redis decides.
+        let Route::Local(take) = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns)
+        else {
+            panic!("expected a local answer");
+        };
+        let changed = params(Algorithm::TokenBucket, 500);
+        let route = entry.route(&key(), &op(changed, 1), now, &sizing(), &mut returns);
+        assert!(matches!(route, Route::Remote { .. }));
+        assert_eq!(returns.len(), 1);
+        assert_eq!(returns[0].cost, -i64::try_from(augment - 1).unwrap());
+        assert_eq!(
+            returns[0].params, p,
+            "returned under the limit it was taken under"
+        );
+        // The earlier take's lease is gone: its tokens go to Redis.
+        entry.give_back(&key(), &take, now, &mut returns);
+        assert_eq!(returns.len(), 2);
+        assert_eq!(returns[1].cost, -1);
+    }
+}
