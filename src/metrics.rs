@@ -81,7 +81,7 @@ use crate::outcome::{Outcome, Tally, Verdict};
 
 pub mod history;
 
-use crate::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
+use crate::statsd::{Mapper, RuleCounters, Sample, StatName, Stats, StatsdConfig};
 pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
@@ -168,6 +168,66 @@ fn unknown_domain() -> &'static Arc<str> {
         std::sync::LazyLock::new(|| Arc::from(UNKNOWN_DOMAIN));
     &UNKNOWN
 }
+
+/// A rule's series, resolved on the rule's first tally and then held beside the compiled rule
+/// ([`crate::config::Rule`]), so that counting a request's tallies is atomic adds only.
+///
+/// Looking a series up in its family takes the family's lock and hashes both labels, and a
+/// tally needs two to four series (plus the reference's statsd counters when those are on):
+/// with four descriptors that was a dozen lock acquisitions per request, on locks every
+/// request thread shares. Each series is still created when it is first counted, as a lookup
+/// would create it, so the exposition is the same. Cloning shares the handles (a clone of a
+/// rule is the same rule); a cache, not part of the rule's value, so every two compare equal.
+#[derive(Clone, Default)]
+pub struct RuleSeries(Arc<OnceLock<ResolvedSeries>>);
+
+impl fmt::Debug for RuleSeries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RuleSeries")
+    }
+}
+
+impl PartialEq for RuleSeries {
+    fn eq(&self, _: &RuleSeries) -> bool {
+        true
+    }
+}
+
+impl Eq for RuleSeries {}
+
+/// The handles of one rule's series in one [`Metrics`], each taken from its family when the
+/// rule is first counted in it.
+struct ResolvedSeries {
+    /// The [`Metrics`] they belong to ([`Metrics::id`]): another registry (tests make many)
+    /// looks its series up.
+    metrics: u64,
+    /// The labels they were resolved for: a tally whose labels differ (a rule shared by two
+    /// configurations' domains) looks its series up.
+    domain: Arc<str>,
+    rule: Arc<str>,
+    hits: OnceLock<Counter>,
+    within_limit: OnceLock<Counter>,
+    over_limit: OnceLock<Counter>,
+    shadow_mode: OnceLock<Counter>,
+    over_limit_local_cache: OnceLock<Counter>,
+    near_limit: OnceLock<Counter>,
+    /// The reference's statsd counters of the rule path (only once the name cap admitted it).
+    statsd: OnceLock<Arc<RuleCounters>>,
+    /// `floodgate_domain_requests_total` of the rule's domain, by [`RequestResult::index`]:
+    /// a request with a tally reaches its domain's series through the tally's rule.
+    domain_requests: [OnceLock<Counter>; 5],
+}
+
+impl ResolvedSeries {
+    /// Whether these handles are the series of `domain`/`rule` in the registry `metrics`.
+    fn serves(&self, metrics: u64, domain: &Arc<str>, rule: &Arc<str>) -> bool {
+        let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || **a == **b;
+        self.metrics == metrics && same(&self.domain, domain) && same(&self.rule, rule)
+    }
+}
+
+/// Numbers the registries, for [`ResolvedSeries::metrics`].
+static NEXT_METRICS_ID: AtomicU64 = AtomicU64::new(0);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
@@ -285,6 +345,8 @@ impl fmt::Debug for Samplers {
 /// The metric registry and handles to every metric.
 #[derive(Debug)]
 pub struct Metrics {
+    /// Tells this registry's [`RuleSeries`] handles from another's.
+    id: u64,
     registry: Registry,
     rule_hits: Family<RuleLabels, Counter>,
     rule_within_limit: Family<RuleLabels, Counter>,
@@ -299,6 +361,9 @@ pub struct Metrics {
     request_duration: [Histogram; 5],
     domain_requests: Family<DomainLabels, Counter>,
     store_duration: Family<StoreLabels, Histogram>,
+    /// The `store_duration` series of the first store recorded: a process has one store,
+    /// so its requests record without looking the series up.
+    store_duration_first: OnceLock<(&'static str, Histogram)>,
     config_loads: Family<ResultLabels, Counter>,
     config_last_load_ok: Gauge,
     memory_buckets: Gauge,
@@ -578,6 +643,7 @@ impl Metrics {
             statsd_dropped.clone(),
         );
         Metrics {
+            id: NEXT_METRICS_ID.fetch_add(1, Ordering::Relaxed),
             registry,
             rule_hits,
             rule_within_limit,
@@ -591,6 +657,7 @@ impl Metrics {
                 .map(|r| request_duration.get_or_create(&result_labels(r)).clone()),
             domain_requests,
             store_duration,
+            store_duration_first: OnceLock::new(),
             config_loads,
             config_last_load_ok,
             memory_buckets,
@@ -689,22 +756,27 @@ impl Metrics {
     /// Counts a planned request's per-rule verdicts and its result.
     pub fn record_outcome(&self, outcome: &Outcome, result: RequestResult) {
         // Tallies exist only for a configured domain.
+        let mut rule = None;
         if let Some(domain) = &outcome.domain {
             for tally in &outcome.tallies {
-                self.record_tally(domain, tally);
+                rule = self.record_tally(domain, tally).or(rule);
             }
         }
-        let domain = match &outcome.domain {
-            Some(domain) => Arc::clone(domain),
-            // Shared, not allocated per request: every unknown domain is this one label.
-            None => Arc::clone(unknown_domain()),
+        let labels = || DomainLabels {
+            domain: LabelText(match &outcome.domain {
+                Some(domain) => Arc::clone(domain),
+                // Shared, not allocated per request: every unknown domain is this one label.
+                None => Arc::clone(unknown_domain()),
+            }),
+            result: result.label(),
         };
-        self.domain_requests
-            .get_or_create(&DomainLabels {
-                domain: LabelText(domain),
-                result: result.label(),
-            })
-            .inc();
+        match rule {
+            // The domain's series, reached through one of its rules' handles.
+            Some(rule) => rule.domain_requests[result.index()]
+                .get_or_init(|| self.domain_requests.get_or_create_owned(&labels()))
+                .inc(),
+            None => self.domain_requests.get_or_create(&labels()).inc(),
+        };
         if outcome.shadowed {
             self.global_shadow_mode.inc();
             self.stat(StatName::GlobalShadowMode, 1);
@@ -712,9 +784,93 @@ impl Metrics {
         self.record_request(result);
     }
 
-    fn record_tally(&self, domain: &Arc<str>, tally: &Tally) {
+    /// The handles of `tally`'s rule in this registry, resolved now if this is its first
+    /// tally; `None` for a tally that must look its series up (see [`ResolvedSeries`]).
+    fn resolved<'t>(&self, domain: &Arc<str>, tally: &'t Tally) -> Option<&'t ResolvedSeries> {
+        match &tally.series {
+            Some(series) if !tally.detailed => {
+                let resolved = series.0.get_or_init(|| ResolvedSeries {
+                    metrics: self.id,
+                    domain: Arc::clone(domain),
+                    rule: Arc::clone(&tally.rule),
+                    hits: OnceLock::new(),
+                    within_limit: OnceLock::new(),
+                    over_limit: OnceLock::new(),
+                    shadow_mode: OnceLock::new(),
+                    over_limit_local_cache: OnceLock::new(),
+                    near_limit: OnceLock::new(),
+                    statsd: OnceLock::new(),
+                    domain_requests: Default::default(),
+                });
+                resolved
+                    .serves(self.id, domain, &tally.rule)
+                    .then_some(resolved)
+            }
+            _ => None,
+        }
+    }
+
+    /// Counts one tally: with its rule's handles when it has them ([`RuleSeries`]), else
+    /// by looking each series up. Returns the handles used.
+    fn record_tally<'t>(&self, domain: &Arc<str>, tally: &'t Tally) -> Option<&'t ResolvedSeries> {
+        let Some(resolved) = self.resolved(domain, tally) else {
+            self.look_up_tally(domain, tally);
+            return None;
+        };
         if let Some(stats) = self.statsd.get() {
-            record_stat_tally(stats, tally);
+            let counters = match resolved.statsd.get() {
+                Some(counters) => Some(counters),
+                // Past the name cap nothing is kept: each tally asks (and counts its drop).
+                None => stats
+                    .rule(&tally.rule)
+                    .map(|counters| resolved.statsd.get_or_init(|| counters)),
+            };
+            if let Some(counters) = counters {
+                record_stat_tally(counters, tally);
+            }
+        }
+        let labels = || RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(&tally.rule)),
+        };
+        let add = |cell: &OnceLock<Counter>, family: &Family<RuleLabels, Counter>, n: u64| {
+            cell.get_or_init(|| family.get_or_create_owned(&labels()))
+                .inc_by(n);
+        };
+        add(&resolved.hits, &self.rule_hits, tally.hits);
+        match tally.verdict {
+            Verdict::WithinLimit => {
+                add(&resolved.within_limit, &self.rule_within_limit, tally.hits)
+            }
+            Verdict::OverLimit | Verdict::ShadowOverLimit => {
+                add(&resolved.over_limit, &self.rule_over_limit, tally.hits)
+            }
+        }
+        if tally.verdict == Verdict::ShadowOverLimit {
+            add(&resolved.shadow_mode, &self.rule_shadow_mode, tally.hits);
+        }
+        if tally.local_cache && tally.verdict != Verdict::WithinLimit {
+            add(
+                &resolved.over_limit_local_cache,
+                &self.rule_over_limit_local_cache,
+                tally.hits,
+            );
+        }
+        if tally.near_limit > 0 {
+            add(
+                &resolved.near_limit,
+                &self.rule_near_limit,
+                tally.near_limit,
+            );
+        }
+        Some(resolved)
+    }
+
+    /// [`Metrics::record_tally`] for a tally without resolved handles (a path with request
+    /// values, or a rule resolved in another registry): each series looked up in its family.
+    fn look_up_tally(&self, domain: &Arc<str>, tally: &Tally) {
+        if let Some(counters) = self.statsd.get().and_then(|stats| stats.rule(&tally.rule)) {
+            record_stat_tally(&counters, tally);
         }
         let labels = self.rule_labels(domain, &tally.rule, tally.detailed);
         self.rule_hits.get_or_create(&labels).inc_by(tally.hits);
@@ -723,8 +879,6 @@ impl Metrics {
             Verdict::OverLimit | Verdict::ShadowOverLimit => &self.rule_over_limit,
         };
         family.get_or_create(&labels).inc_by(tally.hits);
-        // As in the reference, a shadow-mode rule over its limit counts as over the limit
-        // *and* in shadow mode.
         if tally.verdict == Verdict::ShadowOverLimit {
             self.rule_shadow_mode
                 .get_or_create(&labels)
@@ -742,8 +896,6 @@ impl Metrics {
         }
     }
 
-    /// The labels of a rule's series. Paths with request values are as many as the values
-    /// clients send: past the cap, new ones share one overflow series per domain.
     fn rule_labels(&self, domain: &Arc<str>, rule: &Arc<str>, detailed: bool) -> RuleLabels {
         let mut labels = RuleLabels {
             domain: LabelText(Arc::clone(domain)),
@@ -789,9 +941,20 @@ impl Metrics {
 
     /// Records the time one request spent in the store.
     pub fn record_store_duration(&self, store: &'static str, elapsed: Duration) {
-        self.store_duration
-            .get_or_create(&StoreLabels { store })
-            .observe(elapsed.as_secs_f64());
+        let (first, histogram) = self.store_duration_first.get_or_init(|| {
+            (
+                store,
+                self.store_duration
+                    .get_or_create_owned(&StoreLabels { store }),
+            )
+        });
+        if *first == store {
+            histogram.observe(elapsed.as_secs_f64());
+        } else {
+            self.store_duration
+                .get_or_create(&StoreLabels { store })
+                .observe(elapsed.as_secs_f64());
+        }
     }
 
     /// The counters of `rule` in `domain` (zero for a series never recorded). Read per
@@ -999,11 +1162,7 @@ impl Metrics {
 /// hit in `total_hits`; admitted ones in `within_limit` (and `near_limit`); denied ones in
 /// `over_limit` (and `over_limit_with_local_cache`), a shadow-mode rule's also in
 /// `shadow_mode`. The same rules as the Prometheus rule counters.
-fn record_stat_tally(stats: &Stats, tally: &Tally) {
-    let Some(rule) = stats.rule(&tally.rule) else {
-        return;
-    };
-    let counters = &*rule;
+fn record_stat_tally(counters: &RuleCounters, tally: &Tally) {
     let add = |counter: &AtomicU64, n: u64| {
         if n != 0 {
             counter.fetch_add(n, Ordering::Relaxed);
@@ -1261,6 +1420,7 @@ mod tests {
             verdict: Verdict::WithinLimit,
             near_limit: 0,
             local_cache: false,
+            series: None,
         }
     }
 
@@ -1301,6 +1461,93 @@ mod tests {
         assert!(!text.contains("back"), "{text}");
         assert!(
             text.contains("floodgate_rule_series_overflow_total 2"),
+            "{text}"
+        );
+    }
+
+    /// The exposition's lines, sorted: a family's series come in its hash map's order, which
+    /// differs between registries.
+    fn lines(metrics: &Metrics) -> Vec<String> {
+        let mut lines: Vec<String> = metrics.encode().lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    }
+
+    /// Counting through a rule's handles exports byte for byte what looking each series up
+    /// exports (a series appears when first counted, not when the rule is resolved), and a
+    /// rule resolved in one registry or for one domain label still counts the right series
+    /// in another.
+    #[test]
+    fn rule_handles_export_what_lookups_export() {
+        let series = RuleSeries::default();
+        let domain: Arc<str> = "d".into();
+        let tallies = [
+            (Verdict::WithinLimit, 0, false),
+            (Verdict::WithinLimit, 1, false),
+            (Verdict::OverLimit, 0, true),
+            (Verdict::ShadowOverLimit, 0, false),
+        ];
+        let (handles, lookups) = (Metrics::new(), Metrics::new());
+        for (i, (verdict, near_limit, local_cache)) in tallies.into_iter().enumerate() {
+            let tally = |series: Option<RuleSeries>| Tally {
+                verdict,
+                near_limit,
+                local_cache,
+                hits: 2,
+                series,
+                ..tally("d.k", false)
+            };
+            handles.record_tally(&domain, &tally(Some(series.clone())));
+            lookups.record_tally(&domain, &tally(None));
+            assert_eq!(lines(&handles), lines(&lookups), "after tally {i}");
+        }
+        let outcome = |series: Option<RuleSeries>| Outcome {
+            response: Default::default(),
+            over: false,
+            domain: Some(Arc::clone(&domain)),
+            tallies: vec![Tally {
+                series,
+                ..tally("d.k", false)
+            }],
+            shadowed: false,
+        };
+        for result in [
+            RequestResult::Ok,
+            RequestResult::OverLimit,
+            RequestResult::Ok,
+        ] {
+            handles.record_outcome(&outcome(Some(series.clone())), result);
+            lookups.record_outcome(&outcome(None), result);
+        }
+        assert_eq!(lines(&handles), lines(&lookups));
+        // The same rule counted in another registry, and under another domain label.
+        let other = Metrics::new();
+        other.record_tally(
+            &domain,
+            &Tally {
+                series: Some(series.clone()),
+                ..tally("d.k", false)
+            },
+        );
+        handles.record_tally(
+            &"e".into(),
+            &Tally {
+                series: Some(series.clone()),
+                ..tally("d.k", false)
+            },
+        );
+        let text = other.encode();
+        assert!(
+            text.contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 1"#),
+            "{text}"
+        );
+        let text = handles.encode();
+        assert!(
+            text.contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 11"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"floodgate_rule_hits_total{domain="e",rule="d.k"} 1"#),
             "{text}"
         );
     }

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::metrics::RuleSeries;
 use crate::proto::rls::RateLimitResponse;
 
 /// How one limit of one descriptor fared, for metrics.
@@ -25,6 +26,8 @@ pub struct Tally {
     pub near_limit: u64,
     /// The verdict came from the local over-limit cache, without a store call.
     pub local_cache: bool,
+    /// The configured rule's series handles (`None` where `rule` holds request values).
+    pub series: Option<RuleSeries>,
 }
 
 /// A limit's verdict, as metrics count it.

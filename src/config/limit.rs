@@ -255,4 +255,7 @@ pub struct Rule {
     /// `metadata`: reported in the response's dynamic metadata when this rule admits a
     /// request (with `--response-dynamic-metadata`).
     pub metadata: Option<super::Metadata>,
+    /// The rule's metric series, resolved on its first tally (a cache beside the rule: the
+    /// request path counts without looking series up).
+    pub series: crate::metrics::RuleSeries,
 }

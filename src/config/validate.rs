@@ -146,6 +146,7 @@ impl Builder<'_> {
             value_to_metric: model.value_to_metric.unwrap_or(false),
             quota_mode: model.quota_mode.unwrap_or(false),
             metadata,
+            series: Default::default(),
         });
         let descriptors = model.descriptors.as_deref().unwrap_or_default();
         Node {

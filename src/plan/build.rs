@@ -143,6 +143,7 @@ fn match_override<'c>(
         rule: MetricPath {
             path: override_metric_path(&domain.name, entries),
             detailed: true,
+            series: None,
         },
         enforce: true,
         quota: options.quota_mode,
@@ -163,9 +164,11 @@ fn match_rule<'c>(
     // The rule's path, or with request values where the rule opted in
     // (detailed_metric / value_to_metric).
     let metric = found.metric_key(entries);
+    let detailed = !Arc::ptr_eq(&metric, &rule.path);
     let metric = MetricPath {
-        detailed: !Arc::ptr_eq(&metric, &rule.path),
+        detailed,
         path: metric,
+        series: (!detailed).then(|| rule.series.clone()),
     };
     let mut limits = Vec::new();
     for limit in &rule.limits {

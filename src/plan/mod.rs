@@ -21,6 +21,7 @@ use prost_types::Duration;
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey, Undo};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
+use crate::metrics::RuleSeries;
 pub use crate::outcome::{Outcome, Tally, Verdict};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
@@ -153,6 +154,8 @@ struct MatchedLimit<'c> {
 struct MetricPath {
     path: Arc<str>,
     detailed: bool,
+    /// The configured rule's series handles; `None` for a path with request values.
+    series: Option<RuleSeries>,
 }
 
 #[derive(Debug)]

@@ -93,6 +93,7 @@ impl<'c> Plan<'c> {
                         verdict: Verdict::WithinLimit,
                         near_limit: 0,
                         local_cache: false,
+                        series: rule.series.clone(),
                     });
                     DescriptorStatus {
                         code: Code::Ok as i32,
@@ -183,6 +184,7 @@ impl<'c> Plan<'c> {
                     )
                 },
                 local_cache: applied.from_local_cache,
+                series: limit.rule.series.clone(),
             });
             let better = match chosen {
                 None => true,

@@ -28,8 +28,8 @@ use std::sync::LazyLock;
 
 use std::io::Write;
 
-use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs};
+use redis::aio::MultiplexedConnection;
+use redis::{Cmd, ErrorKind, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::{self, Algorithm, View};
@@ -192,13 +192,22 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
 /// Sends a [`command`] and returns the script's raw reply. Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or
 /// `SCRIPT FLUSH`) loads the script and sends the command once more.
-pub async fn call(conn: &mut impl ConnectionLike, command: &Cmd) -> RedisResult<Reply> {
-    match command.query_async(conn).await {
+pub async fn call(conn: &mut MultiplexedConnection, command: &Cmd) -> RedisResult<Reply> {
+    match send(conn, command).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script().load_async(conn).await?;
-            command.query_async(conn).await
+            send(conn, command).await
         }
         reply => reply,
+    }
+}
+
+/// One send of `command`, through the connection's own method rather than `ConnectionLike`'s
+/// (a boxed future per call); the script's reply, one bulk string, is taken as it came.
+async fn send(conn: &mut MultiplexedConnection, command: &Cmd) -> RedisResult<Reply> {
+    match conn.send_packed_command(command).await?.extract_error()? {
+        Value::BulkString(bytes) => Ok(bytes),
+        other => Ok(redis::from_redis_value(other)?),
     }
 }
 
@@ -218,23 +227,22 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
             reply_len(ops)
         )));
     }
-    // Every value is a whole number of magnitude below 2^53 (the script computes in doubles).
-    let reply = reply
-        .chunks_exact(REPLY_VALUE_BYTES)
-        .enumerate()
-        .map(|(i, bytes)| {
-            let mut le = [0u8; REPLY_VALUE_BYTES];
-            le.copy_from_slice(bytes);
-            let value = f64::from_le_bytes(le);
-            if value.fract() == 0.0 && value.abs() <= 2f64.powi(53) {
-                Ok(value as i64)
-            } else {
-                Err(malformed(format!(
-                    "value {i} is {value}, not a whole number of magnitude at most 2^53"
-                )))
-            }
-        })
-        .collect::<Result<Vec<i64>, _>>()?;
+    // Every value is a whole number of magnitude below 2^53 (the script computes in doubles):
+    // checked for all of them first, then read in place (no intermediate vector of values).
+    let at = |i: usize| {
+        let mut le = [0u8; REPLY_VALUE_BYTES];
+        le.copy_from_slice(&reply[i * REPLY_VALUE_BYTES..(i + 1) * REPLY_VALUE_BYTES]);
+        f64::from_le_bytes(le)
+    };
+    for i in 0..reply_len(ops) {
+        let value = at(i);
+        if !(value.fract() == 0.0 && value.abs() <= 2f64.powi(53)) {
+            return Err(malformed(format!(
+                "value {i} is {value}, not a whole number of magnitude at most 2^53"
+            )));
+        }
+    }
+    let value = |i: usize| at(i) as i64;
     let flag = |value: i64, name: &str| match value {
         0 => Ok(false),
         1 => Ok(true),
@@ -244,15 +252,15 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         u64::try_from(value)
             .map_err(|_| malformed(format!("{name} of operation {i} is negative ({value})")))
     };
-    let committed = flag(reply[0], "committed")?;
-    let delay_us = u64::try_from(reply[1])
+    let committed = flag(value(0), "committed")?;
+    let delay_us = u64::try_from(value(1))
         .ok()
         .filter(|&d| d == 0 || committed)
-        .ok_or_else(|| malformed(format!("delay_us is {} (committed: {committed})", reply[1])))?;
-    let buckets = reply[2..]
-        .chunks_exact(REPLY_PER_OP)
-        .enumerate()
-        .map(|(i, values)| {
+        .ok_or_else(|| malformed(format!("delay_us is {} (committed: {committed})", value(1))))?;
+    let buckets = (0..ops)
+        .map(|i| {
+            let base = 2 + i * REPLY_PER_OP;
+            let values: [i64; REPLY_PER_OP] = std::array::from_fn(|k| value(base + k));
             let admitted = flag(values[0], "admitted")?;
             let view = View {
                 remaining: count(values[1], "remaining", i)?,
