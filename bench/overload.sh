@@ -7,6 +7,9 @@
 #   OVL_PARTS=open bench/overload.sh                    # one part: open or closed
 #   BENCH_BIN=/path/floodgate LOADGEN_BIN=/path/loadgen LIMITADOR_BIN=/path/limitador-server \
 #       bench/overload.sh
+#   OVL_PARTS=closed OVL_SECONDS=3 OVL_REPEATS=3 OVL_DESCRIPTORS=4 \
+#       OVL_BINS="/path/a/floodgate /path/b/floodgate" bench/overload.sh   # closed-loop A/B
+#   OVL_GRPC_TIMEOUT=20m OVL_PARTS=closed bench/overload.sh   # clients send Envoy's deadline
 #
 # 1. Open loop (examples/loadgen --rps: requests leave on schedule whether or not earlier
 #    ones were answered, as an Envoy fleet's do; latency from the scheduled time), one
@@ -18,7 +21,11 @@
 #    descriptors, Redis, floodgate; OK/s from floodgate_requests_total{result="ok"} (h2load
 #    cannot see gRPC status in trailers), not OK beside it; then 128 again 2 s after the
 #    1,024 run, on the same server. The goal: 512 and 1,024 keep >= 0.6x and >= 0.5x of the
-#    OK/s at 128, and the run 2 s after is back to >= 0.9x.
+#    OK/s at 128, and the run 2 s after is back to >= 0.9x. h2load sends no `grpc-timeout`
+#    unless OVL_GRPC_TIMEOUT gives one (Envoy sends its filter's timeout, 20m by default).
+#    OVL_BINS names several binaries: each repeat (OVL_REPEATS, default 1) runs the rows on
+#    each in turn, alternated, so that a machine whose speed drifts affects them alike; the
+#    ratios of one run are the figures to compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -29,14 +36,19 @@ RATES=${OVL_RATES:-"20000 50000 100000 150000 300000"}
 SECONDS_PER_RUN=${OVL_SECONDS:-10}
 KEYS=${OVL_KEYS:-100000}
 PARTS=${OVL_PARTS:-"open closed"}
+REPEATS=${OVL_REPEATS:-1}
+DESCRIPTORS=${OVL_DESCRIPTORS:-"1 4"}
+GRPC_TIMEOUT=${OVL_GRPC_TIMEOUT:-}
 TARGET=${CARGO_TARGET_DIR:-target}
-if [ -z "${BENCH_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; then
+if [ -z "${OVL_BINS:-}" ] && { [ -z "${BENCH_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; }; then
     cargo build --profile production --quiet --bin floodgate --example loadgen
 fi
 BIN=${BENCH_BIN:-$TARGET/production/floodgate}
+BINS=${OVL_BINS:-$BIN}
 LOADGEN=${LOADGEN_BIN:-$TARGET/production/examples/loadgen}
 
-find_limitador
+LIMITADOR=
+[[ " $PARTS " == *" open "* ]] && find_limitador
 
 # Domains `one` (k0) and `four` (k0..k3), 10^6 per second per value: nothing is over limit,
 # so every answer that is not OK is the server's failure to answer in time.
@@ -115,8 +127,10 @@ fi
 # h2 IN_FLIGHT SECONDS BODY : 64 connections with IN_FLIGHT / 64 streams each (under the
 # default --grpc-max-connections and --grpc-max-concurrent-streams).
 h2() {
+    local deadline=()
+    [ -n "$GRPC_TIMEOUT" ] && deadline=(-H "grpc-timeout: $GRPC_TIMEOUT")
     h2load -c 64 -m $(( $1 / 64 )) -t 1 -D "$2" --data "$3" -H 'content-type: application/grpc' \
-        -H 'te: trailers' \
+        -H 'te: trailers' "${deadline[@]}" \
         "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit" \
         >"$WORK/h2.out" 2>&1 || true
 }
@@ -133,24 +147,29 @@ closed() {
 
 if [[ " $PARTS " == *" closed "* ]]; then
     echo
-    echo "## Closed loop: calls in flight, Redis, floodgate, ${SECONDS_PER_RUN} s per run (h2load: 64 connections)"
+    echo "## Closed loop: calls in flight, Redis, floodgate, ${SECONDS_PER_RUN} s per run (h2load: 64 connections${GRPC_TIMEOUT:+, grpc-timeout $GRPC_TIMEOUT})"
     echo
-    echo "| descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 |"
-    echo "|---|---|---|---|---|"
-    for body in one four; do
-        n=1; [ "$body" = four ] && n=4
-        start floodgate
-        h2 128 2 "$WORK/$body.bin"   # warm-up
-        base=
-        for inflight in 128 512 1024 "128 (2 s after 1024)"; do
-            c=${inflight%% *}
-            [ "$inflight" = "128 (2 s after 1024)" ] && sleep 2
-            read -r ok bad shed < <(closed "$c" "$WORK/$body.bin")
-            [ -z "$base" ] && base=$ok
-            ratio=$(python3 -c "print(f'{$ok / max($base, 1):.2f}')")
-            echo "| $n | $inflight | $ok | $bad ($shed) | $ratio |"
+    echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 |"
+    echo "|---|---|---|---|---|---|"
+    for repeat in $(seq "$REPEATS"); do
+        for n in $DESCRIPTORS; do
+            body=one; [ "$n" = 4 ] && body=four
+            for BIN in $BINS; do
+                label=$(basename "$(dirname "$BIN")")/$(basename "$BIN")
+                start floodgate
+                h2 128 2 "$WORK/$body.bin"   # warm-up
+                base=
+                for inflight in 128 512 1024 "128 (2 s after 1024)"; do
+                    c=${inflight%% *}
+                    [ "$inflight" = "128 (2 s after 1024)" ] && sleep 2
+                    read -r ok bad shed < <(closed "$c" "$WORK/$body.bin")
+                    [ -z "$base" ] && base=$ok
+                    ratio=$(python3 -c "print(f'{$ok / max($base, 1):.2f}')")
+                    echo "| $label | $n | $inflight | $ok | $bad ($shed) | $ratio |"
+                done
+                stop
+            done
         done
-        stop
     done
 fi
 

@@ -13,6 +13,10 @@
 //! `RESOURCE_EXHAUSTED` when none is left, like any other overload. Health and reflection
 //! calls count too: every open stream costs the same memory.
 //!
+//! The client's deadline (`grpc-timeout`, which Envoy always sends) is read here too, as the
+//! stream opens, and set around the call ([`crate::store::shed::within_deadline`]): a store
+//! call waits for a place in front of Redis only while it can still be answered by then.
+//!
 //! Why a codec: tonic's prost codec answers `INTERNAL` for bytes that are not the request
 //! message, which says "server defect" for what is a client's malformed request.
 
@@ -21,6 +25,7 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
@@ -29,6 +34,7 @@ use tower::{Layer, Service};
 
 use crate::metrics::RequestResult;
 use crate::service::{Decider, Reached};
+use crate::store::shed::within_deadline;
 
 /// The path prefix of the rate-limit service's calls.
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
@@ -90,6 +96,10 @@ where
             }
         };
         let rls = request.uri().path().starts_with(RLS_PATH);
+        // The client's deadline runs from when its stream opened (now), not from when its
+        // body is decoded: the store calls it makes wait for a place only while they can
+        // still be answered before it (crate::store::shed).
+        let deadline = grpc_timeout(request.headers()).map(|timeout| Instant::now() + timeout);
         let reached = Reached::default();
         if rls {
             request.extensions_mut().insert(reached.clone());
@@ -99,7 +109,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let limiter = self.limiter.clone();
         Box::pin(async move {
-            let response = inner.call(request).await;
+            let response = within_deadline(deadline, inner.call(request)).await;
             drop(admitted);
             if let Ok(response) = &response
                 && rls
@@ -113,6 +123,27 @@ where
             response
         })
     }
+}
+
+/// The client's deadline (`grpc-timeout`: at most 8 digits and a unit, H M S m u n, gRPC over
+/// HTTP/2), as tonic reads it; `None` when absent or malformed (tonic then sets none either,
+/// and the call has the server's request timeout).
+fn grpc_timeout(headers: &http::HeaderMap) -> Option<Duration> {
+    let value = headers.get("grpc-timeout")?.as_bytes();
+    let (unit, digits) = value.split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let count: u64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
+    Some(match unit {
+        b'H' => Duration::from_secs(count * 3600),
+        b'M' => Duration::from_secs(count * 60),
+        b'S' => Duration::from_secs(count),
+        b'm' => Duration::from_millis(count),
+        b'u' => Duration::from_micros(count),
+        b'n' => Duration::from_nanos(count),
+        _ => return None,
+    })
 }
 
 /// The `grpc-status` of a trailers-only response (an error answered before any message).
@@ -170,5 +201,31 @@ where
 
     fn buffer_settings(&self) -> BufferSettings {
         self.0.buffer_settings()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timeout(value: &str) -> Option<Duration> {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-timeout", value.parse().unwrap());
+        grpc_timeout(&headers)
+    }
+
+    /// `grpc-timeout` is read in each of gRPC's units; anything else is no deadline.
+    #[test]
+    fn grpc_timeout_is_read_in_every_unit_and_nothing_else() {
+        assert_eq!(timeout("20m"), Some(Duration::from_millis(20)));
+        assert_eq!(timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(timeout("1S"), Some(Duration::from_secs(1)));
+        assert_eq!(timeout("500u"), Some(Duration::from_micros(500)));
+        assert_eq!(timeout("99999999n"), Some(Duration::from_nanos(99_999_999)));
+        for bad in ["", "m", "20", "20x", "123456789m", "-1m", "1.5S", " 20m"] {
+            assert_eq!(timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
     }
 }

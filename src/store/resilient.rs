@@ -5,8 +5,9 @@
 //!    with no Redis call;
 //! 2. the circuit breaker — while open, Redis is not called at all;
 //! 3. the shedder ([`super::shed`]) — an adaptive bound on the calls in flight to Redis, with a
-//!    short queue in front of it: past what Redis answers within half the deadline, a call
-//!    waits briefly for a place, and is shed (not sent) when none comes in time;
+//!    queue in front of it: past what Redis answers in time, a call waits for a place while it
+//!    can still be answered by its deadline (its client's `grpc-timeout`, else the Redis
+//!    deadline), and is shed (not sent) when none comes by then;
 //! 4. Redis, within the command timeout.
 //!
 //! When Redis cannot answer (breaker open, timeout, connection failure, or the call was shed),

@@ -1,6 +1,6 @@
-//! Admission in front of Redis: an adaptive bound on the calls in flight, and a short queue in
-//! front of it, so that past Redis's capacity the calls Redis can answer in time are answered
-//! and the excess is answered at once by the failure policy.
+//! Admission in front of Redis: an adaptive bound on the calls in flight, and a queue in front
+//! of it, so that past Redis's capacity the calls Redis can answer in time are answered, and
+//! a call that cannot be is answered by the failure policy without touching Redis.
 //!
 //! Envoy's fleet is an open loop: requests keep arriving whether or not floodgate answers the
 //! earlier ones. Past what Redis can run, calls queue in front of Redis, every call waits
@@ -9,58 +9,83 @@
 //!
 //! **The bound: an AIMD concurrency limit** (additive increase, multiplicative decrease), the
 //! congestion control of TCP Reno (RFC 5681) as Netflix's `concurrency-limits` library applies
-//! it to RPC servers (`AIMDLimit`: a call slower than a timeout counts as a drop). While calls
-//! complete within the *target* (half the deadline) and the bound is in use, the bound grows
-//! by one per bound's worth of completions (about one per round trip; doubling per round trip
-//! until the first congestion signal while calls take under half the target, as TCP's slow
-//! start). When the answers' latency, averaged over the last [`SMOOTHING`] answers (the trend,
-//! not one call's tail), passes the target, the bound is multiplied by `target / latency`
-//! (0.9 at most, 0.5 at least, so an overshoot is undone in one round trip); a call that
-//! failed or timed out multiplies it by 0.9. At most once per round trip: only a call sent
-//! after the last cut can cut again (TCP's fast recovery), so a queue of slow calls already
-//! sent counts as one signal. The bound never goes under [`MIN_LIMIT`] (20), so a Redis that nearly
-//! stopped still gets calls and its recovery is seen.
+//! it to RPC servers (`AIMDLimit`: a call slower than a timeout counts as a drop), with the
+//! congestion signal of its `Gradient2Limit`. While calls are not congested and the bound is
+//! in use, the bound grows by one per bound's worth of completions (about one per round trip;
+//! doubling per round trip until the first congestion signal while calls take under a quarter
+//! of the deadline, as TCP's slow start). The answers' latency is followed by two moving
+//! averages: a short-term one over the last [`SMOOTHING`] answers (the trend, not one call's
+//! tail) and a long-term one over about [`BASELINE_SMOOTHING`] (Gradient2's long window; it
+//! falls at the short-term pace once it is twice the short-term one, when the load fell).
+//! Congestion is the short-term latency past the *target* (half the deadline) **and** risen
+//! past 1.5 times the long-term one (Gradient2's tolerance), or past the *ceiling* (nine
+//! tenths of the deadline) whatever the long-term one. On congestion the bound is multiplied
+//! by `threshold / latency` (0.9 at most, 0.5 at least, so an overshoot is undone in one round
+//! trip); a call that failed or timed out multiplies it by 0.9. At most once per round trip:
+//! only a call sent after the last cut can cut again (TCP's fast recovery), so a queue of slow
+//! calls already sent counts as one signal. The bound never goes under [`MIN_LIMIT`] (20), so a
+//! Redis that nearly stopped still gets calls and its recovery is seen.
+//!
+//! Why the rise and not the latency alone: a delay every call has had for a while, whatever
+//! the bound — the host's CPU shared by the server, Redis and the load (on two cores a call
+//! waits for the runtime to poll its answer), or a distant Redis — is not one that fewer calls
+//! in flight remove. An AIMD bound cut whenever latency passes a fixed target reads it as
+//! congestion and cuts every round trip, to its floor, where it stays while the load lasts
+//! (the bound then runs `floor / latency` calls a second, a fraction of what Redis can); the
+//! long-term latency absorbs such a delay within about a long window, and the bound stays
+//! where it was. A queue the bound itself builds in Redis is a rise, and is cut. A latency
+//! that creeps up too slowly to be a rise is stopped at the ceiling, a tenth of the deadline
+//! short of it. Only a host that alone takes a call past the ceiling keeps the bound at its
+//! floor: no bound makes such calls answer in time.
 //!
 //! Why not a bound computed by Little's law from the last interval (`answers × target /
-//! interval`): it is only steady when calls take exactly the target. When they take longer
-//! for a reason the bound does not control — Redis slowed by the CPU that answering the
-//! excess takes from it on a shared host, or the host's own scheduling delay — every
-//! interval's bound is `bound × target / latency`, smaller than the last, down to its floor,
-//! where it stays while the load lasts (the load keeps something shed). And it bounds nothing
-//! until a whole interval was slow, so a step in load first runs calls past the deadline. An
-//! AIMD bound moves by its own steps, up one per round trip while calls are in time and down
-//! at most once per round trip when they are not, and bounds from the first call. Any bound
-//! above Redis's bandwidth-delay product (capacity × no-load round trip, a few calls) keeps
-//! Redis busy, so goodput stays at capacity while the sawtooth swings between 90% and 100%.
-//! What no latency-based bound can do is tell a host that alone adds more than the target to
-//! every call from a queue: the bound then sits at its floor and the failure policy answers
-//! the rest.
+//! interval`): it is only steady when calls take exactly the target; when they take longer
+//! for a reason the bound does not control, every interval's bound is `bound × target /
+//! latency`, smaller than the last, down to its floor. Any bound above Redis's
+//! bandwidth-delay product (capacity × round trip, a few calls) keeps Redis busy, so goodput
+//! stays at capacity while the sawtooth swings between 90% and 100%.
 //!
-//! **The queue: adaptive LIFO with CoDel** ("Fail at scale", Ben Maurer, ACM Queue 2015, as
-//! Facebook's RPC servers run it; CoDel from Nichols and Jacobson, ACM Queue 2012). A call
-//! beyond the bound waits for a place instead of failing at once:
-//! - normally first in, first out, for at most the *long wait*, a quarter of the deadline
-//!   (a call that got its place then still has the target and a quarter to spare);
-//! - once the queue has not been empty for [`INTERVAL`] (a standing queue, CoDel's signal),
-//!   last in, first out, for at most the *short wait*, a tenth of the deadline: the newest
-//!   calls are those whose clients still wait for them, and an old call is dropped before it
-//!   is served. A client that retries at once gets served rather than queued behind its own
-//!   earlier attempts.
-//! - at most as many calls wait as the bound lets in flight (at least [`MIN_QUEUE`]); one
-//!   more is shed at once —
-//!   while the queue stands, the oldest waiter is shed instead and the newcomer waits.
+//! **The queue: adaptive LIFO with CoDel's signal** ("Fail at scale", Ben Maurer, ACM Queue
+//! 2015, as Facebook's RPC servers run it; CoDel from Nichols and Jacobson, ACM Queue 2012),
+//! with each call's own deadline deciding how long it waits. A call beyond the bound waits
+//! for a place:
+//! - with its client's deadline (`grpc-timeout`, which Envoy always sends: its rate-limit
+//!   filter's `timeout`, 20 ms by default; set around the call by [`within_deadline`]), for
+//!   as long as a call sent then is still answered by it: its deadline less the recent
+//!   (short-term) latency and a quarter more. A call whose deadline has passed, or that could
+//!   not be answered by it even if sent now, is shed at once, without touching Redis: its
+//!   client is gone or about to be, and an answer now lets Envoy apply its failure mode now.
+//! - without one (grpcurl, a client of `/json`, a benchmark), for at most the Redis deadline
+//!   (`--redis-timeout-ms`), whatever the latency: nobody gives up on it, and shed early it
+//!   would only be sent again. Its answer comes within twice the Redis deadline (20 ms by
+//!   default, Envoy's own default timeout).
+//! - normally first in, first out; once the queue has not been empty for [`INTERVAL`] (a
+//!   standing queue, CoDel's signal), last in, first out: the newest calls have the most
+//!   time left, and an old call runs out of its time while newer ones are served. A client
+//!   that retries at once gets served rather than queued behind its own earlier attempts.
+//! - at most [`MAX_QUEUE`] calls wait (every gRPC call also holds a `--max-in-flight` place,
+//!   which bounds them first); one more is shed at once — while the queue stands, the oldest
+//!   waiter is shed instead and the newcomer waits.
 //!
-//! A call that is shed (queue full, or its wait ran out) gets `--on-store-error`'s answer at
-//! once (see [`super::resilient`]).
+//! Why wait until the deadline rather than shed early: a shed answer costs the host nearly
+//! as much CPU as an answer from Redis (the request's decoding, the policy's answer, the
+//! gRPC response), and in a closed loop — clients that send the next request when the last
+//! is answered, Envoy's downstream clients among them — a request shed early comes back at
+//! once. Shedding a call before its client gives up frees no CPU: it spends it on answering
+//! the same client again. A waiting call costs a queue entry and a timer.
+//!
+//! A call that is shed gets `--on-store-error`'s answer at once (see [`super::resilient`]).
 //!
 //! Cost on the request path while under the bound: one increment and one decrement of the
-//! calls in flight, a load of the waiting count, and one compare-and-swap of the bound per
-//! completion while it grows. The queue's mutex is only taken while calls wait.
+//! calls in flight, a load of the waiting count, two moving averages and one compare-and-swap
+//! of the bound per completion while it grows. The queue's mutex is only taken while calls
+//! wait.
 //!
 //! Time is passed in as a value (ns since the shedder's start), so [`Controller`] runs the
 //! same under a simulated clock (`simulation`, the tests below) as under the real one.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -87,14 +112,22 @@ pub const MAX_LIMIT: u64 = 100_000;
 /// round trips; slow start raises it within a few round trips where more is needed.
 pub const INITIAL_LIMIT: u64 = 64;
 
-/// At least this many calls may wait, however low the bound: the wait, not the room, is
-/// what sheds a call while Redis recovers.
-pub const MIN_QUEUE: u64 = 64;
+/// At most this many calls wait (the default `--max-in-flight`, which bounds them anyway):
+/// a call is shed by its own deadline, not by the room in the queue.
+pub const MAX_QUEUE: u64 = 10_000;
 
 /// The latency compared with the target is a moving average over about this many answers:
 /// the trend of the calls, not one call's tail (a host's scheduling hiccup, a slow packet),
 /// which would cut the bound every round trip.
 pub const SMOOTHING: u64 = 16;
+
+/// The long-term latency (the baseline a rise is measured against) is a moving average over
+/// about this many answers: Gradient2's long window.
+pub const BASELINE_SMOOTHING: u64 = 512;
+
+/// A rise of the short-term latency past this many times the long-term one (in tenths) is
+/// congestion: Gradient2's RTT tolerance of 1.5.
+const TOLERANCE_TENTHS: u64 = 15;
 
 /// Fixed point of the bound: 2^20 is one call, so it can grow by a fraction per completion.
 const ONE: u64 = 1 << 20;
@@ -136,11 +169,21 @@ pub enum Entry {
     Shed,
 }
 
+/// A call waiting for a place.
+#[derive(Debug)]
+struct Waiting<W> {
+    /// What is woken when the call has its place.
+    waiter: W,
+    /// After this (ns) the call cannot be answered in time: its own timer sheds it, and the
+    /// queue forgets it.
+    send_by_ns: u64,
+}
+
 /// The queue of calls waiting for a place.
 #[derive(Debug)]
 struct Queue<W> {
-    /// Oldest first, each with when it arrived (ns).
-    waiters: VecDeque<(W, u64)>,
+    /// Oldest first.
+    waiters: VecDeque<Waiting<W>>,
     /// When the queue last went from empty to not empty (ns).
     busy_since_ns: u64,
 }
@@ -155,20 +198,25 @@ impl<W> Queue<W> {
 /// The adaptive bound and the queue, with time passed in (see the module doc).
 #[derive(Debug)]
 pub struct Controller<W> {
-    /// A call slower than this is a congestion signal: half the deadline.
+    /// The Redis command deadline: also the whole time a call without a deadline of its own
+    /// may take, waiting included.
+    deadline_ns: u64,
+    /// The short-term latency is congestion past this only if it also rose past the
+    /// long-term one: half the deadline.
     target_ns: u64,
-    /// How long a call may wait for a place while the queue is not standing.
-    long_wait_ns: u64,
-    /// How long a call may wait for a place while the queue stands.
-    short_wait_ns: u64,
+    /// The short-term latency is congestion past this whatever the long-term one: nine
+    /// tenths of the deadline, so a slow drift cannot take the calls to the deadline.
+    ceiling_ns: u64,
     /// Calls holding a place.
     in_flight: AtomicU64,
     /// The bound, in units of [`ONE`].
     limit: AtomicU64,
     /// True until the first congestion signal: the bound doubles per round trip meanwhile.
     slow_start: AtomicBool,
-    /// Moving average of the answers' latency (ns; 0 before the first).
+    /// Short-term moving average of the answers' latency (ns; 0 before the first).
     latency_ns: AtomicU64,
+    /// Long-term moving average of the answers' latency (ns; 0 before the first).
+    baseline_ns: AtomicU64,
     /// When the bound was last cut (ns); only a call sent after it may cut again.
     last_cut_ns: AtomicU64,
     /// How many calls wait (the queue's length, readable without its lock).
@@ -182,13 +230,14 @@ impl<W: Waiter> Controller<W> {
     pub fn new(deadline: Duration) -> Controller<W> {
         let deadline_ns = nanos(deadline).max(10);
         Controller {
+            deadline_ns,
             target_ns: deadline_ns / 2,
-            long_wait_ns: deadline_ns / 4,
-            short_wait_ns: deadline_ns / 10,
+            ceiling_ns: deadline_ns / 10 * 9,
             in_flight: AtomicU64::new(0),
             limit: AtomicU64::new(INITIAL_LIMIT * ONE),
             slow_start: AtomicBool::new(true),
             latency_ns: AtomicU64::new(0),
+            baseline_ns: AtomicU64::new(0),
             last_cut_ns: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             queue: Mutex::new(Queue {
@@ -213,9 +262,31 @@ impl<W: Waiter> Controller<W> {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// A call arrives at `now_ns`: admitted, queued (then `waiter()` is what will be woken),
-    /// or shed.
-    pub fn enter(&self, now_ns: u64, waiter: impl FnOnce() -> W) -> Entry {
+    /// A call arrives at `now_ns`, to be answered by `deadline_ns` (its client's deadline;
+    /// `None`: none, and it may wait the Redis deadline): admitted, queued (then `waiter()`
+    /// is what will be woken), or shed.
+    pub fn enter(
+        &self,
+        now_ns: u64,
+        deadline_ns: Option<u64>,
+        waiter: impl FnOnce() -> W,
+    ) -> Entry {
+        // A client that set no deadline waits for nobody's: it may wait the Redis deadline
+        // for a place, whatever the latency (shed earlier, it would only send again).
+        let send_by_ns = match deadline_ns {
+            Some(deadline_ns) => {
+                // It may wait as long as a call sent then is still answered in time, by the
+                // answers' recent latency and a quarter more (the average lags a rising one).
+                let latency_ns = self.latency_ns.load(Ordering::Relaxed);
+                deadline_ns.saturating_sub(latency_ns.saturating_add(latency_ns / 4))
+            }
+            None => now_ns.saturating_add(self.deadline_ns),
+        };
+        let deadline_ns = deadline_ns.unwrap_or(send_by_ns);
+        if deadline_ns <= now_ns {
+            // Its client gave up already: Redis would work for nobody.
+            return Entry::Shed;
+        }
         // Fast path: nobody waits (a newcomer does not pass a waiter) and a place is free.
         if self.waiting.load(Ordering::SeqCst) == 0 {
             let before = self.in_flight.fetch_add(1, Ordering::SeqCst);
@@ -224,9 +295,12 @@ impl<W: Waiter> Controller<W> {
             }
             self.in_flight.fetch_sub(1, Ordering::SeqCst);
         }
+        if send_by_ns <= now_ns {
+            return Entry::Shed;
+        }
         let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         self.prune(&mut queue, now_ns);
-        if queue.waiters.len() as u64 >= self.limit().max(MIN_QUEUE) {
+        if queue.waiters.len() as u64 >= MAX_QUEUE {
             if !queue.standing(now_ns) {
                 return Entry::Shed;
             }
@@ -237,13 +311,17 @@ impl<W: Waiter> Controller<W> {
         if queue.waiters.is_empty() {
             queue.busy_since_ns = now_ns;
         }
-        let wait_ns = self.wait_ns(&queue, now_ns);
-        queue.waiters.push_back((waiter(), now_ns));
+        queue.waiters.push_back(Waiting {
+            waiter: waiter(),
+            send_by_ns,
+        });
         self.waiting
             .store(queue.waiters.len() as u64, Ordering::SeqCst);
         // A place may have been freed since the fast path looked.
         self.drain(&mut queue, now_ns);
-        Entry::Queued { wait_ns }
+        Entry::Queued {
+            wait_ns: send_by_ns - now_ns,
+        }
     }
 
     /// A call that held a place since `sent_ns` ended at `now_ns`: adjust the bound, and give
@@ -251,13 +329,19 @@ impl<W: Waiter> Controller<W> {
     pub fn end(&self, now_ns: u64, sent_ns: u64, end: End) {
         let latency = now_ns.saturating_sub(sent_ns);
         // The latency a cut is sized by: the average's, or for a failure none (a 10% cut).
-        let (congested, latency) = match end {
+        let (congested, latency, threshold) = match end {
             End::Answered => {
-                let average = self.smoothed(latency);
-                (average > self.target_ns, average)
+                let (average, baseline) = self.smoothed(latency);
+                // Congestion is the short-term latency past the ceiling, or past the target
+                // having risen past the long-term latency (Gradient2's tolerance): a delay
+                // every call has had for a while, whatever the bound (the host's CPU,
+                // a distant Redis), is not one that cutting the bound removes.
+                let risen = baseline.saturating_mul(TOLERANCE_TENTHS) / 10;
+                let threshold = self.target_ns.max(risen).min(self.ceiling_ns);
+                (average > threshold, average, threshold)
             }
-            End::Failed => (true, 0),
-            End::Cancelled if latency > self.target_ns => (true, 0),
+            End::Failed => (true, 0, 0),
+            End::Cancelled if latency > self.target_ns => (true, 0, 0),
             // Gone before the target: says nothing about the store.
             End::Cancelled => {
                 self.release(now_ns);
@@ -265,7 +349,7 @@ impl<W: Waiter> Controller<W> {
             }
         };
         if congested {
-            self.cut(now_ns, sent_ns, latency);
+            self.cut(now_ns, sent_ns, latency, threshold);
         } else {
             self.grow(latency);
         }
@@ -281,26 +365,27 @@ impl<W: Waiter> Controller<W> {
         }
     }
 
-    /// Adds an answer's latency to the moving average (over about [`SMOOTHING`] answers) and
-    /// returns the average. Racing completions may lose an update: an average does not mind.
-    fn smoothed(&self, latency: u64) -> u64 {
-        let average = self.latency_ns.load(Ordering::Relaxed);
-        let next = if average == 0 {
-            latency
-        } else if latency >= average {
-            average + (latency - average) / SMOOTHING
+    /// Adds an answer's latency to the short-term (over about [`SMOOTHING`] answers) and the
+    /// long-term (about [`BASELINE_SMOOTHING`]) moving averages, and returns both. The
+    /// long-term one falls at the short-term's pace once it is twice the short-term one
+    /// (Gradient2: the load fell, forget the old latency). Racing completions may lose an
+    /// update: an average does not mind.
+    fn smoothed(&self, latency: u64) -> (u64, u64) {
+        let average = moving(&self.latency_ns, latency, SMOOTHING);
+        let baseline = self.baseline_ns.load(Ordering::Relaxed);
+        let over = if baseline > average.saturating_mul(2) {
+            SMOOTHING
         } else {
-            average - (average - latency) / SMOOTHING
+            BASELINE_SMOOTHING
         };
-        self.latency_ns.store(next, Ordering::Relaxed);
-        next
+        (average, moving(&self.baseline_ns, latency, over))
     }
 
     /// Multiplicative decrease, once per round trip: only a call sent after the last cut
     /// saw the current bound, so only it may cut it again. The cut is 10%, or down to
-    /// `target / latency` of the bound when the call took longer (at most halving it), so an
-    /// overshoot is undone in one round trip.
-    fn cut(&self, now_ns: u64, sent_ns: u64, latency: u64) {
+    /// `threshold / latency` of the bound when the calls took longer (at most halving it),
+    /// so an overshoot is undone in one round trip.
+    fn cut(&self, now_ns: u64, sent_ns: u64, latency: u64, threshold: u64) {
         let last = self.last_cut_ns.load(Ordering::Relaxed);
         if sent_ns < last
             || self
@@ -315,7 +400,7 @@ impl<W: Waiter> Controller<W> {
         let kept = if latency == 0 {
             921
         } else {
-            (u128::from(self.target_ns) * 1024 / u128::from(latency)).clamp(512, 921)
+            (u128::from(threshold) * 1024 / u128::from(latency)).clamp(512, 921)
         };
         let _ = self
             .limit
@@ -346,23 +431,13 @@ impl<W: Waiter> Controller<W> {
             });
     }
 
-    /// How long a call arriving now may wait.
-    fn wait_ns(&self, queue: &Queue<W>, now_ns: u64) -> u64 {
-        if queue.standing(now_ns) {
-            self.short_wait_ns
-        } else {
-            self.long_wait_ns
-        }
-    }
-
-    /// Drops the waiters that waited longer than a call arriving now may (their own timers
-    /// shed them; this frees their room in the queue).
+    /// Forgets the oldest waiters whose time ran out (their own timers shed them; this frees
+    /// their room in the queue).
     fn prune(&self, queue: &mut Queue<W>, now_ns: u64) {
-        let wait_ns = self.wait_ns(queue, now_ns);
         while queue
             .waiters
             .front()
-            .is_some_and(|(_, at)| now_ns.saturating_sub(*at) > wait_ns)
+            .is_some_and(|waiting| waiting.send_by_ns <= now_ns)
         {
             queue.waiters.pop_front();
         }
@@ -385,7 +460,8 @@ impl<W: Waiter> Controller<W> {
             } else {
                 queue.waiters.pop_front()
             };
-            let woken = next.is_some_and(|(waiter, _)| waiter.wake());
+            let woken =
+                next.is_some_and(|waiting| waiting.send_by_ns > now_ns && waiting.waiter.wake());
             if !woken {
                 self.in_flight.fetch_sub(1, Ordering::SeqCst);
             }
@@ -393,6 +469,34 @@ impl<W: Waiter> Controller<W> {
         self.waiting
             .store(queue.waiters.len() as u64, Ordering::SeqCst);
     }
+}
+
+/// Moves the moving average in `cell` a `1 / over` of the way to `sample` and returns it (the
+/// sample itself when the average is still 0).
+fn moving(cell: &AtomicU64, sample: u64, over: u64) -> u64 {
+    let average = cell.load(Ordering::Relaxed);
+    let next = if average == 0 {
+        sample
+    } else if sample >= average {
+        average + (sample - average) / over
+    } else {
+        average - (average - sample) / over
+    };
+    cell.store(next, Ordering::Relaxed);
+    next
+}
+
+tokio::task_local! {
+    /// The deadline of the call being answered, when its client sent one (gRPC's
+    /// `grpc-timeout`): set by [`within_deadline`] around the call.
+    static CALL_DEADLINE: Option<Instant>;
+}
+
+/// Runs `call` (one request's answer) with `deadline` as its client's deadline: the store
+/// calls it makes may wait for a place until shortly before it, and are shed at once past
+/// it. `None`: the client set none (they may wait up to the Redis deadline for a place).
+pub async fn within_deadline<F: Future>(deadline: Option<Instant>, call: F) -> F::Output {
+    CALL_DEADLINE.scope(deadline, call).await
 }
 
 /// The controller of one store, on the real clock.
@@ -467,8 +571,13 @@ impl Shedder {
     /// A place for a call — at once, or after a short wait in the queue — or `None` to shed
     /// the call: the queue is full, or its wait ran out.
     pub async fn admit(&self) -> Option<Admitted<'_>> {
+        let deadline_ns = CALL_DEADLINE
+            .try_with(|deadline| *deadline)
+            .ok()
+            .flatten()
+            .map(|deadline| nanos(deadline.saturating_duration_since(self.epoch)));
         let mut ticket = None;
-        let entry = self.controller.enter(self.now_ns(), || {
+        let entry = self.controller.enter(self.now_ns(), deadline_ns, || {
             let (tx, rx) = oneshot::channel();
             ticket = Some(rx);
             tx
