@@ -11,8 +11,9 @@
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
-# Only what the build reads (see .dockerignore): the manifest, the build script and the protos
-# it compiles (protox, no system protoc), the Lua script embedded with include_str!, the sources.
+# Only what the build reads (see .dockerignore): the manifest, the build script and the code
+# generated from the protos (proto/gen, which it copies into place), the Lua script embedded
+# with include_str!, the sources.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY proto proto
 COPY lua lua

@@ -1,68 +1,40 @@
-//! Compiles `proto/` without a system `protoc` (protox is a pure-Rust compiler).
+//! Puts the protobuf code generated from `proto/` where `src/proto.rs` includes it from.
 //!
-//! Two descriptor sets come out of one compilation:
-//! - the canonical one, exactly as the `.proto` files say, embedded for gRPC reflection so that
-//!   grpcurl shows descriptor entries as readable strings;
-//! - a decoding variant in which `RateLimitDescriptor.Entry.key/value` are `bytes`. The wire
-//!   encoding of `string` and `bytes` is identical, but prost rejects a `string` that is not
-//!   UTF-8 and fails the whole RPC; Envoy may send raw header bytes, so we decode them as bytes.
-//!   This one also holds the xDS client's protos (ADS, `RateLimitConfig`), compiled into code
-//!   (client, and a server for the tests' control plane) but never offered by reflection.
+//! The code is generated ahead of time and committed in `proto/gen/` (see
+//! `tests/proto_gen.rs`, which regenerates it and fails when the committed copy is stale):
+//! compiling the protos at build time needed a protobuf compiler (protox) and prost's and
+//! tonic's code generators as build dependencies: 31 crates of their own (protox,
+//! prost-reflect, two versions of logos, miette, petgraph, prost-build, tonic-build, ...) and,
+//! in optimised builds, second host-built copies of shared ones (regex, prost, ...), all
+//! compiled and run before floodgate itself could start, in every build and in the fuzz
+//! build, for output that only changes when `proto/` does. This script copies the files as they are into `OUT_DIR`
+//! (with the standard library only), so `src/proto.rs` and the Dockerfile read them where
+//! they always have.
+//!
+//! What `proto/gen/` holds, from one compilation of `proto/`:
+//! - `floodgate_descriptor.bin`: the canonical descriptor set, exactly as the `.proto` files
+//!   say, embedded for gRPC reflection so that grpcurl shows descriptor entries as readable
+//!   strings;
+//! - the Rust code (`floodgate_proto.rs` and the files it includes), generated from a decoding
+//!   variant in which `RateLimitDescriptor.Entry.key/value` are `bytes`. The wire encoding of
+//!   `string` and `bytes` is identical, but prost rejects a `string` that is not UTF-8 and
+//!   fails the whole RPC; Envoy may send raw header bytes, so we decode them as bytes. This
+//!   code also holds the xDS client's protos (ADS, `RateLimitConfig`): a client, and a server
+//!   for the tests' control plane, never offered by reflection.
 
 use std::{env, error::Error, fs, path::PathBuf};
 
-use prost::Message;
-use prost_types::field_descriptor_proto::Type;
-
-const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
-/// The xDS client's protos (ADS and the pushed `RateLimitConfig`): compiled into code, but
-/// not served by reflection, since floodgate serves no such service.
-const XDS_PROTOS: &[&str] = &[
-    "envoy/service/discovery/v3/ads.proto",
-    "ratelimit/config/ratelimit/v3/rls_conf.proto",
-];
-const ENTRY_FILE: &str = "envoy/extensions/common/ratelimit/v3/ratelimit.proto";
+const GENERATED: &str = "proto/gen";
 
 fn main() -> Result<(), Box<dyn Error>> {
-    println!("cargo:rerun-if-changed=proto");
+    println!("cargo:rerun-if-changed={GENERATED}");
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-
-    let canonical = protox::Compiler::new(["proto"])?
-        .include_imports(true)
-        .include_source_info(false)
-        .open_files(PROTOS)?
-        .file_descriptor_set();
-    fs::write(
-        out_dir.join("floodgate_descriptor.bin"),
-        canonical.encode_to_vec(),
-    )?;
-
-    let mut decoding = protox::Compiler::new(["proto"])?
-        .include_imports(true)
-        .include_source_info(false)
-        .open_files(PROTOS.iter().chain(XDS_PROTOS))?
-        .file_descriptor_set();
-    let entry = decoding
-        .file
-        .iter_mut()
-        .find(|f| f.name() == ENTRY_FILE)
-        .and_then(|f| {
-            f.message_type
-                .iter_mut()
-                .find(|m| m.name() == "RateLimitDescriptor")
-        })
-        .and_then(|m| m.nested_type.iter_mut().find(|m| m.name() == "Entry"))
-        .ok_or("RateLimitDescriptor.Entry not found in proto/")?;
-    for field in &mut entry.field {
-        field.set_type(Type::Bytes);
+    for entry in fs::read_dir(GENERATED)? {
+        let path = entry?.path();
+        if let Some(name) = path.file_name() {
+            fs::copy(&path, out_dir.join(name))
+                .map_err(|e| format!("copying {}: {e}", path.display()))?;
+        }
     }
-
-    tonic_prost_build::configure()
-        .build_client(true)
-        .build_server(true)
-        .include_file("floodgate_proto.rs")
-        // Undecodable requests are INVALID_ARGUMENT (prost's codec says INTERNAL).
-        .codec_path("crate::admission::RequestCodec")
-        .compile_fds(decoding)?;
     Ok(())
 }

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Fuzz smoke run (docs/fuzzing.md): builds the fuzz targets in fuzz/ with cargo-fuzz (nightly)
-# and runs each for FUZZ_SECONDS (default 20) seconds from its committed seeds
-# (fuzz/seeds/<target>) plus the working corpus (fuzz/corpus/<target>, not committed; new
-# inputs go there). One line per target, then `fuzz: N passed, M failed` last, which
+# Fuzz smoke run (docs/fuzzing.md): builds the fuzz targets in fuzz/ with cargo-fuzz and runs
+# each for FUZZ_SECONDS (default 20) seconds from its committed seeds (fuzz/seeds/<target>)
+# plus the working corpus (fuzz/corpus/<target>, not committed; new inputs go there). One line per target, then `fuzz: N passed, M failed` last, which
 # scripts/test.sh adds to its summary. A crash leaves its input in fuzz/artifacts/<target>/.
 #
 #   scripts/fuzz-smoke.sh                  every target, 20 s each
@@ -24,14 +23,30 @@ if [ "$#" -gt 0 ]; then targets=("$@"); else targets=(config request json bucket
 # No sanitizer: floodgate forbids unsafe code, so what the targets hunt is panics, arithmetic
 # overflow (debug assertions are on), hangs and memory blow-ups, which need none; ASan would
 # halve the executions per second. Pass FUZZ_SANITIZER=address to check dependencies' unsafe.
-# cargo-fuzz comes from .tools/venv (scripts/install-test-tools.sh).
-export PATH="$PWD/.tools/venv/bin:$PATH"
+# cargo-fuzz comes from .tools/bin (scripts/install-test-tools.sh).
+export PATH="$PWD/.tools/bin:$PATH"
 # cargo-fuzz builds every crate with full debug info (`profile.release.debug=true`); line
 # tables are all a crash report needs (its stack frames keep file and line), for a smaller
 # build: rustc takes the last of two -C flags, and RUSTFLAGS come last.
 export RUSTFLAGS="-Cdebuginfo=line-tables-only${RUSTFLAGS:+ $RUSTFLAGS}"
-fuzz=(cargo +nightly fuzz)
-flags=(--sanitizer "$sanitizer" --target-dir "$target_dir")
+# Without a sanitizer every flag cargo-fuzz passes (coverage instrumentation, `--cfg fuzzing`,
+# debug assertions) is a stable rustc flag: the toolchain that builds floodgate builds the
+# targets too, and nothing more is downloaded. A sanitizer is a nightly-only flag (-Z).
+fuzz=(cargo fuzz)
+if [ "$sanitizer" != none ]; then
+    if ! cargo +nightly --version >/dev/null 2>&1; then
+        echo "fuzz: FUZZ_SANITIZER=$sanitizer needs a nightly toolchain:" \
+            "rustup toolchain install nightly --profile minimal" >&2
+        exit 1
+    fi
+    fuzz=(cargo +nightly fuzz)
+fi
+# 16 codegen units instead of cargo-fuzz's 1: floodgate, the largest crate and the last to
+# compile before the four links, is then optimised on both cores instead of one, and every
+# crate's optimisation works on smaller units. Within a crate, rustc's local ThinLTO inlines
+# across the units (as in any release build), so the executions per second stay close
+# (docs/fuzzing.md#build-cost has both).
+flags=(--sanitizer "$sanitizer" --target-dir "$target_dir" --codegen-units 16)
 
 passed=0
 failed=0

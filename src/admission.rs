@@ -3,7 +3,7 @@
 //!
 //! Place in the flow: a tower layer around every gRPC service ([`AdmissionLayer`], installed
 //! by [`crate::server::run`]), and the codec of the rate-limit service ([`RequestCodec`], named
-//! in `build.rs`).
+//! by the code generator in `tests/proto_gen.rs`).
 //!
 //! Why at the stream and not in the handler: tonic calls a unary handler only once the whole
 //! request body has arrived. A client that opens streams with HEADERS and never sends a body
