@@ -169,31 +169,7 @@ fn unknown_domain() -> &'static Arc<str> {
     &UNKNOWN
 }
 
-/// A rule's series, resolved on the rule's first tally and then held beside the compiled rule
-/// ([`crate::config::Rule`]), so that counting a request's tallies is atomic adds only.
-///
-/// Looking a series up in its family takes the family's lock and hashes both labels, and a
-/// tally needs two to four series (plus the reference's statsd counters when those are on):
-/// with four descriptors that was a dozen lock acquisitions per request, on locks every
-/// request thread shares. Each series is still created when it is first counted, as a lookup
-/// would create it, so the exposition is the same. Cloning shares the handles (a clone of a
-/// rule is the same rule); a cache, not part of the rule's value, so every two compare equal.
-#[derive(Clone, Default)]
-pub struct RuleSeries(Arc<OnceLock<ResolvedSeries>>);
-
-impl fmt::Debug for RuleSeries {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RuleSeries")
-    }
-}
-
-impl PartialEq for RuleSeries {
-    fn eq(&self, _: &RuleSeries) -> bool {
-        true
-    }
-}
-
-impl Eq for RuleSeries {}
+pub use crate::outcome::RuleSeries;
 
 /// The handles of one rule's series in one [`Metrics`], each taken from its family when the
 /// rule is first counted in it.
@@ -789,19 +765,23 @@ impl Metrics {
     fn resolved<'t>(&self, domain: &Arc<str>, tally: &'t Tally) -> Option<&'t ResolvedSeries> {
         match &tally.series {
             Some(series) if !tally.detailed => {
-                let resolved = series.0.get_or_init(|| ResolvedSeries {
-                    metrics: self.id,
-                    domain: Arc::clone(domain),
-                    rule: Arc::clone(&tally.rule),
-                    hits: OnceLock::new(),
-                    within_limit: OnceLock::new(),
-                    over_limit: OnceLock::new(),
-                    shadow_mode: OnceLock::new(),
-                    over_limit_local_cache: OnceLock::new(),
-                    near_limit: OnceLock::new(),
-                    statsd: OnceLock::new(),
-                    domain_requests: Default::default(),
+                let resolved = series.slot().get_or_init(|| {
+                    Box::new(ResolvedSeries {
+                        metrics: self.id,
+                        domain: Arc::clone(domain),
+                        rule: Arc::clone(&tally.rule),
+                        hits: OnceLock::new(),
+                        within_limit: OnceLock::new(),
+                        over_limit: OnceLock::new(),
+                        shadow_mode: OnceLock::new(),
+                        over_limit_local_cache: OnceLock::new(),
+                        near_limit: OnceLock::new(),
+                        statsd: OnceLock::new(),
+                        domain_requests: Default::default(),
+                    })
                 });
+                // Only this module fills the slot, always with a `ResolvedSeries`.
+                let resolved = resolved.downcast_ref::<ResolvedSeries>()?;
                 resolved
                     .serves(self.id, domain, &tally.rule)
                     .then_some(resolved)
@@ -1458,7 +1438,7 @@ mod tests {
         assert!(text.contains(r#"rule="d.user_x\ny""#), "{text}");
         assert!(text.contains(r#"rule="_overflow"} 2"#), "{text}");
         assert!(text.contains(r#"rule="d.k""#), "{text}");
-        assert!(!text.contains("back"), "{text}");
+        assert!(!text.contains("d.user_back"), "{text}");
         assert!(
             text.contains("floodgate_rule_series_overflow_total 2"),
             "{text}"

@@ -149,10 +149,19 @@ async fn redis_killed_under_load_policy_error() {
     // A generous deadline: on a loaded test machine, a 10 ms one (or even 1 s) would fail
     // requests before the crash too; a killed Redis refuses connections at once, so the
     // deadline does not slow the outage down (the slow-Redis tests run a short one).
+    // No leases: this test counts what Redis itself persisted, and a lease holds tokens
+    // debited in Redis but not yet spent (a check-only request sees them as taken).
     let server = floodgate(
         dir.path(),
         &redis,
-        &["--on-store-error", "error", "--redis-timeout-ms", "5000"],
+        &[
+            "--on-store-error",
+            "error",
+            "--redis-timeout-ms",
+            "5000",
+            "--lease-fraction",
+            "0",
+        ],
     );
     let mut probe = client(server.grpc).await;
     for _ in 0..10 {

@@ -404,6 +404,11 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
         // goes to Redis or to the local buckets.
         "--local-cache-size",
         "0",
+        // Calls sent to a frozen Redis hold their places for the whole stall (not 10 ms),
+        // so the burst finds the bound full and the calls queued behind it are shed at
+        // their own deadline however slowly a loaded host delivers them.
+        "--redis-timeout-ms",
+        "5000",
     ]);
     let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await
@@ -418,7 +423,10 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
     let send = |requests: &mut tokio::task::JoinSet<()>| {
         let (mut client, ok) = (client.clone(), ok.clone());
         requests.spawn(async move {
-            let request = request("d", vec![descriptor(&[("k", "v")])]);
+            // A deadline (sent as `grpc-timeout`, as Envoy sends its own) shorter than a stall
+            // (150 ticks of at least 1 ms): a call queued behind a stalled bound is shed.
+            let mut request = tonic::Request::new(request("d", vec![descriptor(&[("k", "v")])]));
+            request.set_timeout(std::time::Duration::from_millis(100));
             if let Ok(response) = client.should_rate_limit(request).await
                 && response.into_inner().overall_code == Code::Ok as i32
             {

@@ -368,10 +368,11 @@ async fn hung_redis_is_bounded_by_timeout_and_breaker() {
     held.abort();
 }
 
-/// A Redis that stalls while requests keep arriving (an open loop, as an Envoy fleet's is):
-/// once calls have waited past half the deadline for a whole interval, the calls Redis
-/// cannot finish in time are shed — answered at once by the failure policy, and counted —
-/// and when Redis answers again, shedding ends and every request is answered by Redis.
+/// A Redis that stalls while more requests arrive than the bound lets through: the calls
+/// queued behind the bound wait their turn only as long as they could still be answered in
+/// time (clients without a deadline: the Redis deadline) and are then shed — answered by the
+/// failure policy, and counted — and when Redis answers again, shedding ends and every
+/// request is answered by Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -407,12 +408,13 @@ async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
     );
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
 
-    // 32 clients, each sending its next request as soon as the last is answered; every
-    // answer OK extends the streak of consecutive OKs, any other answer resets it.
+    // 256 clients, each sending its next request as soon as the last is answered (four times
+    // the bound's first value, so that the stall holds every place and the rest queue);
+    // every answer OK extends the streak of consecutive OKs, any other answer resets it.
     let stop = Arc::new(AtomicBool::new(false));
     let streak = Arc::new(AtomicU64::new(0));
     let mut clients = Vec::new();
-    for i in 0..32 {
+    for i in 0..256 {
         let (server, stop, streak) = (server.clone(), stop.clone(), streak.clone());
         clients.push(tokio::spawn(async move {
             let mut client = server.client().await;
