@@ -378,6 +378,9 @@ async fn random_key_flood_keeps_local_cache_bounded() {
     }));
 }
 
+/// Requests decided by the local buckets because their Redis call was shed.
+const SHED: &str = r#"floodgate_local_decisions_total{reason="shed"}"#;
+
 /// Limits of the overload tests: `k` admits 100 per second, in bursts of at most 10.
 const HUNDRED_PER_SECOND: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 100, burst: 10}\n";
 
@@ -404,11 +407,15 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
         // goes to Redis or to the local buckets.
         "--local-cache-size",
         "0",
-        // Calls sent to a frozen Redis hold their places for the whole stall (not 10 ms),
-        // so the burst finds the bound full and the calls queued behind it are shed at
-        // their own deadline however slowly a loaded host delivers them.
+        // Calls sent to a frozen Redis hold their places for 200 ms (not 10), so the burst
+        // finds the bound full, and the calls queued behind it (no deadline of their own)
+        // wait those 200 ms and are shed.
         "--redis-timeout-ms",
-        "5000",
+        "200",
+        // The breaker stays closed: timed-out calls to the frozen Redis would otherwise open
+        // it, and requests answered because the circuit is open never reach the bound.
+        "--redis-failure-threshold",
+        "1000000000",
     ]);
     let client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await
@@ -423,10 +430,7 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
     let send = |requests: &mut tokio::task::JoinSet<()>| {
         let (mut client, ok) = (client.clone(), ok.clone());
         requests.spawn(async move {
-            // A deadline (sent as `grpc-timeout`, as Envoy sends its own) shorter than a stall
-            // (150 ticks of at least 1 ms): a call queued behind a stalled bound is shed.
-            let mut request = tonic::Request::new(request("d", vec![descriptor(&[("k", "v")])]));
-            request.set_timeout(std::time::Duration::from_millis(100));
+            let request = request("d", vec![descriptor(&[("k", "v")])]);
             if let Ok(response) = client.should_rate_limit(request).await
                 && response.into_inner().overall_code == Code::Ok as i32
             {
@@ -441,6 +445,21 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
             for _ in 0..200 {
                 send(&mut requests);
             }
+            if i == 0 {
+                // The first stall lasts until calls were shed, however slowly a loaded host
+                // delivers the burst: more requests join it until the bound overflows.
+                let give_up = Instant::now() + support::EVENTUALLY;
+                while count(server.http, SHED).await == 0 {
+                    assert!(
+                        Instant::now() < give_up,
+                        "no call was shed in the first stall"
+                    );
+                    for _ in 0..50 {
+                        send(&mut requests);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            }
         } else if i % 300 == 150 {
             redis.thaw();
         }
@@ -451,11 +470,7 @@ async fn local_policy_keeps_limiting_while_redis_is_overloaded() {
     let elapsed = started.elapsed();
     let ok = ok.load(std::sync::atomic::Ordering::Relaxed);
     let bound = RATE * elapsed.as_millis() as u64 / 1_000 + 2 * BURST;
-    let shed = count(
-        server.http,
-        r#"floodgate_local_decisions_total{reason="shed"}"#,
-    )
-    .await;
+    let shed = count(server.http, SHED).await;
     let failed = count(
         server.http,
         r#"floodgate_local_decisions_total{reason="store_error"}"#,

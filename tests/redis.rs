@@ -409,14 +409,22 @@ async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
     assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
 
     // 256 clients, each sending its next request as soon as the last is answered (four times
-    // the bound's first value, so that the stall holds every place and the rest queue);
-    // every answer OK extends the streak of consecutive OKs, any other answer resets it.
+    // the bound's first value, so that the stall holds every place and the rest queue); the
+    // 224 beyond the first 32 stop once Redis is back, so what follows is the steady load of
+    // 32 clients that the bound must serve without shedding. Every answer OK extends the
+    // streak of consecutive OKs, any other answer resets it.
     let stop = Arc::new(AtomicBool::new(false));
+    let burst_stop = Arc::new(AtomicBool::new(false));
     let streak = Arc::new(AtomicU64::new(0));
-    let mut clients = Vec::new();
+    let (mut clients, mut burst) = (Vec::new(), Vec::new());
     for i in 0..256 {
-        let (server, stop, streak) = (server.clone(), stop.clone(), streak.clone());
-        clients.push(tokio::spawn(async move {
+        let stop = if i < 32 {
+            stop.clone()
+        } else {
+            burst_stop.clone()
+        };
+        let (server, streak) = (server.clone(), streak.clone());
+        let client = tokio::spawn(async move {
             let mut client = server.client().await;
             while !stop.load(Ordering::Relaxed) {
                 let request = simple("r", "many", &format!("c{i}"));
@@ -430,12 +438,23 @@ async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
                     streak.store(0, Ordering::Relaxed);
                 }
             }
-        }));
+        });
+        if i < 32 {
+            clients.push(client);
+        } else {
+            burst.push(client);
+        }
     }
     let shed = || server.metric(r#"floodgate_store_errors_total{kind="shed"}"#);
     redis.freeze();
     eventually("calls are shed while Redis stalls", || async { shed() > 0 }).await;
     redis.thaw();
+    // The burst's clients end once their last call is answered (or shed: a queued call
+    // waits at most the Redis deadline).
+    burst_stop.store(true, Ordering::Relaxed);
+    for client in burst {
+        client.await.unwrap();
+    }
     // Shedding ends: a streak of answers from Redis, with nothing shed meanwhile.
     eventually(
         "1000 answers in a row from Redis after it recovers",
