@@ -56,6 +56,7 @@
 
 mod ledger;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -451,19 +452,29 @@ impl Store for LeaseStore {
             self.return_later(returns);
             return Ok(applied);
         }
-        let request = |with_ask: bool, routes: &[Route]| -> Vec<BucketOp> {
+        // What goes to Redis: the ops not answered from a lease, each with its ask. A request
+        // with no op answered locally and no ask (every cold bucket) goes as it came, with no
+        // copy of its ops.
+        let request = |with_ask: bool, routes: &[Route]| -> Cow<'_, [BucketOp]> {
+            let ask = |i: usize| match routes[i] {
+                Route::Remote { augment } if with_ask && augment > 0 => augment,
+                _ => 0,
+            };
+            if remote.len() == ops.len() && remote.iter().all(|&i| ask(i) == 0) {
+                return Cow::Borrowed(ops);
+            }
             remote
                 .iter()
                 .map(|&i| {
                     let op = &ops[i];
-                    match routes[i] {
-                        Route::Remote { augment } if with_ask && augment > 0 => BucketOp {
+                    match ask(i) {
+                        0 => op.clone(),
+                        augment => BucketOp {
                             cost: op
                                 .cost
                                 .saturating_add(i64::try_from(augment).unwrap_or(i64::MAX)),
                             ..op.clone()
                         },
-                        _ => op.clone(),
                     }
                 })
                 .collect()
