@@ -10,6 +10,9 @@
 #   OVL_PARTS=closed OVL_SECONDS=3 OVL_REPEATS=3 OVL_DESCRIPTORS=4 \
 #       OVL_BINS="/path/a/floodgate /path/b/floodgate" bench/overload.sh   # closed-loop A/B
 #   OVL_GRPC_TIMEOUT=20m OVL_PARTS=closed bench/overload.sh   # clients send Envoy's deadline
+#   OVL_LOADGEN_THREADS=8 OVL_CONNECTIONS=64 OVL_LIMITADOR_MAX_RATE=150000 bench/overload.sh
+#       # a many-core machine: a load generator that keeps its schedule at high rates, and
+#       # Limitador (which queues without bound) only up to a rate it can drain
 #
 # 1. Open loop (examples/loadgen --rps: requests leave on schedule whether or not earlier
 #    ones were answered, as an Envoy fleet's do; latency from the scheduled time), one
@@ -88,18 +91,19 @@ if [[ " $PARTS " == *" open "* ]]; then
     echo
     echo "## Open loop: offered load, 1 descriptor, $KEYS keys uniform, Redis, ${SECONDS_PER_RUN} s per row"
     echo
-    echo "| server | offered/s | OK/s | not OK/s (shed) | p50 ms | p99 ms |"
-    echo "|---|---|---|---|---|---|"
+    echo "| server | offered/s | sent/s | OK/s | not OK/s (shed) | p50 ms | p99 ms |"
+    echo "|---|---|---|---|---|---|---|"
     SERVERS=(floodgate)
     [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
     for rate in $RATES; do
         for server in "${SERVERS[@]}"; do
+            [ "$server" = limitador ] && [ "$rate" -gt "${OVL_LIMITADOR_MAX_RATE:-1000000000}" ] && continue
             start "$server"
             shed0=0
             [ "$server" = floodgate ] && read -r _ _ shed0 < <(answers)
-            "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain one --connections 16 \
+            "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain one --connections "${OVL_CONNECTIONS:-16}" \
                 --rps "$rate" --keys "$KEYS" --descriptors 1 --duration "$SECONDS_PER_RUN" \
-                --warmup 2 --threads 2 >"$WORK/loadgen.json" 2>"$WORK/loadgen.err" || true
+                --warmup 2 --threads "${OVL_LOADGEN_THREADS:-2}" >"$WORK/loadgen.json" 2>"$WORK/loadgen.err" || true
             shed=-
             if [ "$server" = floodgate ]; then
                 read -r _ _ shed1 < <(answers)
@@ -112,13 +116,14 @@ path, server, rate, shed, seconds = sys.argv[1:]
 try:
     r = json.loads(open(path).read().strip().splitlines()[-1])
 except (IndexError, ValueError):
-    print(f"| {server} | {rate} | (loadgen failed) | | | |")
+    print(f"| {server} | {rate} | (loadgen failed) | | | | |")
     sys.exit()
 s = r["seconds"] or float(seconds)
 ok = r["answers"].get("ok", 0) / s
 not_ok = (r["requests"] - r["answers"].get("ok", 0)) / s
 shed = f" ({int(shed) / s:.0f})" if shed != "-" else ""
-print(f"| {server} | {rate} | {ok:.0f} | {not_ok:.0f}{shed} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+sent = r["requests"] / s
+print(f"| {server} | {rate} | {sent:.0f} | {ok:.0f} | {not_ok:.0f}{shed} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
 PY
         done
     done
