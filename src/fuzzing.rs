@@ -419,6 +419,29 @@ mod tests {
         assert!(checked >= 10, "only {checked} request seeds");
     }
 
+    /// Every committed seed of the byte-input targets (`fuzz/seeds/{config,request,json}`)
+    /// replays through its entry point in the ordinary test build, so a change that breaks
+    /// one fails `cargo test` without a fuzz build; the `bucket_key` seeds are `arbitrary`
+    /// structures, replayed by the fuzz run alone.
+    #[test]
+    fn every_seed_replays() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        let targets = [
+            ("config", config as fn(&[u8])),
+            ("request", request),
+            ("json", json),
+        ];
+        for (target, entry) in targets {
+            let mut replayed = 0;
+            for file in std::fs::read_dir(seeds.join(target)).unwrap() {
+                let path = file.unwrap().path();
+                entry(&std::fs::read(&path).unwrap());
+                replayed += 1;
+            }
+            assert!(replayed >= 5, "only {replayed} {target} seeds");
+        }
+    }
+
     /// The JSON target answers a valid body.
     #[test]
     fn json_body_is_answered() {

@@ -5,6 +5,12 @@
 //! `use crate::{a, b::c}` imports and in expressions) outside comments is an edge from the
 //! file's top-level module to `name`. Doc links do not count: they document, they do not
 //! depend.
+//!
+//! Inside each module the same holds for its files: the files of a module's direct children
+//! (`src/config/load.rs`, `src/config/validate.rs`, …) never use each other, directly or around a
+//! circle. Their edges are read from every `crate::`, `super::` and `self::` path, resolved as
+//! the compiler resolves them (inline `mod tests { … }` included), to the file they land in; a
+//! path through a parent's re-export counts as a use of the parent.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -245,4 +251,504 @@ fn reads_imports() {
     ));
     let want: BTreeSet<String> = ["a", "b", "c", "d", "g"].map(String::from).into();
     assert_eq!(found, want);
+}
+
+/// Cycles among the files of one module that the check tolerates for now, each as the module
+/// and its files in the order the check reports them: each is a file that should be split or
+/// merged. Remove an entry when its cycle is gone; a new cycle is never added here.
+const KNOWN_FILE_CYCLES: &[(&str, &[&str])] =
+    &[("config", &["src/config/load.rs", "src/config/validate.rs"])];
+
+/// One file under `src/` as the file check reads it.
+struct SourceFile {
+    /// The path shown in messages (`src/config/load.rs`).
+    shown: String,
+    /// Its module path below the crate root (`["config", "load"]`; `[]` for `lib.rs`).
+    module: Vec<String>,
+    /// Its text.
+    text: String,
+}
+
+/// The module path of a file under `src/` (`None`: `main.rs`, another crate).
+fn module_path(src: &Path, file: &Path) -> Option<Vec<String>> {
+    let rel = file.strip_prefix(src).ok()?;
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_str().map(str::to_string))
+        .collect::<Option<_>>()?;
+    let last = parts.pop()?;
+    let stem = last.strip_suffix(".rs")?;
+    match (parts.is_empty(), stem) {
+        (true, "main") => return None,
+        (true, "lib") | (false, "mod") => {}
+        _ => parts.push(stem.to_string()),
+    }
+    Some(parts)
+}
+
+/// A byte-level reader of Rust source that skips comments, string and character literals, and
+/// knows which inline `mod name { … }` it is in.
+struct Reader<'a> {
+    text: &'a [u8],
+    at: usize,
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+impl<'a> Reader<'a> {
+    fn peek(&self, ahead: usize) -> u8 {
+        self.text.get(self.at + ahead).copied().unwrap_or(0)
+    }
+
+    fn skip_space(&mut self) {
+        loop {
+            match (self.peek(0), self.peek(1)) {
+                (b' ' | b'\t' | b'\n' | b'\r', _) => self.at += 1,
+                (b'/', b'/' | b'*') => self.skip_comment(),
+                _ => return,
+            }
+        }
+    }
+
+    /// At `//` or `/*`: past the comment (block comments nest).
+    fn skip_comment(&mut self) {
+        if self.peek(1) == b'/' {
+            while self.at < self.text.len() && self.peek(0) != b'\n' {
+                self.at += 1;
+            }
+            return;
+        }
+        let mut depth = 0usize;
+        while self.at < self.text.len() {
+            match (self.peek(0), self.peek(1)) {
+                (b'/', b'*') => {
+                    depth += 1;
+                    self.at += 2;
+                }
+                (b'*', b'/') => {
+                    depth -= 1;
+                    self.at += 2;
+                    if depth == 0 {
+                        return;
+                    }
+                }
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    fn ident(&mut self) -> &'a str {
+        let start = self.at;
+        while is_ident(self.peek(0)) {
+            self.at += 1;
+        }
+        std::str::from_utf8(&self.text[start..self.at]).unwrap_or("")
+    }
+
+    /// At `"` (after any `b`): past the string.
+    fn skip_string(&mut self) {
+        self.at += 1;
+        while self.at < self.text.len() {
+            match self.peek(0) {
+                b'\\' => self.at += 2,
+                b'"' => {
+                    self.at += 1;
+                    return;
+                }
+                _ => self.at += 1,
+            }
+        }
+    }
+
+    /// After an `r` or `br` at `#` or `"`: past the raw string (or nothing, if it is not one).
+    fn skip_raw_string(&mut self) {
+        let hashes = (0..).take_while(|&i| self.peek(i) == b'#').count();
+        if self.peek(hashes) != b'"' {
+            return;
+        }
+        self.at += hashes + 1;
+        while self.at < self.text.len() {
+            if self.peek(0) == b'"' && (1..=hashes).all(|i| self.peek(i) == b'#') {
+                self.at += hashes + 1;
+                return;
+            }
+            self.at += 1;
+        }
+    }
+
+    /// At `'`: past a character literal, or past the quote of a lifetime or label.
+    fn skip_char(&mut self) {
+        if self.peek(1) == b'\\' {
+            self.at += 2;
+            while self.at < self.text.len() && self.peek(0) != b'\'' {
+                self.at += 1;
+            }
+            self.at += 1;
+        } else if let Some(len) = (2..=5).find(|&i| self.peek(i) == b'\'') {
+            // One character, possibly of several UTF-8 bytes; `'a` of a lifetime has no
+            // closing quote right after it.
+            if len == 2 || self.peek(1) >= 0x80 {
+                self.at += len + 1;
+            } else {
+                self.at += 1;
+            }
+        } else {
+            self.at += 1;
+        }
+    }
+
+    /// After a path's first segment: the rest of the path, `::`-separated, with `{…}` groups
+    /// expanded into one path per member (`self` in a group is the group's own prefix, a glob
+    /// ends the path).
+    fn path_tail(&mut self) -> Vec<Vec<String>> {
+        let mut segments = Vec::new();
+        loop {
+            let save = self.at;
+            self.skip_space();
+            if !(self.peek(0) == b':' && self.peek(1) == b':') {
+                self.at = save;
+                return vec![segments];
+            }
+            self.at += 2;
+            self.skip_space();
+            match self.peek(0) {
+                b'{' => {
+                    self.at += 1;
+                    let mut out = Vec::new();
+                    loop {
+                        self.skip_space();
+                        match self.peek(0) {
+                            b'}' => {
+                                self.at += 1;
+                                break;
+                            }
+                            b',' => self.at += 1,
+                            b'*' => self.at += 1,
+                            b if is_ident(b) => {
+                                let first = self.ident();
+                                for tail in self.path_tail() {
+                                    let mut path = segments.clone();
+                                    if first != "self" {
+                                        path.push(first.to_string());
+                                    }
+                                    path.extend(tail);
+                                    out.push(path);
+                                }
+                                // `as name`, or anything else up to the next member.
+                                self.skip_space();
+                                if self.peek(0) == b'a' && self.peek(1) == b's' {
+                                    self.at += 2;
+                                    self.skip_space();
+                                    self.ident();
+                                }
+                            }
+                            0 => break,
+                            _ => self.at += 1,
+                        }
+                    }
+                    return out;
+                }
+                b if is_ident(b) => segments.push(self.ident().to_string()),
+                _ => return vec![segments],
+            }
+        }
+    }
+}
+
+/// Every path in `text` that starts at `crate::`, `super::` or `self::`, resolved to a path
+/// from the crate root, for a file whose module is `module`. `super` and `self` inside an
+/// inline `mod name { … }` count from that module, as the compiler reads them.
+fn crate_paths(module: &[String], text: &str) -> Vec<Vec<String>> {
+    let mut reader = Reader {
+        text: text.as_bytes(),
+        at: 0,
+    };
+    let mut found = Vec::new();
+    let mut depth = 0usize;
+    // Inline modules open around the reader: each name with the depth inside its brace.
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut prev = b' ';
+    while reader.at < reader.text.len() {
+        let b = reader.peek(0);
+        match b {
+            b'/' if matches!(reader.peek(1), b'/' | b'*') => {
+                reader.skip_comment();
+                continue;
+            }
+            b'"' => {
+                reader.skip_string();
+                prev = b'"';
+                continue;
+            }
+            b'\'' => {
+                reader.skip_char();
+                prev = b'\'';
+                continue;
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if inline.last().is_some_and(|(_, d)| *d > depth) {
+                    inline.pop();
+                }
+            }
+            b if is_ident(b) && !is_ident(prev) && prev != b'$' => {
+                let word = reader.ident();
+                match word {
+                    "r" | "br" if matches!(reader.peek(0), b'#' | b'"') => reader.skip_raw_string(),
+                    "mod" => {
+                        reader.skip_space();
+                        let name = reader.ident().to_string();
+                        reader.skip_space();
+                        if !name.is_empty() && reader.peek(0) == b'{' {
+                            inline.push((name, depth + 1));
+                        }
+                    }
+                    "crate" | "super" | "self" => {
+                        let mut base: Vec<String> = module.to_vec();
+                        base.extend(inline.iter().map(|(n, _)| n.clone()));
+                        let start = match word {
+                            "crate" => Vec::new(),
+                            "self" => base,
+                            _ => base[..base.len().saturating_sub(1)].to_vec(),
+                        };
+                        for tail in reader.path_tail() {
+                            let mut path = start.clone();
+                            for segment in tail {
+                                if segment == "super" {
+                                    path.pop();
+                                } else {
+                                    path.push(segment);
+                                }
+                            }
+                            found.push(path);
+                        }
+                    }
+                    _ => {}
+                }
+                prev = b'a';
+                continue;
+            }
+            _ => {}
+        }
+        prev = b;
+        reader.at += 1;
+    }
+    found
+}
+
+/// The cycles among the files of each module: for every module, the files of its direct
+/// children (a child's own children counted as the child) that use each other, directly or
+/// around a circle. The crate root's children are the top-level modules, which
+/// `modules_follow_the_map` checks against the map; a file and its own parent or children
+/// are one unit and may use each other. Each cycle comes as its module, its files, and the
+/// lines that tie them (`a.rs uses b.rs (crate::m::b::f)`).
+fn file_cycles(files: &[SourceFile]) -> Vec<(String, Vec<String>, Vec<String>)> {
+    let modules: BTreeMap<&[String], &str> = files
+        .iter()
+        .map(|f| (f.module.as_slice(), f.shown.as_str()))
+        .collect();
+    // module -> child -> child -> the first use that ties them.
+    type Graph = BTreeMap<String, BTreeMap<String, String>>;
+    let mut graphs: BTreeMap<Vec<String>, Graph> = BTreeMap::new();
+    for file in files {
+        for path in crate_paths(&file.module, &file.text) {
+            // The module the path lands in: its longest prefix that is a file.
+            let Some(target) = (1..=path.len())
+                .rev()
+                .map(|n| &path[..n])
+                .find(|p| modules.contains_key(p))
+            else {
+                continue;
+            };
+            let common = file
+                .module
+                .iter()
+                .zip(target)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if common == 0 || common >= file.module.len() || common >= target.len() {
+                continue;
+            }
+            let (from, to) = (&file.module[common], &target[common]);
+            graphs
+                .entry(file.module[..common].to_vec())
+                .or_default()
+                .entry(from.clone())
+                .or_default()
+                .entry(to.clone())
+                .or_insert_with(|| {
+                    format!(
+                        "{} uses {} (crate::{})",
+                        file.shown,
+                        modules[target],
+                        path.join("::")
+                    )
+                });
+        }
+    }
+    let shown = |parent: &[String], child: &str| {
+        let mut module = parent.to_vec();
+        module.push(child.to_string());
+        modules
+            .get(module.as_slice())
+            .map_or_else(|| module.join("::"), |s| s.to_string())
+    };
+    let mut cycles = Vec::new();
+    for (parent, graph) in &graphs {
+        for component in strongly_connected(graph) {
+            let ties = component
+                .iter()
+                .flat_map(|a| {
+                    graph[a]
+                        .iter()
+                        .filter(|(b, _)| component.contains(*b))
+                        .map(|(_, tie)| tie.clone())
+                })
+                .collect();
+            let members = component.iter().map(|c| shown(parent, c)).collect();
+            cycles.push((parent.join("::"), members, ties));
+        }
+    }
+    cycles
+}
+
+/// The strongly connected components of more than one node (Tarjan's algorithm), each sorted.
+fn strongly_connected(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<Vec<String>> {
+    struct State<'g> {
+        graph: &'g BTreeMap<String, BTreeMap<String, String>>,
+        index: BTreeMap<&'g str, usize>,
+        low: BTreeMap<&'g str, usize>,
+        stack: Vec<&'g str>,
+        out: Vec<Vec<String>>,
+    }
+    fn visit<'g>(node: &'g str, s: &mut State<'g>) {
+        let i = s.index.len();
+        s.index.insert(node, i);
+        s.low.insert(node, i);
+        s.stack.push(node);
+        for next in s.graph.get(node).into_iter().flat_map(|e| e.keys()) {
+            let next = next.as_str();
+            if !s.index.contains_key(next) {
+                visit(next, s);
+                let low = s.low[node].min(s.low[next]);
+                s.low.insert(node, low);
+            } else if s.stack.contains(&next) {
+                let low = s.low[node].min(s.index[next]);
+                s.low.insert(node, low);
+            }
+        }
+        if s.low[node] == s.index[node] {
+            let at = s.stack.iter().rposition(|n| *n == node).unwrap();
+            let mut component: Vec<String> = s.stack.drain(at..).map(str::to_string).collect();
+            if component.len() > 1 {
+                component.sort();
+                s.out.push(component);
+            }
+        }
+    }
+    let mut state = State {
+        graph,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        out: Vec::new(),
+    };
+    for node in graph.keys() {
+        if !state.index.contains_key(node.as_str()) {
+            visit(node, &mut state);
+        }
+    }
+    state.out
+}
+
+#[test]
+/// No two files of one module use each other, directly or around a circle.
+fn files_of_a_module_do_not_use_each_other() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut paths = Vec::new();
+    sources(&src, &mut paths);
+    paths.sort();
+    let files: Vec<SourceFile> = paths
+        .iter()
+        .filter_map(|path| {
+            Some(SourceFile {
+                module: module_path(&src, path)?,
+                shown: path.strip_prefix(root).unwrap().display().to_string(),
+                text: fs::read_to_string(path).unwrap(),
+            })
+        })
+        .collect();
+    let cycles: Vec<String> = file_cycles(&files)
+        .into_iter()
+        .filter(|(module, members, _)| {
+            !KNOWN_FILE_CYCLES
+                .iter()
+                .any(|(m, known)| m == module && known.iter().eq(members.iter()))
+        })
+        .map(|(module, members, ties)| {
+            format!(
+                "in `{module}`: {} use each other:\n  {}",
+                members.join(", "),
+                ties.join("\n  ")
+            )
+        })
+        .collect();
+    assert!(
+        cycles.is_empty(),
+        "files of one module that use each other (split out what both need, or merge them):\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+/// The file check resolves `crate::`, `super::` and `self::` paths (groups, inline modules,
+/// comments and strings as the compiler reads them) and reports a cycle with its files.
+fn reports_a_cycle_among_files() {
+    let file = |shown: &str, module: &[&str], text: &str| SourceFile {
+        shown: shown.to_string(),
+        module: module.iter().map(|s| s.to_string()).collect(),
+        text: text.to_string(),
+    };
+    let files = [
+        file("src/m/mod.rs", &["m"], "mod a; mod b; mod c; pub use a::X;"),
+        file(
+            "src/m/a.rs",
+            &["m", "a"],
+            "use super::{b::{self, Y}, X};\n// crate::m::c::Z\nlet s = \"crate::m::c\";",
+        ),
+        file(
+            "src/m/b.rs",
+            &["m", "b"],
+            "let c = '{'; let l: &'static str = r#\"}\"#;\n\
+             mod tests { use super::super::c; fn t() { super::f(); } }\n\
+             fn g() { crate::m::a::f(); }",
+        ),
+        file(
+            "src/m/c.rs",
+            &["m", "c"],
+            "pub(super) fn f() { self::g(); }",
+        ),
+        file("src/n.rs", &["n"], "use crate::m::c;"),
+    ];
+    assert_eq!(
+        crate_paths(&files[2].module, &files[2].text),
+        [["m", "c"].as_slice(), &["m", "b", "f"], &["m", "a", "f"]]
+            .map(|p| p.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+    );
+    let cycles = file_cycles(&files);
+    assert_eq!(cycles.len(), 1, "{cycles:?}");
+    let (module, members, ties) = &cycles[0];
+    assert_eq!(module, "m");
+    assert_eq!(members, &["src/m/a.rs", "src/m/b.rs"]);
+    assert_eq!(
+        ties,
+        &[
+            "src/m/a.rs uses src/m/b.rs (crate::m::b)",
+            "src/m/b.rs uses src/m/a.rs (crate::m::a::f)",
+        ]
+    );
 }

@@ -172,6 +172,36 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
     )
 }
 
+/// The store operations unit tests write: one constructor, so a field added to [`BucketOp`] is
+/// given its neutral value in one place.
+#[cfg(test)]
+impl BucketOp {
+    /// An enforced debit of `cost` (a refund when negative) on the bucket of `domain` whose one
+    /// descriptor entry is `key` = `value`, counted by `params` (the key follows its algorithm
+    /// and period, as the planner's keys do).
+    pub(crate) fn debit(
+        domain: &str,
+        key: &str,
+        value: &[u8],
+        params: LimitParams,
+        cost: Cost,
+    ) -> Self {
+        BucketOp {
+            key: BucketKey::new(
+                domain,
+                [(key.as_bytes(), super::KeyValue::Value(value))],
+                params.algorithm,
+                params.period_us,
+            ),
+            params,
+            cost,
+            enforce: true,
+            reference: None,
+            debited_in: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

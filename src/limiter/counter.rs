@@ -45,14 +45,7 @@ mod tests {
     const START: i64 = 1_700_000_040_000_000;
 
     fn params(limit: u64) -> LimitParams {
-        LimitParams {
-            algorithm: Algorithm::FixedWindow,
-            requests_per_period: limit,
-            period_us: 60_000_000,
-            burst: 0,
-            overdraft: false,
-            max_wait_us: 0,
-        }
+        LimitParams::of(Algorithm::FixedWindow, limit, 60, 0)
     }
 
     /// Inside the named window, a counter is exactly a fixed window holding that count.

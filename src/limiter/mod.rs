@@ -488,5 +488,23 @@ fn exact<T: Into<i128> + Copy>(value: T) -> T {
     value
 }
 
+/// The limits unit tests write: one constructor, so a field added to [`LimitParams`] is
+/// given its neutral value in one place.
+#[cfg(test)]
+impl LimitParams {
+    /// `rate` per `period_s` seconds with capacity `burst`, no overdraft and no waiting (a
+    /// limits file's rule with only `requests_per_unit`, `unit` and `burst`).
+    pub(crate) fn of(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> Self {
+        LimitParams {
+            algorithm,
+            requests_per_period: rate,
+            period_us: period_s * 1_000_000,
+            burst,
+            overdraft: false,
+            max_wait_us: 0,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

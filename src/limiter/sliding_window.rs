@@ -200,14 +200,7 @@ mod tests {
     const INDEX: i64 = NOW / MINUTE;
 
     fn params(limit: u64) -> LimitParams {
-        LimitParams {
-            algorithm: Algorithm::SlidingWindow,
-            requests_per_period: limit,
-            period_us: 60_000_000,
-            burst: 0,
-            overdraft: false,
-            max_wait_us: 0,
-        }
+        LimitParams::of(Algorithm::SlidingWindow, limit, 60, 0)
     }
 
     /// A refund into the current window, as a client's `is_negative_hits` gives it.

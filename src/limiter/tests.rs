@@ -7,14 +7,7 @@ const NOW: i64 = 1_700_000_040_000_000;
 const TWO_53: u64 = 1 << 53;
 
 fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitParams {
-    LimitParams {
-        algorithm,
-        requests_per_period: rate,
-        period_us: period_s * 1_000_000,
-        burst,
-        overdraft: false,
-        max_wait_us: 0,
-    }
+    LimitParams::of(algorithm, rate, period_s, burst)
 }
 
 fn algorithm() -> impl Strategy<Value = Algorithm> {

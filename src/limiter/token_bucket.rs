@@ -305,14 +305,7 @@ mod tests {
     const NOW: i64 = 1_700_000_000_000_000;
 
     fn params(rate: u64, period_s: u64, burst: u64) -> LimitParams {
-        LimitParams {
-            algorithm: Algorithm::TokenBucket,
-            requests_per_period: rate,
-            period_us: period_s * 1_000_000,
-            burst,
-            overdraft: false,
-            max_wait_us: 0,
-        }
+        LimitParams::of(Algorithm::TokenBucket, rate, period_s, burst)
     }
 
     fn tat_of(e: &Evaluation) -> Option<Tat> {

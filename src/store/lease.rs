@@ -549,7 +549,6 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
-    use crate::bucket::KeyValue;
     use crate::clock::ManualClock;
     use crate::limiter::{Algorithm, LimitParams};
     use crate::store::MemoryStore;
@@ -581,26 +580,8 @@ mod tests {
     }
 
     fn op(name: &[u8], limit: u64, cost: i64) -> BucketOp {
-        BucketOp {
-            key: BucketKey::new(
-                "d",
-                [(&b"k"[..], KeyValue::Value(name))],
-                Algorithm::TokenBucket,
-                3_600_000_000,
-            ),
-            params: LimitParams {
-                algorithm: Algorithm::TokenBucket,
-                requests_per_period: limit,
-                period_us: 3_600_000_000,
-                burst: limit,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost,
-            enforce: true,
-            reference: None,
-            debited_in: None,
-        }
+        let params = LimitParams::of(Algorithm::TokenBucket, limit, 3_600, limit);
+        BucketOp::debit("d", "k", name, params, cost)
     }
 
     /// Leases over a memory "Redis" whose clock stands still (no refill), with a lifetime

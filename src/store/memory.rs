@@ -366,33 +366,14 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::KeyValue;
     use crate::clock::ManualClock;
     use crate::limiter::{Algorithm, LimitParams};
 
     const NOW: i64 = 1_749_945_600_000_000;
 
     fn op(value: &str, algorithm: Algorithm, rate: u64, cost: i64) -> BucketOp {
-        BucketOp {
-            key: BucketKey::new(
-                "d",
-                [(&b"k"[..], KeyValue::Value(value.as_bytes()))],
-                algorithm,
-                60_000_000,
-            ),
-            params: LimitParams {
-                algorithm,
-                requests_per_period: rate,
-                period_us: 60_000_000,
-                burst: rate,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost,
-            enforce: true,
-            reference: None,
-            debited_in: None,
-        }
+        let params = LimitParams::of(algorithm, rate, 60, rate);
+        BucketOp::debit("d", "k", value.as_bytes(), params, cost)
     }
 
     fn store() -> (Arc<ManualClock>, MemoryStore) {

@@ -183,30 +183,11 @@ impl OverLimitCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::KeyValue;
     use crate::limiter::{Algorithm, LimitParams};
 
     fn op(value: &[u8], cost: i64) -> BucketOp {
-        BucketOp {
-            key: BucketKey::new(
-                "d",
-                [(&b"k"[..], KeyValue::Value(value))],
-                Algorithm::TokenBucket,
-                1_000_000,
-            ),
-            params: LimitParams {
-                algorithm: Algorithm::TokenBucket,
-                requests_per_period: 1,
-                period_us: 1_000_000,
-                burst: 1,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost,
-            enforce: true,
-            reference: None,
-            debited_in: None,
-        }
+        let params = LimitParams::of(Algorithm::TokenBucket, 1, 1, 1);
+        BucketOp::debit("d", "k", value, params, cost)
     }
 
     fn denied(retry_us: u64) -> Applied {

@@ -115,7 +115,6 @@ impl RemoteStore for SplitStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::{BucketKey, KeyValue};
     use crate::clock::ManualClock;
     use crate::limiter::{Algorithm, LimitParams};
     use crate::store::MemoryStore;
@@ -161,27 +160,8 @@ mod tests {
 
     /// A fixed-window op on bucket `value` of `rate` per `period_s` seconds.
     fn op(value: &str, period_s: u64, rate: u64) -> BucketOp {
-        let period_us = period_s * 1_000_000;
-        BucketOp {
-            key: BucketKey::new(
-                "d",
-                [(&b"k"[..], KeyValue::Value(value.as_bytes()))],
-                Algorithm::FixedWindow,
-                period_us,
-            ),
-            params: LimitParams {
-                algorithm: Algorithm::FixedWindow,
-                requests_per_period: rate,
-                period_us,
-                burst: rate,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost: 1,
-            enforce: true,
-            reference: None,
-            debited_in: None,
-        }
+        let params = LimitParams::of(Algorithm::FixedWindow, rate, period_s, rate);
+        BucketOp::debit("d", "k", value.as_bytes(), params, 1)
     }
 
     fn split(main: &Arc<Fake>, per_second: &Arc<Fake>) -> SplitStore {

@@ -399,14 +399,7 @@ mod tests {
     }
 
     fn params(algorithm: Algorithm, limit: u64) -> LimitParams {
-        LimitParams {
-            algorithm,
-            requests_per_period: limit,
-            period_us: 1_000_000,
-            burst: limit,
-            overdraft: false,
-            max_wait_us: 0,
-        }
+        LimitParams::of(algorithm, limit, 1, limit)
     }
 
     fn key() -> BucketKey {
@@ -419,13 +412,10 @@ mod tests {
     }
 
     fn op(params: LimitParams, cost: i64) -> BucketOp {
+        // One bucket whatever the algorithm: the ledger keys its entries by the key alone.
         BucketOp {
             key: key(),
-            params,
-            cost,
-            enforce: true,
-            reference: None,
-            debited_in: None,
+            ..BucketOp::debit("d", "k", b"v", params, cost)
         }
     }
 

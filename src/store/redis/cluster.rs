@@ -278,7 +278,6 @@ impl RemoteStore for ClusterStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::{BucketKey, KeyValue};
     use crate::limiter::{Algorithm, LimitParams};
 
     /// The NOSCRIPT fallback is the same call with the script's source instead of its SHA.
@@ -303,26 +302,8 @@ mod tests {
     }
 
     fn op(value: &str) -> BucketOp {
-        BucketOp {
-            key: BucketKey::new(
-                "edge",
-                [(&b"ip"[..], KeyValue::Value(value.as_bytes()))],
-                Algorithm::TokenBucket,
-                60_000_000,
-            ),
-            params: LimitParams {
-                algorithm: Algorithm::TokenBucket,
-                requests_per_period: 7,
-                period_us: 60_000_000,
-                burst: 7,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost: 1,
-            enforce: true,
-            reference: None,
-            debited_in: None,
-        }
+        let params = LimitParams::of(Algorithm::TokenBucket, 7, 60, 7);
+        BucketOp::debit("edge", "ip", value.as_bytes(), params, 1)
     }
 
     /// Ops are grouped by the slot of prefix + key, in order of first appearance, and every

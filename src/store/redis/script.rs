@@ -300,29 +300,13 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bucket::KeyValue;
     use crate::limiter::LimitParams;
 
     fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
+        let params = LimitParams::of(algorithm, 7, 60, 9);
         BucketOp {
-            key: BucketKey::new(
-                "edge",
-                [(&b"ip"[..], KeyValue::Value(b"10.0.0.1"))],
-                algorithm,
-                60_000_000,
-            ),
-            params: LimitParams {
-                algorithm,
-                requests_per_period: 7,
-                period_us: 60_000_000,
-                burst: 9,
-                overdraft: false,
-                max_wait_us: 0,
-            },
-            cost,
             enforce,
-            reference: None,
-            debited_in: None,
+            ..BucketOp::debit("edge", "ip", b"10.0.0.1", params, cost)
         }
     }
 
