@@ -1,7 +1,7 @@
 //! What a rate-limit request decided: the response and, per evaluated limit, the verdict that
 //! metrics and stats count.
 //!
-//! Produced by [`crate::plan`] (`Plan::respond`), read by [`crate::metrics`] and the service.
+//! Produced by [`crate::plan`] (`Plan::respond`), read by [`crate::telemetry::metrics`] and the service.
 //! A module of its own so that metrics, which every store reports to, need not import the
 //! planner (which imports the configuration, which reports to metrics).
 
@@ -21,13 +21,13 @@ use crate::proto::rls::RateLimitResponse;
 /// would create it, so the exposition is the same. Cloning shares the handles (a clone of a
 /// rule is the same rule); a cache, not part of the rule's value, so every two compare equal.
 ///
-/// The slot is filled and read by [`crate::metrics`] alone; it is typed `Any` here so that
+/// The slot is filled and read by [`crate::telemetry::metrics`] alone; it is typed `Any` here so that
 /// this module, below metrics on the module map, does not name metrics' types.
 #[derive(Clone, Default)]
 pub struct RuleSeries(Arc<OnceLock<Box<dyn Any + Send + Sync>>>);
 
 impl RuleSeries {
-    /// The slot [`crate::metrics`] keeps the rule's handles in.
+    /// The slot [`crate::telemetry::metrics`] keeps the rule's handles in.
     pub fn slot(&self) -> &OnceLock<Box<dyn Any + Send + Sync>> {
         &self.0
     }

@@ -25,14 +25,14 @@ use tonic::{Request, Response, Status};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::metrics::{Metrics, RequestResult, ShapedEnd};
-use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
+use crate::telemetry::metrics::{Metrics, RequestResult, ShapedEnd};
+use crate::telemetry::otel::{RequestSpan, Traces};
 
 /// Why a ShouldRateLimit call failed.
 #[derive(Debug, thiserror::Error)]
@@ -243,8 +243,8 @@ impl Decider {
         let started = Instant::now();
         let span = self.traces.as_ref().map(|traces| {
             let name = match entry {
-                EntryPoint::Grpc => crate::otel::GRPC_SPAN,
-                EntryPoint::Json => crate::otel::JSON_SPAN,
+                EntryPoint::Grpc => crate::telemetry::otel::GRPC_SPAN,
+                EntryPoint::Json => crate::telemetry::otel::JSON_SPAN,
             };
             traces.request(name, headers)
         });
@@ -458,7 +458,7 @@ impl Drop for Waiting<'_> {
 /// One of the `max_in_flight` places, held while alive (see [`Decider::admit`]).
 #[derive(Debug)]
 pub struct Admitted {
-    _in_flight: crate::metrics::InFlight,
+    _in_flight: crate::telemetry::metrics::InFlight,
 }
 
 /// The gRPC face of [`Decider`].

@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 
 use super::{Config, ConfigErrors, Loader, Source};
 use crate::file_watch::{self, FileWatch, RecursiveMode, WatchError};
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// Watches the limits of `loader` and reloads them into `config` after each change, until the
 /// returned guard is dropped. `on_reload` runs after each successful swap, with the new configuration (the

@@ -54,7 +54,7 @@
 //! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
 //!
 //! When statsd or the reference's Prometheus series are on ([`Metrics::attach_reference_stats`]), the same recording calls also count the
-//! reference's statsd stats ([`crate::statsd`]); `docs/observability.md` lists both.
+//! reference's statsd stats ([`crate::telemetry::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
 //! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
@@ -81,7 +81,7 @@ use crate::outcome::{Outcome, Tally, Verdict};
 
 pub mod history;
 
-use crate::statsd::{Mapper, RuleCounters, Sample, StatName, Stats, StatsdConfig};
+use crate::telemetry::statsd::{Mapper, RuleCounters, Sample, StatName, Stats, StatsdConfig};
 pub use history::{LoadHistory, LoadRecord};
 
 /// Shared strings from the configuration: building the labels of a request's tally copies
