@@ -82,6 +82,7 @@ impl Reloader {
             Attempt::Loaded(config) => {
                 self.missing = false;
                 let domains = config.domains().count();
+                self.metrics.resolve_rules(&config);
                 self.config.store(Arc::new(config));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 (self.on_reload)(&self.config.load());

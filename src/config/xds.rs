@@ -184,6 +184,7 @@ async fn session(
         let answer = match load(&response.version_info, resources, options).await {
             Ok(loaded) => {
                 let domains = loaded.domains().count();
+                metrics.resolve_rules(&loaded);
                 config.store(Arc::new(loaded));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 on_load(&config.load());

@@ -296,6 +296,7 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
                 errors,
             }
         })?;
+    metrics.resolve_rules(&config);
     metrics.record_config_load_with(
         true,
         &format!("loaded at start-up: {} domain(s)", config.domains().count()),
