@@ -64,9 +64,9 @@
 //! the cache answers per bucket, below the planner, and those answers are also counted per
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 //!
-//! One file per concern: [`rules`] (per-rule series, resolved once per limits load),
-//! [`requests`], [`store`], [`loads`] (limits and TLS), [`connections`], [`leases`];
-//! [`labels`] holds the label sets.
+//! One file per concern: `metrics/rules.rs` (per-rule series, resolved once per limits
+//! load), `requests.rs`, `store.rs`, `loads.rs` (limits and TLS), `connections.rs`,
+//! `leases.rs`; `labels.rs` holds the label sets.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

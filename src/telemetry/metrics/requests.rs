@@ -3,8 +3,8 @@
 //! count: [`crate::service::Decider`] holds the bound), and the reference's call and
 //! domain-not-found stats.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +29,9 @@ pub(super) struct RequestMetrics {
     /// `floodgate_domain_requests_total`; a request with a tally reaches its domain's series
     /// through the tally's rule handles ([`super::rules`]).
     pub(super) domain: Family<DomainLabels, Counter>,
+    /// The `_unknown` domain's series of `domain`, by [`RequestResult::index`], each taken
+    /// from the family when first counted.
+    pub(super) unknown_domain: [OnceLock<Counter>; 5],
     pub(super) global_shadow_mode: Counter,
     shaped: Family<DomainLabels, Counter>,
     shaped_delay: Histogram,
@@ -49,6 +52,7 @@ impl RequestMetrics {
             duration: RequestResult::ALL
                 .map(|r| request_duration.get_or_create(&result_labels(r)).clone()),
             domain: Family::default(),
+            unknown_domain: Default::default(),
             global_shadow_mode: Counter::default(),
             shaped: Family::default(),
             // 100 µs … ~52 s: a shaped request waits at most max_wait, at most 60 s.

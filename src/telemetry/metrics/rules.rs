@@ -261,9 +261,15 @@ impl Metrics {
             }),
             result: result.label(),
         };
-        match rule {
+        let cell = match (rule, &outcome.domain) {
             // The domain's series, reached through one of its rules' handles.
-            Some(rule) => rule.domain_requests[result.index()]
+            (Some(rule), _) => Some(&rule.domain_requests[result.index()]),
+            // Every unknown domain is one series: a flood of made-up domains takes no lock.
+            (None, None) => Some(&self.requests.unknown_domain[result.index()]),
+            (None, Some(_)) => None,
+        };
+        match cell {
+            Some(cell) => cell
                 .get_or_init(|| self.requests.domain.get_or_create_owned(&labels()))
                 .inc(),
             None => self.requests.domain.get_or_create(&labels()).inc(),
