@@ -32,9 +32,9 @@ use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstCodec;
 use tower::{Layer, Service};
 
-use crate::metrics::RequestResult;
 use crate::service::{Decider, Reached};
 use crate::store::shed::within_deadline;
+use crate::telemetry::metrics::RequestResult;
 
 /// The path prefix of the rate-limit service's calls.
 const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";

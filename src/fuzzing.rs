@@ -23,11 +23,11 @@ use crate::bucket::{BucketKey, KeyValue, MAX_COMPONENT};
 use crate::clock::ManualClock;
 use crate::config::{Config, Defaults};
 use crate::limiter::Algorithm;
-use crate::metrics::Metrics;
 use crate::plan::{HeaderOptions, PlanOptions};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response::Code};
 use crate::service::{Decider, RequestError};
 use crate::store::MemoryStore;
+use crate::telemetry::metrics::Metrics;
 
 /// The limits the `request` and `json` targets plan against: small, but with every matching
 /// feature (exact values, wildcards, `share_threshold`, nesting, `replaces`, `unlimited`,

@@ -8,7 +8,7 @@
 //!   for OVER_LIMIT, `400` for a malformed body or invalid request, `503` if the store failed
 //!   or `--max-in-flight` requests are already being answered.
 //!   Turned off by `--json-endpoint=false` (then 404).
-//! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::metrics`]).
+//! - `GET /metrics`: Prometheus/OpenMetrics text (see [`crate::telemetry::metrics`]).
 //! - `GET /rlconfig`: the limits in force, one line per limit.
 //! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
@@ -44,7 +44,7 @@ use crate::proto::common::{
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
 use crate::service::{Decider, EntryPoint, RequestError};
-use crate::statsd::Stats;
+use crate::telemetry::statsd::Stats;
 
 /// What the HTTP handlers share.
 #[derive(Clone)]

@@ -13,8 +13,10 @@
 //!                                                     │ 4. plan::Plan::respond (statuses, codes, headers)
 //!                                                     │ 5. hold, if a max_wait limit admitted it
 //!                                                     │    with a delay (refunded if the client leaves)
-//!                                                     └─▶ metrics (Prometheus; statsd),
-//!                                                         otel (spans, when tracing is on)
+//!                                                     └─▶ telemetry: each tally adds to its
+//!                                                         rule's handles, resolved when the
+//!                                                         limits loaded (Prometheus; statsd);
+//!                                                         spans, when tracing is on (otel)
 //! ```
 //!
 //! # The modules, top to bottom
@@ -57,13 +59,13 @@
 //!   answers, the all-or-nothing rule every store applies).
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
-//! - [`metrics`]: Prometheus metrics, and the reference's statsd stats recorded beside them.
-//! - [`statsd`]: sends the reference's statsd stats from a background task, and exposes
-//!   them as the reference's Prometheus series (its default mapping, or a statsd_exporter
-//!   mapping file).
+//! - [`telemetry`]: what the server tells its operators: Prometheus metrics
+//!   ([`telemetry::metrics`], each rule's series resolved once per limits load), the
+//!   reference's statsd stats, sent from a background task and exposed as the reference's
+//!   Prometheus series ([`telemetry::statsd`]), and OpenTelemetry traces ([`telemetry::otel`],
+//!   off by default: a server span per request, joined to the caller's `traceparent` / B3
+//!   trace, a child span per store call, exported over OTLP).
 //! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
-//! - [`otel`]: OpenTelemetry traces (off by default): a server span per request, joined to
-//!   the caller's `traceparent` / B3 trace, a child span per store call, exported over OTLP.
 //! - [`clock`], [`proto`]: time; the generated RLS v3 types.
 //!
 //! `fuzzing` (hidden, not API; built only for the fuzz targets, `--cfg fuzzing`, and the
@@ -82,8 +84,6 @@ pub mod fuzzing;
 pub mod http;
 pub mod limiter;
 pub mod listen;
-pub mod metrics;
-pub mod otel;
 pub mod outcome;
 pub mod plan;
 pub mod proto;
@@ -91,5 +91,5 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
-pub mod statsd;
 pub mod store;
+pub mod telemetry;

@@ -45,7 +45,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 
-use crate::metrics::{Metrics, Port};
+use crate::telemetry::metrics::{Metrics, Port};
 
 mod calls;
 mod opening;

@@ -33,13 +33,13 @@ use crate::console::ConsoleOptions;
 use crate::http::{self, AdminState, NotReady, Readiness};
 use crate::listen::tls::{GrpcTls, TlsError};
 use crate::listen::{Admission, CallsLayer, ConnectionLimits, CountAdminCalls, PortBound};
-use crate::metrics::Port;
-use crate::otel::TraceError;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{Decider, RlsService};
 use crate::settings::BoundsSettings;
 use crate::store::{FailurePolicy, Store};
+use crate::telemetry::metrics::Port;
+use crate::telemetry::otel::TraceError;
 
 pub mod compose;
 pub mod health;
@@ -311,7 +311,9 @@ pub async fn serve(components: Components) -> Result<(), ServerError> {
     }
     // Spans of the drained requests are still queued: export them before the process exits.
     if let Some(traces) = &components.traces {
-        traces.shutdown(crate::otel::FLUSH_DEADLINE).await;
+        traces
+            .shutdown(crate::telemetry::otel::FLUSH_DEADLINE)
+            .await;
     }
     served?;
     tracing::info!("floodgate stopped");

@@ -15,7 +15,7 @@
 //! so streams that never send one count too.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -25,14 +25,14 @@ use tonic::{Request, Response, Status};
 use crate::bucket::{Applied, BucketOp};
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
-use crate::metrics::{Metrics, RequestResult, ShapedEnd};
-use crate::otel::{RequestSpan, Traces};
 use crate::plan::{InvalidRequest, Plan, PlanOptions};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
 };
 use crate::store::{Store, StoreError};
+use crate::telemetry::metrics::{Metrics, RequestResult, ShapedEnd};
+use crate::telemetry::otel::{RequestSpan, Traces};
 
 /// Why a ShouldRateLimit call failed.
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +68,8 @@ impl From<RequestError> for Status {
 /// The response header of a request a `max_wait` limit held: how long, in ms (rounded up).
 pub const DELAYED_HEADER: &str = "x-ratelimit-delayed-ms";
 
-/// The largest `--max-in-flight` (tokio's semaphore bound, kept when the bound became the
-/// in-flight gauge): no practical limit.
+/// The largest `--max-in-flight` (tokio's semaphore bound, kept when the bound became one
+/// atomic count): no practical limit.
 pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
 
 /// The shared request path, which decides every request: plan it against the current
@@ -84,10 +84,13 @@ pub struct Decider {
     options: PlanOptions,
     /// Where outcomes are counted.
     metrics: Arc<Metrics>,
-    /// Requests answered at once, at most; the in-flight gauge of `metrics` is the count.
-    /// Why not a semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per
-    /// request than the one atomic the gauge already updates.
+    /// Requests answered at once, at most.
     max_in_flight: usize,
+    /// Requests being answered now (gRPC streams from their first frame): the bound's count,
+    /// shown by `metrics` as `floodgate_requests_in_flight` at each exposition. Why not a
+    /// semaphore: its permit (an `Arc` clone) and its release (a mutex) cost more per request
+    /// than one atomic.
+    in_flight: Arc<AtomicUsize>,
     /// The pod's clock, which names the window of a counter shared with reference pods (the
     /// reference takes it from its own clock, not Redis's).
     clock: Arc<dyn Clock>,
@@ -115,12 +118,15 @@ impl Decider {
         options: PlanOptions,
         metrics: Arc<Metrics>,
     ) -> Decider {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        metrics.mirror_requests_in_flight(Arc::clone(&in_flight));
         Decider {
             config,
             store,
             options,
             metrics,
             max_in_flight: MAX_IN_FLIGHT,
+            in_flight,
             clock: Arc::new(SystemClock),
             traces: None,
             released: watch::Sender::new(false),
@@ -187,17 +193,22 @@ impl Decider {
     /// place is held until the returned guard is dropped; this never waits, so overload never
     /// queues.
     pub fn admit(&self) -> Result<Admitted, RequestError> {
-        // Lossless: max_in_flight is at most MAX_IN_FLIGHT.
-        let max = i64::try_from(self.max_in_flight).unwrap_or(i64::MAX);
-        let Some(in_flight) = self.metrics.try_enter_request(max) else {
+        // One atomic shared by every serving thread: the count never goes above the bound.
+        let max = self.max_in_flight;
+        let entered = self
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            });
+        if entered.is_err() {
             self.metrics.record_request(RequestResult::Overloaded);
             tracing::debug!("overloaded: request refused");
             return Err(RequestError::Overloaded {
                 max_in_flight: self.max_in_flight,
             });
-        };
+        }
         Ok(Admitted {
-            _in_flight: in_flight,
+            in_flight: Arc::clone(&self.in_flight),
         })
     }
 
@@ -243,8 +254,8 @@ impl Decider {
         let started = Instant::now();
         let span = self.traces.as_ref().map(|traces| {
             let name = match entry {
-                EntryPoint::Grpc => crate::otel::GRPC_SPAN,
-                EntryPoint::Json => crate::otel::JSON_SPAN,
+                EntryPoint::Grpc => crate::telemetry::otel::GRPC_SPAN,
+                EntryPoint::Json => crate::telemetry::otel::JSON_SPAN,
             };
             traces.request(name, headers)
         });
@@ -458,7 +469,14 @@ impl Drop for Waiting<'_> {
 /// One of the `max_in_flight` places, held while alive (see [`Decider::admit`]).
 #[derive(Debug)]
 pub struct Admitted {
-    _in_flight: crate::metrics::InFlight,
+    /// The decider's count, given back on drop.
+    in_flight: Arc<AtomicUsize>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The gRPC face of [`Decider`].
@@ -549,3 +567,6 @@ fn jitter_roll() -> u64 {
         z ^ (z >> 31)
     })
 }
+
+#[cfg(test)]
+mod tests;

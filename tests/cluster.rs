@@ -13,11 +13,11 @@ use std::time::Duration;
 use ::redis::cluster_routing::Slot;
 use floodgate::bucket::{BucketKey, KeyValue, hash_tagged_domain};
 use floodgate::limiter::Algorithm;
-use floodgate::metrics::Metrics;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::{FailurePolicy, Resilience, ResilientStore, Store};
+use floodgate::telemetry::metrics::Metrics;
 use support::redis::{CLUSTER_DEADLINE, RedisCluster};
 use support::*;
 

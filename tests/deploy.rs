@@ -612,13 +612,24 @@ fn envoy_gateway_runs_floodgates_image() {
 }
 
 /// The Grafana dashboard is valid JSON and every PromQL expression in it names only series
-/// floodgate serves: the reference's (`floodgate::statsd::prometheus::SERIES`) or its own
-/// (`floodgate_*`, as `src/metrics.rs` registers them).
+/// floodgate serves: the reference's (`floodgate::telemetry::statsd::prometheus::SERIES`) or its own
+/// (`floodgate_*`, as `src/telemetry/metrics*` registers them).
 #[test]
 fn grafana_dashboard_queries_served_series() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&read("deploy/grafana/ratelimit.json")).unwrap();
-    let own = read("src/metrics.rs");
+    let own: String = [
+        "",
+        "/connections",
+        "/leases",
+        "/loads",
+        "/requests",
+        "/rules",
+        "/store",
+    ]
+    .iter()
+    .map(|file| read(&format!("src/telemetry/metrics{file}.rs")))
+    .collect();
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for target in panel["targets"].as_array().into_iter().flatten() {
@@ -641,8 +652,8 @@ fn grafana_dashboard_queries_served_series() {
             if name.starts_with("ratelimit_") {
                 reference += 1;
                 assert!(
-                    floodgate::statsd::prometheus::SERIES.contains(&base)
-                        || floodgate::statsd::prometheus::SERIES.contains(&name),
+                    floodgate::telemetry::statsd::prometheus::SERIES.contains(&base)
+                        || floodgate::telemetry::statsd::prometheus::SERIES.contains(&name),
                     "{name} in {expr}"
                 );
             } else {

@@ -254,7 +254,7 @@ async fn start_tuned(tuning: Tuning) -> TestServer {
         floodgate::clock::ManualClock::new(START_US),
     )));
     TestServer::with(LIMITS)
-        .store(store, floodgate::metrics::Metrics::shared())
+        .store(store, floodgate::telemetry::metrics::Metrics::shared())
         .tuning(tuning)
         .start()
         .await

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::clock::SystemClock;
-use floodgate::metrics::Metrics;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::store::redis::{RedisSettings, RedisStore};
 use floodgate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use floodgate::telemetry::metrics::Metrics;
 use support::http::call;
 use support::process::Floodgate;
 use support::redis::RedisServer;

@@ -7,10 +7,10 @@ mod support;
 
 use std::sync::Arc;
 
-use floodgate::metrics::Metrics;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::store::redis::RedisStore;
+use floodgate::telemetry::metrics::Metrics;
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::redis::sentinel::{MASTER_NAME, SentinelSetup, info_field, poll};

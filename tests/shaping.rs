@@ -19,11 +19,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate::clock::SystemClock;
-use floodgate::metrics::Metrics;
 use floodgate::proto::rls::RateLimitResponse;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::store::redis::RedisStore;
 use floodgate::store::{MemoryStore, Store};
+use floodgate::telemetry::metrics::Metrics;
 use support::redis::RedisServer;
 use support::*;
 

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use floodgate::bucket::{Applied, BucketOp};
 use floodgate::clock::ManualClock;
-use floodgate::metrics::Metrics;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::store::{MemoryStore, Store, StoreError};
+use floodgate::telemetry::metrics::Metrics;
 use support::*;
 use tokio::sync::Notify;
 

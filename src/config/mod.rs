@@ -95,6 +95,23 @@ pub struct Config {
     domains: BTreeMap<String, Domain>,
 }
 
+/// Telemetry resolves every configured rule's series handles before the configuration is
+/// swapped in ([`crate::telemetry::metrics::Metrics::resolve_rules`]).
+impl crate::outcome::RuleSet for Config {
+    fn each_rule(&self, visit: &mut dyn FnMut(crate::outcome::ConfiguredRule<'_>)) {
+        for domain in self.domains() {
+            for rule in domain.rules() {
+                visit(crate::outcome::ConfiguredRule {
+                    domain: domain.metric_label(),
+                    path: &rule.path,
+                    detailed: rule.detailed_metric,
+                    series: &rule.series,
+                });
+            }
+        }
+    }
+}
+
 impl Config {
     /// Loads a file, or every `*.yaml`/`*.yml` file directly inside a directory (names starting
     /// with `.` skipped, and every skipped file named in the log; symlinks followed, read in

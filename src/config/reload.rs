@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 
 use super::{Config, ConfigErrors, Loader, Source};
 use crate::file_watch::{self, FileWatch, RecursiveMode, WatchError};
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// Watches the limits of `loader` and reloads them into `config` after each change, until the
 /// returned guard is dropped. `on_reload` runs after each successful swap, with the new configuration (the
@@ -82,6 +82,7 @@ impl Reloader {
             Attempt::Loaded(config) => {
                 self.missing = false;
                 let domains = config.domains().count();
+                self.metrics.resolve_rules(&config);
                 self.config.store(Arc::new(config));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 (self.on_reload)(&self.config.load());

@@ -29,12 +29,12 @@ use tonic::transport::Endpoint;
 pub use convert::{rule_count, to_source};
 
 use super::{Config, ConfigError, ConfigErrors, Defaults, LOAD_DEADLINE};
-use crate::metrics::Metrics;
 use crate::proto::discovery::DiscoveryRequest;
 use crate::proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::rls_conf::RateLimitConfig;
+use crate::telemetry::metrics::Metrics;
 
 /// The resource type floodgate subscribes to (the reference's).
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -184,6 +184,7 @@ async fn session(
         let answer = match load(&response.version_info, resources, options).await {
             Ok(loaded) => {
                 let domains = loaded.domains().count();
+                metrics.resolve_rules(&loaded);
                 config.store(Arc::new(loaded));
                 // After the swap: a denial cached under the old limits must not outlive them.
                 on_load(&config.load());

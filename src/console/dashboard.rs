@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConsoleError, ConsoleState};
 use crate::config::{Limit, algorithm_name};
-use crate::metrics::{LoadRecord, RuleCounts};
+use crate::telemetry::metrics::{LoadRecord, RuleCounts};
 
 /// Domains on a page when the page does not ask for fewer.
 pub(super) const MAX_DOMAINS_PER_PAGE: usize = 50;

@@ -11,7 +11,7 @@
 //! it) and no store learns a new operation.
 //!
 //! The dashboard (`GET /`) is one embedded page that polls `GET /console/state`: the limits
-//! in force, each rule's counters (read from [`crate::metrics`] only when polled: the page
+//! in force, each rule's counters (read from [`crate::telemetry::metrics`] only when polled: the page
 //! derives rates from successive reads, so the request path pays nothing when no one
 //! watches), the store's health and the last limits loads.
 //!

@@ -40,7 +40,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::{Admission, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
-use crate::metrics::{HandshakeFailure, Metrics};
+use crate::telemetry::metrics::{HandshakeFailure, Metrics};
 
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;

@@ -21,12 +21,12 @@ use prost_types::Duration;
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey, Undo};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
-use crate::metrics::RuleSeries;
 pub use crate::outcome::{Outcome, Tally, Verdict};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit},
 };
+use crate::telemetry::metrics::RuleSeries;
 
 mod build;
 pub mod headers;

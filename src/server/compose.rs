@@ -21,14 +21,14 @@ use crate::config::{Config, Defaults, Loader, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::listen::tls::GrpcTls;
-use crate::metrics::Metrics;
-use crate::otel::Traces;
 use crate::plan::PlanOptions;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
-use crate::statsd::Mapper;
 use crate::store::lease::LeaseStore;
 use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::otel::Traces;
+use crate::telemetry::statsd::Mapper;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -296,6 +296,7 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
                 errors,
             }
         })?;
+    metrics.resolve_rules(&config);
     metrics.record_config_load_with(
         true,
         &format!("loaded at start-up: {} domain(s)", config.domains().count()),

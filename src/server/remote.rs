@@ -7,13 +7,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::ServerError;
-use crate::metrics::Metrics;
 use crate::settings::ServeSettings;
-use crate::statsd::Sample;
 use crate::store::RemoteStore;
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{PoolCounts, RedisSettings, RedisStore, RedisTls, SentinelSettings};
 use crate::store::split::SplitStore;
+use crate::telemetry::metrics::Metrics;
+use crate::telemetry::statsd::Sample;
 
 /// Where one Redis is and how to reach it: the main one's flags or the per-second one's.
 struct Target<'a> {

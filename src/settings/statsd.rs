@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
-use crate::statsd::{Flavor, Protocol, StatsdConfig, parse_tags};
+use crate::telemetry::statsd::{Flavor, Protocol, StatsdConfig, parse_tags};
 
 /// The statsd transport, as a flag value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

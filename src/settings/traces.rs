@@ -9,7 +9,7 @@
 
 use clap::{Args, ValueEnum};
 
-use crate::otel::{ExportConfig, Transport};
+use crate::telemetry::otel::{ExportConfig, Transport};
 
 /// How spans are sent to the collector.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]

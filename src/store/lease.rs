@@ -68,7 +68,7 @@ use async_trait::async_trait;
 use self::ledger::{Entry, Route, Sizing};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
-use crate::metrics::LeaseMetrics;
+use crate::telemetry::metrics::LeaseMetrics;
 
 pub use ledger::MIN_LEASE;
 

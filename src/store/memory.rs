@@ -35,7 +35,7 @@ use super::{Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, settle};
 use crate::clock::Clock;
 use crate::limiter::{self, State, Tat};
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// Number of shards; a power of two well above the core count keeps lock contention low.
 pub const SHARDS: usize = 64;

@@ -22,7 +22,7 @@ use moka::sync::Cache;
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::View;
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// What is known about one bucket.
 #[derive(Clone, Copy, Debug)]

@@ -36,7 +36,7 @@ use super::shed::Shedder;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::{LimitParams, View};
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// Defects (store errors that are not outages) are logged at most this often: each request
 /// meets the same one, and a log line per request would flood the log.

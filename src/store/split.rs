@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use super::fanout::apply_groups;
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
-use crate::metrics::Metrics;
+use crate::telemetry::metrics::Metrics;
 
 /// The period routed to the per-second store: one second, in microseconds.
 const ONE_SECOND_US: u64 = 1_000_000;

@@ -9,7 +9,7 @@
 //! statsd off, floodgate's own default. floodgate's `--statsd-*` flags win over all of them.
 
 use crate::settings::statsd::{StatsdProtocol, TagList};
-use crate::statsd::parse_tags;
+use crate::telemetry::statsd::parse_tags;
 
 use super::{Mapping, ServeSettings, SettingsError, bad};
 

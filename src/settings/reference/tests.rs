@@ -11,7 +11,7 @@ use clap::{CommandFactory, FromArgMatches};
 use super::*;
 use crate::settings::traces::OtlpProtocol;
 use crate::settings::{Cli, Command};
-use crate::statsd::{Flavor, Protocol};
+use crate::telemetry::statsd::{Flavor, Protocol};
 
 /// Parses `floodgate serve <args>`: the settings and the matches that say where each came from.
 fn serve(args: &[&str]) -> (ServeSettings, ArgMatches) {

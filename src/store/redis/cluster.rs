@@ -32,9 +32,9 @@ use super::redact::{redact_in, redact_url};
 use super::{classify, deadline, script};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
-use crate::metrics::Metrics;
 use crate::store::fanout::apply_groups;
 use crate::store::{RemoteStore, Store, StoreError};
+use crate::telemetry::metrics::Metrics;
 
 /// How to reach a Redis Cluster.
 #[derive(Clone)]

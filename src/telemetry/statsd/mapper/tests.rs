@@ -3,7 +3,7 @@ use super::*;
 /// The mapping file Envoy Gateway mounts at `/etc/statsd-exporter/conf.yaml` (its
 /// `statsd_conf.yaml`: the reference's default mapping without the timer's `scale`).
 pub(crate) const ENVOY_GATEWAY: &str =
-    include_str!("../../../tests/data/envoy-gateway-statsd-conf.yaml");
+    include_str!("../../../../tests/data/envoy-gateway-statsd-conf.yaml");
 
 fn series(mapped: Mapped) -> MappedSeries {
     match mapped {

@@ -244,7 +244,7 @@ fn add_observer(families: &mut BTreeMap<String, Family>, mapped: Mapped) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::statsd::mapper::tests::ENVOY_GATEWAY;
+    use crate::telemetry::statsd::mapper::tests::ENVOY_GATEWAY;
     use std::sync::Arc;
 
     fn mapped(file: &str) -> Stats {

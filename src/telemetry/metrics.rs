@@ -1,0 +1,262 @@
+//! Every metric floodgate exports, with its name and help text, and how it is recorded.
+//!
+//! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
+//! configuration: per-rule series are labelled with the domain and the rule's path from the
+//! limits file (`domain.key_value.key`); request values appear only for rules that opt in with
+//! `detailed_metric` or `value_to_metric`: then one series per distinct value, at most
+//! `--metrics-max-detailed-series` of them (later values count under the rule label
+//! `_overflow`), every label value escaped as the text format requires. Like the reference
+//! server, rule counters add hits, not requests (a request with `hits_addend: 5` adds 5).
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `floodgate_rule_hits_total` | domain, rule | hits evaluated against the rule |
+//! | `floodgate_rule_within_limit_total` | domain, rule | hits the rule admitted |
+//! | `floodgate_rule_over_limit_total` | domain, rule | hits over the rule's limit (a shadow-mode rule's included, as in the reference) |
+//! | `floodgate_rule_shadow_mode_total` | domain, rule | of those, hits a shadow-mode rule would have denied |
+//! | `floodgate_rule_over_limit_local_cache_total` | domain, rule | of the over-limit hits, those denied by the local over-limit cache without a Redis call |
+//! | `floodgate_rule_near_limit_total` | domain, rule | admitted hits above `--near-limit-ratio` × capacity (the reference's near-limit accounting) |
+//! | `floodgate_rule_errors_total` | domain, rule | hits of requests that failed with a store error (counted on the error path only) |
+//! | `floodgate_requests_total` | result | ShouldRateLimit calls by result (`ok`, `over_limit`, `invalid`, `store_error`, `overloaded`) |
+//! | `floodgate_request_duration_seconds` | result | ShouldRateLimit calls (gRPC and `/json`) from the decoded request to the answer, by result (as `floodgate_requests_total`), histogram |
+//! | `floodgate_domain_requests_total` | domain, result | answered calls by configured domain (`_unknown` for any other: clients never choose a label value) and result (`ok`, `over_limit`) |
+//! | `floodgate_store_duration_seconds` | store | time spent in the store per request |
+//! | `floodgate_config_loads_total` | result | limits loads (start-up and reloads) by result (`success`, `error`) |
+//! | `floodgate_config_last_reload_success` | — | 1 if the last limits load succeeded, 0 if it failed (the previous limits stay in force) |
+//! | `floodgate_memory_buckets` | — | buckets held by the memory store |
+//! | `floodgate_memory_evictions_total` | — | buckets the memory store evicted to stay within `--memory-max-buckets` |
+//! | `floodgate_store_errors_total` | kind | failed store calls of requests (`unavailable`: outage; `failed`: defect) |
+//! | `floodgate_store_degraded_total` | policy | requests answered by the failure policy |
+//! | `floodgate_local_decisions_total` | reason | requests decided by this replica's in-memory buckets (`--on-store-error local`) because Redis could not answer: `shed` (the call to Redis was shed), `circuit_open`, `store_error` (the call failed or timed out) |
+//! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
+//! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_global_shadow_mode_total` | — | requests answered OK only because of global shadow mode (the reference's `global_shadow_mode`) |
+//! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
+//! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |
+//! | `floodgate_tls_handshake_failures_total` | reason | gRPC TLS handshakes that failed (`error`: refused, e.g. plaintext or an untrusted client certificate; `timeout`) |
+//! | `floodgate_cluster_refunds_total` | result | Redis Cluster: refunds of a slot group's debits after another group denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
+//! | `floodgate_per_second_refunds_total` | result | `--redis-per-second-*`: refunds of one Redis's debits after the other denied or failed (`ok`, `failed`: the debit stays until the bucket refills) |
+//! | `floodgate_lease_acquired_total` | — | leases taken on hot Redis buckets (docs/leases.md) |
+//! | `floodgate_lease_tokens_total` | — | tokens debited in Redis as leases |
+//! | `floodgate_lease_tokens_returned_total` | — | unspent lease tokens sent back to their bucket |
+//! | `floodgate_lease_return_failures_total` | — | returns of unspent lease tokens that failed (those tokens stay debited until the bucket refills or the window ends) |
+//! | `floodgate_lease_local_answers_total` | — | requests answered from this replica's leases alone, no Redis call |
+//! | `floodgate_local_cache_entries` | — | buckets the local over-limit cache holds (at most `--local-cache-size`) |
+//! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
+//! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
+//! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
+//! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached and every connection had a call in flight |
+//! | `floodgate_connections_evicted_total` | port | idle connections closed to admit a new one because the port's bound was reached |
+//! | `floodgate_connections_handshake_timeouts_total` | port | connections closed because they had not sent their opening (HTTP/2 preface, TLS handshake included; HTTP/1 request line) within the handshake timeout |
+//! | `floodgate_connections_idle_closed_total` | port | connections closed because nothing was read from them for the idle timeout |
+//! | `floodgate_accept_errors_total` | port | failed accepts (e.g. out of file descriptors) |
+//! | `floodgate_rule_series_overflow_total` | — | rule tallies counted under `rule="_overflow"` because `--metrics-max-detailed-series` was reached |
+//! | `floodgate_statsd_dropped_lines_total` | — | statsd lines not sent (host unreachable, timer queue full, stat-name cap reached) |
+//!
+//! When statsd or the reference's Prometheus series are on ([`Metrics::attach_reference_stats`]), the same recording calls also count the
+//! reference's statsd stats ([`crate::telemetry::statsd`]); `docs/observability.md` lists both.
+//!
+//! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
+//! `floodgate_store_available`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
+//! exact, not the value of some earlier tick.
+//!
+//! Over limit from the local cache stays one store-level counter rather than a per-rule one:
+//! the cache answers per bucket, below the planner, and those answers are also counted per
+//! rule in `floodgate_rule_over_limit_total` like any other denial.
+//!
+//! One file per concern: `metrics/rules.rs` (per-rule series, resolved once per limits
+//! load), `requests.rs`, `store.rs`, `loads.rs` (limits and TLS), `connections.rs`,
+//! `leases.rs`; `labels.rs` holds the label sets.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+
+use crate::telemetry::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
+
+mod connections;
+pub mod history;
+mod labels;
+mod leases;
+mod loads;
+mod requests;
+mod rules;
+mod store;
+#[cfg(test)]
+mod tests;
+
+pub use crate::outcome::RuleSeries;
+pub use history::{LoadHistory, LoadRecord};
+pub use labels::{HandshakeFailure, Port, RequestResult, ShapedEnd};
+pub use leases::LeaseMetrics;
+pub use rules::{DEFAULT_MAX_DETAILED_SERIES, OVERFLOW_RULE, RuleCounts, UNKNOWN_DOMAIN};
+
+/// Numbers the registries, for a rule's handles.
+static NEXT_METRICS_ID: AtomicU64 = AtomicU64::new(0);
+
+/// Reads a gauge's value from its source just before an exposition.
+type Sampler = Box<dyn Fn(&Metrics) + Send + Sync>;
+
+/// The registered samplers (a newtype only to be `Debug`).
+#[derive(Default)]
+struct Samplers(Mutex<Vec<Sampler>>);
+
+impl fmt::Debug for Samplers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        write!(f, "Samplers({count})")
+    }
+}
+
+/// The metric registry and handles to every metric, grouped by concern.
+#[derive(Debug)]
+pub struct Metrics {
+    /// Tells this registry's [`RuleSeries`] handles from another's.
+    id: u64,
+    registry: Registry,
+    /// `floodgate_rule_*` ([`rules`]).
+    rules: rules::RuleMetrics,
+    /// ShouldRateLimit calls, per domain, held, in flight ([`requests`]).
+    requests: requests::RequestMetrics,
+    /// The store's time, size, failures, local cache and refunds ([`store`]).
+    store: store::StoreMetrics,
+    /// Limits and TLS certificate loads ([`loads`]).
+    loads: loads::LoadMetrics,
+    /// Connections by port ([`connections`]).
+    connections: connections::ConnectionMetrics,
+    /// The lease layer's counters ([`LeaseMetrics`]).
+    leases: LeaseMetrics,
+    /// Run before every exposition.
+    samplers: Samplers,
+    /// The reference's statsd stats, when they are sent or exposed.
+    statsd: OnceLock<Arc<Stats>>,
+    /// statsd lines not sent.
+    statsd_dropped: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered at zero (in the order of the table above).
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let rules = rules::RuleMetrics::register(&mut registry);
+        let requests = requests::RequestMetrics::register(&mut registry);
+        let store = store::StoreMetrics::register_duration(&mut registry);
+        let loads = loads::LoadMetrics::default();
+        loads::LoadMetrics::register_config(&mut registry, &loads);
+        store.register_rest(&mut registry);
+        requests.register_shadow(&mut registry);
+        loads::LoadMetrics::register_tls(&mut registry, &loads);
+        store.register_refunds(&mut registry);
+        requests.register_shaped(&mut registry);
+        store.register_local_cache(&mut registry);
+        requests.register_in_flight(&mut registry);
+        let connections = connections::ConnectionMetrics::register(&mut registry);
+        rules.register_overflow(&mut registry);
+        let leases = LeaseMetrics::register(&mut registry);
+        let statsd_dropped = Counter::default();
+        registry.register(
+            "floodgate_statsd_dropped_lines",
+            "statsd lines not sent (host unreachable, timer queue full, stat-name cap reached)",
+            statsd_dropped.clone(),
+        );
+        Metrics {
+            id: NEXT_METRICS_ID.fetch_add(1, Ordering::Relaxed),
+            registry,
+            rules,
+            requests,
+            store,
+            loads,
+            connections,
+            leases,
+            samplers: Samplers::default(),
+            statsd: OnceLock::new(),
+            statsd_dropped,
+        }
+    }
+
+    /// Also counts the reference's statsd stats from now on, and starts sending them to
+    /// `statsd` if given (a background task: call inside a Tokio runtime); without it they
+    /// are only counted, for the reference's Prometheus series ([`Metrics::reference_stats`]),
+    /// which `mapper` maps when given (`PROMETHEUS_MAPPER_YAML`). Only the first call has an
+    /// effect.
+    pub fn attach_reference_stats(
+        &self,
+        statsd: Option<StatsdConfig>,
+        mapper: Option<Arc<Mapper>>,
+    ) {
+        let mut stats = Stats::new(statsd, self.statsd_dropped.clone());
+        if let Some(mapper) = mapper {
+            stats = stats.with_mapper(mapper);
+        }
+        let stats = Arc::new(stats);
+        if self.statsd.set(Arc::clone(&stats)).is_ok() {
+            stats.start();
+        }
+    }
+
+    /// The reference's stats, when they are counted.
+    pub fn reference_stats(&self) -> Option<&Arc<Stats>> {
+        self.statsd.get()
+    }
+
+    /// When statsd is on, sends `name` at every flush with the value `read` returns then
+    /// (a source outside the request path: the Redis pool's connection counts).
+    pub fn statsd_sample(
+        &self,
+        name: &str,
+        kind: Sample,
+        read: impl Fn() -> u64 + Send + Sync + 'static,
+    ) {
+        if let Some(stats) = self.statsd.get() {
+            stats.sample(name, kind, read);
+        }
+    }
+
+    fn stat(&self, name: StatName, n: u64) {
+        if let Some(stats) = self.statsd.get() {
+            stats.count(name, n);
+        }
+    }
+
+    /// A shareable registry.
+    pub fn shared() -> Arc<Metrics> {
+        Arc::new(Metrics::new())
+    }
+
+    /// Runs `sampler` before every exposition, to set gauges read from their source (a
+    /// store's size). It must be cheap and must not call [`Metrics::encode`].
+    pub fn sample_before_encode(&self, sampler: impl Fn(&Metrics) + Send + Sync + 'static) {
+        self.samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(sampler));
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        for sampler in self
+            .samplers
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            sampler(self);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}

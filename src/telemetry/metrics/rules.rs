@@ -1,0 +1,469 @@
+//! Per-rule metrics: each rule's hits and verdicts (`floodgate_rule_*`), counted from a
+//! request's [`Outcome`], with the reference's statsd stats of the rule beside them, and the
+//! cap on series that carry request values.
+//!
+//! A configured rule's handles are resolved once per limits load
+//! ([`Metrics::resolve_rules`], which each limits source calls after compiling and before
+//! swapping the configuration in) and kept in the compiled rule's [`RuleSeries`] slot, so
+//! counting a tally is one atomic add per counter: no lock, no hash. Looking a series up in
+//! its family takes the family's lock and hashes both labels; a tally needs two to four
+//! series, plus the reference's statsd counters (a lock and a hash of their own) when those
+//! are on. A reload compiles new rules with new slots; their handles are taken from the same
+//! families, so the counts carry on.
+//!
+//! Tallies whose rule path holds request values (`detailed_metric`, `value_to_metric`) have
+//! no handles: their labels are known only per request, so each looks its series up, at most
+//! `--metrics-max-detailed-series` of them ([`DEFAULT_MAX_DETAILED_SERIES`]); later paths
+//! count under [`OVERFLOW_RULE`].
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use super::Metrics;
+use super::labels::{DomainLabels, LabelText, RequestResult, RuleLabels};
+use crate::outcome::{ConfiguredRule, Outcome, RuleSeries, RuleSet, Tally, Verdict};
+use crate::telemetry::statsd::{RuleCounters, StatName};
+
+/// The `domain` label of requests for a domain no configuration has: clients choose those
+/// names, so they never become label values of their own.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
+
+/// [`UNKNOWN_DOMAIN`] as the label value, made once.
+fn unknown_domain() -> &'static Arc<str> {
+    static UNKNOWN: std::sync::LazyLock<Arc<str>> =
+        std::sync::LazyLock::new(|| Arc::from(UNKNOWN_DOMAIN));
+    &UNKNOWN
+}
+
+/// The `rule` label of the series that `detailed_metric` / `value_to_metric` paths share once
+/// [`Metrics::set_max_detailed_series`] distinct ones exist.
+pub const OVERFLOW_RULE: &str = "_overflow";
+
+/// Default of [`Metrics::set_max_detailed_series`].
+pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
+
+/// The per-rule families and the cap on detailed series.
+#[derive(Debug)]
+pub(super) struct RuleMetrics {
+    hits: Family<RuleLabels, Counter>,
+    within_limit: Family<RuleLabels, Counter>,
+    over_limit: Family<RuleLabels, Counter>,
+    shadow_mode: Family<RuleLabels, Counter>,
+    over_limit_local_cache: Family<RuleLabels, Counter>,
+    near_limit: Family<RuleLabels, Counter>,
+    errors: Family<RuleLabels, Counter>,
+    /// Tallies counted under the overflow series because the cap was reached.
+    detailed_overflow: Counter,
+    /// Distinct detailed rule paths with their own series.
+    detailed_series: AtomicUsize,
+    /// The cap on `detailed_series`.
+    max_detailed_series: AtomicUsize,
+}
+
+impl RuleMetrics {
+    /// The per-rule families, registered in `registry`.
+    pub(super) fn register(registry: &mut Registry) -> RuleMetrics {
+        let rules = RuleMetrics {
+            hits: Family::default(),
+            within_limit: Family::default(),
+            over_limit: Family::default(),
+            shadow_mode: Family::default(),
+            over_limit_local_cache: Family::default(),
+            near_limit: Family::default(),
+            errors: Family::default(),
+            detailed_overflow: Counter::default(),
+            detailed_series: AtomicUsize::new(0),
+            max_detailed_series: AtomicUsize::new(DEFAULT_MAX_DETAILED_SERIES),
+        };
+        registry.register(
+            "floodgate_rule_hits",
+            "Hits evaluated against a rule",
+            rules.hits.clone(),
+        );
+        registry.register(
+            "floodgate_rule_within_limit",
+            "Hits a rule admitted",
+            rules.within_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_over_limit",
+            "Hits over a rule's limit (a shadow-mode rule's included)",
+            rules.over_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_shadow_mode",
+            "Hits a shadow-mode rule would have denied",
+            rules.shadow_mode.clone(),
+        );
+        registry.register(
+            "floodgate_rule_over_limit_local_cache",
+            "Over-limit hits denied by the local over-limit cache, without a Redis call",
+            rules.over_limit_local_cache.clone(),
+        );
+        registry.register(
+            "floodgate_rule_near_limit",
+            "Admitted hits above the near-limit ratio of a rule's capacity",
+            rules.near_limit.clone(),
+        );
+        registry.register(
+            "floodgate_rule_errors",
+            "Hits of requests that failed with a store error",
+            rules.errors.clone(),
+        );
+        rules
+    }
+
+    /// `floodgate_rule_series_overflow_total`, registered in `registry`.
+    pub(super) fn register_overflow(&self, registry: &mut Registry) {
+        let rules = self;
+        registry.register(
+            "floodgate_rule_series_overflow",
+            "Rule tallies with request values counted under the _overflow rule label \
+             because the cap on such series was reached",
+            rules.detailed_overflow.clone(),
+        );
+    }
+
+    /// Whether one more detailed series may be created; counts an overflow if not.
+    fn admit_detailed_series(&self) -> bool {
+        let max = self.max_detailed_series.load(Ordering::Relaxed);
+        let admitted = self
+            .detailed_series
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.detailed_overflow.inc();
+        }
+        admitted
+    }
+}
+
+/// The handles of one rule's series in one [`Metrics`], resolved when the rule's limits
+/// load (or, for a configuration no limits source resolved, on the rule's first tally).
+pub(super) struct RuleHandles {
+    /// The [`Metrics`] they belong to ([`Metrics::id`]): another registry (tests make many)
+    /// looks its series up.
+    metrics: u64,
+    /// The labels they were resolved for: a tally whose labels differ (a rule shared by two
+    /// configurations' domains) looks its series up.
+    domain: Arc<str>,
+    rule: Arc<str>,
+    /// Each series, taken from its family when it first counts.
+    hits: OnceLock<Counter>,
+    within_limit: OnceLock<Counter>,
+    over_limit: OnceLock<Counter>,
+    shadow_mode: OnceLock<Counter>,
+    over_limit_local_cache: OnceLock<Counter>,
+    near_limit: OnceLock<Counter>,
+    /// The reference's statsd counters of the rule path: resolved with the handles when the
+    /// stats are on (and the name cap admits the path), else on the first tally that finds
+    /// them on.
+    statsd: OnceLock<Arc<RuleCounters>>,
+    /// `floodgate_domain_requests_total` of the rule's domain, by [`RequestResult::index`]:
+    /// a request with a tally reaches its domain's series through the tally's rule.
+    domain_requests: [OnceLock<Counter>; 5],
+}
+
+impl RuleHandles {
+    /// The handles of `rule` in `domain`, in `metrics`.
+    fn new(metrics: &Metrics, domain: &Arc<str>, rule: &Arc<str>) -> RuleHandles {
+        let statsd = OnceLock::new();
+        if let Some(counters) = metrics.statsd.get().and_then(|stats| stats.rule(rule)) {
+            let _ = statsd.set(counters);
+        }
+        RuleHandles {
+            metrics: metrics.id,
+            domain: Arc::clone(domain),
+            rule: Arc::clone(rule),
+            hits: OnceLock::new(),
+            within_limit: OnceLock::new(),
+            over_limit: OnceLock::new(),
+            shadow_mode: OnceLock::new(),
+            over_limit_local_cache: OnceLock::new(),
+            near_limit: OnceLock::new(),
+            statsd,
+            domain_requests: Default::default(),
+        }
+    }
+
+    /// The reference's statsd counters these handles hold, if resolved.
+    #[cfg(test)]
+    pub(super) fn statsd(&self) -> Option<&Arc<RuleCounters>> {
+        self.statsd.get()
+    }
+
+    /// Whether these handles are the series of `domain`/`rule` in the registry `metrics`.
+    fn serves(&self, metrics: u64, domain: &Arc<str>, rule: &Arc<str>) -> bool {
+        let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || **a == **b;
+        self.metrics == metrics && same(&self.domain, domain) && same(&self.rule, rule)
+    }
+}
+
+impl Metrics {
+    /// Resolves the handles of every configured rule of `rules` in this registry, so that
+    /// requests count them with atomic adds alone. Each limits source calls it on a freshly
+    /// compiled configuration, before swapping it in; the handles live in the compiled rules
+    /// and go with them.
+    pub fn resolve_rules(&self, rules: &dyn RuleSet) {
+        rules.each_rule(&mut |rule: ConfiguredRule<'_>| {
+            // A rule counted only under request values never counts its configured path.
+            if !rule.detailed {
+                self.handles_in(rule.series, rule.domain, rule.path);
+            }
+        });
+    }
+
+    /// The handles in `series` for `domain`/`rule` in this registry, resolved now if no
+    /// limits source resolved them; `None` where they belong to another registry or label.
+    fn handles_in<'s>(
+        &self,
+        series: &'s RuleSeries,
+        domain: &Arc<str>,
+        rule: &Arc<str>,
+    ) -> Option<&'s RuleHandles> {
+        let handles = series
+            .slot()
+            .get_or_init(|| Box::new(RuleHandles::new(self, domain, rule)));
+        // Only this module fills the slot, always with `RuleHandles`.
+        let handles = handles.downcast_ref::<RuleHandles>()?;
+        handles.serves(self.id, domain, rule).then_some(handles)
+    }
+
+    /// The handles of `tally`'s rule in this registry; `None` for a tally that must look its
+    /// series up (its path holds request values, or see [`RuleHandles`]).
+    fn handles<'t>(&self, domain: &Arc<str>, tally: &'t Tally) -> Option<&'t RuleHandles> {
+        match &tally.series {
+            Some(series) if !tally.detailed => self.handles_in(series, domain, &tally.rule),
+            _ => None,
+        }
+    }
+
+    /// Counts a planned request's per-rule verdicts and its result.
+    pub fn record_outcome(&self, outcome: &Outcome, result: RequestResult) {
+        // Tallies exist only for a configured domain.
+        let mut rule = None;
+        if let Some(domain) = &outcome.domain {
+            for tally in &outcome.tallies {
+                rule = self.record_tally(domain, tally).or(rule);
+            }
+        }
+        let labels = || DomainLabels {
+            domain: LabelText(match &outcome.domain {
+                Some(domain) => Arc::clone(domain),
+                // Shared, not allocated per request: every unknown domain is this one label.
+                None => Arc::clone(unknown_domain()),
+            }),
+            result: result.label(),
+        };
+        let cell = match (rule, &outcome.domain) {
+            // The domain's series, reached through one of its rules' handles.
+            (Some(rule), _) => Some(&rule.domain_requests[result.index()]),
+            // Every unknown domain is one series: a flood of made-up domains takes no lock.
+            (None, None) => Some(&self.requests.unknown_domain[result.index()]),
+            (None, Some(_)) => None,
+        };
+        match cell {
+            Some(cell) => cell
+                .get_or_init(|| self.requests.domain.get_or_create_owned(&labels()))
+                .inc(),
+            None => self.requests.domain.get_or_create(&labels()).inc(),
+        };
+        if outcome.shadowed {
+            self.requests.global_shadow_mode.inc();
+            self.stat(StatName::GlobalShadowMode, 1);
+        }
+        self.record_request(result);
+    }
+
+    /// Counts one tally: with its rule's handles when it has them ([`RuleSeries`]), else
+    /// by looking each series up. Returns the handles used.
+    ///
+    /// With handles, each counter is one atomic add (its series is taken from its family
+    /// the first time it counts, so the exposition shows what a lookup would create).
+    pub(super) fn record_tally<'t>(
+        &self,
+        domain: &Arc<str>,
+        tally: &'t Tally,
+    ) -> Option<&'t RuleHandles> {
+        let Some(resolved) = self.handles(domain, tally) else {
+            self.look_up_tally(domain, tally);
+            return None;
+        };
+        if let Some(stats) = self.statsd.get() {
+            let counters = match resolved.statsd.get() {
+                Some(counters) => Some(counters),
+                // Past the name cap nothing is kept: each tally asks (and counts its drop).
+                None => stats
+                    .rule(&tally.rule)
+                    .map(|counters| resolved.statsd.get_or_init(|| counters)),
+            };
+            if let Some(counters) = counters {
+                record_stat_tally(counters, tally);
+            }
+        }
+        let labels = || RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(&tally.rule)),
+        };
+        let add = |cell: &OnceLock<Counter>, family: &Family<RuleLabels, Counter>, n: u64| {
+            cell.get_or_init(|| family.get_or_create_owned(&labels()))
+                .inc_by(n);
+        };
+        add(&resolved.hits, &self.rules.hits, tally.hits);
+        match tally.verdict {
+            Verdict::WithinLimit => {
+                add(&resolved.within_limit, &self.rules.within_limit, tally.hits)
+            }
+            Verdict::OverLimit | Verdict::ShadowOverLimit => {
+                add(&resolved.over_limit, &self.rules.over_limit, tally.hits)
+            }
+        }
+        if tally.verdict == Verdict::ShadowOverLimit {
+            add(&resolved.shadow_mode, &self.rules.shadow_mode, tally.hits);
+        }
+        if tally.local_cache && tally.verdict != Verdict::WithinLimit {
+            add(
+                &resolved.over_limit_local_cache,
+                &self.rules.over_limit_local_cache,
+                tally.hits,
+            );
+        }
+        if tally.near_limit > 0 {
+            add(
+                &resolved.near_limit,
+                &self.rules.near_limit,
+                tally.near_limit,
+            );
+        }
+        Some(resolved)
+    }
+
+    /// [`Metrics::record_tally`] for a tally without handles (a path with request
+    /// values, or a rule resolved in another registry): each series looked up in its family.
+    fn look_up_tally(&self, domain: &Arc<str>, tally: &Tally) {
+        if let Some(counters) = self.statsd.get().and_then(|stats| stats.rule(&tally.rule)) {
+            record_stat_tally(&counters, tally);
+        }
+        let labels = self.rule_labels(domain, &tally.rule, tally.detailed);
+        self.rules.hits.get_or_create(&labels).inc_by(tally.hits);
+        let family = match tally.verdict {
+            Verdict::WithinLimit => &self.rules.within_limit,
+            Verdict::OverLimit | Verdict::ShadowOverLimit => &self.rules.over_limit,
+        };
+        family.get_or_create(&labels).inc_by(tally.hits);
+        if tally.verdict == Verdict::ShadowOverLimit {
+            self.rules
+                .shadow_mode
+                .get_or_create(&labels)
+                .inc_by(tally.hits);
+        }
+        if tally.local_cache && tally.verdict != Verdict::WithinLimit {
+            self.rules
+                .over_limit_local_cache
+                .get_or_create(&labels)
+                .inc_by(tally.hits);
+        }
+        if tally.near_limit > 0 {
+            self.rules
+                .near_limit
+                .get_or_create(&labels)
+                .inc_by(tally.near_limit);
+        }
+    }
+
+    fn rule_labels(&self, domain: &Arc<str>, rule: &Arc<str>, detailed: bool) -> RuleLabels {
+        let mut labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        if detailed && self.rules.hits.get(&labels).is_none() && !self.rules.admit_detailed_series()
+        {
+            labels.rule = LabelText(Arc::from(OVERFLOW_RULE));
+        }
+        labels
+    }
+
+    /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
+    /// each matched rule's path, whether it holds request values, and its hits). Only the
+    /// error path calls it.
+    pub fn record_rule_errors<'a>(
+        &self,
+        domain: &Arc<str>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64)>,
+    ) {
+        for (rule, detailed, hits) in rules {
+            let labels = self.rule_labels(domain, rule, detailed);
+            self.rules.errors.get_or_create(&labels).inc_by(hits);
+        }
+    }
+
+    /// The counters of `rule` in `domain` (zero for a series never recorded). Read per
+    /// configured rule when the console asks, so the request path does no extra work.
+    pub fn rule_counts(&self, domain: &Arc<str>, rule: &Arc<str>) -> RuleCounts {
+        let labels = RuleLabels {
+            domain: LabelText(Arc::clone(domain)),
+            rule: LabelText(Arc::clone(rule)),
+        };
+        let read =
+            |family: &Family<RuleLabels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        RuleCounts {
+            hits: read(&self.rules.hits),
+            within_limit: read(&self.rules.within_limit),
+            over_limit: read(&self.rules.over_limit),
+            shadow_mode: read(&self.rules.shadow_mode),
+            errors: read(&self.rules.errors),
+        }
+    }
+
+    /// Caps the distinct rule series that carry request values (`detailed_metric`,
+    /// `value_to_metric`); past it, such tallies count under the rule label
+    /// [`OVERFLOW_RULE`] and in `floodgate_rule_series_overflow_total`.
+    pub fn set_max_detailed_series(&self, max: usize) {
+        self.rules.max_detailed_series.store(max, Ordering::Relaxed);
+    }
+}
+
+/// A rule's counters, read by the operator console (which derives rates from them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RuleCounts {
+    /// Hits evaluated (`floodgate_rule_hits_total`).
+    pub hits: u64,
+    /// Hits admitted.
+    pub within_limit: u64,
+    /// Hits over the limit (a shadow-mode rule's included).
+    pub over_limit: u64,
+    /// Hits a shadow-mode rule would have denied.
+    pub shadow_mode: u64,
+    /// Hits of requests that failed with a store error.
+    pub errors: u64,
+}
+
+/// Counts a tally in the rule's statsd counters, as the reference's base limiter does: every
+/// hit in `total_hits`; admitted ones in `within_limit` (and `near_limit`); denied ones in
+/// `over_limit` (and `over_limit_with_local_cache`), a shadow-mode rule's also in
+/// `shadow_mode`. The same rules as the Prometheus rule counters.
+fn record_stat_tally(counters: &RuleCounters, tally: &Tally) {
+    let add = |counter: &AtomicU64, n: u64| {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    };
+    add(&counters.total_hits, tally.hits);
+    match tally.verdict {
+        Verdict::WithinLimit => add(&counters.within_limit, tally.hits),
+        Verdict::OverLimit | Verdict::ShadowOverLimit => add(&counters.over_limit, tally.hits),
+    }
+    if tally.verdict == Verdict::ShadowOverLimit {
+        add(&counters.shadow_mode, tally.hits);
+    }
+    if tally.local_cache && tally.verdict != Verdict::WithinLimit {
+        add(&counters.over_limit_with_local_cache, tally.hits);
+    }
+    add(&counters.near_limit, tally.near_limit);
+}

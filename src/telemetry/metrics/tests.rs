@@ -1,0 +1,213 @@
+//! Unit tests of the metrics: label escaping and the detailed-series cap, and rule handles
+//! against lookups.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::outcome::{ConfiguredRule, Outcome, RuleSet, Tally, Verdict};
+use rules::RuleHandles;
+
+fn tally(rule: &str, detailed: bool) -> Tally {
+    Tally {
+        rule: rule.into(),
+        detailed,
+        hits: 1,
+        verdict: Verdict::WithinLimit,
+        near_limit: 0,
+        local_cache: false,
+        series: None,
+    }
+}
+
+/// Request bytes in a label value are escaped; past the cap, paths with request values
+/// share the overflow series (counted), while configured paths are never capped.
+#[test]
+fn detailed_labels_are_escaped_and_capped() {
+    let metrics = Metrics::new();
+    metrics.set_max_detailed_series(2);
+    let domain: Arc<str> = "d".into();
+    for rule in ["d.user_a\"b", "d.user_x\ny", "d.user_back\\", "d.user_more"] {
+        metrics.record_tally(&domain, &tally(rule, true));
+    }
+    // Seen before the cap: still its own series.
+    metrics.record_tally(&domain, &tally("d.user_a\"b", true));
+    metrics.record_tally(&domain, &tally("d.k", false));
+    let text = metrics.encode();
+    assert!(text.contains(r#"rule="d.user_a\"b"} 2"#), "{text}");
+    assert!(text.contains(r#"rule="d.user_x\ny""#), "{text}");
+    assert!(text.contains(r#"rule="_overflow"} 2"#), "{text}");
+    assert!(text.contains(r#"rule="d.k""#), "{text}");
+    assert!(!text.contains("d.user_back"), "{text}");
+    assert!(
+        text.contains("floodgate_rule_series_overflow_total 2"),
+        "{text}"
+    );
+}
+
+/// The exposition's lines, sorted: a family's series come in its hash map's order, which
+/// differs between registries.
+fn lines(metrics: &Metrics) -> Vec<String> {
+    let mut lines: Vec<String> = metrics.encode().lines().map(str::to_owned).collect();
+    lines.sort();
+    lines
+}
+
+/// Counting through a rule's handles exports byte for byte what looking each series up
+/// exports (a series appears when first counted, not when the rule is resolved), and a
+/// rule resolved in one registry or for one domain label still counts the right series
+/// in another.
+#[test]
+fn rule_handles_export_what_lookups_export() {
+    let series = RuleSeries::default();
+    let domain: Arc<str> = "d".into();
+    let tallies = [
+        (Verdict::WithinLimit, 0, false),
+        (Verdict::WithinLimit, 1, false),
+        (Verdict::OverLimit, 0, true),
+        (Verdict::ShadowOverLimit, 0, false),
+    ];
+    let (handles, lookups) = (Metrics::new(), Metrics::new());
+    for (i, (verdict, near_limit, local_cache)) in tallies.into_iter().enumerate() {
+        let tally = |series: Option<RuleSeries>| Tally {
+            verdict,
+            near_limit,
+            local_cache,
+            hits: 2,
+            series,
+            ..tally("d.k", false)
+        };
+        handles.record_tally(&domain, &tally(Some(series.clone())));
+        lookups.record_tally(&domain, &tally(None));
+        assert_eq!(lines(&handles), lines(&lookups), "after tally {i}");
+    }
+    let outcome = |series: Option<RuleSeries>| Outcome {
+        response: Default::default(),
+        over: false,
+        domain: Some(Arc::clone(&domain)),
+        tallies: vec![Tally {
+            series,
+            ..tally("d.k", false)
+        }],
+        shadowed: false,
+    };
+    for result in [
+        RequestResult::Ok,
+        RequestResult::OverLimit,
+        RequestResult::Ok,
+    ] {
+        handles.record_outcome(&outcome(Some(series.clone())), result);
+        lookups.record_outcome(&outcome(None), result);
+    }
+    assert_eq!(lines(&handles), lines(&lookups));
+    // The same rule counted in another registry, and under another domain label.
+    let other = Metrics::new();
+    other.record_tally(
+        &domain,
+        &Tally {
+            series: Some(series.clone()),
+            ..tally("d.k", false)
+        },
+    );
+    handles.record_tally(
+        &"e".into(),
+        &Tally {
+            series: Some(series.clone()),
+            ..tally("d.k", false)
+        },
+    );
+    let text = other.encode();
+    assert!(
+        text.contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 1"#),
+        "{text}"
+    );
+    let text = handles.encode();
+    assert!(
+        text.contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 11"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"floodgate_rule_hits_total{domain="e",rule="d.k"} 1"#),
+        "{text}"
+    );
+}
+
+/// Rules as a compiled configuration shows them: (domain, path, detailed_metric, slot).
+struct Rules(Vec<(Arc<str>, Arc<str>, bool, RuleSeries)>);
+
+impl RuleSet for Rules {
+    fn each_rule(&self, visit: &mut dyn FnMut(ConfiguredRule<'_>)) {
+        for (domain, path, detailed, series) in &self.0 {
+            visit(ConfiguredRule {
+                domain,
+                path,
+                detailed: *detailed,
+                series,
+            });
+        }
+    }
+}
+
+/// The handles in `series`, if they were resolved.
+fn handles(series: &RuleSeries) -> Option<&RuleHandles> {
+    series.slot().get()?.downcast_ref::<RuleHandles>()
+}
+
+/// Loading limits resolves each configured rule's handles, the reference's statsd counters
+/// included, so a request for the rule resolves nothing new: it counts through the very
+/// handles the load made. Series still appear only once counted, and a rule counted only
+/// under request values gets none.
+#[test]
+fn rules_are_resolved_when_limits_load() {
+    let metrics = Metrics::new();
+    metrics.attach_reference_stats(None, None);
+    let domain: Arc<str> = "d".into();
+    let rules = Rules(vec![
+        (
+            Arc::clone(&domain),
+            "d.k".into(),
+            false,
+            RuleSeries::default(),
+        ),
+        (
+            Arc::clone(&domain),
+            "d.user".into(),
+            true,
+            RuleSeries::default(),
+        ),
+    ]);
+    metrics.resolve_rules(&rules);
+    let (plain, detailed) = (&rules.0[0].3, &rules.0[1].3);
+    assert!(
+        handles(detailed).is_none(),
+        "a detailed rule has no handles"
+    );
+    let resolved = handles(plain).expect("resolved at load");
+    let stats = metrics.reference_stats().expect("attached");
+    let counters = resolved.statsd().expect("statsd counters resolved at load");
+    assert!(Arc::ptr_eq(counters, &stats.rule(&"d.k".into()).unwrap()));
+    assert!(!metrics.encode().contains("floodgate_rule_hits_total{"));
+
+    let tally = Tally {
+        hits: 3,
+        series: Some(plain.clone()),
+        ..tally("d.k", false)
+    };
+    let used = metrics
+        .record_tally(&domain, &tally)
+        .expect("counted by handles");
+    assert!(
+        std::ptr::eq(used, resolved),
+        "the load's handles, not new ones"
+    );
+    assert_eq!(
+        counters
+            .total_hits
+            .load(std::sync::atomic::Ordering::Relaxed),
+        3
+    );
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 3"#)
+    );
+}
