@@ -1,5 +1,5 @@
 //! Watching files for hot reload: the limits ([`crate::config::reload`]) and the gRPC TLS
-//! certificates ([`crate::listen::tls`]) are both loaded again, off the request path, when what they
+//! certificates ([`crate::transport::tls`]) are both loaded again, off the request path, when what they
 //! read from disk changes.
 //!
 //! [`spawn`] watches a set of paths and, after a burst of file-system events has settled, runs

@@ -36,9 +36,9 @@
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
-//! - [`listen`]: admits connections on both ports: a bound per port (the longest-idle
+//! - [`transport`]: admits connections on both ports: a bound per port (the longest-idle
 //!   connection makes way for a new one), those that do not open in time or fall silent closed; the
-//!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
+//!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`transport::tls`]).
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -81,7 +81,6 @@ pub mod file_watch;
 pub mod fuzzing;
 pub mod http;
 pub mod limiter;
-pub mod listen;
 pub mod metrics;
 pub mod otel;
 pub mod outcome;
@@ -93,3 +92,4 @@ pub mod service;
 pub mod settings;
 pub mod statsd;
 pub mod store;
+pub mod transport;

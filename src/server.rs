@@ -3,13 +3,13 @@
 //!
 //! [`run`] is the serving loop: it takes already-bound listeners, a limiter and a shutdown
 //! future, so tests bind `127.0.0.1:0` and never sleep. gRPC is plaintext or TLS
-//! ([`crate::listen::tls`]) over the same tonic server: only the stream of incoming
+//! ([`crate::transport::tls`]) over the same tonic server: only the stream of incoming
 //! connections differs. [`serve`] is what `floodgate serve` does with the [`Components`]
 //! that [`compose`] (the composition root) built from the settings: bind, log the addresses,
 //! start the watchers of the limits (unless `--watch-config=false`) and of the TLS files
 //! (when TLS is on), and run until SIGTERM or SIGINT.
 //!
-//! gRPC listens on a TCP address or a unix socket ([`listener`]); what health reports is
+//! gRPC listens on a TCP address or a unix socket ([`crate::transport::bind`]); what health reports is
 //! [`health`]'s; which Redis (or two: per-second limits apart) is `remote`'s.
 //!
 //! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), requests a
@@ -31,8 +31,6 @@ use crate::admission::AdmissionLayer;
 use crate::config::ConfigErrors;
 use crate::console::ConsoleOptions;
 use crate::http::{self, AdminState, NotReady, Readiness};
-use crate::listen::tls::{GrpcTls, TlsError};
-use crate::listen::{Admission, CallsLayer, ConnectionLimits, CountAdminCalls, PortBound};
 use crate::metrics::Port;
 use crate::otel::TraceError;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
@@ -40,17 +38,17 @@ use crate::runtime;
 use crate::service::{Decider, RlsService};
 use crate::settings::BoundsSettings;
 use crate::store::{FailurePolicy, Store};
+use crate::transport::tls::{GrpcTls, TlsError};
+use crate::transport::{Admission, CallsLayer, ConnectionLimits, CountAdminCalls, PortBound};
 
 pub mod compose;
 pub mod health;
-pub mod listener;
 mod remote;
 mod xds;
 
+use crate::transport::bind::{Aged, GrpcListener, TcpListeners};
 pub use compose::{Components, assemble};
 use compose::{Following, follow_xds, watch_limits, watch_tls};
-pub use listener::GrpcListener;
-use listener::{Aged, TcpListeners};
 
 /// How often a Redis behind an open circuit breaker is probed.
 const PROBE_INTERVAL: Duration = Duration::from_millis(250);
@@ -199,7 +197,7 @@ impl Bounds {
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
 pub async fn serve(components: Components) -> Result<(), ServerError> {
     let settings = &components.settings;
-    let open_files = crate::listen::raise_fd_limit();
+    let open_files = crate::transport::raise_fd_limit();
     let bounds = Bounds::from_settings(&settings.bounds);
     let wanted = bounds.grpc.max_connections + bounds.http.max_connections;
     match open_files {
@@ -544,7 +542,7 @@ pub async fn run(
             let http_server = axum::serve(
                 http,
                 CountAdminCalls(
-                    admin.into_make_service_with_connect_info::<crate::listen::PeerAddr>(),
+                    admin.into_make_service_with_connect_info::<crate::transport::PeerAddr>(),
                 ),
             )
             .with_graceful_shutdown(stopped(stop_rx));

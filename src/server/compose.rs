@@ -20,7 +20,6 @@ use crate::config::reload;
 use crate::config::{Config, Defaults, Loader, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
-use crate::listen::tls::GrpcTls;
 use crate::metrics::Metrics;
 use crate::otel::Traces;
 use crate::plan::PlanOptions;
@@ -29,6 +28,7 @@ use crate::settings::ServeSettings;
 use crate::statsd::Mapper;
 use crate::store::lease::LeaseStore;
 use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
+use crate::transport::tls::GrpcTls;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied

@@ -47,6 +47,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::metrics::{Metrics, Port};
 
+pub mod bind;
 mod calls;
 mod opening;
 mod places;
@@ -250,7 +251,7 @@ impl axum::serve::Listener for Admission {
 /// On a TLS port it wraps the TLS stream (the handshake runs on the bare socket under the
 /// same place and deadline, [`tls`]), so that it sees the HTTP/2 preface in the clear.
 ///
-/// Not the same job as [`Aged`](crate::server::listener::Aged), though both fail a
+/// Not the same job as [`Aged`](bind::Aged), though both fail a
 /// connection's I/O on a timer: this one measures *silence* and the opening (every byte read
 /// moves the silence deadline on), on connections of every TCP port, and owns the
 /// connection's place under the port's bound; `Aged` measures *age* since accept, busy or

@@ -131,7 +131,7 @@ impl GrpcListener {
 
 /// A connection that fails once `lifetime` has passed since it was accepted (none: never).
 ///
-/// Not the same job as [`Guarded`](crate::listen::Guarded), though both fail a connection's
+/// Not the same job as [`Guarded`](crate::transport::Guarded), though both fail a connection's
 /// I/O on a timer: this one cuts a gRPC connection at a fixed *age* (its maximum age plus
 /// grace), however busy, failing writes as well as reads, on TCP and unix sockets alike;
 /// `Guarded` closes a connection of any TCP port after a *silence* (reset by every read), or
