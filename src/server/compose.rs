@@ -1,11 +1,11 @@
 //! The composition root: everything `floodgate serve` runs, built from its settings before
 //! any port is bound ([`assemble`] → [`Components`]): the limits (loaded from files, or none
 //! until an xDS control plane pushes them), the store (memory, or Redis behind its failure
-//! policy), gRPC TLS, traces, the admin token, and the limiter over them; then, while
+//! policy), gRPC TLS, traces, the admin token, and the decider over them; then, while
 //! serving, the watchers that keep them current (limits files or the xDS client, TLS files).
 //!
 //! [`super::serve`] binds and serves the components; [`super::run`] is the serving loop
-//! itself, for callers (tests) that build their own limiter.
+//! itself, for callers (tests) that build their own decider.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -70,8 +70,8 @@ impl RunOptions {
 /// Everything `floodgate serve` runs, built and validated before any port is bound.
 pub struct Components {
     /// The request path.
-    pub limiter: Arc<Decider>,
-    /// The limits in force, shared with the limiter; hot reload swaps them.
+    pub decider: Arc<Decider>,
+    /// The limits in force, shared with the decider; hot reload swaps them.
     pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
@@ -244,7 +244,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         None => AdminToken::none(),
     };
     let config = Arc::new(ArcSwap::from_pointee(config));
-    let limiter = Arc::new(
+    let decider = Arc::new(
         Decider::new(
             config.clone(),
             store,
@@ -268,7 +268,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     );
     Ok(Components {
         traces,
-        limiter,
+        decider,
         config,
         memory,
         redis,
@@ -409,7 +409,7 @@ pub(super) fn watch_limits(components: &Components) -> Option<FileWatch> {
     match reload::spawn(
         loader,
         components.config.clone(),
-        components.limiter.metrics().clone(),
+        components.decider.metrics().clone(),
         on_reload,
     ) {
         Ok(watch) => Some(watch),
@@ -461,7 +461,7 @@ pub(super) fn follow_xds(
     AbortOnDrop(crate::config::xds::spawn(
         options,
         components.config.clone(),
-        components.limiter.metrics().clone(),
+        components.decider.metrics().clone(),
         on_load,
     ))
 }

@@ -1,25 +1,16 @@
-//! Where gRPC listens — a TCP address or a unix domain socket (the reference's `GRPC_UDS`) —
-//! and [`Aged`], which cuts a connection that outlived its maximum age and grace.
+//! Where gRPC listens: a TCP address, one `SO_REUSEPORT` listener per serving thread
+//! ([`TcpListeners`], [`crate::runtime`]), or a unix domain socket (the reference's
+//! `GRPC_UDS`, [`UnixSocket`]).
 //!
-//! tonic sends HTTP/2 `GOAWAY` once a connection reaches its maximum age, and the client then
-//! finishes its calls and moves to a new connection. What tonic cannot do together with that
-//! is the grace (`GRPC_MAX_CONNECTION_AGE_GRACE`): its own grace option replaces the GOAWAY by
-//! a hard close. So the grace is enforced here, below HTTP/2: after age + grace the
-//! connection's reads and writes fail, and the server drops it.
+//! Place in the flow: first. The listeners bound here are handed to the server, which accepts
+//! from them through an [`Acceptor`](super::Acceptor) (TCP) or wraps each unix connection
+//! [`Guarded::unbounded`](super::Guarded::unbounded) for its age cut.
 
-use std::future::Future;
 use std::io;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Duration;
-
 use std::net::SocketAddr;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::path::{Path, PathBuf};
 
 use tokio::net::{TcpListener, TcpSocket, UnixListener};
-use tokio::time::Sleep;
-use tonic::transport::server::Connected;
 
 /// The gRPC listener.
 #[derive(Debug)]
@@ -129,106 +120,6 @@ impl GrpcListener {
     }
 }
 
-/// A connection that fails once `lifetime` has passed since it was accepted (none: never).
-///
-/// Not the same job as [`Guarded`](crate::transport::Guarded), though both fail a connection's
-/// I/O on a timer: this one cuts a gRPC connection at a fixed *age* (its maximum age plus
-/// grace), however busy, failing writes as well as reads, on TCP and unix sockets alike;
-/// `Guarded` closes a connection of any TCP port after a *silence* (reset by every read), or
-/// when it has not opened in time or must make way for a new one, and holds its place under
-/// the port's connection bound.
-#[derive(Debug)]
-pub struct Aged<T> {
-    inner: T,
-    /// When the connection is cut.
-    cut: Option<Pin<Box<Sleep>>>,
-}
-
-impl<T> Aged<T> {
-    /// Wraps a connection accepted now.
-    pub fn new(inner: T, lifetime: Option<Duration>) -> Aged<T> {
-        Aged {
-            inner,
-            cut: lifetime.map(|lifetime| Box::pin(tokio::time::sleep(lifetime))),
-        }
-    }
-
-    /// Whether the lifetime is over; if not, registers for a wake-up when it is.
-    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        self.cut
-            .as_mut()
-            .is_some_and(|cut| cut.as_mut().poll(cx).is_ready())
-    }
-}
-
-fn cut() -> io::Error {
-    io::Error::new(
-        io::ErrorKind::TimedOut,
-        "gRPC connection outlived its maximum age and grace",
-    )
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Aged<T> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        // HTTP/2 always has a read pending, so the timer's wake-up lands here.
-        if this.expired(cx) {
-            return Poll::Ready(Err(cut()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Aged<T> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.expired(cx) {
-            return Poll::Ready(Err(cut()));
-        }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        if this.expired(cx) {
-            return Poll::Ready(Err(cut()));
-        }
-        Pin::new(&mut this.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-impl<T: Connected> Connected for Aged<T> {
-    type ConnectInfo = T::ConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,26 +136,6 @@ mod tests {
         for extra in &listeners.extra {
             assert_eq!(extra.local_addr().unwrap(), addr);
         }
-    }
-
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// A connection works until its lifetime is over, then fails; without one it never does.
-    #[tokio::test]
-    async fn an_aged_connection_is_cut() {
-        let (mut client, server) = tokio::io::duplex(64);
-        // Long enough that a loaded machine still reads before the lifetime ends (the read
-        // right below must succeed); the test waits it out once.
-        let mut aged = Aged::new(server, Some(Duration::from_secs(1)));
-        client.write_all(b"hi").await.unwrap();
-        let mut buf = [0; 2];
-        aged.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"hi");
-        // A read pending when the lifetime ends fails then, without any traffic.
-        let error = aged.read(&mut buf).await.unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
-        assert!(aged.write(b"x").await.is_err());
-        assert!(Aged::new(client, None).cut.is_none());
     }
 
     /// A stale socket file is replaced; the file is removed when the listener goes.
