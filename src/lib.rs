@@ -24,7 +24,7 @@
 //! Each module uses only the modules on its own line or below it, never in a circle
 //! (`tests/layering.rs` checks it; `docs/architecture.md` explains the rules).
 //!
-//! - [`server`]: the composition root ([`server::compose`]: the store, the limiter and the
+//! - [`server`]: the composition root ([`server::compose`]: the store, the decider and the
 //!   watchers, built from the settings) and the serving loop: binds gRPC (TCP or a unix
 //!   socket) and HTTP, serves health and reflection, shuts down gracefully.
 //! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
@@ -38,9 +38,11 @@
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
-//! - [`listen`]: admits connections on both ports: a bound per port (the longest-idle
-//!   connection makes way for a new one), those that do not open in time or fall silent closed; the
-//!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
+//! - [`transport`]: connections on every port: binds the listeners (TCP, `SO_REUSEPORT`, the
+//!   gRPC unix socket), accepts within a bound per port (the longest-idle connection makes way
+//!   for a new one), and wraps each connection once, with one timer for its deadlines (the
+//!   handshake and idle timeouts, the gRPC age cut); the gRPC port's optional TLS / mutual
+//!   TLS, certificates reloaded from disk ([`transport::tls`]).
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -66,6 +68,8 @@
 //!   off by default: a server span per request, joined to the caller's `traceparent` / B3
 //!   trace, a child span per store call, exported over OTLP).
 //! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
+//! - [`pem`]: TLS material from PEM files (certificate chains, CA bundles, private keys),
+//!   checked when read, and the one TLS error type of the gRPC port, Redis and the xDS client.
 //! - [`clock`], [`proto`]: time; the generated RLS v3 types.
 //!
 //! `fuzzing` (hidden, not API; built only for the fuzz targets, `--cfg fuzzing`, and the
@@ -83,8 +87,8 @@ pub mod file_watch;
 pub mod fuzzing;
 pub mod http;
 pub mod limiter;
-pub mod listen;
 pub mod outcome;
+pub mod pem;
 pub mod plan;
 pub mod proto;
 pub mod runtime;
@@ -93,3 +97,4 @@ pub mod service;
 pub mod settings;
 pub mod store;
 pub mod telemetry;
+pub mod transport;

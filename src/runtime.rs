@@ -18,7 +18,7 @@
 //!
 //! The first listener is served on the runtime that calls [`crate::server::run`] (which also
 //! runs the admin HTTP server and the background tasks); each further one
-//! ([`crate::server::listener::TcpListeners`]) gets a thread from [`spawn_runtime_thread`].
+//! ([`crate::transport::TcpListeners`]) gets a thread from [`spawn_runtime_thread`].
 //! A unix socket (`--grpc-uds`) is served by the first thread alone.
 
 use std::future::Future;

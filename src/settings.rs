@@ -505,8 +505,8 @@ pub struct GrpcTlsSettings {
 
 impl GrpcTlsSettings {
     /// The files to serve TLS from; `None`: plaintext gRPC.
-    pub fn files(&self) -> Option<crate::listen::tls::TlsFiles> {
-        Some(crate::listen::tls::TlsFiles {
+    pub fn files(&self) -> Option<crate::transport::tls::TlsFiles> {
+        Some(crate::transport::tls::TlsFiles {
             cert: self.grpc_tls_cert_file.clone()?,
             key: self.grpc_tls_key_file.clone()?,
             client_ca: self.grpc_tls_client_ca_file.clone(),

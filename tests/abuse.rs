@@ -308,7 +308,7 @@ async fn idle_connections_make_way_for_a_new_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_connections_past_the_default_bound_make_way() {
     // The test's own 1,100 sockets, past a shell's usual soft limit of 1,024.
-    let open_files = floodgate::listen::raise_fd_limit().unwrap_or(0);
+    let open_files = floodgate::transport::raise_fd_limit().unwrap_or(0);
     assert!(
         open_files >= 1_200,
         "this test needs 1,200 open files; the hard limit allows {open_files}"

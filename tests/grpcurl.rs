@@ -6,7 +6,7 @@ mod support;
 use std::path::PathBuf;
 use std::process::Command;
 
-use floodgate::listen::tls::TlsFiles;
+use floodgate::transport::tls::TlsFiles;
 use serde_json::Value;
 use support::TestServer;
 use support::certs::Ca;

@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use floodgate::listen::tls::TlsFiles;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
+use floodgate::transport::tls::TlsFiles;
 use support::certs::{Ca, Leaf};
 use support::process::Floodgate;
 use support::volume::Volume;

@@ -38,12 +38,12 @@ use tokio::sync::Semaphore;
 use crate::bucket::BucketOp;
 use crate::config::algorithm_name;
 use crate::limiter::{Algorithm, LimitParams};
-use crate::listen::PeerAddr;
 use crate::plan::Plan;
 use crate::proto::common::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use crate::proto::rls::RateLimitRequest;
 use crate::service::Decider;
 use crate::store::{ResilientStore, Store, StoreError};
+use crate::transport::PeerAddr;
 
 pub mod client;
 mod dashboard;

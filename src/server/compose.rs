@@ -1,11 +1,11 @@
 //! The composition root: everything `floodgate serve` runs, built from its settings before
 //! any port is bound ([`assemble`] → [`Components`]): the limits (loaded from files, or none
 //! until an xDS control plane pushes them), the store (memory, or Redis behind its failure
-//! policy), gRPC TLS, traces, the admin token, and the limiter over them; then, while
+//! policy), gRPC TLS, traces, the admin token, and the decider over them; then, while
 //! serving, the watchers that keep them current (limits files or the xDS client, TLS files).
 //!
 //! [`super::serve`] binds and serves the components; [`super::run`] is the serving loop
-//! itself, for callers (tests) that build their own limiter.
+//! itself, for callers (tests) that build their own decider.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -20,7 +20,6 @@ use crate::config::reload;
 use crate::config::{Config, Defaults, Loader, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
-use crate::listen::tls::GrpcTls;
 use crate::plan::PlanOptions;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
@@ -29,6 +28,7 @@ use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, Resilien
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::Traces;
 use crate::telemetry::statsd::Mapper;
+use crate::transport::tls::GrpcTls;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
 /// overload some call always succeeds within this; a dead or frozen Redis gives none. (Tied
@@ -70,8 +70,8 @@ impl RunOptions {
 /// Everything `floodgate serve` runs, built and validated before any port is bound.
 pub struct Components {
     /// The request path.
-    pub limiter: Arc<Decider>,
-    /// The limits in force, shared with the limiter; hot reload swaps them.
+    pub decider: Arc<Decider>,
+    /// The limits in force, shared with the decider; hot reload swaps them.
     pub config: Arc<ArcSwap<Config>>,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
@@ -244,7 +244,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         None => AdminToken::none(),
     };
     let config = Arc::new(ArcSwap::from_pointee(config));
-    let limiter = Arc::new(
+    let decider = Arc::new(
         Decider::new(
             config.clone(),
             store,
@@ -268,7 +268,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     );
     Ok(Components {
         traces,
-        limiter,
+        decider,
         config,
         memory,
         redis,
@@ -410,7 +410,7 @@ pub(super) fn watch_limits(components: &Components) -> Option<FileWatch> {
     match reload::spawn(
         loader,
         components.config.clone(),
-        components.limiter.metrics().clone(),
+        components.decider.metrics().clone(),
         on_reload,
     ) {
         Ok(watch) => Some(watch),
@@ -462,7 +462,7 @@ pub(super) fn follow_xds(
     AbortOnDrop(crate::config::xds::spawn(
         options,
         components.config.clone(),
-        components.limiter.metrics().clone(),
+        components.decider.metrics().clone(),
         on_load,
     ))
 }

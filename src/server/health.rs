@@ -14,7 +14,9 @@
 use std::sync::Arc;
 
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::server::HealthReporter;
 
 use crate::http::{NotReady, Readiness};
@@ -115,6 +117,47 @@ pub async fn mirror(
             () = store.changed() => {}
             () = limits.changed() => {}
         }
+    }
+}
+
+/// Health as the server reports it while serving: the gRPC health reporter, `/healthcheck`'s
+/// readiness, and the task mirroring the components into both (when one is followed).
+pub(super) struct Reporting {
+    reporter: HealthReporter,
+    /// What `/healthcheck` answers.
+    pub(super) serving: Arc<Readiness>,
+    mirror: Option<JoinHandle<()>>,
+}
+
+impl Reporting {
+    /// Publishes the components' health now and follows it from then on; the gRPC health
+    /// service that reports it.
+    pub(super) async fn start(
+        store: Option<watch::Receiver<bool>>,
+        limits: Option<watch::Receiver<bool>>,
+    ) -> (Reporting, HealthServer<impl Health>) {
+        let (reporter, service) = tonic_health::server::health_reporter();
+        let initially = initially_serving(store.as_ref(), limits.as_ref());
+        let serving = Arc::new(Readiness::new(initially));
+        publish(&reporter, &serving, initially).await;
+        let mirror = (store.is_some() || limits.is_some())
+            .then(|| tokio::spawn(mirror(store, limits, reporter.clone(), serving.clone())));
+        let reporting = Reporting {
+            reporter,
+            serving,
+            mirror,
+        };
+        (reporting, service)
+    }
+
+    /// NOT_SERVING for good: shutdown has begun.
+    pub(super) async fn shutting_down(self) {
+        if let Some(mirror) = self.mirror {
+            // Stop mirroring first, or a late store update could report SERVING again.
+            mirror.abort();
+            let _ = mirror.await;
+        }
+        publish(&self.reporter, &self.serving, Err(NotReady::ShuttingDown)).await;
     }
 }
 

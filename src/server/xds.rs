@@ -1,5 +1,6 @@
-//! The xDS config source's connection, built from settings: the endpoint (TLS, timeouts),
-//! the node, the extra headers and the backoff handed to [`crate::config::xds`].
+//! The xDS config source's connection, built from settings: the endpoint (TLS, its files
+//! read and checked by [`crate::pem`]; timeouts), the node, the extra headers and the backoff
+//! handed to [`crate::config::xds`].
 
 use std::str::FromStr;
 
@@ -10,6 +11,7 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use super::ServerError;
 use crate::config::Defaults;
 use crate::config::xds::{Backoff, XdsOptions};
+use crate::pem::{self, FileRole, Tls};
 use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
 use crate::settings::xds::{XdsSettings, parse_pairs};
 
@@ -40,26 +42,18 @@ pub(super) fn options(
     if tls {
         let mut config = ClientTlsConfig::new();
         if let Some(ca) = &settings.xds_tls_ca {
-            let pem = std::fs::read(ca)
-                .map_err(|e| bad(format!("cannot read CA {}: {e}", ca.display())))?;
-            config = config.ca_certificate(Certificate::from_pem(pem));
+            let ca = pem::certificates(Tls::Xds, FileRole::Ca, ca)?;
+            config = config.ca_certificate(Certificate::from_pem(ca.pem));
         }
         if let Some(san) = &settings.xds_tls_san {
             config = config.domain_name(san.clone());
         }
-        match (&settings.xds_tls_cert, &settings.xds_tls_key) {
-            (Some(cert), Some(key)) => {
-                let read = |p: &std::path::Path| {
-                    std::fs::read(p).map_err(|e| bad(format!("cannot read {}: {e}", p.display())))
-                };
-                config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
-            }
-            (None, None) => {}
-            _ => {
-                return Err(bad(
-                    "a client certificate needs its key, and a key its certificate".into(),
-                ));
-            }
+        let (cert, key) = (
+            settings.xds_tls_cert.as_deref(),
+            settings.xds_tls_key.as_deref(),
+        );
+        if let Some((cert, key)) = pem::client_pair(Tls::Xds, cert, key)? {
+            config = config.identity(Identity::from_pem(cert.pem, key.pem));
         }
         endpoint = endpoint
             .tls_config(config)

@@ -18,10 +18,10 @@ use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tower::{Layer, Service};
 
 use super::places::{Activity, Call};
-use super::{Admission, GuardedInfo};
+use super::{Acceptor, GuardedInfo};
 
-/// Counts every gRPC call on its connection's activity (connections that are not guarded,
-/// such as a unix socket's, are not counted: they have no bound).
+/// Counts every gRPC call on its connection's activity (connections with no bound, such as
+/// a unix socket's, are not counted).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CallsLayer;
 
@@ -67,11 +67,11 @@ where
 fn activity(extensions: &http::Extensions) -> Option<&Arc<Activity>> {
     extensions
         .get::<GuardedInfo<TcpConnectInfo>>()
-        .map(|info| &info.activity)
+        .and_then(|info| info.activity.as_ref())
         .or_else(|| {
             extensions
                 .get::<GuardedInfo<TlsConnectInfo<TcpConnectInfo>>>()
-                .map(|info| &info.activity)
+                .and_then(|info| info.activity.as_ref())
         })
 }
 
@@ -91,13 +91,13 @@ impl<F: Future + Unpin> Future for Counted<F> {
 }
 
 /// Wraps an axum make-service (a `Router`, or one with connect info) so that every request on
-/// an admitted connection counts as a call on it: `axum::serve(admission, CountAdminCalls(app))`.
+/// an accepted connection counts as a call on it: `axum::serve(acceptor, CountAdminCalls(app))`.
 #[derive(Clone, Debug)]
 pub struct CountAdminCalls<M>(pub M);
 
-impl<'a, M, S> Service<axum::serve::IncomingStream<'a, Admission>> for CountAdminCalls<M>
+impl<'a, M, S> Service<axum::serve::IncomingStream<'a, Acceptor>> for CountAdminCalls<M>
 where
-    M: Service<axum::serve::IncomingStream<'a, Admission>, Response = S, Error = Infallible>,
+    M: Service<axum::serve::IncomingStream<'a, Acceptor>, Response = S, Error = Infallible>,
     // axum's make-services are ready at once (`std::future::Ready`).
     M::Future: Unpin,
 {
@@ -109,8 +109,8 @@ where
         self.0.poll_ready(cx)
     }
 
-    fn call(&mut self, stream: axum::serve::IncomingStream<'a, Admission>) -> Self::Future {
-        let activity = Some(stream.io().activity().clone());
+    fn call(&mut self, stream: axum::serve::IncomingStream<'a, Acceptor>) -> Self::Future {
+        let activity = stream.io().activity().cloned();
         Made {
             made: self.0.call(stream),
             activity,
@@ -136,10 +136,7 @@ where
         let Poll::Ready(made) = Pin::new(&mut this.made).poll(cx) else {
             return Poll::Pending;
         };
-        let Some(activity) = this.activity.take() else {
-            // Polled again after it was ready: a defect of the caller, as for any future.
-            return Poll::Pending;
-        };
+        let activity = this.activity.take();
         Poll::Ready(made.map(|inner| ConnectionCalls { inner, activity }))
     }
 }
@@ -148,7 +145,8 @@ where
 #[derive(Clone, Debug)]
 pub struct ConnectionCalls<S> {
     inner: S,
-    activity: Arc<Activity>,
+    /// Every connection an [`Acceptor`] accepts has one.
+    activity: Option<Arc<Activity>>,
 }
 
 impl<S, B> Service<http::Request<B>> for ConnectionCalls<S>
@@ -165,7 +163,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         Counted {
-            _call: Some(self.activity.begin_call()),
+            _call: self.activity.as_ref().map(Activity::begin_call),
             future: Box::pin(self.inner.call(request)),
         }
     }

@@ -24,12 +24,10 @@
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use rustls::pki_types::pem::{self, PemObject};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use tokio::net::TcpStream;
@@ -38,9 +36,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::{Admission, Guarded};
+use super::connection::Abandoned;
+use super::{Acceptor, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
 use crate::telemetry::metrics::{HandshakeFailure, Metrics};
+use crate::pem::{self, FileRole, Tls, TlsError};
 
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;
@@ -57,25 +57,6 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// PEM CA certificates client certificates must chain to; `Some` turns on mutual TLS.
     pub client_ca: Option<PathBuf>,
-}
-
-/// Why a TLS file cannot be used.
-#[derive(Debug, thiserror::Error)]
-#[error("{}: {reason}", path.display())]
-pub struct TlsError {
-    /// The file at fault.
-    pub path: PathBuf,
-    /// What is wrong with it.
-    pub reason: String,
-}
-
-impl TlsError {
-    fn new(path: &Path, reason: impl fmt::Display) -> TlsError {
-        TlsError {
-            path: path.to_path_buf(),
-            reason: reason.to_string(),
-        }
-    }
 }
 
 /// TLS on the gRPC port: the configuration in force, and where it comes from. Clones share it.
@@ -149,11 +130,11 @@ impl GrpcTls {
         Ok(watch)
     }
 
-    /// The TLS connections admitted by `listener` (its connection bound and handshake timeout
+    /// The TLS connections accepted by `listener` (its connection bound and handshake timeout
     /// cover the TLS handshake too), for tonic's `serve_with_incoming_shutdown`. Accepting stops
     /// (and the listener is closed) once the stream is dropped, which tonic does when
     /// shutdown begins.
-    pub fn incoming(&self, listener: Admission) -> ReceiverStream<io::Result<Connection>> {
+    pub fn incoming(&self, listener: Acceptor) -> ReceiverStream<io::Result<Connection>> {
         let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
         tokio::spawn(accept_loop(listener, self.clone(), tx));
         ReceiverStream::new(rx)
@@ -165,24 +146,20 @@ impl GrpcTls {
         // The configuration current now serves this whole connection.
         let acceptor = TlsAcceptor::from(self.config.load_full());
         let (tcp, guard) = stream.into_parts();
-        let due = guard.opening_due();
-        let accepted = tokio::select! {
-            accepted = tokio::time::timeout_at(due, acceptor.accept(tcp)) => accepted,
-            () = guard.activity().closing() => {
-                tracing::debug!(%peer, "TLS handshake abandoned to admit a new connection");
-                return None;
-            }
-        };
-        let failure = match accepted {
+        let failure = match guard.opening(acceptor.accept(tcp)).await {
             Ok(Ok(tls)) => return Some(Guarded::from_parts(tls, guard)),
             Ok(Err(e)) => {
                 tracing::debug!(%peer, error = %e, "TLS handshake failed");
                 HandshakeFailure::Error
             }
-            Err(_) => {
+            // Counted in floodgate_connections_handshake_timeouts_total by the guard.
+            Err(Abandoned::TimedOut) => {
                 tracing::debug!(%peer, "TLS handshake not done within the handshake timeout");
-                guard.record_handshake_timeout();
                 HandshakeFailure::Timeout
+            }
+            Err(Abandoned::Evicted) => {
+                tracing::debug!(%peer, "TLS handshake abandoned to admit a new connection");
+                return None;
             }
         };
         self.metrics.record_tls_handshake_failure(failure);
@@ -193,12 +170,12 @@ impl GrpcTls {
 /// Accepts connections and hands each to its own handshake task, until `tx`'s receiver is
 /// gone (the server stopped accepting).
 async fn accept_loop(
-    mut listener: Admission,
+    mut listener: Acceptor,
     tls: GrpcTls,
     tx: mpsc::Sender<io::Result<Connection>>,
 ) {
     loop {
-        // Accept errors are paused after and logged by the admission itself.
+        // Accept errors are paused after and logged by the acceptor itself.
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => accepted,
             () = tx.closed() => return,
@@ -216,51 +193,35 @@ async fn accept_loop(
 /// Builds the rustls configuration from the files; the error names the file at fault.
 fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let certs = certificates(&files.cert)?;
-    let key_pem = read(&files.key)?;
-    let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| match e {
-        pem::Error::NoItemsFound => TlsError::new(&files.key, "no PEM private key found"),
-        e => TlsError::new(&files.key, e),
-    })?;
+    let certs = pem::certificates(Tls::Grpc, FileRole::Cert, &files.cert)?.certs;
+    let key = pem::private_key(Tls::Grpc, &files.key)?.key;
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::new(&files.cert, e))?;
+        .map_err(|e| TlsError::invalid(Tls::Grpc, FileRole::Cert, &files.cert, e))?;
     let builder = match &files.client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
+            let invalid = |reason: String| TlsError::invalid(Tls::Grpc, FileRole::Ca, ca, reason);
             let mut roots = RootCertStore::empty();
-            for cert in certificates(ca)? {
+            for cert in pem::certificates(Tls::Grpc, FileRole::Ca, ca)?.certs {
                 roots
                     .add(cert)
-                    .map_err(|e| TlsError::new(ca, format!("not a usable CA certificate: {e}")))?;
+                    .map_err(|e| invalid(format!("not a usable CA certificate: {e}")))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .build()
-                .map_err(|e| TlsError::new(ca, e))?;
+                .map_err(|e| invalid(e.to_string()))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config = builder.with_single_cert(certs, key).map_err(|e| {
-        TlsError::new(
+        TlsError::invalid(
+            Tls::Grpc,
+            FileRole::Key,
             &files.key,
             format!("cannot be used with {}: {e}", files.cert.display()),
         )
     })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
-}
-
-/// Every PEM certificate in `path`; at least one.
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(&read(path)?)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::new(path, e))?;
-    if certs.is_empty() {
-        return Err(TlsError::new(path, "no PEM certificate found"));
-    }
-    Ok(certs)
-}
-
-fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|e| TlsError::new(path, e))
 }

@@ -2,7 +2,7 @@
 //! them have a call in flight, and, when every place is taken, which connection has been idle
 //! longest, so that it can be closed to admit the new one.
 //!
-//! Place in the flow: [`super::Admission`] takes a [`Place`] for every accepted connection
+//! Place in the flow: [`super::Acceptor`] takes a [`Place`] for every accepted connection
 //! ([`Places::take`]); the connection's [`super::Guarded`] holds it until the connection is
 //! dropped. The HTTP layers above count each call on the place's [`Activity`]
 //! ([`super::calls`]): a gRPC stream from its HEADERS until its response, an admin request
