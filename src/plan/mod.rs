@@ -243,18 +243,18 @@ impl<'c> Plan<'c> {
         self.domain.as_ref()
     }
 
-    /// Each matched limit's rule (path, whether it holds request values, hits asked): what
-    /// metrics count per rule when the store fails and there is no outcome to tally.
-    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64)> {
+    /// Each matched limit's rule (path, whether it holds request values, hits asked, the
+    /// configured rule's series handles): what metrics count per rule when the store fails
+    /// and there is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64, Option<&RuleSeries>)> {
         let mut rules = Vec::new();
         for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
             if let DescriptorPlan::Limited(limits, _) = descriptor {
                 let hits = u64::try_from(cost).unwrap_or(0);
-                rules.extend(
-                    limits
-                        .iter()
-                        .map(|limit| (&limit.rule.path, limit.rule.detailed, hits)),
-                );
+                rules.extend(limits.iter().map(|limit| {
+                    let rule = &limit.rule;
+                    (&rule.path, rule.detailed, hits, rule.series.as_ref())
+                }));
             }
         }
         rules

@@ -161,6 +161,7 @@ pub(super) struct RuleHandles {
     shadow_mode: OnceLock<Counter>,
     over_limit_local_cache: OnceLock<Counter>,
     near_limit: OnceLock<Counter>,
+    errors: OnceLock<Counter>,
     /// The reference's statsd counters of the rule path: resolved with the handles when the
     /// stats are on (and the name cap admits the path), else on the first tally that finds
     /// them on.
@@ -187,6 +188,7 @@ impl RuleHandles {
             shadow_mode: OnceLock::new(),
             over_limit_local_cache: OnceLock::new(),
             near_limit: OnceLock::new(),
+            errors: OnceLock::new(),
             statsd,
             domain_requests: Default::default(),
         }
@@ -196,6 +198,12 @@ impl RuleHandles {
     #[cfg(test)]
     pub(super) fn statsd(&self) -> Option<&Arc<RuleCounters>> {
         self.statsd.get()
+    }
+
+    /// What the error counter these handles hold has counted, if it was taken.
+    #[cfg(test)]
+    pub(super) fn errors_counted(&self) -> Option<u64> {
+        self.errors.get().map(Counter::get)
     }
 
     /// Whether these handles are the series of `domain`/`rule` in the registry `metrics`.
@@ -390,16 +398,34 @@ impl Metrics {
     }
 
     /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
-    /// each matched rule's path, whether it holds request values, and its hits). Only the
-    /// error path calls it.
+    /// each matched rule's path, whether it holds request values, its hits, and the
+    /// configured rule's handles where the path is the configured one). Only the error path
+    /// calls it, but during a store outage that is every request: configured rules count
+    /// through their handles, as tallies do.
     pub fn record_rule_errors<'a>(
         &self,
         domain: &Arc<str>,
-        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64)>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64, Option<&'a RuleSeries>)>,
     ) {
-        for (rule, detailed, hits) in rules {
-            let labels = self.rule_labels(domain, rule, detailed);
-            self.rules.errors.get_or_create(&labels).inc_by(hits);
+        for (rule, detailed, hits, series) in rules {
+            let handles = series
+                .filter(|_| !detailed)
+                .and_then(|series| self.handles_in(series, domain, rule));
+            match handles {
+                Some(handles) => handles
+                    .errors
+                    .get_or_init(|| {
+                        self.rules.errors.get_or_create_owned(&RuleLabels {
+                            domain: LabelText(Arc::clone(domain)),
+                            rule: LabelText(Arc::clone(rule)),
+                        })
+                    })
+                    .inc_by(hits),
+                None => {
+                    let labels = self.rule_labels(domain, rule, detailed);
+                    self.rules.errors.get_or_create(&labels).inc_by(hits)
+                }
+            };
         }
     }
 

@@ -211,3 +211,37 @@ fn rules_are_resolved_when_limits_load() {
             .contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 3"#)
     );
 }
+
+/// Store errors of a configured rule count through its handles and export byte for byte what
+/// looking the series up exports; a path with request values still looks its series up.
+#[test]
+fn rule_errors_through_handles_export_what_lookups_export() {
+    let series = RuleSeries::default();
+    let domain: Arc<str> = "d".into();
+    let (rule, user): (Arc<str>, Arc<str>) = ("d.k".into(), "d.user_u1".into());
+    let (counted, lookups) = (Metrics::new(), Metrics::new());
+    counted.resolve_rules(&Rules(vec![(
+        Arc::clone(&domain),
+        Arc::clone(&rule),
+        false,
+        series.clone(),
+    )]));
+    for hits in [2, 3] {
+        counted.record_rule_errors(
+            &domain,
+            [(&rule, false, hits, Some(&series)), (&user, true, 1, None)],
+        );
+        lookups.record_rule_errors(
+            &domain,
+            [(&rule, false, hits, None), (&user, true, 1, None)],
+        );
+    }
+    assert_eq!(lines(&counted), lines(&lookups));
+    let errors = handles(&series).and_then(RuleHandles::errors_counted);
+    assert_eq!(errors, Some(5), "counted through the rule's handles");
+    let text = counted.encode();
+    assert!(
+        text.contains(r#"floodgate_rule_errors_total{domain="d",rule="d.k"} 5"#),
+        "{text}"
+    );
+}
