@@ -1,4 +1,4 @@
-//! Watching files for hot reload: the limits ([`crate::config::reload`]) and the gRPC TLS
+//! Watching files for hot reload: the limits ([`crate::sources::files`]) and the gRPC TLS
 //! certificates ([`crate::listen::tls`]) are both loaded again, off the request path, when what they
 //! read from disk changes.
 //!

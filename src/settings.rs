@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{RuntimeLayout, Source};
 use crate::limiter::Algorithm;
 use crate::plan::RequestLimits;
+use crate::sources::files::{RuntimeLayout, Source};
 use crate::store::FailurePolicy;
 use crate::store::redis::redact::redact_url;
 

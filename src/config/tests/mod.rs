@@ -4,8 +4,6 @@ mod loading;
 mod matching;
 mod validation;
 
-use std::path::Path;
-
 use super::*;
 
 pub(super) fn sources(files: &[(&str, &str)]) -> Vec<(String, String)> {
