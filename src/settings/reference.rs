@@ -183,6 +183,17 @@ impl<'a> Mapping<'a> {
         }
     }
 
+    /// The value of `name` unless floodgate's own argument `id` (flag `--<id>`) set one: then
+    /// `name` is recorded as overridden and `None` returned, as when it is unset.
+    fn unless_own(&mut self, name: &'static str, id: &str) -> Option<&'a str> {
+        let value = self.get(name)?;
+        if self.own(id) {
+            self.override_by(&[name], &format!("--{}", id.replace('_', "-")));
+            return None;
+        }
+        Some(value)
+    }
+
     fn no_effect(&mut self, name: &str, why: &str) {
         self.report.no_effect.push(format!("{name} ({why})"));
     }
