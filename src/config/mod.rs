@@ -38,7 +38,7 @@ mod typecheck;
 mod validate;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -6,6 +6,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use super::load;
+use crate::config::tests::find;
 use crate::config::{Config, ConfigErrors, Defaults};
 
 const LIMITS: &str =
@@ -13,18 +14,6 @@ const LIMITS: &str =
 
 fn load_path(path: &Path) -> Result<Config, ConfigErrors> {
     load(path, &Defaults::default())
-}
-
-/// The path of the rule a descriptor of `domain` matches, if any.
-fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
-    let entries: Vec<(&[u8], &[u8])> = entries
-        .iter()
-        .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
-        .collect();
-    config
-        .domain(domain)?
-        .find(&entries)
-        .map(|m| m.rule.path.to_string())
 }
 
 /// A directory loads its `*.yaml`/`*.yml` files only, skipping dotfiles, other extensions and
