@@ -352,10 +352,7 @@ impl ServeSettings {
 
     /// The Redis Cluster seeds with their passwords redacted, for logs.
     pub fn redis_cluster_redacted(&self) -> Vec<String> {
-        self.redis_cluster
-            .iter()
-            .map(|url| redact_url(url))
-            .collect()
+        redact_urls(&self.redis_cluster)
     }
 
     /// The limits path: `--config`, or the directory the reference's `RUNTIME_*` variables
@@ -400,11 +397,7 @@ impl fmt::Debug for ServeSettings {
             .field("redis_sentinel", &self.redis_sentinel)
             .field(
                 "redis_sentinel_nodes",
-                &self
-                    .redis_sentinel_nodes
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
+                &redact_urls(&self.redis_sentinel_nodes),
             )
             .field("redis_tls_ca_file", &self.redis_tls_ca_file)
             .field("redis_tls_cert_file", &self.redis_tls_cert_file)
@@ -444,4 +437,10 @@ impl fmt::Debug for ServeSettings {
             .field("algorithm_choice", &self.algorithm_choice)
             .finish()
     }
+}
+
+/// Redis URLs (cluster seeds, sentinels) with their passwords redacted, for logs and `Debug`:
+/// the main Redis and the per-second one alike.
+fn redact_urls(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact_url(url)).collect()
 }
