@@ -1,6 +1,6 @@
-//! Watching files for hot reload: the limits ([`crate::config::reload`]) and the gRPC TLS
-//! certificates ([`crate::transport::tls`]) are both loaded again, off the request path, when
-//! what they read from disk changes.
+//! Watching files for hot reload: the limits ([`crate::sources::files`]) and the gRPC TLS
+//! certificates ([`crate::transport::tls`]) are both loaded again, off the request path, when what they
+//! read from disk changes.
 //!
 //! [`spawn`] watches a set of paths and, after a burst of file-system events has settled, runs
 //! the caller's reload on a blocking thread (it reads files). What is watched, and why:

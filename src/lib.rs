@@ -52,10 +52,12 @@
 //!   buckets (`store::split`, refunded across the two the same way: `store::fanout`), behind
 //!   the local over-limit cache, the circuit breaker and the failure policy
 //!   (`store::resilient`).
-//! - [`config`]: the limits YAML: model, loading, validation, the matching tree, and hot
-//!   reload ([`config::reload`]: watch the path, load again, swap the `ArcSwap<Config>` the
-//!   service reads), or limits pushed by an xDS control plane ([`config::xds`]: the same
-//!   loader, the same swap, ACK/NACK on the ADS stream).
+//! - [`sources`]: where the limits come from, off the request path: files
+//!   ([`sources::files`]: listed and read safely, watched, loaded again) or an xDS control
+//!   plane ([`sources::xds`]: ACK/NACK on the ADS stream), both published through one
+//!   [`sources::Publisher`] (swap the `ArcSwap<Config>` the service reads, count the load).
+//! - [`config`]: pure: the limits YAML (file names and text, as a source read them) parsed,
+//!   validated and compiled into the matching tree; no I/O, no metrics.
 //! - [`bucket`]: a bucket is one limit's stored state for one identity, whatever the
 //!   algorithm: its key, the reference's counter names, and the store protocol (operations,
 //!   answers, the all-or-nothing rule every store applies).
@@ -95,6 +97,7 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod sources;
 pub mod store;
 pub mod telemetry;
 pub mod transport;

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use floodgate::config::{Config, Defaults, format_wait};
+use floodgate::config::{Defaults, format_wait};
 use floodgate::console::{BucketEntry, BucketRequest, client};
 use floodgate::server;
 use floodgate::settings::console::{BucketAction, BucketSettings};
@@ -110,7 +110,7 @@ fn check_config(settings: &CheckConfigSettings) -> ExitCode {
         algorithm: settings.algorithm.value.into(),
         max_rules: settings.max_load_rules.value,
     };
-    match Config::load(&settings.path, &defaults) {
+    match floodgate::sources::files::load(&settings.path, &defaults) {
         Ok(config) => {
             print!("{}", config.describe());
             for (rule, wait) in config.waits_longer_than(settings.expected_client_timeout) {

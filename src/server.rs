@@ -27,11 +27,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::ConfigErrors;
-use crate::telemetry::otel::TraceError;
 use crate::pem::TlsError;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
 use crate::store::{FailurePolicy, Store};
+use crate::telemetry::otel::TraceError;
 use crate::transport::{GrpcListener, TcpListeners};
 
 mod admin;

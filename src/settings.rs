@@ -15,25 +15,42 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{RuntimeLayout, Source};
-use crate::limiter::Algorithm;
 use crate::plan::RequestLimits;
+use crate::sources::files::RuntimeLayout;
 use crate::store::FailurePolicy;
 use crate::store::redis::redact::redact_url;
 
+mod bounds;
 pub mod connections;
 pub mod console;
 pub mod counters;
+mod grpc_tls;
+mod limits;
+mod parse;
 pub mod per_second;
 pub mod reference;
+mod response;
 pub mod statsd;
+#[cfg(test)]
+mod tests;
 pub mod traces;
 pub mod xds;
 
+pub use bounds::BoundsSettings;
 pub use connections::GrpcConnectionSettings;
 pub use counters::ReferenceCounterSettings;
+pub use grpc_tls::GrpcTlsSettings;
+pub use limits::{
+    AlgorithmArg, AlgorithmChoice, AlgorithmFlag, CheckConfigSettings, MaxLoadRulesFlag,
+};
 pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
+pub use response::ResponseSettings;
+
+use parse::{
+    parse_lease_fraction, parse_max_wait, parse_millis, parse_positive_seconds, parse_ratio,
+    parse_seconds,
+};
 
 /// floodgate: a global rate-limit server for Envoy (RLS v3).
 #[derive(Debug, Parser)]
@@ -324,49 +341,6 @@ pub struct ServeSettings {
     // ---- end of the reference limits block ----
 }
 
-// ---- Reference limits layout and answers (drop-in) ----
-
-/// Why the default algorithm (`--default-algorithm`) is the one in force.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AlgorithmChoice {
-    /// floodgate's own default, token buckets: limits come from `--config`.
-    #[default]
-    Default,
-    /// `--default-algorithm` or `FLOODGATE_DEFAULT_ALGORITHM` was given.
-    Flag,
-    /// The reference's `RUNTIME_*` variables located the limits and no algorithm was given:
-    /// fixed windows, so every answer is the reference's.
-    ReferenceMode,
-}
-
-impl AlgorithmChoice {
-    /// The reason, for the start-up log.
-    pub fn reason(self) -> &'static str {
-        match self {
-            AlgorithmChoice::Default => "floodgate's default (limits from --config)",
-            AlgorithmChoice::Flag => "set by --default-algorithm / FLOODGATE_DEFAULT_ALGORITHM",
-            AlgorithmChoice::ReferenceMode => {
-                "reference mode: limits located by RUNTIME_* and no algorithm given, so \
-                 answers are the reference's; FLOODGATE_DEFAULT_ALGORITHM=token_bucket \
-                 chooses token buckets"
-            }
-        }
-    }
-}
-
-impl ServeSettings {
-    /// Where the limits files are: the reference's runtime layout when its variables located
-    /// them, else `--config`.
-    pub fn limits_source(&self) -> Result<Source, SettingsError> {
-        match &self.runtime_layout {
-            Some(layout) => Ok(Source::Runtime(layout.clone())),
-            None => Ok(Source::Path(self.limits_path()?.to_path_buf())),
-        }
-    }
-}
-
-// ---- end of the reference limits block ----
-
 impl ServeSettings {
     /// How many threads serve gRPC: `--grpc-threads`, or one per available CPU when 0.
     pub fn grpc_thread_count(&self) -> usize {
@@ -378,10 +352,7 @@ impl ServeSettings {
 
     /// The Redis Cluster seeds with their passwords redacted, for logs.
     pub fn redis_cluster_redacted(&self) -> Vec<String> {
-        self.redis_cluster
-            .iter()
-            .map(|url| redact_url(url))
-            .collect()
+        redact_urls(&self.redis_cluster)
     }
 
     /// The limits path: `--config`, or the directory the reference's `RUNTIME_*` variables
@@ -401,275 +372,6 @@ impl ServeSettings {
     }
 }
 
-// ---- Bounds under abuse ----
-
-/// Bounds on connections, streams and metric labels (see docs/security.md).
-#[derive(Clone, Debug, Args)]
-pub struct BoundsSettings {
-    /// Connections open at once on the gRPC port; at the limit, the connection idle longest
-    /// (no call in flight) is closed to admit a new one, which is refused (closed at once,
-    /// counted) only when every connection has a call in flight.
-    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONNECTIONS", default_value_t = 1_000,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub grpc_max_connections: u32,
-
-    /// Connections open at once on the admin HTTP port; at the limit, the connection idle
-    /// longest is closed to admit a new one, which is refused only when every one is busy.
-    #[arg(long, env = "FLOODGATE_HTTP_MAX_CONNECTIONS", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub http_max_connections: u32,
-
-    /// HTTP/2 streams one gRPC connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS);
-    /// Envoy opens another connection when it needs more.
-    #[arg(long, env = "FLOODGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub grpc_max_concurrent_streams: u32,
-
-    /// Longest a gRPC call may take, its request body's arrival included, in seconds; a
-    /// call still unanswered then is cancelled and its stream freed.
-    #[arg(long, env = "FLOODGATE_GRPC_REQUEST_TIMEOUT", value_parser = parse_positive_seconds,
-          default_value = "5")]
-    pub grpc_request_timeout: Duration,
-
-    /// A gRPC connection from which nothing was read for this long, in seconds, is closed
-    /// (live HTTP/2 peers answer the server's keepalive pings, so they are never silent).
-    #[arg(long, env = "FLOODGATE_GRPC_IDLE_TIMEOUT", value_parser = parse_positive_seconds,
-          default_value = "60")]
-    pub grpc_idle_timeout: Duration,
-
-    /// An admin HTTP connection from which nothing was read for this long, in seconds, is
-    /// closed (an idle keep-alive connection, or a request line never finished).
-    #[arg(long, env = "FLOODGATE_HTTP_IDLE_TIMEOUT", value_parser = parse_positive_seconds,
-          default_value = "60")]
-    pub http_idle_timeout: Duration,
-
-    /// A connection that has not sent its opening this many seconds after it was accepted is
-    /// closed, on every port: the HTTP/2 preface on the gRPC port (the TLS handshake
-    /// included), the first request line on the admin HTTP port.
-    #[arg(long, env = "FLOODGATE_HANDSHAKE_TIMEOUT", value_parser = parse_positive_seconds,
-          default_value = "10")]
-    pub handshake_timeout: Duration,
-
-    /// Distinct rule series carrying request values (`detailed_metric`, `value_to_metric`)
-    /// in /metrics; past it, new values count under the rule label `_overflow`.
-    #[arg(
-        long,
-        env = "FLOODGATE_METRICS_MAX_DETAILED_SERIES",
-        default_value_t = 10_000
-    )]
-    pub metrics_max_detailed_series: u32,
-}
-
-fn parse_positive_seconds(text: &str) -> Result<Duration, String> {
-    match parse_seconds(text)? {
-        seconds if seconds > Duration::ZERO => Ok(seconds),
-        _ => Err(format!("'{text}' is not a positive number of seconds")),
-    }
-}
-
-// ---- gRPC TLS ----
-
-/// TLS on the gRPC port: off unless a certificate and key are given. The admin HTTP port
-/// stays plaintext (bind it to localhost with --http-addr, or turn it off with --no-http).
-#[derive(Clone, Debug, Default, Args)]
-pub struct GrpcTlsSettings {
-    /// PEM certificate chain (leaf first) for TLS on the gRPC port; needs
-    /// --grpc-tls-key-file. Reloaded, with the key and client CA, when the files change.
-    #[arg(
-        long,
-        env = "FLOODGATE_GRPC_TLS_CERT_FILE",
-        value_name = "PATH",
-        requires = "grpc_tls_key_file"
-    )]
-    pub grpc_tls_cert_file: Option<PathBuf>,
-
-    /// PEM private key of the gRPC TLS certificate.
-    #[arg(
-        long,
-        env = "FLOODGATE_GRPC_TLS_KEY_FILE",
-        value_name = "PATH",
-        requires = "grpc_tls_cert_file"
-    )]
-    pub grpc_tls_key_file: Option<PathBuf>,
-
-    /// PEM CA certificates: turns on mutual TLS, every gRPC client must present a certificate
-    /// issued by one of them.
-    #[arg(
-        long,
-        env = "FLOODGATE_GRPC_TLS_CLIENT_CA_FILE",
-        value_name = "PATH",
-        requires = "grpc_tls_cert_file"
-    )]
-    pub grpc_tls_client_ca_file: Option<PathBuf>,
-}
-
-impl GrpcTlsSettings {
-    /// The files to serve TLS from; `None`: plaintext gRPC.
-    pub fn files(&self) -> Option<crate::transport::tls::TlsFiles> {
-        Some(crate::transport::tls::TlsFiles {
-            cert: self.grpc_tls_cert_file.clone()?,
-            key: self.grpc_tls_key_file.clone()?,
-            client_ca: self.grpc_tls_client_ca_file.clone(),
-        })
-    }
-}
-
-// ---- Response headers, near-limit ratio, dynamic metadata ----
-
-/// What a response carries besides its statuses, and the near-limit metric's threshold.
-#[derive(Clone, Debug, Args)]
-pub struct ResponseSettings {
-    /// Add RateLimit-Limit / -Remaining / -Reset (and Retry-After on OVER_LIMIT) from the
-    /// most constrained descriptor, as the reference's LIMIT_RESPONSE_HEADERS_ENABLED does.
-    #[arg(long, env = "FLOODGATE_RESPONSE_HEADERS")]
-    pub response_headers: bool,
-
-    /// Name of the limit header.
-    #[arg(
-        long,
-        env = "FLOODGATE_HEADER_LIMIT",
-        default_value = "RateLimit-Limit"
-    )]
-    pub header_limit: String,
-
-    /// Name of the remaining header.
-    #[arg(
-        long,
-        env = "FLOODGATE_HEADER_REMAINING",
-        default_value = "RateLimit-Remaining"
-    )]
-    pub header_remaining: String,
-
-    /// Name of the reset header.
-    #[arg(
-        long,
-        env = "FLOODGATE_HEADER_RESET",
-        default_value = "RateLimit-Reset"
-    )]
-    pub header_reset: String,
-
-    /// With --response-headers, also add the IETF `RateLimit-Policy` and `RateLimit`
-    /// structured fields.
-    #[arg(long, env = "FLOODGATE_IETF_HEADERS")]
-    pub ietf_headers: bool,
-
-    /// Admitted hits above this fraction of a limit's capacity count as near the limit.
-    #[arg(long, env = "FLOODGATE_NEAR_LIMIT_RATIO", default_value_t = 0.8, value_parser = parse_ratio)]
-    pub near_limit_ratio: f32,
-
-    /// Report the request and the `metadata:` of the rules that admitted it in the
-    /// response's dynamic metadata, as the reference's RESPONSE_DYNAMIC_METADATA does.
-    #[arg(long, env = "FLOODGATE_RESPONSE_DYNAMIC_METADATA")]
-    pub response_dynamic_metadata: bool,
-}
-
-impl ResponseSettings {
-    /// The header options for the planner; `None` when headers are off.
-    pub fn header_options(&self) -> Option<crate::plan::HeaderOptions> {
-        self.response_headers.then(|| crate::plan::HeaderOptions {
-            limit: self.header_limit.clone(),
-            remaining: self.header_remaining.clone(),
-            reset: self.header_reset.clone(),
-            ietf: self.ietf_headers,
-        })
-    }
-}
-
-fn parse_ratio(text: &str) -> Result<f32, String> {
-    text.parse::<f32>()
-        .ok()
-        .filter(|r| (0.0..=1.0).contains(r))
-        .ok_or_else(|| format!("'{text}' is not a ratio between 0 and 1"))
-}
-
-/// `--lease-fraction`: a number from 0 (leases off) to 0.5. More than half a bucket in one
-/// replica's hands would leave the others less than this one holds.
-fn parse_lease_fraction(text: &str) -> Result<f64, String> {
-    text.parse::<f64>()
-        .ok()
-        .filter(|r| (0.0..=0.5).contains(r))
-        .ok_or_else(|| format!("'{text}' is not a lease fraction between 0 (off) and 0.5"))
-}
-
-// ---- end of the response block ----
-
-/// `floodgate check-config`.
-#[derive(Debug, Args)]
-pub struct CheckConfigSettings {
-    /// Limits: a YAML file or a directory of them.
-    #[arg(value_name = "FILE|DIR")]
-    pub path: PathBuf,
-
-    /// Algorithm for limits that do not name one.
-    #[command(flatten)]
-    pub algorithm: AlgorithmFlag,
-
-    /// Most rules the limits may hold.
-    #[command(flatten)]
-    pub max_load_rules: MaxLoadRulesFlag,
-
-    /// How long the clients (Envoy's rate-limit filter `timeout`, 20ms by default) wait for
-    /// an answer: a limit whose `max_wait` is longer gets a warning.
-    #[arg(long, value_name = "DURATION", default_value = "20ms",
-          value_parser = crate::config::parse_wait)]
-    pub expected_client_timeout: u64,
-}
-
-/// `--default-algorithm`, shared by `serve` and `check-config` so both read limits alike.
-#[derive(Clone, Copy, Debug, Args)]
-pub struct AlgorithmFlag {
-    /// Algorithm for limits that do not name one (and, when serving, for limit overrides).
-    #[arg(
-        long = "default-algorithm",
-        value_name = "ALGORITHM",
-        env = "FLOODGATE_DEFAULT_ALGORITHM",
-        value_enum,
-        default_value_t = AlgorithmArg::TokenBucket
-    )]
-    pub value: AlgorithmArg,
-}
-
-/// `--max-load-rules`, shared by `serve` and `check-config` so both accept the same limits.
-#[derive(Clone, Copy, Debug, Args)]
-pub struct MaxLoadRulesFlag {
-    /// Most rules (descriptors, nested ones included) one load of limits may hold: all the
-    /// files of a reload, or all the resources of an xDS push. A load over it is refused
-    /// whole before anything is compiled (at start-up exit 64, on reload the limits in force
-    /// stay, an xDS push is NACKed), naming the count and this cap; it keeps a hostile or
-    /// mistaken push from exhausting the pod's memory.
-    #[arg(
-        id = "max_load_rules",
-        long = "max-load-rules",
-        value_name = "N",
-        env = "FLOODGATE_MAX_LOAD_RULES",
-        default_value_t = crate::config::MAX_LOAD_RULES,
-        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
-    )]
-    pub value: usize,
-}
-
-/// `--default-algorithm` values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum AlgorithmArg {
-    /// Continuous refill (GCRA).
-    TokenBucket,
-    /// The reference server's fixed windows.
-    FixedWindow,
-    /// Two-window weighted estimate.
-    SlidingWindow,
-}
-
-impl From<AlgorithmArg> for Algorithm {
-    fn from(value: AlgorithmArg) -> Algorithm {
-        match value {
-            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
-            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
-            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
-        }
-    }
-}
-
 /// `--log-format` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -677,30 +379,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
-}
-
-fn parse_millis(text: &str) -> Result<Duration, String> {
-    text.parse::<u64>()
-        .ok()
-        .filter(|ms| *ms > 0)
-        .map(Duration::from_millis)
-        .ok_or_else(|| format!("'{text}' is not a positive number of milliseconds"))
-}
-
-/// A `max_wait`-style duration (`50ms`, `250us`, `1s`, `0`), in µs, at most 60 s.
-fn parse_max_wait(text: &str) -> Result<u64, String> {
-    let us = crate::config::parse_wait(text)?;
-    if us > crate::limiter::MAX_WAIT_US {
-        return Err(format!("'{text}' exceeds the longest max_wait, 60s"));
-    }
-    Ok(us)
-}
-
-fn parse_seconds(text: &str) -> Result<Duration, String> {
-    text.parse::<f64>()
-        .ok()
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .ok_or_else(|| format!("'{text}' is not a number of seconds (0 or more)"))
 }
 
 impl fmt::Debug for ServeSettings {
@@ -719,11 +397,7 @@ impl fmt::Debug for ServeSettings {
             .field("redis_sentinel", &self.redis_sentinel)
             .field(
                 "redis_sentinel_nodes",
-                &self
-                    .redis_sentinel_nodes
-                    .iter()
-                    .map(|n| redact_url(n))
-                    .collect::<Vec<_>>(),
+                &redact_urls(&self.redis_sentinel_nodes),
             )
             .field("redis_tls_ca_file", &self.redis_tls_ca_file)
             .field("redis_tls_cert_file", &self.redis_tls_cert_file)
@@ -765,331 +439,8 @@ impl fmt::Debug for ServeSettings {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("floodgate").chain(args.iter().copied()))
-    }
-
-    /// Defaults match the reference server's ports and floodgate's documented defaults.
-    #[test]
-    fn serve_defaults() {
-        let Command::Serve(s) = parse(&["serve", "--config", "x.yaml"]).unwrap().command else {
-            panic!("not serve");
-        };
-        assert_eq!(s.grpc_addr, "0.0.0.0:8081".parse().unwrap());
-        assert_eq!(s.http_addr, "0.0.0.0:8080".parse().unwrap());
-        assert_eq!(s.algorithm.value, AlgorithmArg::TokenBucket);
-        assert!(!s.shadow_mode && s.redis_url.is_none());
-        assert_eq!(s.shutdown_grace, Duration::from_secs(10));
-        assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
-        assert_eq!(s.on_store_error, FailurePolicy::Error);
-        assert!(s.watch_config);
-        assert_eq!(s.max_in_flight, 10_000);
-        assert_eq!(s.grpc_max_message_bytes, 65_536);
-        assert_eq!(s.grpc_threads, 0);
-        assert!(s.grpc_thread_count() >= 1);
-        assert_eq!(s.memory_max_buckets, 1_000_000);
-        assert!(!s.no_http && s.json_endpoint);
-        assert_eq!(s.request_limits(), RequestLimits::default());
-    }
-
-    /// The request caps are flags, positive, and reach the planner's bounds.
-    #[test]
-    fn request_caps_are_flags() {
-        let caps = |extra: &[&str]| match parse(&[&["serve", "--config", "x"][..], extra].concat())
-            .map(|cli| cli.command)
-        {
-            Ok(Command::Serve(s)) => Ok(s.request_limits()),
-            Ok(_) => panic!("not serve"),
-            Err(e) => Err(e),
-        };
-        let set = caps(&[
-            "--max-descriptors",
-            "2",
-            "--max-entries",
-            "3",
-            "--max-value-bytes",
-            "16",
-        ])
-        .unwrap();
-        assert_eq!(
-            set,
-            RequestLimits {
-                max_descriptors: 2,
-                max_entries: 3,
-                max_value_len: 16,
-            }
-        );
-        for flag in ["--max-descriptors", "--max-entries", "--max-value-bytes"] {
-            assert!(caps(&[flag, "0"]).is_err(), "{flag} 0");
-        }
-    }
-
-    /// `--max-in-flight` takes a positive count.
-    #[test]
-    fn max_in_flight_is_positive() {
-        let Command::Serve(s) = parse(&["serve", "--config", "x", "--max-in-flight", "2"])
-            .unwrap()
-            .command
-        else {
-            panic!("not serve");
-        };
-        assert_eq!(s.max_in_flight, 2);
-        assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
-    }
-
-    /// Leases are on at a tenth by default, off at 0, and a fraction outside [0, 0.5] is
-    /// refused with the flag's meaning.
-    #[test]
-    fn lease_fraction_defaults_and_bounds() {
-        let fraction = |extra: &[&str]| {
-            let args = [&["serve", "--config", "x"][..], extra].concat();
-            parse(&args).map(|cli| match cli.command {
-                Command::Serve(s) => s.lease_fraction,
-                _ => panic!("not serve"),
-            })
-        };
-        assert_eq!(fraction(&[]).unwrap(), 0.1);
-        assert_eq!(fraction(&["--lease-fraction", "0"]).unwrap(), 0.0);
-        assert_eq!(fraction(&["--lease-fraction", "0.5"]).unwrap(), 0.5);
-        for bad in ["0.6", "-0.1", "NaN", "a tenth"] {
-            let flag = format!("--lease-fraction={bad}");
-            let error = fraction(&[&flag]).unwrap_err().to_string();
-            assert!(
-                error.contains("lease fraction between 0 (off) and 0.5"),
-                "{bad}: {error}"
-            );
-        }
-    }
-
-    /// The admin listener can be turned off, and /json on its own.
-    #[test]
-    fn admin_http_can_be_turned_off() {
-        let Command::Serve(s) = parse(&[
-            "serve",
-            "--config",
-            "x",
-            "--no-http",
-            "--json-endpoint=false",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not serve");
-        };
-        assert!(s.no_http && !s.json_endpoint);
-    }
-
-    /// `--watch-config` takes an explicit boolean, so hot reload can be turned off.
-    #[test]
-    fn watch_config_takes_a_boolean() {
-        let watch = |args: &[&str]| match parse(args).map(|cli| cli.command) {
-            Ok(Command::Serve(s)) => Ok(s.watch_config),
-            Ok(_) => panic!("not serve"),
-            Err(e) => Err(e),
-        };
-        let base = ["serve", "--config", "x"];
-        assert!(!watch(&[&base[..], &["--watch-config=false"]].concat()).unwrap());
-        assert!(!watch(&[&base[..], &["--watch-config", "false"]].concat()).unwrap());
-        assert!(watch(&[&base[..], &["--watch-config=true"]].concat()).unwrap());
-        assert!(watch(&[&base[..], &["--watch-config=maybe"]].concat()).is_err());
-        // A bare flag is not a boolean: the value must be explicit.
-        assert!(watch(&[&base[..], &["--watch-config"]].concat()).is_err());
-    }
-
-    /// Every flag parses, including the snake_case algorithm names.
-    #[test]
-    fn serve_flags() {
-        let Command::Serve(s) = parse(&[
-            "serve",
-            "--config",
-            "dir",
-            "--grpc-addr",
-            "127.0.0.1:1",
-            "--http-addr",
-            "127.0.0.1:2",
-            "--default-algorithm",
-            "fixed_window",
-            "--shadow-mode",
-            "--log-format",
-            "json",
-            "--shutdown-grace",
-            "0.5",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not serve");
-        };
-        assert_eq!(s.algorithm.value, AlgorithmArg::FixedWindow);
-        assert!(s.shadow_mode);
-        assert_eq!(s.log_format, LogFormat::Json);
-        assert_eq!(s.shutdown_grace, Duration::from_millis(500));
-    }
-
-    /// Response flags default off (as the reference), with its header names and 0.8 ratio.
-    #[test]
-    fn response_flags() {
-        let serve = |args: &[&str]| match parse(args).map(|cli| cli.command) {
-            Ok(Command::Serve(s)) => Ok(s.response),
-            Ok(_) => panic!("not serve"),
-            Err(e) => Err(e),
-        };
-        let base = ["serve", "--config", "x"];
-        let defaults = serve(&base).unwrap();
-        assert!(defaults.header_options().is_none() && !defaults.response_dynamic_metadata);
-        assert_eq!(defaults.near_limit_ratio, 0.8);
-        let on = serve(
-            &[
-                &base[..],
-                &["--response-headers", "--header-reset", "X-Reset"],
-            ]
-            .concat(),
-        )
-        .unwrap()
-        .header_options()
-        .unwrap();
-        assert_eq!(
-            (on.limit.as_str(), on.remaining.as_str(), on.reset.as_str()),
-            ("RateLimit-Limit", "RateLimit-Remaining", "X-Reset")
-        );
-        assert!(serve(&[&base[..], &["--near-limit-ratio", "1.5"]].concat()).is_err());
-    }
-
-    /// TLS needs both a certificate and a key; a client CA needs them too.
-    #[test]
-    fn grpc_tls_flags() {
-        let tls = |extra: &[&str]| match parse(&[&["serve", "--config", "x"][..], extra].concat())
-            .map(|cli| cli.command)
-        {
-            Ok(Command::Serve(s)) => Ok(s.grpc_tls.files()),
-            Ok(_) => panic!("not serve"),
-            Err(e) => Err(e.kind()),
-        };
-        assert_eq!(tls(&[]), Ok(None));
-        let files = tls(&[
-            "--grpc-tls-cert-file",
-            "c.pem",
-            "--grpc-tls-key-file",
-            "k.pem",
-            "--grpc-tls-client-ca-file",
-            "ca.pem",
-        ])
-        .unwrap()
-        .unwrap();
-        assert_eq!(
-            (files.cert, files.key, files.client_ca),
-            ("c.pem".into(), "k.pem".into(), Some("ca.pem".into()))
-        );
-        let missing = Err(clap::error::ErrorKind::MissingRequiredArgument);
-        assert_eq!(tls(&["--grpc-tls-cert-file", "c.pem"]), missing);
-        assert_eq!(tls(&["--grpc-tls-key-file", "k.pem"]), missing);
-        assert_eq!(tls(&["--grpc-tls-client-ca-file", "ca.pem"]), missing);
-    }
-
-    /// Out-of-range durations are parse errors (exit 64), not panics.
-    #[test]
-    fn bad_durations_are_rejected() {
-        for bad in ["1e30", "-1", "NaN", "soon"] {
-            assert!(
-                parse(&["serve", "--config", "x", "--shutdown-grace", bad]).is_err(),
-                "{bad}"
-            );
-        }
-        assert!(parse(&["serve", "--config", "x", "--redis-timeout-ms", "0"]).is_err());
-    }
-
-    /// A malformed address is a parse error, not a panic later.
-    #[test]
-    fn bad_address_is_rejected() {
-        assert!(parse(&["serve", "--config", "x", "--grpc-addr", "nope"]).is_err());
-    }
-
-    /// Sentinel takes a master name and a comma-separated list of sentinels, each needing
-    /// the other; TLS files are paths. Sentinel passwords never reach Debug output.
-    #[test]
-    fn sentinel_and_tls_flags() {
-        let Command::Serve(s) = parse(&[
-            "serve",
-            "--config",
-            "x",
-            "--redis-sentinel",
-            "mymaster",
-            "--redis-sentinel-nodes",
-            "redis://:sentinelpw@10.0.0.1:26379,redis://10.0.0.2:26379",
-            "--redis-tls-ca-file",
-            "/etc/ca.pem",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not serve");
-        };
-        assert_eq!(s.redis_sentinel.as_deref(), Some("mymaster"));
-        assert_eq!(
-            s.redis_sentinel_nodes,
-            [
-                "redis://:sentinelpw@10.0.0.1:26379",
-                "redis://10.0.0.2:26379"
-            ]
-        );
-        assert_eq!(s.redis_tls_ca_file, Some(PathBuf::from("/etc/ca.pem")));
-        assert!(!format!("{s:?}").contains("sentinelpw"));
-        assert!(parse(&["serve", "--config", "x", "--redis-sentinel", "m"]).is_err());
-        assert!(
-            parse(&[
-                "serve",
-                "--config",
-                "x",
-                "--redis-sentinel-nodes",
-                "redis://a:1"
-            ])
-            .is_err()
-        );
-    }
-
-    /// Passwords never reach Debug output.
-    #[test]
-    fn redis_password_is_redacted() {
-        let Command::Serve(s) = parse(&["serve", "--config", "x", "--redis-url", "redis://:pw@h"])
-            .unwrap()
-            .command
-        else {
-            panic!("not serve");
-        };
-        assert!(!format!("{s:?}").contains("pw@"));
-    }
-
-    /// `--redis-cluster` takes comma-separated seeds, redacted in Debug, and excludes
-    /// `--redis-url`.
-    #[test]
-    fn redis_cluster_seeds() {
-        let Command::Serve(s) = parse(&[
-            "serve",
-            "--config",
-            "x",
-            "--redis-cluster",
-            "redis://:pw@a:1,rediss://b:2",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not serve");
-        };
-        assert_eq!(s.redis_cluster, ["redis://:pw@a:1", "rediss://b:2"]);
-        assert!(!format!("{s:?}").contains("pw@"));
-        let both = parse(&[
-            "serve",
-            "--config",
-            "x",
-            "--redis-cluster",
-            "redis://a:1",
-            "--redis-url",
-            "redis://b:2",
-        ]);
-        assert!(both.is_err());
-    }
+/// Redis URLs (cluster seeds, sentinels) with their passwords redacted, for logs and `Debug`:
+/// the main Redis and the per-second one alike.
+fn redact_urls(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact_url(url)).collect()
 }

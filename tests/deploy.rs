@@ -57,7 +57,7 @@ fn array_at<'a>(value: &'a Value, pointer: &str) -> &'a Vec<Value> {
 }
 
 fn load(path: &str) -> Config {
-    Config::load(&root().join(path), &Defaults::default())
+    floodgate::sources::files::load(&root().join(path), &Defaults::default())
         .unwrap_or_else(|e| panic!("{path}: {e:?}"))
 }
 

@@ -88,7 +88,7 @@ async fn hostile_files_fail_the_reload_without_blocking_it() {
         (
             &big,
             Box::new(|| {
-                let size = floodgate::config::MAX_FILE_BYTES as usize + 1;
+                let size = floodgate::sources::files::MAX_FILE_BYTES as usize + 1;
                 std::fs::write(&big, "#".repeat(size)).unwrap()
             }),
             "larger than",

@@ -9,7 +9,6 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use floodgate::config::xds::TYPE_URL;
 use floodgate::proto::discovery::aggregated_discovery_service_server::{
     AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
 };
@@ -19,6 +18,7 @@ use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use floodgate::proto::rls_conf::{
     RateLimitConfig, RateLimitDescriptor, RateLimitPolicy, RateLimitUnit,
 };
+use floodgate::sources::xds::TYPE_URL;
 use prost::Message;
 use support::certs::{Ca, Pki, arg};
 use support::http::call;

@@ -257,5 +257,5 @@ pub struct Rule {
     pub metadata: Option<super::Metadata>,
     /// The rule's metric series, resolved on its first tally (a cache beside the rule: the
     /// request path counts without looking series up).
-    pub series: crate::telemetry::metrics::RuleSeries,
+    pub series: crate::outcome::RuleSeries,
 }

@@ -5,89 +5,51 @@
 //! [`Config::domain`], then each request descriptor with [`Domain::find`]; the resulting
 //! [`Match`] (a [`Rule`] with its [`Limit`]s, plus how each entry matched) is what the planner
 //! turns into bucket operations. A [`Config`] is immutable; a reload builds a new one and swaps
-//! it in only if it loaded without error.
+//! it in only if it compiled without error.
 //!
-//! - `files` — which files are limits files ([`Source`]: `--config`, or the reference's
-//!   runtime layout);
+//! Pure: this module reads no file and knows no metrics. It takes what a limits source read
+//! (`(file name, text)` pairs: files, or an xDS push converted to YAML) and returns a
+//! [`Config`] or every error. Reading the files, following them and publishing a new
+//! [`Config`] is [`crate::sources`]' job.
+//!
 //! - `model` — the file as written (serde, unknown keys rejected);
-//! - `file` — opening and reading one file safely (regular files only, size caps, nesting
-//!   depth), and the deadline of a whole load;
-//! - `files` — which files a limits path (or the reference's runtime layout) holds;
+//! - `depth` — the nesting depth of a file's text, checked before the YAML parser sees it;
 //! - `lenient` — reference mode: a file read as the reference reads it (misplaced keys);
-//! - `load` — reading the listed files, parsing, error collection, merging domains;
+//! - `compile` — parsing each file, error collection, counting rules, merging domains;
 //! - `typecheck` — a file that serde refuses, checked key by key, so that every type error is
 //!   reported and the rest of the file is still validated;
 //! - `metadata` — a descriptor's `metadata:`, compiled for dynamic metadata;
 //! - `validate` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
 //! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`];
-//! - [`reload`] — hot reload: watch the path, load again, swap in the new [`Config`].
+//! - `error` — [`ConfigError`], [`ConfigErrors`].
 //!
 //! The format, floodgate's extensions and every error are documented in `docs/config.md`.
 
-mod file;
-mod files;
+mod compile;
+mod depth;
+mod error;
 mod lenient;
 mod limit;
-mod load;
 mod metadata;
 mod model;
-pub mod reload;
 mod tree;
 mod typecheck;
 mod validate;
-pub mod xds;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 
-pub use file::{
-    LOAD_DEADLINE, MAX_FILE_BYTES, MAX_FILES, MAX_FLOW_DEPTH, MAX_LOAD_BYTES, MAX_LOAD_RULES,
-    MAX_LOADS_RUNNING, MAX_WALK_DEPTH,
-};
-pub use files::{RuntimeLayout, Source};
+pub use compile::MAX_LOAD_RULES;
+pub(crate) use compile::too_many_rules;
+pub use depth::{MAX_FLOW_DEPTH, check_flow_depth};
+pub use error::{ConfigError, ConfigErrors};
 pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name, format_wait, parse_wait};
-pub use load::{ConfigError, ConfigErrors};
 pub use metadata::{Metadata, merge as merge_metadata};
 pub use tree::{Domain, Match, Step};
-
-/// How limits are loaded, identical at start-up and on every reload: where the files are,
-/// the loader defaults, and whether a domain may span several files.
-#[derive(Clone, Debug)]
-pub struct Loader {
-    /// Where the limits files are.
-    pub source: Source,
-    /// Settings not in the files (the default algorithm).
-    pub defaults: Defaults,
-    /// The reference's `MERGE_DOMAIN_CONFIG`.
-    pub merge_domains: bool,
-}
-
-impl Loader {
-    /// Loads the limits (see [`Config::load_from`]). A configuration without any domain
-    /// loads, but is logged as a warning: every request would then be answered OK.
-    pub fn load(&self) -> Result<Config, ConfigErrors> {
-        let config = Config::load_from(&self.source, &self.defaults, self.merge_domains)?;
-        if config.is_empty() {
-            tracing::warn!(
-                limits = %self.source,
-                "no domain loaded: every request is answered OK until limits are added"
-            );
-        }
-        Ok(config)
-    }
-
-    /// [`Loader::load`] on its own thread, abandoned after `deadline` (an error): whatever a
-    /// limits file holds, the caller (start-up, reload, and so shutdown) waits no longer.
-    pub fn load_within(&self, deadline: std::time::Duration) -> Result<Config, ConfigErrors> {
-        let loader = self.clone();
-        file::load_within(self.source.to_string(), deadline, move || loader.load())
-    }
-}
 
 /// A loaded limits configuration: every domain, by name.
 #[derive(Debug, Default)]
@@ -113,34 +75,6 @@ impl crate::outcome::RuleSet for Config {
 }
 
 impl Config {
-    /// Loads a file, or every `*.yaml`/`*.yml` file directly inside a directory (names starting
-    /// with `.` skipped, and every skipped file named in the log; symlinks followed, read in
-    /// name order). An empty directory gives a configuration without domains. Every error of
-    /// every file is returned.
-    pub fn load(path: &Path, defaults: &Defaults) -> Result<Config, ConfigErrors> {
-        Config::load_from(&Source::Path(path.to_path_buf()), defaults, false)
-    }
-
-    /// Loads the limits files of `source` (see [`Source`]); with `merge_domains` (the
-    /// reference's `MERGE_DOMAIN_CONFIG`) a domain may be spread over several files.
-    pub fn load_from(
-        source: &Source,
-        defaults: &Defaults,
-        merge_domains: bool,
-    ) -> Result<Config, ConfigErrors> {
-        let (sources, mut errors) = load::read_source(source);
-        // Reference mode reads every file as the reference does (see `lenient`).
-        let lenient = matches!(source, Source::Runtime(_));
-        match load::compile(&sources, defaults, merge_domains, lenient).map(Config::of) {
-            Ok(config) if errors.is_empty() => Ok(config),
-            Ok(_) => Err(ConfigErrors(errors)),
-            Err(ConfigErrors(more)) => {
-                errors.extend(more);
-                Err(ConfigErrors(errors))
-            }
-        }
-    }
-
     /// Builds a configuration from `(file name, content)` pairs; the names only label errors.
     pub fn from_sources(
         sources: &[(String, String)],
@@ -156,7 +90,17 @@ impl Config {
         defaults: &Defaults,
         merge_domains: bool,
     ) -> Result<Config, ConfigErrors> {
-        load::compile(sources, defaults, merge_domains, false).map(Config::of)
+        compile::compile(sources, defaults, merge_domains, false).map(Config::of)
+    }
+
+    /// [`Config::compile`] in reference mode: each file is read as the reference reads it
+    /// (misplaced keys, see `lenient`), for the reference's runtime layout.
+    pub fn compile_lenient(
+        sources: &[(String, String)],
+        defaults: &Defaults,
+        merge_domains: bool,
+    ) -> Result<Config, ConfigErrors> {
+        compile::compile(sources, defaults, merge_domains, true).map(Config::of)
     }
 
     fn of(domains: Vec<Domain>) -> Config {

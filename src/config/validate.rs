@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
+use super::error::ConfigError;
 use super::limit::{self, Defaults, Limit, Rule, Unit, algorithm_name};
-use super::load::ConfigError;
 use super::model::{AlgorithmModel, DescriptorModel, RateLimitModel};
 use super::tree::{Children, Node};
 use super::typecheck::Hidden;

@@ -407,15 +407,7 @@ async fn reset(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Inspection>, ConsoleError> {
-    state.authorize(&headers)?;
-    let request = parse(&body)?;
-    let (_, found) = state.plan(&request)?;
-    let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
-    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
-    state.limiter.store().reset(&ops).await?;
-    tracing::info!(%peer, action = "reset", domain = %request.domain, ?keys,
-                   "console: buckets reset");
-    Ok(axum::Json(state.inspect(&request).await?))
+    write_buckets(&state, peer, &headers, &body, Write::Reset).await
 }
 
 async fn set_remaining(
@@ -424,13 +416,41 @@ async fn set_remaining(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Inspection>, ConsoleError> {
-    state.authorize(&headers)?;
-    let request = parse(&body)?;
-    let Some(remaining) = request.remaining else {
-        return Err(ConsoleError::BadRequest("\"remaining\" is required".into()));
+    write_buckets(&state, peer, &headers, &body, Write::SetRemaining).await
+}
+
+/// The console's two writes.
+#[derive(Clone, Copy)]
+enum Write {
+    /// Every bucket named back to full.
+    Reset,
+    /// Every bucket named to the request's `remaining`.
+    SetRemaining,
+}
+
+/// Runs one write: authorized (the admin token), planned check-only, every bucket reset to
+/// full, then for set-remaining the difference debited; logged with the caller's address and
+/// answered with the buckets' new state.
+async fn write_buckets(
+    state: &ConsoleState,
+    peer: PeerAddr,
+    headers: &HeaderMap,
+    body: &[u8],
+    write: Write,
+) -> Result<axum::Json<Inspection>, ConsoleError> {
+    state.authorize(headers)?;
+    let request = parse(body)?;
+    let remaining = match (write, request.remaining) {
+        (Write::Reset, _) => None,
+        (Write::SetRemaining, Some(remaining)) => Some(remaining),
+        (Write::SetRemaining, None) => {
+            return Err(ConsoleError::BadRequest("\"remaining\" is required".into()));
+        }
     };
     let (_, found) = state.plan(&request)?;
-    if let Some((_, view)) = found.iter().find(|(_, view)| remaining > view.capacity) {
+    if let Some(remaining) = remaining
+        && let Some((_, view)) = found.iter().find(|(_, view)| remaining > view.capacity)
+    {
         return Err(ConsoleError::BadRequest(format!(
             "remaining {remaining} exceeds the capacity {} of {}",
             view.capacity, view.key
@@ -439,6 +459,12 @@ async fn set_remaining(
     let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
     let store = state.limiter.store();
     store.reset(&ops).await?;
+    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
+    let Some(remaining) = remaining else {
+        tracing::info!(%peer, action = "reset", domain = %request.domain, ?keys,
+                       "console: buckets reset");
+        return Ok(axum::Json(state.inspect(&request).await?));
+    };
     // From full, debit the difference: the state every algorithm writes for it is its own.
     let debits: Vec<BucketOp> = ops
         .into_iter()
@@ -460,7 +486,6 @@ async fn set_remaining(
     if !debits.is_empty() {
         store.apply(&debits).await?;
     }
-    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
     tracing::info!(%peer, action = "set_remaining", remaining, domain = %request.domain, ?keys,
                    "console: buckets set");
     Ok(axum::Json(state.inspect(&request).await?))

@@ -10,8 +10,8 @@ use tokio::task::JoinHandle;
 
 use super::{Bounds, Components, RunOptions, ServerError, stopped};
 use crate::http::{self, AdminState, Readiness};
-use crate::telemetry::metrics::Port;
 use crate::service::Decider;
+use crate::telemetry::metrics::Port;
 use crate::transport::{Acceptor, CountAdminCalls, PeerAddr};
 
 /// Serves the admin port on `listener` (none: a task that only ends with the server, which

@@ -16,13 +16,14 @@ use tokio::sync::watch;
 
 use super::{Bounds, RunOptions, ServerError, remote, xds};
 use crate::clock::SystemClock;
-use crate::config::reload;
-use crate::config::{Config, Defaults, Loader, format_wait};
+use crate::config::{Config, Defaults, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::plan::PlanOptions;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
+use crate::sources::Publisher;
+use crate::sources::files::{self, Loader};
 use crate::store::lease::LeaseStore;
 use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
 use crate::telemetry::metrics::Metrics;
@@ -86,7 +87,7 @@ pub struct Components {
     /// reload updates it. With xDS: whether a first configuration has loaded.
     pub limits_loaded: Option<Arc<watch::Sender<bool>>>,
     /// The xDS client's options, when a control plane pushes the limits.
-    pub xds: Option<crate::config::xds::XdsOptions>,
+    pub xds: Option<crate::sources::xds::XdsOptions>,
     /// The trace export pipeline, when `--tracing` is on; flushed when the server stops.
     pub traces: Option<Arc<Traces>>,
     /// The operator console's bearer token (none configured: mutations refused).
@@ -288,7 +289,7 @@ type Loaded = (Config, Option<Arc<watch::Sender<bool>>>);
 fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded, ServerError> {
     let loader = loader(settings)?;
     let config = loader
-        .load_within(crate::config::LOAD_DEADLINE)
+        .load_within(crate::sources::LOAD_DEADLINE)
         .map_err(|errors| {
             metrics.record_config_load(false);
             ServerError::Config {
@@ -407,12 +408,12 @@ pub(super) fn watch_limits(components: &Components) -> Option<FileWatch> {
             loaded.send_replace(now);
         }
     };
-    match reload::spawn(
-        loader,
+    let publisher = Publisher::new(
         components.config.clone(),
         components.decider.metrics().clone(),
-        on_reload,
-    ) {
+    )
+    .on_publish(on_reload);
+    match files::spawn(loader, publisher) {
         Ok(watch) => Some(watch),
         Err(e) => {
             tracing::error!("{e}; limits hot reload is off");
@@ -442,7 +443,7 @@ impl Drop for AbortOnDrop {
 /// cache and makes the server ready (unless `--health-requires-limits` finds no domain).
 pub(super) fn follow_xds(
     components: &Components,
-    options: crate::config::xds::XdsOptions,
+    options: crate::sources::xds::XdsOptions,
 ) -> AbortOnDrop {
     let redis = components.redis.clone();
     let limits_loaded = components.limits_loaded.clone();
@@ -459,12 +460,12 @@ pub(super) fn follow_xds(
         }
     };
     tracing::info!(node_id = %options.node.id, "limits from an xDS management server");
-    AbortOnDrop(crate::config::xds::spawn(
-        options,
+    let publisher = Publisher::new(
         components.config.clone(),
         components.decider.metrics().clone(),
-        on_load,
-    ))
+    )
+    .on_publish(on_load);
+    AbortOnDrop(crate::sources::xds::spawn(options, publisher))
 }
 
 /// Starts reloading the TLS files when they change. As for the limits, a watcher that cannot

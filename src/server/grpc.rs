@@ -20,10 +20,10 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 
 use super::{RunOptions, ServerError, stopped};
 use crate::admission::AdmissionLayer;
-use crate::telemetry::metrics::{Metrics, Port};
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{Decider, RlsService};
+use crate::telemetry::metrics::{Metrics, Port};
 use crate::transport::tls::GrpcTls;
 use crate::transport::{Acceptor, CallsLayer, GrpcListener, Guarded, PortBound, TcpListeners};
 

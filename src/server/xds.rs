@@ -1,6 +1,6 @@
 //! The xDS config source's connection, built from settings: the endpoint (TLS, its files
 //! read and checked by [`crate::pem`]; timeouts), the node, the extra headers and the backoff
-//! handed to [`crate::config::xds`].
+//! handed to [`crate::sources::xds`].
 
 use std::str::FromStr;
 
@@ -10,10 +10,10 @@ use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
 use super::ServerError;
 use crate::config::Defaults;
-use crate::config::xds::{Backoff, XdsOptions};
 use crate::pem::{self, FileRole, Tls};
 use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};
 use crate::settings::xds::{XdsSettings, parse_pairs};
+use crate::sources::xds::{Backoff, XdsOptions};
 
 /// The client options `settings` ask for, or why they cannot be used (before any port is
 /// bound, so a mistake exits 64).

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::parse_millis;
+use super::{parse_millis, redact_urls};
 use crate::store::redis::redact::redact_url;
 
 /// Where per-second buckets live, when not in the main Redis.
@@ -76,7 +76,6 @@ impl PerSecondRedisSettings {
 
 impl fmt::Debug for PerSecondRedisSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let redact = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
         f.debug_struct("PerSecondRedisSettings")
             .field(
                 "redis_per_second_url",
@@ -84,12 +83,12 @@ impl fmt::Debug for PerSecondRedisSettings {
             )
             .field(
                 "redis_per_second_cluster",
-                &redact(&self.redis_per_second_cluster),
+                &redact_urls(&self.redis_per_second_cluster),
             )
             .field("redis_per_second_sentinel", &self.redis_per_second_sentinel)
             .field(
                 "redis_per_second_sentinel_nodes",
-                &redact(&self.redis_per_second_sentinel_nodes),
+                &redact_urls(&self.redis_per_second_sentinel_nodes),
             )
             .field(
                 "redis_per_second_pool_size",

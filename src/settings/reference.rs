@@ -17,7 +17,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::PathBuf;
 
 use clap::ArgMatches;
 use clap::parser::ValueSource;
@@ -183,6 +182,17 @@ impl<'a> Mapping<'a> {
         }
     }
 
+    /// The value of `name` unless floodgate's own argument `id` (flag `--<id>`) set one: then
+    /// `name` is recorded as overridden and `None` returned, as when it is unset.
+    fn unless_own(&mut self, name: &'static str, id: &str) -> Option<&'a str> {
+        let value = self.get(name)?;
+        if self.own(id) {
+            self.override_by(&[name], &format!("--{}", id.replace('_', "-")));
+            return None;
+        }
+        Some(value)
+    }
+
     fn no_effect(&mut self, name: &str, why: &str) {
         self.report.no_effect.push(format!("{name} ({why})"));
     }
@@ -332,68 +342,6 @@ impl<'a> Mapping<'a> {
             self.applied("DEBUG_PORT");
         }
         settings.statsd.debug_addr = Some(addr);
-        Ok(())
-    }
-
-    /// `GRPC_SERVER_USE_TLS` with `GRPC_SERVER_TLS_CERT` / `GRPC_SERVER_TLS_KEY` → TLS on the
-    /// gRPC port, and `GRPC_CLIENT_TLS_CACERT` → mutual TLS, as the reference does.
-    /// `GRPC_CLIENT_TLS_SAN` (accept only client certificates with that DNS name) is refused:
-    /// ignoring it would accept every certificate the CA issued.
-    fn grpc_tls(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
-        const VARS: [&str; 5] = [
-            "GRPC_SERVER_USE_TLS",
-            "GRPC_SERVER_TLS_CERT",
-            "GRPC_SERVER_TLS_KEY",
-            "GRPC_CLIENT_TLS_CACERT",
-            "GRPC_CLIENT_TLS_SAN",
-        ];
-        let enabled = self.parse_bool("GRPC_SERVER_USE_TLS")?;
-        if [
-            "grpc_tls_cert_file",
-            "grpc_tls_key_file",
-            "grpc_tls_client_ca_file",
-        ]
-        .iter()
-        .any(|id| self.own(id))
-        {
-            self.override_by(&VARS, "--grpc-tls-*");
-            return Ok(());
-        }
-        if enabled != Some(true) {
-            if enabled == Some(false) {
-                // Plaintext, as floodgate serves by default.
-                self.applied("GRPC_SERVER_USE_TLS");
-            }
-            for name in self.present(&VARS[1..]) {
-                self.no_effect(name, "GRPC_SERVER_USE_TLS is not true");
-            }
-            return Ok(());
-        }
-        if let Some(san) = self.get("GRPC_CLIENT_TLS_SAN") {
-            return Err(bad(
-                "GRPC_CLIENT_TLS_SAN",
-                san,
-                "no value: floodgate cannot restrict client certificates to one name, and \
-                 refuses to start rather than accept every certificate the CA issued",
-            ));
-        }
-        let (Some(cert), Some(key)) = (
-            self.get("GRPC_SERVER_TLS_CERT"),
-            self.get("GRPC_SERVER_TLS_KEY"),
-        ) else {
-            return Err(bad(
-                "GRPC_SERVER_USE_TLS",
-                "true",
-                "GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY with it",
-            ));
-        };
-        let tls = &mut settings.grpc_tls;
-        tls.grpc_tls_cert_file = Some(PathBuf::from(cert));
-        tls.grpc_tls_key_file = Some(PathBuf::from(key));
-        tls.grpc_tls_client_ca_file = self.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from);
-        for name in self.present(&VARS[..4]) {
-            self.applied(name);
-        }
         Ok(())
     }
 

@@ -39,8 +39,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::connection::Abandoned;
 use super::{Acceptor, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
-use crate::telemetry::metrics::{HandshakeFailure, Metrics};
 use crate::pem::{self, FileRole, Tls, TlsError};
+use crate::telemetry::metrics::{HandshakeFailure, Metrics};
 
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;

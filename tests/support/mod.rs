@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use floodgate::clock::ManualClock;
-use floodgate::config::reload;
 use floodgate::config::{Config, Defaults};
 use floodgate::file_watch::FileWatch;
 use floodgate::limiter::Algorithm;
@@ -24,6 +23,7 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::Decider;
+use floodgate::sources::Publisher;
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
 use floodgate::store::{MemoryStore, Store};
@@ -190,19 +190,20 @@ impl Setup {
             Limits::Yaml(yaml) => shared(load(yaml)),
             Limits::Watched(path) => {
                 let config = shared(
-                    Config::load(path, &defaults())
+                    floodgate::sources::files::load(path, &defaults())
                         .unwrap_or_else(|e| panic!("test limits do not load:\n{e}")),
                 );
                 let counter = reloads.clone();
-                let loader = floodgate::config::Loader {
-                    source: floodgate::config::Source::Path(path.clone()),
+                let loader = floodgate::sources::files::Loader {
+                    source: floodgate::sources::files::Source::Path(path.clone()),
                     defaults: defaults(),
                     merge_domains: false,
                 };
-                let watch = reload::spawn(loader, config.clone(), metrics.clone(), move |_| {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap();
+                let publisher =
+                    Publisher::new(config.clone(), metrics.clone()).on_publish(move |_| {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                    });
+                let watch = floodgate::sources::files::spawn(loader, publisher).unwrap();
                 watches.push(watch);
                 config
             }

@@ -4,8 +4,6 @@ mod loading;
 mod matching;
 mod validation;
 
-use std::path::Path;
-
 use super::*;
 
 pub(super) fn sources(files: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -43,7 +41,7 @@ pub(super) fn assert_error(yaml: &str, path: &str, text: &str) {
 }
 
 /// The path of the rule a descriptor matches, if any.
-pub(super) fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
+pub(crate) fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> Option<String> {
     let entries: Vec<(&[u8], &[u8])> = entries
         .iter()
         .map(|(k, v)| (k.as_bytes(), v.as_bytes()))

@@ -5,14 +5,14 @@
 //!
 //! When the `RUNTIME_*` variables locate the limits (and `--config` does not), floodgate is in
 //! *reference mode*: it reads every file the reference would read
-//! ([`crate::config::Source::Runtime`]) and, unless an algorithm is given, counts with fixed
+//! ([`crate::sources::files::Source::Runtime`]) and, unless an algorithm is given, counts with fixed
 //! windows so that every answer is the reference's.
 
 use std::path::PathBuf;
 
 use super::{Mapping, SettingsError};
-use crate::config::RuntimeLayout;
 use crate::settings::{AlgorithmArg, AlgorithmChoice, ServeSettings};
+use crate::sources::files::RuntimeLayout;
 
 /// The reference's `RUNTIME_ROOT` default, used when only the subdirectory or app directory
 /// is given (as the reference does).
@@ -107,9 +107,9 @@ mod tests {
 
     use clap::{CommandFactory, FromArgMatches};
 
-    use crate::config::RuntimeLayout;
     use crate::settings::reference::{ReferenceReport, apply_reference_env};
     use crate::settings::{AlgorithmArg, AlgorithmChoice, Cli, Command, ServeSettings};
+    use crate::sources::files::RuntimeLayout;
 
     /// `floodgate serve <args>` with the reference variables `pairs` applied.
     fn apply(args: &[&str], pairs: &[(&str, &str)]) -> (ServeSettings, ReferenceReport) {

@@ -1,5 +1,6 @@
-//! The reference's server-wide variables: the gRPC listener (`GRPC_UDS`, connection age),
-//! health (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), which store and which config source
+//! The reference's server-wide variables: the gRPC listener (`GRPC_UDS`, connection age,
+//! TLS: `GRPC_SERVER_USE_TLS` and what goes with it), health
+//! (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), which store and which config source
 //! (`BACKEND_TYPE`, `CONFIG_TYPE`) and counting while over the limit
 //! (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`).
 
@@ -157,5 +158,69 @@ impl Mapping<'_> {
                 parse_go_duration(v).ok_or_else(|| bad(name, v, "a Go duration such as 30s or 1h"))
             })
             .transpose()
+    }
+}
+
+impl Mapping<'_> {
+    /// `GRPC_SERVER_USE_TLS` with `GRPC_SERVER_TLS_CERT` / `GRPC_SERVER_TLS_KEY` → TLS on the
+    /// gRPC port, and `GRPC_CLIENT_TLS_CACERT` → mutual TLS, as the reference does.
+    /// `GRPC_CLIENT_TLS_SAN` (accept only client certificates with that DNS name) is refused:
+    /// ignoring it would accept every certificate the CA issued.
+    pub(super) fn grpc_tls(&mut self, settings: &mut ServeSettings) -> Result<(), SettingsError> {
+        const VARS: [&str; 5] = [
+            "GRPC_SERVER_USE_TLS",
+            "GRPC_SERVER_TLS_CERT",
+            "GRPC_SERVER_TLS_KEY",
+            "GRPC_CLIENT_TLS_CACERT",
+            "GRPC_CLIENT_TLS_SAN",
+        ];
+        let enabled = self.parse_bool("GRPC_SERVER_USE_TLS")?;
+        if [
+            "grpc_tls_cert_file",
+            "grpc_tls_key_file",
+            "grpc_tls_client_ca_file",
+        ]
+        .iter()
+        .any(|id| self.own(id))
+        {
+            self.override_by(&VARS, "--grpc-tls-*");
+            return Ok(());
+        }
+        if enabled != Some(true) {
+            if enabled == Some(false) {
+                // Plaintext, as floodgate serves by default.
+                self.applied("GRPC_SERVER_USE_TLS");
+            }
+            for name in self.present(&VARS[1..]) {
+                self.no_effect(name, "GRPC_SERVER_USE_TLS is not true");
+            }
+            return Ok(());
+        }
+        if let Some(san) = self.get("GRPC_CLIENT_TLS_SAN") {
+            return Err(bad(
+                "GRPC_CLIENT_TLS_SAN",
+                san,
+                "no value: floodgate cannot restrict client certificates to one name, and \
+                 refuses to start rather than accept every certificate the CA issued",
+            ));
+        }
+        let (Some(cert), Some(key)) = (
+            self.get("GRPC_SERVER_TLS_CERT"),
+            self.get("GRPC_SERVER_TLS_KEY"),
+        ) else {
+            return Err(bad(
+                "GRPC_SERVER_USE_TLS",
+                "true",
+                "GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY with it",
+            ));
+        };
+        let tls = &mut settings.grpc_tls;
+        tls.grpc_tls_cert_file = Some(PathBuf::from(cert));
+        tls.grpc_tls_key_file = Some(PathBuf::from(key));
+        tls.grpc_tls_client_ca_file = self.get("GRPC_CLIENT_TLS_CACERT").map(PathBuf::from);
+        for name in self.present(&VARS[..4]) {
+            self.applied(name);
+        }
+        Ok(())
     }
 }

@@ -38,12 +38,7 @@ impl Mapping<'_> {
             ),
         ];
         for (name, id, field) in strings {
-            let Some(value) = self.get(name) else {
-                continue;
-            };
-            if self.own(id) {
-                self.override_by(&[name], &format!("--{}", id.replace('_', "-")));
-            } else {
+            if let Some(value) = self.unless_own(name, id) {
                 *field = value.to_string();
                 self.applied(name);
             }
@@ -66,12 +61,7 @@ impl Mapping<'_> {
             ),
         ];
         for (name, id, field) in paths {
-            let Some(value) = self.get(name) else {
-                continue;
-            };
-            if self.own(id) {
-                self.override_by(&[name], &format!("--{}", id.replace('_', "-")));
-            } else {
+            if let Some(value) = self.unless_own(name, id) {
                 *field = Some(value.into());
                 self.applied(name);
             }

@@ -13,7 +13,7 @@ use crate::proto::rls_conf::{
 };
 
 /// How many rules a pushed configuration holds: its descriptors, nested ones included (what
-/// [`super::super::Defaults::max_rules`] bounds, counted before any conversion).
+/// [`Defaults::max_rules`](crate::config::Defaults::max_rules) bounds, counted before any conversion).
 pub fn rule_count(config: &RateLimitConfig) -> usize {
     count(&config.descriptors)
 }

@@ -1,5 +1,5 @@
 //! Which files are limits files: floodgate's own `--config`, or the reference server's runtime
-//! layout. Reading them is `load`'s job; this module only lists them.
+//! layout. Reading them is `read`'s job; this module only lists them.
 //!
 //! - [`Source::Path`] (`--config`): a file, or the `*.yaml` / `*.yml` files directly inside a
 //!   directory, in name order. Anything else in the directory is skipped *and named in the
@@ -18,7 +18,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use super::file::{MAX_FILES, MAX_WALK_DEPTH};
+use super::read::{MAX_FILES, MAX_WALK_DEPTH};
 
 /// Where the limits files are.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub(crate) struct Listing {
     pub(crate) skipped: Vec<(PathBuf, &'static str)>,
     /// Why nothing could be listed at all, when that is the case and not an error.
     pub(crate) empty_because: Option<String>,
-    /// Why the listing was abandoned (a bound of [`super::file`] exceeded): an error, and
+    /// Why the listing was abandoned (a bound of `read` exceeded): an error, and
     /// nothing is loaded.
     pub(crate) refused: Option<String>,
     /// Directory entries looked at so far (bounded by [`MAX_FILES`]).

@@ -1,95 +1,24 @@
-//! Reading limits files and parsing them; `validate` checks and compiles each file's
-//! descriptors.
+//! Parsing limits files (their names and text, as a source read them) and merging their
+//! domains; `validate` checks and compiles each file's descriptors.
 //!
-//! Every error is collected — all files are read even after one fails — each with its file,
+//! Every error is collected — every file is parsed even after one fails — each with its file,
 //! its path inside the file and a reason, so an operator fixes a config in one round.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
-use super::file::Reader;
-use super::files::{self, Source};
+use super::error::{ConfigError, ConfigErrors, error};
 use super::limit::Defaults;
 use super::model::FileModel;
 use super::tree::{Children, Domain};
 use super::typecheck::{self, Hidden};
 use super::validate::Builder;
 
-/// One problem in the limits configuration.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}: {}{message}", path_prefix(.path))]
-pub struct ConfigError {
-    /// The file (as given to the loader, or the directory joined with the file name).
-    pub file: String,
-    /// Where in the file, like `descriptors[1].rate_limit.unit`; empty for the whole file.
-    pub path: String,
-    /// What is wrong.
-    pub message: String,
-}
-
-/// Every problem found while loading a configuration; never empty when returned by the loader.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", lines(.0))]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-fn path_prefix(path: &str) -> String {
-    if path.is_empty() {
-        String::new()
-    } else {
-        format!("{path}: ")
-    }
-}
-
-fn lines(errors: &[ConfigError]) -> String {
-    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-    lines.join("\n")
-}
-
-/// Reads the files of `source` (listed by [`super::files`]), logging the files it leaves
-/// out. Returns what could be read and an error for each file that could not.
-pub(crate) fn read_source(source: &Source) -> (Vec<(String, String)>, Vec<ConfigError>) {
-    let listing = match source {
-        Source::Path(path) => match files::list_path(path) {
-            Ok(listing) => listing,
-            Err(e) => {
-                let label = path.display().to_string();
-                return (
-                    Vec::new(),
-                    vec![error(&label, "", format!("cannot read: {e}"))],
-                );
-            }
-        },
-        Source::Runtime(layout) => files::list_runtime(layout),
-    };
-    // Named, so that a file an operator expected to be loaded is never skipped silently.
-    for (file, reason) in &listing.skipped {
-        tracing::warn!(file = %file.display(), "not loaded as a limits file: {reason}");
-    }
-    if let Some(why) = &listing.empty_because {
-        tracing::warn!("no limits file read: {why}");
-    }
-    if let Some(why) = listing.refused {
-        let label = source.watch_path().display().to_string();
-        return (Vec::new(), vec![error(&label, "", why)]);
-    }
-    read_files(&listing.files)
-}
-
-/// Reads `files` in order: what could be read, and an error for each file that could not.
-fn read_files(files: &[PathBuf]) -> (Vec<(String, String)>, Vec<ConfigError>) {
-    // Regular files only, size-capped, never blocking (see `file`).
-    let mut reader = Reader::default();
-    let mut sources = Vec::with_capacity(files.len());
-    let mut errors = Vec::new();
-    for file in files {
-        let name = file.display().to_string();
-        match reader.read(file) {
-            Ok(content) => sources.push((name, content)),
-            Err(message) => errors.push(error(&name, "", message)),
-        }
-    }
-    (sources, errors)
-}
+/// Most rules one load may hold by default (`--max-load-rules`): every descriptor of every
+/// file (or pushed `RateLimitConfig`), nested ones included, counted before anything is
+/// compiled. A pushed configuration has no file size to bound it: a 3.4 MB protobuf
+/// message carries 200,000 descriptors, and each rule costs a few KiB from the YAML it is
+/// converted to up to the matching tree, so this keeps a load within a pod's memory.
+pub const MAX_LOAD_RULES: usize = 20_000;
 
 /// Parses and validates `(file name, content)` pairs into domains, sorted by name. A domain
 /// in two files is an error, unless `merge_domains` (the reference's `MERGE_DOMAIN_CONFIG`):
@@ -304,12 +233,4 @@ fn yaml_message(e: &serde_yaml_ng::Error, path: &str) -> String {
         location.line(),
         location.column()
     )
-}
-
-fn error(file: &str, path: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        file: file.to_owned(),
-        path: path.to_owned(),
-        message: message.into(),
-    }
 }

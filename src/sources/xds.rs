@@ -1,12 +1,13 @@
 //! Limits from an xDS control plane: an ADS stream (state of the world) subscribed to
 //! `ratelimit.config.ratelimit.v3.RateLimitConfig`, each push loaded like a reload of files.
 //!
-//! Place in the flow: beside the request path, like [`super::reload`]. Each push holds every
+//! Place in the flow: beside the request path, like [`super::files`]. Each push holds every
 //! `RateLimitConfig` of the node; they are converted to limits-file YAML ([`to_source`]) and
-//! compiled by the loader files go through, under the same deadline. A push that loads is
-//! swapped in (the `ArcSwap` the request path reads), counted in `floodgate_config_loads_total`
-//! and ACKed; one that does not is counted as a failed load and NACKed with the loader's errors
-//! as `error_detail`, and the previous limits stay in force.
+//! compiled by [`crate::config`] as files are, under the same deadline. A push that loads is
+//! published ([`Publisher`]: swapped into the `ArcSwap` the request path reads, counted in
+//! `floodgate_config_loads_total`) and ACKed; one that does not is counted as a failed load
+//! and NACKed with the loader's errors as `error_detail`, and the previous limits stay in
+//! force.
 //!
 //! The stream is the whole client state: when it breaks, the limits in force stay (a control
 //! plane that is away never empties them), and after a jittered exponential backoff
@@ -15,10 +16,8 @@
 
 mod convert;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -28,13 +27,13 @@ use tonic::transport::Endpoint;
 
 pub use convert::{rule_count, to_source};
 
-use super::{Config, ConfigError, ConfigErrors, Defaults, LOAD_DEADLINE};
+use super::{LOAD_DEADLINE, Publisher};
+use crate::config::{Config, ConfigError, ConfigErrors, Defaults};
 use crate::proto::discovery::DiscoveryRequest;
 use crate::proto::discovery::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use crate::proto::envoy::config::core::v3::Node;
 use crate::proto::google::rpc::Status as RpcStatus;
 use crate::proto::rls_conf::RateLimitConfig;
-use crate::telemetry::metrics::Metrics;
 
 /// The resource type floodgate subscribes to (the reference's).
 pub const TYPE_URL: &str = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitConfig";
@@ -96,28 +95,14 @@ struct Resume {
 }
 
 /// Follows the control plane until the returned task is aborted: every push that loads is
-/// stored in `config`, then `on_load` runs with it (the server clears the over-limit cache and
-/// updates readiness there). Must be called inside a tokio runtime.
-pub fn spawn(
-    options: XdsOptions,
-    config: Arc<ArcSwap<Config>>,
-    metrics: Arc<Metrics>,
-    on_load: impl Fn(&Config) + Send + Sync + 'static,
-) -> JoinHandle<()> {
+/// published. Must be called inside a tokio runtime.
+pub fn spawn(options: XdsOptions, publisher: Publisher) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut resume = Resume::default();
         let mut attempt = 0;
         loop {
             let mut pushes = 0u64;
-            let ended = session(
-                &options,
-                &mut resume,
-                &mut pushes,
-                &config,
-                &metrics,
-                &on_load,
-            )
-            .await;
+            let ended = session(&options, &mut resume, &mut pushes, &publisher).await;
             // A stream that delivered something was healthy: start the backoff over.
             if pushes > 0 {
                 attempt = 0;
@@ -152,9 +137,7 @@ async fn session(
     options: &XdsOptions,
     resume: &mut Resume,
     pushes: &mut u64,
-    config: &ArcSwap<Config>,
-    metrics: &Metrics,
-    on_load: &(dyn Fn(&Config) + Send + Sync),
+    publisher: &Publisher,
 ) -> Result<(), tonic::Status> {
     let channel = options
         .endpoint
@@ -183,24 +166,16 @@ async fn session(
         let resources = std::mem::take(&mut response.resources);
         let answer = match load(&response.version_info, resources, options).await {
             Ok(loaded) => {
-                let domains = loaded.domains().count();
-                metrics.resolve_rules(&loaded);
-                config.store(Arc::new(loaded));
-                // After the swap: a denial cached under the old limits must not outlive them.
-                on_load(&config.load());
-                metrics.record_config_load_with(
-                    true,
-                    &format!("xDS version {}: {domains} domain(s)", response.version_info),
-                );
+                let what = format!("xDS version {}", response.version_info);
+                let domains = publisher.publish(loaded, &what);
                 resume.version.clone_from(&response.version_info);
                 tracing::info!(version = %response.version_info, domains, "limits from xDS loaded (ACK)");
                 request(options, &resume.version, &response.nonce, None)
             }
             Err(errors) => {
-                let all: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
-                metrics.record_config_load_with(false, &all.join("; "));
-                tracing::error!(version = %response.version_info, errors = all.len(),
-                    "limits from xDS rejected (NACK), keeping the previous limits: {}", all.join("; "));
+                let all = publisher.reject(&errors);
+                tracing::error!(version = %response.version_info, errors = errors.0.len(),
+                    "limits from xDS rejected (NACK), keeping the previous limits: {all}");
                 let detail = RpcStatus {
                     code: INVALID_ARGUMENT,
                     message: errors.to_string(),
@@ -247,7 +222,7 @@ async fn load(
         let sources = sources(resources, defaults.max_rules)?;
         Config::compile(&sources, &defaults, merge)
     };
-    tokio::task::spawn_blocking(move || super::file::load_within(label, LOAD_DEADLINE, compile))
+    tokio::task::spawn_blocking(move || super::load_within(label, LOAD_DEADLINE, compile))
         .await
         .unwrap_or_else(|e| {
             Err(ConfigErrors(vec![error(
@@ -292,7 +267,7 @@ fn sources(
     }
     if let Some(file) = past_cap {
         sources.clear();
-        errors.push(super::load::too_many_rules(&file, rules, max_rules));
+        errors.push(crate::config::too_many_rules(&file, rules, max_rules));
     }
     if errors.is_empty() {
         Ok(sources)
