@@ -52,7 +52,7 @@ for r in rows:
         f"| {r.get('answer', '')} | {latency} | {cell(r, 'normal_p99_ms')} | {cell(r, 'breaker_open_ms')} "
         f"| {cell(r, 'recovery_ms')} | {r.get('note', '')} |"
     )
-table.append("| fuzzing: 4 targets (limits loader, protobuf request path, /json, bucket keys), 11 min each + ASan run | 34.3 M executions | – | 0 crashes | every input rejected or answered; peak RSS 77–78 MB | – | – | – | – | see [docs/fuzzing.md](fuzzing.md); 20 s per target in every test run |")
+table.append("| fuzzing: 4 targets (limits loader, protobuf request path, /json, bucket keys), 11 min each + ASan run | 34.3 M executions | – | 0 crashes | every input rejected or answered; peak RSS 77–78 MB | – | – | – | – | see [docs/fuzzing.md](fuzzing.md); 40 s per target in every test run |")
 table.append("")
 table.append(f"Machine: {machine}. Command: `{command}`.")
 
