@@ -39,6 +39,8 @@
 //! - [`listen`]: admits connections on both ports: a bound per port (the longest-idle
 //!   connection makes way for a new one), those that do not open in time or fall silent closed; the
 //!   gRPC port's optional TLS / mutual TLS, certificates reloaded from disk ([`listen::tls`]).
+//! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
+//!   each limit's rate shared among the Envoys that report on it.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -87,6 +89,7 @@ pub mod otel;
 pub mod outcome;
 pub mod plan;
 pub mod proto;
+pub mod rlqs;
 pub mod runtime;
 pub mod server;
 pub mod service;

@@ -318,6 +318,38 @@ impl fmt::Debug for Samplers {
     }
 }
 
+/// One metric family attached after construction: its name, help and handle.
+type AttachedFamily = (
+    &'static str,
+    &'static str,
+    Box<dyn prometheus_client::encoding::EncodeMetric + Send + Sync>,
+);
+
+/// Metric families owned by a module above this one (which this module cannot name), encoded
+/// with the registry at every exposition: see [`Metrics::attach`].
+#[derive(Clone, Default)]
+struct Attached(Arc<Mutex<Vec<AttachedFamily>>>);
+
+impl fmt::Debug for Attached {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.0.lock().unwrap_or_else(PoisonError::into_inner).len();
+        write!(f, "Attached({count})")
+    }
+}
+
+impl prometheus_client::collector::Collector for Attached {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), fmt::Error> {
+        for (name, help, metric) in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            let family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(family)?;
+        }
+        Ok(())
+    }
+}
+
 /// The metric registry and handles to every metric.
 #[derive(Debug)]
 pub struct Metrics {
@@ -366,6 +398,8 @@ pub struct Metrics {
     leases: LeaseMetrics,
     /// Run before every exposition.
     samplers: Samplers,
+    /// Families registered after construction by the modules that own them.
+    attached: Attached,
     /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
@@ -612,6 +646,8 @@ impl Metrics {
         );
         let abuse = Abuse::register(&mut registry);
         let leases = LeaseMetrics::register(&mut registry);
+        let attached = Attached::default();
+        registry.register_collector(Box::new(attached.clone()));
         let statsd_dropped = Counter::default();
         registry.register(
             "floodgate_statsd_dropped_lines",
@@ -657,6 +693,7 @@ impl Metrics {
             abuse,
             leases,
             samplers: Samplers::default(),
+            attached,
             statsd: OnceLock::new(),
             statsd_dropped,
             loads: LoadHistory::default(),
@@ -1118,6 +1155,22 @@ impl Metrics {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Box::new(sampler));
+    }
+
+    /// Adds a metric family to every exposition from now on: a module above this one (such
+    /// as `rlqs`) owns its metrics and registers them here once, as the families of this
+    /// module are registered (a counter's name gets `_total` appended).
+    pub fn attach(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        metric: impl prometheus_client::encoding::EncodeMetric + Send + Sync + 'static,
+    ) {
+        self.attached
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((name, help, Box::new(metric)));
     }
 
     /// The Prometheus text exposition of every metric.

@@ -35,6 +35,7 @@ use crate::listen::tls::{GrpcTls, TlsError};
 use crate::listen::{Admission, CallsLayer, ConnectionLimits, CountAdminCalls, PortBound};
 use crate::metrics::Port;
 use crate::otel::TraceError;
+use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{Decider, RlsService};
@@ -140,6 +141,9 @@ pub struct RunOptions {
     pub bounds: Bounds,
     /// The operator console's token, access rules and store health.
     pub console: ConsoleOptions,
+    /// The Rate Limit Quota Service, served beside the rate-limit service; `None`: not
+    /// served.
+    pub rlqs: Option<Arc<crate::rlqs::Rlqs>>,
 }
 
 /// The bounds that keep one client from exhausting the server (docs/security.md).
@@ -428,6 +432,11 @@ pub async fn run(
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(limiter.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
+    // Usage reports are as small as RLS requests: the same bound.
+    let rlqs = options.rlqs.clone().map(|rlqs| {
+        RateLimitQuotaServiceServer::new(crate::rlqs::RlqsService::new(rlqs))
+            .max_decoding_message_size(options.grpc_max_message_bytes)
+    });
     let bounds = options.bounds;
     // Pinged well within the idle timeout, a live peer is never closed as silent.
     let keepalive_interval = options
@@ -457,6 +466,7 @@ pub async fn run(
             .layer(CallsLayer)
             .layer(AdmissionLayer::new(limiter.clone()))
             .add_service(rls.clone())
+            .add_optional_service(rlqs.clone())
             .add_service(health_service.clone())
             .add_service(reflection_v1.clone())
             .add_service(reflection_v1alpha.clone())
@@ -582,6 +592,10 @@ pub async fn run(
     health::publish(&health, &serving, Err(NotReady::ShuttingDown)).await;
     // Requests a max_wait limit holds would keep the drain waiting: answer them now.
     releases_waiting.release_waiting();
+    // RLQS streams last as long as their Envoy: each expires its assignments and ends now.
+    if let Some(rlqs) = &options.rlqs {
+        rlqs.shut_down();
+    }
     let _ = stop_tx.send(true);
 
     let grace = options.grace;

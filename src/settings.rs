@@ -26,6 +26,7 @@ pub mod console;
 pub mod counters;
 pub mod per_second;
 pub mod reference;
+pub mod rlqs;
 pub mod statsd;
 pub mod traces;
 pub mod xds;
@@ -105,6 +106,10 @@ pub struct ServeSettings {
     /// The operator console's access rules.
     #[command(flatten)]
     pub console: console::ConsoleSettings,
+
+    /// Bounds and timings of the Rate Limit Quota Service.
+    #[command(flatten)]
+    pub rlqs: rlqs::RlqsSettings,
 
     /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
     /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and
