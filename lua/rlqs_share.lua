@@ -17,6 +17,9 @@ ARGV[3]  capacity: tokens per period, all holders together (0 .. 2^32).       (s
 ARGV[4]  demand: tokens per period, clamped to capacity by the caller; -1 when unknown
          (the row's previous demand is kept, or the whole capacity is wanted).  (settle only)
 ARGV[5]  life: µs the row counts from now (> 0).                                (settle only)
+ARGV[6]  optional: "now" in µs since the Unix epoch, instead of Redis TIME; only the
+         equivalence test passes it (tests/rlqs.rs), so it can fix time; the key's
+         PEXPIRE (real time) is then not touched.                                (settle only)
 
 Storage: a hash; field = holder, value = "<demand> <grant> <expires_us>" (decimal integers;
 demand -1 when unknown). Time is Redis TIME (sec * 1000000 + usec), so replicas agree. The
@@ -35,8 +38,14 @@ end
 local capacity = tonumber(ARGV[3])
 local demand = tonumber(ARGV[4])
 local life = tonumber(ARGV[5])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now
+local fixed = ARGV[6] and ARGV[6] ~= ''
+if fixed then
+  now = tonumber(ARGV[6])
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
 
 -- Rust: the `retain` and the previous demand of `settle`.
 local rows = redis.call('HGETALL', key)
@@ -90,7 +99,8 @@ end
 local grant = math.min(target, math.max(capacity - others, 0))
 redis.call('HSET', key, holder, string.format('%d %d %d', demand, grant, now + life))
 local keep = math.ceil(life / 1000) + 1000
-if redis.call('PTTL', key) < keep then
+-- A fixed time is not Redis's: the key's (real-time) expiry is left alone then.
+if not fixed and redis.call('PTTL', key) < keep then
   redis.call('PEXPIRE', key, keep)
 end
 return grant

@@ -15,6 +15,7 @@ use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use floodgate::proto::types::TokenBucket;
 use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
+use floodgate::rlqs::share::{Ask, Table, settle};
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use tokio::sync::mpsc;
@@ -305,10 +306,10 @@ async fn a_silent_envoy_loses_its_share() {
 }
 
 /// A bucket that reports no requests is abandoned after --rlqs-abandon-after; reporting it
-/// again subscribes it afresh.
+/// again subscribes it afresh, on the same stream, which outlived --grpc-request-timeout.
 #[tokio::test]
 async fn an_idle_bucket_is_abandoned() {
-    let (server, _dir) = start(&["--rlqs-abandon-after", "0.2"]);
+    let (server, _dir) = start(&["--rlqs-abandon-after", "1.5", "--grpc-request-timeout", "1"]);
     let mut envoy = Envoy::open(&server).await.unwrap();
     let tenant: &[(&str, &str)] = &[("tenant", "a")];
     envoy.report("edge", &[(tenant, 1, 0, 0)]).await;
@@ -516,4 +517,53 @@ async fn reflection_and_metrics_show_the_service() {
         Some(1.0)
     );
     server.stop().await;
+}
+
+/// lua/rlqs_share.lua grants exactly what `rlqs::share::settle` grants (and forgets the
+/// same rows), over a random sequence of reports and releases at fixed times.
+#[tokio::test]
+async fn the_share_script_is_the_rust_rule() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(floodgate::rlqs::redis::SCRIPT);
+    let mut table = Table::new();
+    let mut seed: u64 = 11;
+    for step in 0..600i64 {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let holder = format!("h{}", (seed >> 33) % 5);
+        let now = 1_700_000_000_000_000 + step * 7;
+        if (seed >> 17).is_multiple_of(10) {
+            table.remove(&holder);
+            let _: u64 = script
+                .key("t")
+                .arg(&holder)
+                .arg("release")
+                .invoke_async(&mut connection)
+                .await
+                .unwrap();
+            continue;
+        }
+        let demand = (!(seed >> 20).is_multiple_of(4)).then_some((seed >> 40) % 130);
+        let ask = Ask {
+            capacity: 97,
+            demand,
+            life_us: i64::try_from((seed >> 12) % 60).unwrap() + 1,
+        };
+        let rust = settle(&mut table, &holder, ask, now);
+        let lua: u64 = script
+            .key("t")
+            .arg(&holder)
+            .arg("settle")
+            .arg(ask.capacity)
+            .arg(demand.map_or(-1, |d| i64::try_from(d.min(97)).unwrap()))
+            .arg(ask.life_us)
+            .arg(now)
+            .invoke_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(lua, rust, "step {step}: {table:?}");
+    }
 }

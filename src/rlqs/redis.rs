@@ -18,7 +18,7 @@ use super::share::{Ask, ShareError, Shares};
 use crate::store::redis::redact::{redact_in, redact_url};
 
 /// The script (see its header for KEYS, ARGV and the reply).
-const SCRIPT: &str = include_str!("../../lua/rlqs_share.lua");
+pub const SCRIPT: &str = include_str!("../../lua/rlqs_share.lua");
 
 /// Share tables in one Redis.
 pub struct RedisShares {
