@@ -279,7 +279,8 @@ async fn two_replicas_share_the_rate_through_redis() {
 /// the silent one's row has expired.
 #[tokio::test]
 async fn a_silent_envoy_loses_its_share() {
-    let (server, _dir) = start(&["--rlqs-assignment-ttl", "0.5"]);
+    // Rows live 2.5 s: reports a few ms apart share the rate even on a loaded machine.
+    let (server, _dir) = start(&["--rlqs-assignment-ttl", "2"]);
     let tenant: &[(&str, &str)] = &[("tenant", "a")];
     let mut a = Envoy::open(&server).await.unwrap();
     let mut b = Envoy::open(&server).await.unwrap();
@@ -475,8 +476,9 @@ async fn a_reload_reassigns_the_changed_buckets() {
         granted(&envoy.report("edge", &[(tenant, 1, 0, 0)]).await),
         100
     );
-    limits_file(
-        dir.path(),
+    // Replaced atomically: a reload never sees a half-written file.
+    support::configmap::replace(
+        Path::new(&path),
         &LIMITS.replace("requests_per_unit: 100}", "requests_per_unit: 40}"),
     );
     let pushed = envoy.next().await.unwrap().expect("stream ended");
