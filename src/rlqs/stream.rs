@@ -119,6 +119,10 @@ pub(super) async fn serve(
                     }
                     Err(e) => break Err(e),
                 },
+                // Bytes that are not a report (the codec says INVALID_ARGUMENT): say so.
+                Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                    break Err(StreamError::Invalid(status.message().to_owned()));
+                }
                 // The client closed its side, or the connection is gone.
                 Ok(None) | Err(_) => break Ok(()),
             },
