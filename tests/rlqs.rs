@@ -622,3 +622,24 @@ async fn garbage_is_invalid_argument() {
     );
     server.stop().await;
 }
+
+/// A Redis share table that cannot be reached ends the stream with UNAVAILABLE, naming
+/// Redis: Envoy keeps its assignments until they expire, then its fallback applies.
+#[tokio::test]
+async fn an_unreachable_share_table_is_unavailable() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (server, _dir) = start(&["--redis-url", &url]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let status = envoy
+        .refused(reports("edge", &[(&[("tenant", "a")], 1, 0, 0)]))
+        .await;
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("Redis"), "{status:?}");
+    server.stop().await;
+}
