@@ -1159,7 +1159,8 @@ impl Metrics {
 
     /// Adds a metric family to every exposition from now on: a module above this one (such
     /// as `rlqs`) owns its metrics and registers them here once, as the families of this
-    /// module are registered (a counter's name gets `_total` appended).
+    /// module are registered (a counter's name gets `_total` appended; `help` is written as
+    /// given, so it ends with a period like the registry's).
     pub fn attach(
         &self,
         name: &'static str,

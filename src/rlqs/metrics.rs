@@ -79,32 +79,32 @@ impl RlqsMetrics {
         }
         metrics.attach(
             "floodgate_rlqs_streams",
-            "RLQS streams (StreamRateLimitQuotas) open now",
+            "RLQS streams (StreamRateLimitQuotas) open now.",
             own.streams.clone(),
         );
         metrics.attach(
             "floodgate_rlqs_buckets",
-            "Buckets the open RLQS streams subscribe to",
+            "Buckets the open RLQS streams subscribe to.",
             own.buckets.clone(),
         );
         metrics.attach(
             "floodgate_rlqs_assignments",
-            "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown)",
+            "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown).",
             own.assignments.clone(),
         );
         metrics.attach(
             "floodgate_rlqs_abandons",
-            "Buckets abandoned (AbandonAction) after reporting no requests for --rlqs-abandon-after",
+            "Buckets abandoned (AbandonAction) after reporting no requests for --rlqs-abandon-after.",
             own.abandons.clone(),
         );
         metrics.attach(
             "floodgate_rlqs_holders",
-            "Subscriptions on this replica holding a share of a rule's buckets",
+            "Subscriptions on this replica holding a share of a rule's buckets.",
             own.holders.clone(),
         );
         metrics.attach(
             "floodgate_rlqs_refused",
-            "RLQS streams ended with an error status, by reason",
+            "RLQS streams ended with an error status, by reason.",
             own.refused.clone(),
         );
         Arc::new(own)
