@@ -43,6 +43,8 @@
 //!   for a new one), and wraps each connection once, with one timer for its deadlines (the
 //!   handshake and idle timeouts, the gRPC age cut); the gRPC port's optional TLS / mutual
 //!   TLS, certificates reloaded from disk ([`transport::tls`]).
+//! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
+//!   each limit's rate shared among the Envoys that report on it.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -93,6 +95,7 @@ pub mod outcome;
 pub mod pem;
 pub mod plan;
 pub mod proto;
+pub mod rlqs;
 pub mod runtime;
 pub mod server;
 pub mod service;

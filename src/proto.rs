@@ -1,4 +1,4 @@
-//! Generated RLS v3 types (see `build.rs` and `proto/`).
+//! Generated RLS v3 and RLQS v3 types (see `build.rs` and `proto/`).
 //!
 //! `RateLimitDescriptor.Entry.key/value` are `Vec<u8>` here: Envoy may send raw header bytes
 //! that are not UTF-8, and decoding them as `string` would fail the whole RPC.
@@ -13,5 +13,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 pub use envoy::extensions::common::ratelimit::v3 as common;
 pub use envoy::service::discovery::v3 as discovery;
+pub use envoy::service::rate_limit_quota::v3 as rlqs;
 pub use envoy::service::ratelimit::v3 as rls;
+pub use envoy::r#type::v3 as types;
 pub use ratelimit::config::ratelimit::v3 as rls_conf;

@@ -301,6 +301,10 @@ pub async fn run(
     health.shutting_down().await;
     // Requests a max_wait limit holds would keep the drain waiting: answer them now.
     decider.release_waiting();
+    // RLQS streams last as long as their Envoy: each expires its assignments and ends now.
+    if let Some(rlqs) = &options.rlqs {
+        rlqs.shut_down();
+    }
     let _ = stop_tx.send(true);
     drain(grpc_task, http_task, options.grace).await
 }

@@ -30,6 +30,7 @@ mod parse;
 pub mod per_second;
 pub mod reference;
 mod response;
+pub mod rlqs;
 pub mod statsd;
 #[cfg(test)]
 mod tests;
@@ -122,6 +123,10 @@ pub struct ServeSettings {
     /// The operator console's access rules.
     #[command(flatten)]
     pub console: console::ConsoleSettings,
+
+    /// Bounds and timings of the Rate Limit Quota Service.
+    #[command(flatten)]
+    pub rlqs: rlqs::RlqsSettings,
 
     /// Redis URL (redis:// or rediss://). Without it (and without --redis-sentinel or
     /// --redis-cluster), buckets live in process memory. With --redis-sentinel: the master's scheme, credentials and

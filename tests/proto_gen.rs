@@ -15,7 +15,10 @@ use std::{
 use prost::Message;
 use prost_types::field_descriptor_proto::Type;
 
-const PROTOS: &[&str] = &["envoy/service/ratelimit/v3/rls.proto"];
+const PROTOS: &[&str] = &[
+    "envoy/service/ratelimit/v3/rls.proto",
+    "envoy/service/rate_limit_quota/v3/rlqs.proto",
+];
 /// The xDS client's protos (ADS and the pushed `RateLimitConfig`): compiled into code, but
 /// not served by reflection, since floodgate serves no such service.
 const XDS_PROTOS: &[&str] = &[

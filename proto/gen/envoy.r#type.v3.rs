@@ -40,3 +40,74 @@ impl RateLimitUnit {
         }
     }
 }
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TokenBucket {
+    #[prost(uint32, tag = "1")]
+    pub max_tokens: u32,
+    #[prost(message, optional, tag = "2")]
+    pub tokens_per_fill: ::core::option::Option<u32>,
+    #[prost(message, optional, tag = "3")]
+    pub fill_interval: ::core::option::Option<::prost_types::Duration>,
+    #[prost(string, tag = "4")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct RateLimitStrategy {
+    #[prost(oneof = "rate_limit_strategy::Strategy", tags = "1, 2, 3")]
+    pub strategy: ::core::option::Option<rate_limit_strategy::Strategy>,
+}
+/// Nested message and enum types in `RateLimitStrategy`.
+pub mod rate_limit_strategy {
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+    pub struct RequestsPerTimeUnit {
+        #[prost(uint64, tag = "1")]
+        pub requests_per_time_unit: u64,
+        #[prost(enumeration = "super::RateLimitUnit", tag = "2")]
+        pub time_unit: i32,
+    }
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        Eq,
+        Hash,
+        PartialOrd,
+        Ord,
+        ::prost::Enumeration
+    )]
+    #[repr(i32)]
+    pub enum BlanketRule {
+        AllowAll = 0,
+        DenyAll = 1,
+    }
+    impl BlanketRule {
+        /// String value of the enum field names used in the ProtoBuf definition.
+        ///
+        /// The values are not transformed in any way and thus are considered stable
+        /// (if the ProtoBuf definition does not change) and safe for programmatic use.
+        pub fn as_str_name(&self) -> &'static str {
+            match self {
+                Self::AllowAll => "ALLOW_ALL",
+                Self::DenyAll => "DENY_ALL",
+            }
+        }
+        /// Creates an enum from field names used in the ProtoBuf definition.
+        pub fn from_str_name(value: &str) -> ::core::option::Option<Self> {
+            match value {
+                "ALLOW_ALL" => Some(Self::AllowAll),
+                "DENY_ALL" => Some(Self::DenyAll),
+                _ => None,
+            }
+        }
+    }
+    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    pub enum Strategy {
+        #[prost(enumeration = "BlanketRule", tag = "1")]
+        BlanketRule(i32),
+        #[prost(message, tag = "2")]
+        RequestsPerTimeUnit(RequestsPerTimeUnit),
+        #[prost(message, tag = "3")]
+        TokenBucket(super::TokenBucket),
+    }
+}

@@ -27,6 +27,11 @@ pub mod envoy {
                 include!("envoy.service.discovery.v3.rs");
             }
         }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                include!("envoy.service.rate_limit_quota.v3.rs");
+            }
+        }
         pub mod ratelimit {
             pub mod v3 {
                 include!("envoy.service.ratelimit.v3.rs");

@@ -20,6 +20,7 @@ use crate::config::{Config, Defaults, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};
 use crate::file_watch::FileWatch;
 use crate::plan::PlanOptions;
+use crate::rlqs::{MemoryShares, RedisShares, Rlqs, RlqsMetrics, Shares};
 use crate::service::Decider;
 use crate::settings::ServeSettings;
 use crate::sources::Publisher;
@@ -52,6 +53,7 @@ impl RunOptions {
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
             bounds: Bounds::from_settings(&settings.bounds),
+            rlqs: Some(components.rlqs.clone()),
             console: ConsoleOptions {
                 token: components.admin_token.clone(),
                 read_requires_token: settings.console.admin_read_requires_token,
@@ -92,6 +94,8 @@ pub struct Components {
     pub traces: Option<Arc<Traces>>,
     /// The operator console's bearer token (none configured: mutations refused).
     pub admin_token: AdminToken,
+    /// The Rate Limit Quota Service's shared state.
+    pub rlqs: Arc<Rlqs>,
     /// The settings it was built from.
     pub settings: ServeSettings,
 }
@@ -262,12 +266,19 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
                     .counters
                     .plan_options(settings.runtime_layout.is_some()),
             },
-            metrics,
+            metrics.clone(),
         )
         .with_max_in_flight(settings.max_in_flight as usize)
         .with_traces(traces.clone()),
     );
+    let rlqs = Rlqs::new(
+        settings.rlqs.options(),
+        config.clone(),
+        rlqs_shares(&settings)?,
+        RlqsMetrics::register(&metrics),
+    );
     Ok(Components {
+        rlqs,
         traces,
         decider,
         config,
@@ -281,6 +292,37 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         settings,
     })
 }
+
+/// Where RLQS shares are settled: the standalone Redis of `--redis-url`, shared by every
+/// replica; otherwise this process (with Sentinel or Cluster, each replica then shares a
+/// bucket's rate among its own Envoys only, which the log says).
+fn rlqs_shares(settings: &ServeSettings) -> Result<Arc<dyn Shares>, ServerError> {
+    let remote = settings.redis_sentinel.is_some() || !settings.redis_cluster.is_empty();
+    match &settings.redis_url {
+        Some(url) if !remote => {
+            let shares = RedisShares::new(
+                url,
+                &settings.redis_key_prefix,
+                settings.redis_timeout_ms.max(RLQS_REDIS_TIMEOUT),
+            )
+            .map_err(|e| ServerError::Settings(e.to_string()))?;
+            Ok(Arc::new(shares))
+        }
+        _ => {
+            if remote {
+                tracing::warn!(
+                    "RLQS shares are kept per replica with --redis-sentinel / --redis-cluster: \
+                     each replica shares a limit among its own Envoys"
+                );
+            }
+            Ok(Arc::new(MemoryShares::new(Arc::new(SystemClock))))
+        }
+    }
+}
+
+/// The least time an RLQS share call may take: reports come every few seconds, so the
+/// request path's tight Redis timeout (milliseconds) would only fail them on a busy Redis.
+const RLQS_REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The limits from files, loaded once at start-up, and (with `--health-requires-limits`)
 /// whether they have a domain.

@@ -20,6 +20,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 
 use super::{RunOptions, ServerError, stopped};
 use crate::admission::AdmissionLayer;
+use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{Decider, RlsService};
@@ -61,6 +62,11 @@ pub(super) fn router(
     // message make the server allocate and decode megabytes.
     let rls = RateLimitServiceServer::new(RlsService::new(decider.clone()))
         .max_decoding_message_size(options.grpc_max_message_bytes);
+    // Usage reports are as small as RLS requests: the same bound.
+    let rlqs = options.rlqs.clone().map(|rlqs| {
+        RateLimitQuotaServiceServer::new(crate::rlqs::RlqsService::new(rlqs))
+            .max_decoding_message_size(options.grpc_max_message_bytes)
+    });
     let bounds = options.bounds;
     // Pinged well within the idle timeout, a live peer is never closed as silent.
     let keepalive_interval = options
@@ -87,6 +93,7 @@ pub(super) fn router(
         .layer(CallsLayer)
         .layer(AdmissionLayer::new(decider.clone()))
         .add_service(rls)
+        .add_optional_service(rlqs)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha))

@@ -2,6 +2,7 @@
 //! gRPC connection age, health inputs, the console) and the [`Bounds`] that keep one client
 //! from exhausting the server, both built from the settings by the composition root.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -36,6 +37,9 @@ pub struct RunOptions {
     pub bounds: Bounds,
     /// The operator console's token, access rules and store health.
     pub console: ConsoleOptions,
+    /// The Rate Limit Quota Service, served beside the rate-limit service; `None`: not
+    /// served.
+    pub rlqs: Option<Arc<crate::rlqs::Rlqs>>,
 }
 
 /// The bounds that keep one client from exhausting the server (docs/security.md).

@@ -78,6 +78,7 @@ use prometheus_client::registry::Registry;
 
 use crate::telemetry::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
 
+mod attached;
 mod connections;
 pub mod history;
 mod labels;
@@ -132,6 +133,8 @@ pub struct Metrics {
     leases: LeaseMetrics,
     /// Run before every exposition.
     samplers: Samplers,
+    /// Families registered after construction by the modules that own them.
+    attached: attached::Attached,
     /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
@@ -163,6 +166,8 @@ impl Metrics {
         let connections = connections::ConnectionMetrics::register(&mut registry);
         rules.register_overflow(&mut registry);
         let leases = LeaseMetrics::register(&mut registry);
+        let attached = attached::Attached::default();
+        registry.register_collector(Box::new(attached.clone()));
         let statsd_dropped = Counter::default();
         registry.register(
             "floodgate_statsd_dropped_lines",
@@ -179,6 +184,7 @@ impl Metrics {
             connections,
             leases,
             samplers: Samplers::default(),
+            attached,
             statsd: OnceLock::new(),
             statsd_dropped,
         }
@@ -231,6 +237,19 @@ impl Metrics {
     /// A shareable registry.
     pub fn shared() -> Arc<Metrics> {
         Arc::new(Metrics::new())
+    }
+
+    /// Adds a metric family to every exposition from now on: a module above this one (such
+    /// as `rlqs`) owns its metrics and registers them here once, as the families of this
+    /// module are registered (a counter's name gets `_total` appended; `help` is written as
+    /// given, so it ends with a period like the registry's).
+    pub fn attach(
+        &self,
+        name: &'static str,
+        help: &'static str,
+        metric: impl prometheus_client::encoding::EncodeMetric + Send + Sync + 'static,
+    ) {
+        self.attached.push(name, help, Box::new(metric));
     }
 
     /// Runs `sampler` before every exposition, to set gauges read from their source (a

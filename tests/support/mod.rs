@@ -243,6 +243,7 @@ impl Setup {
                 keepalive_interval: None,
                 bounds: server::Bounds::default(),
                 console: Default::default(),
+                rlqs: None,
             },
             self.store_health,
             async move {

@@ -1,0 +1,152 @@
+//! The Rate Limit Quota Service's metrics: registered once into the shared registry
+//! ([`crate::telemetry::metrics::Metrics::attach`]), updated by the streams. Names and help strings live
+//! here only.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::telemetry::metrics::Metrics;
+
+/// What an assignment told an Envoy to do, as the `strategy` label says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// A token bucket (a share of a limit).
+    TokenBucket,
+    /// `BlanketRule` `ALLOW_ALL`.
+    AllowAll,
+    /// `BlanketRule` `DENY_ALL`.
+    DenyAll,
+    /// The current assignment with a time to live of 0 (shutdown).
+    Expire,
+}
+
+impl Sent {
+    fn label(self) -> &'static str {
+        match self {
+            Sent::TokenBucket => "token_bucket",
+            Sent::AllowAll => "allow_all",
+            Sent::DenyAll => "deny_all",
+            Sent::Expire => "expire",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StrategyLabels {
+    strategy: &'static str,
+}
+
+/// Labels of a configured rule: bounded by the limits, never by what clients send.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: String,
+    rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+/// Handles to every RLQS metric.
+#[derive(Clone, Debug, Default)]
+pub struct RlqsMetrics {
+    streams: Gauge,
+    buckets: Gauge,
+    assignments: Family<StrategyLabels, Counter>,
+    abandons: Counter,
+    holders: Family<RuleLabels, Gauge>,
+    refused: Family<ReasonLabels, Counter>,
+}
+
+impl RlqsMetrics {
+    /// Registers every family, at zero, into `metrics`' registry.
+    pub fn register(metrics: &Metrics) -> Arc<RlqsMetrics> {
+        let own = RlqsMetrics::default();
+        for sent in [
+            Sent::TokenBucket,
+            Sent::AllowAll,
+            Sent::DenyAll,
+            Sent::Expire,
+        ] {
+            let _ = own.assignments.get_or_create(&StrategyLabels {
+                strategy: sent.label(),
+            });
+        }
+        metrics.attach(
+            "floodgate_rlqs_streams",
+            "RLQS streams (StreamRateLimitQuotas) open now.",
+            own.streams.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_buckets",
+            "Buckets the open RLQS streams subscribe to.",
+            own.buckets.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_assignments",
+            "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown).",
+            own.assignments.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_abandons",
+            "Buckets abandoned (AbandonAction) after reporting no requests for --rlqs-abandon-after.",
+            own.abandons.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_holders",
+            "Subscriptions on this replica holding a share of a rule's buckets.",
+            own.holders.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_refused",
+            "RLQS streams ended with an error status, by reason.",
+            own.refused.clone(),
+        );
+        Arc::new(own)
+    }
+
+    /// A stream opened (`+1`) or ended (`-1`).
+    pub fn streams(&self, delta: i64) {
+        self.streams.inc_by(delta);
+    }
+
+    /// Subscriptions added or removed.
+    pub fn buckets(&self, delta: i64) {
+        self.buckets.inc_by(delta);
+    }
+
+    /// One assignment sent.
+    pub fn sent(&self, sent: Sent) {
+        self.assignments
+            .get_or_create(&StrategyLabels {
+                strategy: sent.label(),
+            })
+            .inc();
+    }
+
+    /// One bucket abandoned.
+    pub fn abandoned(&self) {
+        self.abandons.inc();
+    }
+
+    /// A subscription took (`+1`) or gave up (`-1`) a share of `domain`'s rule `rule`.
+    pub fn holders(&self, domain: &str, rule: &str, delta: i64) {
+        self.holders
+            .get_or_create(&RuleLabels {
+                domain: domain.to_owned(),
+                rule: rule.to_owned(),
+            })
+            .inc_by(delta);
+    }
+
+    /// A stream ended with an error: `invalid` (INVALID_ARGUMENT), `streams` or `buckets`
+    /// (RESOURCE_EXHAUSTED), `shares` (UNAVAILABLE).
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabels { reason }).inc();
+    }
+}

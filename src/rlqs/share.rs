@@ -1,0 +1,275 @@
+//! Shares of one bucket's rate among the Envoys that hold it: the pure rule ([`settle`]),
+//! the [`Shares`] table every replica consults, and its in-process form ([`MemoryShares`]).
+//!
+//! A bucket's rate is `capacity` tokens per period. Each holder (one stream's subscription
+//! to the bucket, on any replica) has a row: its demand (tokens per period, as its last
+//! report measured it), the grant it was last sent, and when the row expires. A report
+//! [`settle`]s the reporting holder's row:
+//!
+//! 1. rows past their expiry are dropped: their Envoys' assignments have expired too (the
+//!    assignment's time to live is shorter than the row's life, see [`Ask::life_us`]);
+//! 2. the holder's fair target is computed over the live rows: max-min fair (water-filling)
+//!    on their demands, and any rate left once every demand is met split evenly among the
+//!    holders *and one more*, so a newcomer finds some rate unassigned;
+//! 3. its grant is `min(target, capacity - the other live rows' grants)`.
+//!
+//! Step 3 makes the invariant hold after every settle: the grants of the live rows sum to
+//! at most `capacity`. Others' grants move towards their targets when they next report, so
+//! shares follow demand within a reporting interval or two.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+
+use crate::clock::Clock;
+
+/// One holder's row of a bucket's share table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// Tokens per period the holder's Envoy saw asked for (allowed + denied), when known.
+    pub demand: Option<u64>,
+    /// Tokens per period it was granted.
+    pub grant: u64,
+    /// When the row stops counting, µs since the epoch.
+    pub expires_us: i64,
+}
+
+/// What a holder's report asks of a bucket's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ask {
+    /// The bucket's rate: tokens per period, all holders together.
+    pub capacity: u64,
+    /// The holder's measured demand in tokens per period; `None` (no measure yet, or a
+    /// re-assignment without a report) keeps the row's previous demand, and a holder whose
+    /// demand was never measured counts as wanting the whole capacity.
+    pub demand: Option<u64>,
+    /// How long the row lives from now, µs: longer than the assignment's time to live, so an
+    /// Envoy never enforces a grant the table has already forgotten.
+    pub life_us: i64,
+}
+
+/// The table of one bucket: rows by holder.
+pub type Table = BTreeMap<String, Row>;
+
+/// Settles `holder`'s row of `table` at `now_us` (see the module doc) and returns its grant.
+pub fn settle(table: &mut Table, holder: &str, ask: Ask, now_us: i64) -> u64 {
+    table.retain(|name, row| row.expires_us > now_us || name == holder);
+    let demand = ask
+        .demand
+        .or_else(|| table.get(holder).and_then(|row| row.demand));
+    table.insert(
+        holder.to_owned(),
+        Row {
+            demand,
+            grant: 0,
+            expires_us: now_us.saturating_add(ask.life_us),
+        },
+    );
+    let target = fair_target(table, holder, ask.capacity);
+    let others: u64 = table
+        .iter()
+        .filter(|(name, _)| name.as_str() != holder)
+        .map(|(_, row)| row.grant)
+        .fold(0, u64::saturating_add);
+    let grant = target.min(ask.capacity.saturating_sub(others));
+    if let Some(row) = table.get_mut(holder) {
+        row.grant = grant;
+    }
+    grant
+}
+
+/// `holder`'s fair share of `capacity` among the rows of `table`: max-min fair on demands
+/// (unknown demand: the whole capacity), plus an even split, among the holders and one
+/// more, of whatever every demand leaves over.
+pub fn fair_target(table: &Table, holder: &str, capacity: u64) -> u64 {
+    let want = |row: &Row| row.demand.unwrap_or(capacity).min(capacity);
+    let mut demands: Vec<u64> = table.values().map(want).collect();
+    demands.sort_unstable();
+    let count = demands.len() as u64;
+    let mut remaining = capacity;
+    // The water level: each holder in ascending demand takes its demand or an even share of
+    // what is left, whichever is smaller.
+    let mut level = 0;
+    for (i, demand) in demands.iter().enumerate() {
+        let even = remaining / (count - i as u64);
+        let take = (*demand).min(even);
+        remaining -= take;
+        level = level.max(take);
+    }
+    let own = table.get(holder).map_or(0, |row| want(row).min(level));
+    own + remaining / (count + 1)
+}
+
+/// Where every replica's holders of every bucket are, and the one operation on them.
+#[async_trait]
+pub trait Shares: Send + Sync + 'static {
+    /// Settles `holder`'s row in the table of `bucket` ([`settle`], atomically) and returns
+    /// its grant in tokens per period.
+    async fn settle(&self, bucket: &str, holder: &str, ask: Ask) -> Result<u64, ShareError>;
+
+    /// Removes `holder`'s row of `bucket` (the bucket was abandoned, or its stream ended),
+    /// so its rate goes to the others at their next report.
+    async fn release(&self, bucket: &str, holder: &str) -> Result<(), ShareError>;
+}
+
+/// The share table could not be reached.
+#[derive(Debug, thiserror::Error)]
+#[error("share table unavailable: {0}")]
+pub struct ShareError(pub String);
+
+/// The share tables of one replica, in its memory: every stream of this replica shares
+/// through it (the embedded store; several replicas share through Redis).
+pub struct MemoryShares {
+    tables: Mutex<HashMap<String, Table>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl MemoryShares {
+    /// Empty tables on `clock`'s time.
+    pub fn new(clock: Arc<dyn Clock>) -> MemoryShares {
+        MemoryShares {
+            tables: Mutex::new(HashMap::new()),
+            clock,
+        }
+    }
+
+    /// Holders of `bucket` whose rows are live now; for tests and metrics.
+    pub fn holders(&self, bucket: &str) -> usize {
+        let now = self.clock.now_us();
+        let tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        tables.get(bucket).map_or(0, |table| {
+            table.values().filter(|row| row.expires_us > now).count()
+        })
+    }
+}
+
+#[async_trait]
+impl Shares for MemoryShares {
+    async fn settle(&self, bucket: &str, holder: &str, ask: Ask) -> Result<u64, ShareError> {
+        let now = self.clock.now_us();
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = tables.entry(bucket.to_owned()).or_default();
+        Ok(settle(table, holder, ask, now))
+    }
+
+    async fn release(&self, bucket: &str, holder: &str) -> Result<(), ShareError> {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(table) = tables.get_mut(bucket) {
+            table.remove(holder);
+            // Every row belongs to a live subscription or is removed with it, so the tables
+            // hold at most streams × buckets per stream rows; an empty table goes too.
+            if table.is_empty() {
+                tables.remove(bucket);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(capacity: u64, demand: Option<u64>) -> Ask {
+        Ask {
+            capacity,
+            demand,
+            life_us: 10_000_000,
+        }
+    }
+
+    fn live_sum(table: &Table, now: i64) -> u64 {
+        table
+            .values()
+            .filter(|row| row.expires_us > now)
+            .map(|row| row.grant)
+            .sum()
+    }
+
+    /// A lone holder with unknown demand gets the whole rate.
+    #[test]
+    fn a_lone_holder_gets_everything() {
+        let mut table = Table::new();
+        assert_eq!(settle(&mut table, "a", ask(100, None), 0), 100);
+    }
+
+    /// Two holders converge to their demands when these fit, and never hold more than the
+    /// rate between them at any step.
+    #[test]
+    fn shares_follow_demand_and_never_exceed_the_rate() {
+        let mut table = Table::new();
+        let mut grants = (0, 0);
+        for step in 0..4 {
+            grants.0 = settle(&mut table, "a", ask(100, Some(80)), step);
+            assert!(live_sum(&table, step) <= 100);
+            grants.1 = settle(&mut table, "b", ask(100, Some(20)), step);
+            assert!(live_sum(&table, step) <= 100);
+        }
+        assert_eq!(grants, (80, 20));
+    }
+
+    /// Demands over the rate are cut max-min fair: the small one is met, the large ones
+    /// split the rest evenly.
+    #[test]
+    fn over_demand_is_split_max_min_fair() {
+        let mut table = Table::new();
+        for name in ["a", "b", "c"] {
+            table.insert(
+                name.to_owned(),
+                Row {
+                    demand: Some(match name {
+                        "a" => 10,
+                        _ => 500,
+                    }),
+                    grant: 0,
+                    expires_us: 100,
+                },
+            );
+        }
+        assert_eq!(fair_target(&table, "a", 100), 10);
+        assert_eq!(fair_target(&table, "b", 100), 45);
+        assert_eq!(fair_target(&table, "c", 100), 45);
+    }
+
+    /// Rate no demand uses is split among the holders and one more: a newcomer finds some.
+    #[test]
+    fn spare_rate_leaves_room_for_a_newcomer() {
+        let mut table = Table::new();
+        assert_eq!(settle(&mut table, "a", ask(100, Some(10)), 0), 55);
+        assert!(settle(&mut table, "b", ask(100, None), 0) > 0);
+        assert!(live_sum(&table, 0) <= 100);
+    }
+
+    /// An expired row stops counting: its rate goes to the next holder that reports.
+    #[test]
+    fn an_expired_holder_loses_its_share() {
+        let mut table = Table::new();
+        let short = Ask {
+            life_us: 5,
+            ..ask(100, Some(100))
+        };
+        settle(&mut table, "a", short, 0);
+        settle(&mut table, "b", ask(100, Some(100)), 0);
+        assert_eq!(settle(&mut table, "b", ask(100, Some(100)), 10), 100);
+        assert!(!table.contains_key("a"));
+    }
+
+    /// Whatever the order and demands, the live grants never sum past the rate.
+    #[test]
+    fn random_reports_keep_the_sum_within_the_rate() {
+        let mut table = Table::new();
+        let mut seed: u64 = 7;
+        for now in 0..5_000i64 {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let holder = format!("h{}", (seed >> 33) % 7);
+            let demand = (!(seed >> 20).is_multiple_of(3)).then_some((seed >> 40) % 150);
+            let life = Ask {
+                life_us: i64::try_from((seed >> 12) % 50).unwrap_or(0) + 1,
+                ..ask(97, demand)
+            };
+            settle(&mut table, &holder, life, now);
+            assert!(live_sum(&table, now) <= 97, "at {now}: {table:?}");
+        }
+    }
+}

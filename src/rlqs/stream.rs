@@ -1,0 +1,489 @@
+//! One RLQS stream: its domain, its subscriptions, and the loop that answers its reports,
+//! abandons its idle buckets, re-assigns them when the limits change, and expires them at
+//! shutdown.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tonic::{Status, Streaming};
+
+use super::metrics::Sent;
+use super::quota::{Quota, SharedLimit, blanket, quota, strategy};
+use super::share::{Ask, ShareError};
+use super::{Rlqs, StreamSlot};
+use crate::config::Config;
+use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
+use crate::proto::rlqs::rate_limit_quota_response::bucket_action::{
+    AbandonAction, QuotaAssignmentAction,
+};
+use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::proto::rlqs::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, rate_limit_quota_response,
+};
+use crate::proto::types::{RateLimitStrategy, rate_limit_strategy::BlanketRule};
+
+/// The most entries one `BucketId` may have: a bucket is a handful of request attributes.
+pub const MAX_BUCKET_ENTRIES: usize = 16;
+
+/// Why a stream ends with an error status.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The client sent something the protocol does not allow; the message says what.
+    #[error("{0}")]
+    Invalid(String),
+    /// The stream would subscribe to more buckets than `--rlqs-max-buckets-per-stream`.
+    #[error(
+        "this stream already subscribes to {0} buckets (--rlqs-max-buckets-per-stream); \
+         open another stream"
+    )]
+    TooManyBuckets(usize),
+    /// The share table failed.
+    #[error(transparent)]
+    Shares(#[from] ShareError),
+}
+
+impl From<StreamError> for Status {
+    fn from(error: StreamError) -> Status {
+        match error {
+            StreamError::Invalid(message) => Status::invalid_argument(message),
+            e @ StreamError::TooManyBuckets(_) => Status::resource_exhausted(e.to_string()),
+            // Like a store failure on ShouldRateLimit: Envoy then keeps its current
+            // assignments until they expire, and applies its expired_assignment_behavior.
+            StreamError::Shares(e) => Status::unavailable(e.to_string()),
+        }
+    }
+}
+
+impl StreamError {
+    fn reason(&self) -> &'static str {
+        match self {
+            StreamError::Invalid(_) => "invalid",
+            StreamError::TooManyBuckets(_) => "buckets",
+            StreamError::Shares(_) => "shares",
+        }
+    }
+}
+
+/// One bucket a stream subscribes to.
+struct Subscription {
+    /// The id as Envoy sent it (echoed in every action).
+    id: BucketId,
+    /// Its quota under `config`.
+    quota: Quota,
+    /// The limits the quota was computed under.
+    config: Arc<Config>,
+    /// The last strategy sent, to expire at shutdown.
+    sent: Option<RateLimitStrategy>,
+    /// When a report last counted a request (or the subscription began).
+    last_traffic: Instant,
+}
+
+/// The state of one stream.
+struct Stream {
+    rlqs: Arc<Rlqs>,
+    /// This stream's name in share tables: the replica's id and the stream's number.
+    holder: String,
+    /// The domain from the first message.
+    domain: Option<String>,
+    /// Subscriptions by their sorted entries.
+    buckets: HashMap<Vec<(String, String)>, Subscription>,
+}
+
+/// Serves one stream until the client ends it, sends something invalid, or the server
+/// shuts down; the response messages (and a final error) go to `out`.
+pub(super) async fn serve(
+    rlqs: Arc<Rlqs>,
+    slot: StreamSlot,
+    mut inbound: Streaming<RateLimitQuotaUsageReports>,
+    out: mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut stream = Stream {
+        holder: format!("{}/{}", rlqs.replica, slot.number),
+        rlqs,
+        domain: None,
+        buckets: HashMap::new(),
+    };
+    let mut tick = tokio::time::interval(stream.rlqs.tick());
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ended: Result<(), StreamError> = loop {
+        tokio::select! {
+            message = inbound.message() => match message {
+                Ok(Some(reports)) => match stream.report(reports).await {
+                    Ok(actions) => {
+                        if !send(&out, actions).await {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) => break Err(e),
+                },
+                // Bytes that are not a report (the codec says INVALID_ARGUMENT): say so.
+                Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                    break Err(StreamError::Invalid(status.message().to_owned()));
+                }
+                // The client closed its side, or the connection is gone.
+                Ok(None) | Err(_) => break Ok(()),
+            },
+            _ = tick.tick() => match stream.tick().await {
+                Ok(actions) => {
+                    if !send(&out, actions).await {
+                        break Ok(());
+                    }
+                }
+                Err(e) => break Err(e),
+            },
+            () = async { let _ = shutdown.wait_for(|stop| *stop).await; } => {
+                // Envoy applies its expired_assignment_behavior at once, rather than
+                // enforcing a share the other replicas no longer count.
+                let actions = stream.expire_all();
+                send(&out, actions).await;
+                break Ok(());
+            }
+        }
+    };
+    if let Err(e) = ended {
+        stream.rlqs.metrics.refused(e.reason());
+        tracing::debug!(error = %e, "RLQS stream refused");
+        let _ = out.send(Err(Status::from(e))).await;
+    }
+    stream.release_all().await;
+    drop(slot);
+}
+
+/// Sends `actions` as one response (none when empty); false once the client is gone.
+async fn send(
+    out: &mpsc::Sender<Result<RateLimitQuotaResponse, Status>>,
+    actions: Vec<BucketAction>,
+) -> bool {
+    if actions.is_empty() {
+        return true;
+    }
+    out.send(Ok(RateLimitQuotaResponse {
+        bucket_action: actions,
+    }))
+    .await
+    .is_ok()
+}
+
+impl Stream {
+    /// Answers one message: every bucket it reports gets its current assignment.
+    async fn report(
+        &mut self,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<Vec<BucketAction>, StreamError> {
+        match (&self.domain, reports.domain.as_str()) {
+            (None, "") => {
+                return Err(StreamError::Invalid(
+                    "the first message of an RLQS stream must name its domain".into(),
+                ));
+            }
+            (None, domain) => self.domain = Some(domain.to_owned()),
+            (Some(_), "") => {}
+            (Some(domain), other) if domain != other => {
+                return Err(StreamError::Invalid(format!(
+                    "this stream's domain is '{domain}', not '{other}': open a new stream \
+                     for another domain"
+                )));
+            }
+            (Some(_), _) => {}
+        }
+        let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
+        for (index, usage) in reports.bucket_quota_usages.into_iter().enumerate() {
+            let entries = entries(&usage, index)?;
+            let demand_known = usage.time_elapsed.is_some();
+            let requests = usage
+                .num_requests_allowed
+                .saturating_add(usage.num_requests_denied);
+            if !self.buckets.contains_key(&entries) {
+                let max = self.rlqs.settings.max_buckets_per_stream as usize;
+                if self.buckets.len() >= max {
+                    return Err(StreamError::TooManyBuckets(self.buckets.len()));
+                }
+                self.subscribe(entries.clone(), usage.bucket_id.clone().unwrap_or_default());
+            }
+            let Some(subscription) = self.buckets.get_mut(&entries) else {
+                continue;
+            };
+            if requests > 0 {
+                subscription.last_traffic = Instant::now();
+            }
+            let demand = match (&subscription.quota, demand_known) {
+                (Quota::Shared(limit), true) => demand(limit, requests, usage.time_elapsed),
+                _ => None,
+            };
+            actions.push(self.assign(&entries, demand).await?);
+        }
+        Ok(actions)
+    }
+
+    /// Starts tracking a bucket.
+    fn subscribe(&mut self, entries: Vec<(String, String)>, id: BucketId) {
+        let config = self.rlqs.config.load_full();
+        let domain = self.domain.as_deref().unwrap_or_default();
+        let quota = quota(&config, domain, &entries);
+        if let Quota::Shared(limit) = &quota {
+            self.rlqs.metrics.holders(domain, &limit.rule, 1);
+        }
+        self.rlqs.metrics.buckets(1);
+        self.buckets.insert(
+            entries,
+            Subscription {
+                id,
+                quota,
+                config,
+                sent: None,
+                last_traffic: Instant::now(),
+            },
+        );
+    }
+
+    /// The assignment of one subscribed bucket now, its quota recomputed if the limits
+    /// changed; `demand` (tokens per period) when a report just measured it.
+    async fn assign(
+        &mut self,
+        entries: &[(String, String)],
+        demand: Option<u64>,
+    ) -> Result<BucketAction, StreamError> {
+        let current = self.rlqs.config.load_full();
+        let domain = self.domain.clone().unwrap_or_default();
+        let ttl = self.rlqs.settings.assignment_ttl;
+        let Some(subscription) = self.buckets.get_mut(entries) else {
+            return Err(StreamError::Invalid("bucket not subscribed".into()));
+        };
+        if !Arc::ptr_eq(&subscription.config, &current) {
+            let quota = quota(&current, &domain, entries);
+            if quota != subscription.quota {
+                if let Quota::Shared(old) = &subscription.quota {
+                    self.rlqs.shares.release(&old.table, &self.holder).await?;
+                    self.rlqs.metrics.holders(&domain, &old.rule, -1);
+                }
+                if let Quota::Shared(new) = &quota {
+                    self.rlqs.metrics.holders(&domain, &new.rule, 1);
+                }
+                subscription.quota = quota;
+            }
+            subscription.config = current;
+        }
+        let (strategy, sent) = match &subscription.quota {
+            Quota::Allow => (blanket(BlanketRule::AllowAll), Sent::AllowAll),
+            Quota::Deny => (blanket(BlanketRule::DenyAll), Sent::DenyAll),
+            Quota::Shared(limit) => {
+                let grant = self
+                    .rlqs
+                    .shares
+                    .settle(&limit.table, &self.holder, ask(limit, demand, ttl))
+                    .await?;
+                let sent = if grant == 0 {
+                    Sent::DenyAll
+                } else {
+                    Sent::TokenBucket
+                };
+                (strategy(limit, grant), sent)
+            }
+        };
+        self.rlqs.metrics.sent(sent);
+        subscription.sent = Some(strategy.clone());
+        // Every strategy lasts the same time: a share no longer than its row, and a blanket
+        // rule (nobody shares it) alike, so a reload reaches every Envoy within that time.
+        Ok(action(subscription.id.clone(), strategy, Some(ttl)))
+    }
+
+    /// Periodic work: abandon buckets without traffic; re-assign every bucket whose quota
+    /// the limits in force changed.
+    async fn tick(&mut self) -> Result<Vec<BucketAction>, StreamError> {
+        let abandon_after = self.rlqs.settings.abandon_after;
+        let idle: Vec<Vec<(String, String)>> = self
+            .buckets
+            .iter()
+            .filter(|(_, sub)| sub.last_traffic.elapsed() >= abandon_after)
+            .map(|(entries, _)| entries.clone())
+            .collect();
+        let mut actions = Vec::new();
+        for entries in idle {
+            if let Some(subscription) = self.remove(&entries).await? {
+                self.rlqs.metrics.abandoned();
+                actions.push(BucketAction {
+                    bucket_id: Some(subscription.id),
+                    bucket_action: Some(
+                        rate_limit_quota_response::bucket_action::BucketAction::AbandonAction(
+                            AbandonAction {},
+                        ),
+                    ),
+                });
+            }
+        }
+        let current = self.rlqs.config.load_full();
+        let domain = self.domain.clone().unwrap_or_default();
+        let changed: Vec<Vec<(String, String)>> = self
+            .buckets
+            .iter()
+            .filter(|(entries, sub)| {
+                !Arc::ptr_eq(&sub.config, &current)
+                    && quota(&current, &domain, entries) != sub.quota
+            })
+            .map(|(entries, _)| entries.clone())
+            .collect();
+        for entries in changed {
+            actions.push(self.assign(&entries, None).await?);
+        }
+        Ok(actions)
+    }
+
+    /// The last strategy of every bucket with a time to live of 0.
+    fn expire_all(&mut self) -> Vec<BucketAction> {
+        self.buckets
+            .values()
+            .filter_map(|sub| {
+                let strategy = sub.sent.clone()?;
+                self.rlqs.metrics.sent(Sent::Expire);
+                Some(action(sub.id.clone(), strategy, Some(Duration::ZERO)))
+            })
+            .collect()
+    }
+
+    /// Stops tracking a bucket and gives its share back.
+    async fn remove(
+        &mut self,
+        entries: &[(String, String)],
+    ) -> Result<Option<Subscription>, StreamError> {
+        let Some(subscription) = self.buckets.remove(entries) else {
+            return Ok(None);
+        };
+        self.rlqs.metrics.buckets(-1);
+        if let Quota::Shared(limit) = &subscription.quota {
+            let domain = self.domain.as_deref().unwrap_or_default();
+            self.rlqs.metrics.holders(domain, &limit.rule, -1);
+            self.rlqs.shares.release(&limit.table, &self.holder).await?;
+        }
+        Ok(Some(subscription))
+    }
+
+    /// Gives every share back (the stream ended).
+    async fn release_all(&mut self) {
+        let all: Vec<Vec<(String, String)>> = self.buckets.keys().cloned().collect();
+        for entries in all {
+            if let Err(e) = self.remove(&entries).await {
+                // The row expires on its own within its life.
+                tracing::debug!(error = %e, "RLQS share not released");
+            }
+        }
+    }
+}
+
+/// The share table request of a holder of `limit`.
+fn ask(limit: &SharedLimit, demand: Option<u64>, ttl: Duration) -> Ask {
+    Ask {
+        capacity: limit.capacity,
+        demand,
+        life_us: row_life(ttl),
+    }
+}
+
+/// How long a holder's row outlives its report: the assignment's time to live and a
+/// quarter more, so the Envoy's assignment (which starts when it arrives) always expires
+/// before the row that counts it.
+pub fn row_life(ttl: Duration) -> i64 {
+    let us = ttl.as_micros() + ttl.as_micros() / 4;
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
+/// A quota assignment action.
+fn action(id: BucketId, strategy: RateLimitStrategy, ttl: Option<Duration>) -> BucketAction {
+    BucketAction {
+        bucket_id: Some(id),
+        bucket_action: Some(
+            rate_limit_quota_response::bucket_action::BucketAction::QuotaAssignmentAction(
+                QuotaAssignmentAction {
+                    assignment_time_to_live: ttl.map(|ttl| prost_types::Duration {
+                        seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+                        nanos: i32::try_from(ttl.subsec_nanos()).unwrap_or(0),
+                    }),
+                    rate_limit_strategy: Some(strategy),
+                },
+            ),
+        ),
+    }
+}
+
+/// A report's demand in tokens per period of `limit`: its requests over its elapsed time.
+/// `None` when the elapsed time is 0 (Envoy's first report for a bucket says 0 s: it counts
+/// whole seconds) or negative.
+fn demand(
+    limit: &SharedLimit,
+    requests: u64,
+    elapsed: Option<prost_types::Duration>,
+) -> Option<u64> {
+    let elapsed = elapsed?;
+    let elapsed_ns = i128::from(elapsed.seconds) * 1_000_000_000 + i128::from(elapsed.nanos);
+    if elapsed_ns <= 0 {
+        return None;
+    }
+    let period_ns = i128::from(limit.period_s) * 1_000_000_000;
+    let per_period = i128::from(requests) * period_ns / elapsed_ns;
+    Some(u64::try_from(per_period).unwrap_or(u64::MAX))
+}
+
+/// The sorted entries of report `index`, or why they are not a bucket id.
+fn entries(usage: &BucketQuotaUsage, index: usize) -> Result<Vec<(String, String)>, StreamError> {
+    let invalid =
+        |what: &str| StreamError::Invalid(format!("bucket_quota_usages[{index}]: {what}"));
+    let Some(id) = &usage.bucket_id else {
+        return Err(invalid("bucket_id is required"));
+    };
+    if id.bucket.is_empty() {
+        return Err(invalid("bucket_id has no entries"));
+    }
+    if id.bucket.len() > MAX_BUCKET_ENTRIES {
+        return Err(invalid(&format!(
+            "bucket_id has {} entries; at most {MAX_BUCKET_ENTRIES}",
+            id.bucket.len()
+        )));
+    }
+    if let Some(key) = id
+        .bucket
+        .iter()
+        .find(|(k, v)| k.is_empty() || v.is_empty())
+        .map(|(k, _)| k)
+    {
+        return Err(invalid(&format!(
+            "bucket_id entry '{key}' has an empty key or value"
+        )));
+    }
+    let mut entries: Vec<(String, String)> = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    entries.sort();
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Demand is requests per period over the elapsed time; unknown for 0 s.
+    #[test]
+    fn demand_is_scaled_to_the_period() {
+        let limit = SharedLimit {
+            table: String::new(),
+            rule: String::new(),
+            capacity: 100,
+            period_s: 60,
+            burst: 100,
+        };
+        let secs = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
+        assert_eq!(demand(&limit, 10, secs(5)), Some(120));
+        assert_eq!(demand(&limit, 10, secs(0)), None);
+        assert_eq!(demand(&limit, 10, None), None);
+    }
+
+    /// A row outlives its assignment.
+    #[test]
+    fn rows_outlive_assignments() {
+        let ttl = Duration::from_secs(4);
+        assert_eq!(row_life(ttl), 5_000_000);
+    }
+}

@@ -1,0 +1,645 @@
+//! The Rate Limit Quota Service on the real binary, driven by a client generated from the
+//! vendored protos: assignments, shares between Envoys, abandon, bounds, reload, shutdown.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::QuotaAssignmentAction;
+use floodgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use floodgate::proto::types::TokenBucket;
+use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
+use floodgate::rlqs::share::{Ask, Table, settle};
+use support::process::Floodgate;
+use support::redis::RedisServer;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Streaming};
+
+const LIMITS: &str = "
+domain: edge
+descriptors:
+  - key: tenant
+    value: a
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: tenant
+    value: vip
+    rate_limit: {unlimited: true}
+  - key: tenant
+    value: free
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: tenant
+    value: b
+    descriptors:
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 600, burst: 60}
+";
+
+/// How long a test waits for one message before failing.
+const MESSAGE_DEADLINE: Duration = support::EVENTUALLY;
+
+/// Writes `yaml` as the limits file in `dir`; returns its path.
+fn limits_file(dir: &Path, yaml: &str) -> String {
+    let path = dir.join("limits.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path.display().to_string()
+}
+
+/// A server on `LIMITS` with `flags`; the directory holds the limits file.
+fn start(flags: &[&str]) -> (Floodgate, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = limits_file(dir.path(), LIMITS);
+    let mut args = vec!["--config", path.as_str()];
+    args.extend_from_slice(flags);
+    (Floodgate::start(&args), dir)
+}
+
+/// One Envoy's RLQS stream.
+struct Envoy {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    responses: Streaming<RateLimitQuotaResponse>,
+}
+
+/// One report: the bucket's entries, requests allowed, requests denied, seconds elapsed.
+type Usage<'a> = (&'a [(&'a str, &'a str)], u64, u64, i64);
+
+fn bucket(entries: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    }
+}
+
+fn reports(domain: &str, usages: &[Usage<'_>]) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.to_owned(),
+        bucket_quota_usages: usages
+            .iter()
+            .map(|(entries, allowed, denied, elapsed)| BucketQuotaUsage {
+                bucket_id: Some(bucket(entries)),
+                time_elapsed: Some(prost_types::Duration {
+                    seconds: *elapsed,
+                    nanos: 0,
+                }),
+                num_requests_allowed: *allowed,
+                num_requests_denied: *denied,
+            })
+            .collect(),
+    }
+}
+
+impl Envoy {
+    /// Opens a stream to `server`; an error status if it is refused.
+    async fn open(server: &Floodgate) -> Result<Envoy, tonic::Status> {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
+            .await
+            .unwrap();
+        let (reports, outbound) = mpsc::channel(16);
+        let responses = client
+            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
+            .await?
+            .into_inner();
+        Ok(Envoy { reports, responses })
+    }
+
+    /// Sends one message as is.
+    async fn send(&self, message: RateLimitQuotaUsageReports) {
+        self.reports.send(message).await.unwrap();
+    }
+
+    /// The next message, or the status that ended the stream (`Ok(None)`: ended cleanly).
+    async fn next(&mut self) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
+        tokio::time::timeout(MESSAGE_DEADLINE, self.responses.message())
+            .await
+            .expect("no message from the server in time")
+    }
+
+    /// Reports `usages` in `domain` and returns the answer.
+    async fn report(&mut self, domain: &str, usages: &[Usage<'_>]) -> RateLimitQuotaResponse {
+        self.send(reports(domain, usages)).await;
+        self.next().await.unwrap().expect("stream ended")
+    }
+
+    /// The status that ends the stream after `message`.
+    async fn refused(&mut self, message: RateLimitQuotaUsageReports) -> tonic::Status {
+        self.send(message).await;
+        loop {
+            match self.next().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("stream ended without an error"),
+                Err(status) => return status,
+            }
+        }
+    }
+}
+
+/// The assignment of the only action of `response`.
+fn assignment(response: &RateLimitQuotaResponse) -> &QuotaAssignmentAction {
+    assert_eq!(response.bucket_action.len(), 1, "{response:?}");
+    match &response.bucket_action[0].bucket_action {
+        Some(Action::QuotaAssignmentAction(assignment)) => assignment,
+        other => panic!("not an assignment: {other:?}"),
+    }
+}
+
+fn token_bucket(assignment: &QuotaAssignmentAction) -> Option<&TokenBucket> {
+    match assignment.rate_limit_strategy.as_ref()?.strategy.as_ref()? {
+        Strategy::TokenBucket(bucket) => Some(bucket),
+        Strategy::BlanketRule(_) | Strategy::RequestsPerTimeUnit(_) => None,
+    }
+}
+
+fn blanket(assignment: &QuotaAssignmentAction) -> Option<BlanketRule> {
+    match assignment.rate_limit_strategy.as_ref()?.strategy.as_ref()? {
+        Strategy::BlanketRule(rule) => BlanketRule::try_from(*rule).ok(),
+        _ => None,
+    }
+}
+
+/// The fill rate a single-action response grants (tokens per fill; 0 when denied).
+fn granted(response: &RateLimitQuotaResponse) -> u64 {
+    let assignment = assignment(response);
+    match token_bucket(assignment) {
+        Some(bucket) => u64::from(bucket.tokens_per_fill.unwrap_or(1)),
+        None => {
+            assert_eq!(
+                blanket(assignment),
+                Some(BlanketRule::DenyAll),
+                "{response:?}"
+            );
+            0
+        }
+    }
+}
+
+fn ttl_secs(assignment: &QuotaAssignmentAction) -> f64 {
+    let ttl = assignment.assignment_time_to_live.unwrap();
+    ttl.seconds as f64 + f64::from(ttl.nanos) / 1e9
+}
+
+/// A matched limit is assigned as a token bucket with the limit's numbers (a lone Envoy
+/// holds the whole rate), the configured time to live, and the bucket id echoed.
+#[tokio::test]
+async fn a_matched_bucket_gets_a_token_bucket() {
+    let (server, _dir) = start(&["--rlqs-assignment-ttl", "12"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let response = envoy
+        .report("edge", &[(&[("tenant", "b"), ("path", "/x")], 1, 0, 0)])
+        .await;
+    assert_eq!(
+        response.bucket_action[0].bucket_id,
+        Some(bucket(&[("tenant", "b"), ("path", "/x")]))
+    );
+    let assignment = assignment(&response);
+    let bucket = token_bucket(assignment).expect("a token bucket");
+    assert_eq!(bucket.max_tokens, 60);
+    assert_eq!(bucket.tokens_per_fill, Some(600));
+    assert_eq!(
+        bucket.fill_interval.map(|d| (d.seconds, d.nanos)),
+        Some((60, 0))
+    );
+    assert_eq!(ttl_secs(assignment), 12.0);
+    server.stop().await;
+}
+
+/// Unmatched, unknown-domain and unlimited buckets get ALLOW_ALL; a limit of 0 DENY_ALL.
+#[tokio::test]
+async fn blanket_rules_for_unlimited_unmatched_and_zero() {
+    let (server, _dir) = start(&[]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    for (entries, rule) in [
+        (&[("tenant", "vip")][..], BlanketRule::AllowAll),
+        (&[("tenant", "nobody")][..], BlanketRule::AllowAll),
+        (&[("tenant", "free")][..], BlanketRule::DenyAll),
+    ] {
+        let response = envoy.report("edge", &[(entries, 1, 0, 0)]).await;
+        assert_eq!(blanket(assignment(&response)), Some(rule), "{entries:?}");
+    }
+    let mut other = Envoy::open(&server).await.unwrap();
+    let response = other
+        .report("unknown", &[(&[("tenant", "a")], 1, 0, 0)])
+        .await;
+    assert_eq!(blanket(assignment(&response)), Some(BlanketRule::AllowAll));
+    server.stop().await;
+}
+
+/// Two Envoys on one 100/s bucket: after every report the fill rates they hold sum to at
+/// most 100/s, and they settle on shares that follow their demand (80 and 20).
+async fn two_envoys_share(first: &Floodgate, second: &Floodgate) {
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut a = Envoy::open(first).await.unwrap();
+    let mut b = Envoy::open(second).await.unwrap();
+    let mut held = (0, 0);
+    for _ in 0..6 {
+        held.0 = granted(&a.report("edge", &[(tenant, 60, 20, 1)]).await);
+        assert!(held.0 + held.1 <= 100, "{held:?}");
+        held.1 = granted(&b.report("edge", &[(tenant, 20, 0, 1)]).await);
+        assert!(held.0 + held.1 <= 100, "{held:?}");
+    }
+    assert_eq!(held, (80, 20));
+    // Both want more than their fair half: max-min fair, 50 each.
+    for _ in 0..4 {
+        held.0 = granted(&a.report("edge", &[(tenant, 50, 150, 1)]).await);
+        assert!(held.0 + held.1 <= 100, "{held:?}");
+        held.1 = granted(&b.report("edge", &[(tenant, 50, 70, 1)]).await);
+        assert!(held.0 + held.1 <= 100, "{held:?}");
+    }
+    assert_eq!(held, (50, 50));
+}
+
+/// Two Envoys on one replica share a bucket's rate (see [`two_envoys_share`]).
+#[tokio::test]
+async fn two_envoys_on_one_replica_share_the_rate() {
+    let (server, _dir) = start(&[]);
+    two_envoys_share(&server, &server).await;
+    server.stop().await;
+}
+
+/// Two Envoys on two replicas sharing one Redis share a bucket's rate the same way.
+#[tokio::test]
+async fn two_replicas_share_the_rate_through_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (first, _dir1) = start(&["--redis-url", &url]);
+    let (second, _dir2) = start(&["--redis-url", &url]);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// An Envoy that stops reporting loses its share: the other one gets the whole rate once
+/// the silent one's row has expired.
+#[tokio::test]
+async fn a_silent_envoy_loses_its_share() {
+    // Rows live 5 s: reports a few ms apart share the rate even on a loaded machine.
+    let (server, _dir) = start(&["--rlqs-assignment-ttl", "4"]);
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut a = Envoy::open(&server).await.unwrap();
+    let mut b = Envoy::open(&server).await.unwrap();
+    for _ in 0..3 {
+        granted(&a.report("edge", &[(tenant, 100, 100, 1)]).await);
+        granted(&b.report("edge", &[(tenant, 100, 100, 1)]).await);
+    }
+    assert_eq!(
+        granted(&a.report("edge", &[(tenant, 100, 100, 1)]).await),
+        50
+    );
+    // b falls silent (its stream stays open).
+    // Polled as `support::eventually` polls (it cannot lend the stream to its closure).
+    let started = std::time::Instant::now();
+    while granted(&a.report("edge", &[(tenant, 100, 100, 1)]).await) != 100 {
+        assert!(
+            started.elapsed() < support::EVENTUALLY,
+            "the silent Envoy's share never went to the other"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(b);
+    server.stop().await;
+}
+
+/// A bucket that reports no requests is abandoned after --rlqs-abandon-after; reporting it
+/// again subscribes it afresh, on the same stream, which outlived --grpc-request-timeout.
+#[tokio::test]
+async fn an_idle_bucket_is_abandoned() {
+    let (server, _dir) = start(&["--rlqs-abandon-after", "1.5", "--grpc-request-timeout", "1"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    envoy.report("edge", &[(tenant, 1, 0, 0)]).await;
+    let abandoned = loop {
+        let response = envoy.next().await.unwrap().expect("stream ended");
+        if let Some(action) = response
+            .bucket_action
+            .iter()
+            .find(|action| matches!(action.bucket_action, Some(Action::AbandonAction(_))))
+        {
+            break action.clone();
+        }
+    };
+    assert_eq!(abandoned.bucket_id, Some(bucket(tenant)));
+    let again = envoy.report("edge", &[(tenant, 1, 0, 0)]).await;
+    assert_eq!(granted(&again), 100);
+    server.stop().await;
+}
+
+/// Bad input ends the stream with a status naming what is wrong.
+#[tokio::test]
+async fn bad_input_gets_precise_statuses() {
+    let (server, _dir) = start(&["--rlqs-max-buckets-per-stream", "2"]);
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let status = envoy.refused(reports("", &[(tenant, 1, 0, 0)])).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("domain"), "{status:?}");
+
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    envoy.report("edge", &[(tenant, 1, 0, 0)]).await;
+    let status = envoy.refused(reports("other", &[(tenant, 1, 0, 0)])).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("'edge', not 'other'"),
+        "{status:?}"
+    );
+
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let mut no_id = reports("edge", &[(tenant, 1, 0, 0)]);
+    no_id.bucket_quota_usages[0].bucket_id = None;
+    let status = envoy.refused(no_id).await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("bucket_quota_usages[0]: bucket_id is required")
+    );
+
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let status = envoy
+        .refused(reports("edge", &[(&[("tenant", "")], 1, 0, 0)]))
+        .await;
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("empty"), "{status:?}");
+
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    envoy
+        .report(
+            "edge",
+            &[(&[("tenant", "a")], 1, 0, 0), (&[("tenant", "b")], 1, 0, 0)],
+        )
+        .await;
+    let status = envoy
+        .refused(reports("edge", &[(&[("tenant", "c")], 1, 0, 0)]))
+        .await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--rlqs-max-buckets-per-stream"),
+        "{status:?}"
+    );
+    server.stop().await;
+}
+
+/// At most --rlqs-max-streams streams are open at once; a place freed is taken again.
+#[tokio::test]
+async fn the_stream_bound_holds() {
+    let (server, _dir) = start(&["--rlqs-max-streams", "1"]);
+    let mut first = Envoy::open(&server).await.unwrap();
+    first.report("edge", &[(&[("tenant", "a")], 1, 0, 0)]).await;
+    let mut second = Envoy::open(&server).await;
+    let status = match second.as_mut() {
+        Err(status) => status.clone(),
+        Ok(envoy) => envoy.next().await.unwrap_err(),
+    };
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--rlqs-max-streams"),
+        "{status:?}"
+    );
+    drop(first);
+    support::eventually("a new stream is admitted once the first has ended", || {
+        let server = &server;
+        async move {
+            match Envoy::open(server).await {
+                Ok(mut envoy) => {
+                    envoy
+                        .send(reports("edge", &[(&[("tenant", "a")], 1, 0, 0)]))
+                        .await;
+                    matches!(envoy.next().await, Ok(Some(_)))
+                }
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    server.stop().await;
+}
+
+/// At SIGTERM every subscribed bucket gets its assignment with a time to live of 0, then
+/// the stream ends cleanly and the server exits 0.
+#[tokio::test]
+async fn sigterm_expires_every_assignment() {
+    let (server, _dir) = start(&[]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let response = envoy
+        .report(
+            "edge",
+            &[
+                (&[("tenant", "a")], 1, 0, 0),
+                (&[("tenant", "vip")], 1, 0, 0),
+            ],
+        )
+        .await;
+    assert_eq!(response.bucket_action.len(), 2);
+    server.sigterm();
+    let expired = envoy.next().await.unwrap().expect("no expiry sent");
+    let mut seen = HashMap::new();
+    for action in &expired.bucket_action {
+        let Some(Action::QuotaAssignmentAction(assignment)) = &action.bucket_action else {
+            panic!("not an assignment: {action:?}");
+        };
+        assert_eq!(ttl_secs(assignment), 0.0);
+        let id = action.bucket_id.clone().unwrap();
+        let tenant = id.bucket["tenant"].clone();
+        seen.insert(tenant, assignment.rate_limit_strategy.clone());
+    }
+    assert_eq!(seen.len(), 2, "{expired:?}");
+    assert_eq!(
+        blanket(&QuotaAssignmentAction {
+            assignment_time_to_live: None,
+            rate_limit_strategy: seen["vip"].clone(),
+        }),
+        Some(BlanketRule::AllowAll)
+    );
+    assert!(matches!(envoy.next().await, Ok(None)));
+    let (exit, log) = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}
+
+/// A reload that changes a limit re-assigns its buckets without waiting for a report.
+#[tokio::test]
+async fn a_reload_reassigns_the_changed_buckets() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = limits_file(dir.path(), LIMITS);
+    let server = Floodgate::start(&["--config", &path]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    assert_eq!(
+        granted(&envoy.report("edge", &[(tenant, 1, 0, 0)]).await),
+        100
+    );
+    // Replaced atomically: a reload never sees a half-written file.
+    support::configmap::replace(
+        Path::new(&path),
+        &LIMITS.replace("requests_per_unit: 100}", "requests_per_unit: 40}"),
+    );
+    let pushed = envoy.next().await.unwrap().expect("stream ended");
+    assert_eq!(granted(&pushed), 40);
+    server.stop().await;
+}
+
+/// The service is listed by reflection, and its metrics are on /metrics.
+#[tokio::test]
+async fn reflection_and_metrics_show_the_service() {
+    let (server, _dir) = start(&[]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    envoy.report("edge", &[(&[("tenant", "a")], 1, 0, 0)]).await;
+    let grpcurl = concat!(env!("CARGO_MANIFEST_DIR"), "/.tools/bin/grpcurl");
+    let addr = server.grpc.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(grpcurl)
+            .args(["-plaintext", &addr, "list"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains("envoy.service.rate_limit_quota.v3.RateLimitQuotaService"),
+        "{listed}"
+    );
+    let metric = |series: &'static str| support::http::metric(server.http, series);
+    assert_eq!(metric("floodgate_rlqs_streams").await, Some(1.0));
+    assert_eq!(metric("floodgate_rlqs_buckets").await, Some(1.0));
+    assert_eq!(
+        metric("floodgate_rlqs_assignments_total{strategy=\"token_bucket\"}").await,
+        Some(1.0)
+    );
+    assert_eq!(
+        metric("floodgate_rlqs_holders{domain=\"edge\",rule=\"edge.tenant_a\"}").await,
+        Some(1.0)
+    );
+    server.stop().await;
+}
+
+/// lua/rlqs_share.lua grants exactly what `rlqs::share::settle` grants (and forgets the
+/// same rows), over a random sequence of reports and releases at fixed times.
+#[tokio::test]
+async fn the_share_script_is_the_rust_rule() {
+    let redis = RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(floodgate::rlqs::redis::SCRIPT);
+    let mut table = Table::new();
+    let mut seed: u64 = 11;
+    for step in 0..600i64 {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        let holder = format!("h{}", (seed >> 33) % 5);
+        let now = 1_700_000_000_000_000 + step * 7;
+        if (seed >> 17).is_multiple_of(10) {
+            table.remove(&holder);
+            let _: u64 = script
+                .key("t")
+                .arg(&holder)
+                .arg("release")
+                .invoke_async(&mut connection)
+                .await
+                .unwrap();
+            continue;
+        }
+        let demand = (!(seed >> 20).is_multiple_of(4)).then_some((seed >> 40) % 130);
+        let ask = Ask {
+            capacity: 97,
+            demand,
+            life_us: i64::try_from((seed >> 12) % 60).unwrap() + 1,
+        };
+        let rust = settle(&mut table, &holder, ask, now);
+        let lua: u64 = script
+            .key("t")
+            .arg(&holder)
+            .arg("settle")
+            .arg(ask.capacity)
+            .arg(demand.map_or(-1, |d| i64::try_from(d.min(97)).unwrap()))
+            .arg(ask.life_us)
+            .arg(now)
+            .invoke_async(&mut connection)
+            .await
+            .unwrap();
+        assert_eq!(lua, rust, "step {step}: {table:?}");
+    }
+}
+
+/// Bytes that are not a usage report end the stream with INVALID_ARGUMENT, counted.
+#[tokio::test]
+async fn garbage_is_invalid_argument() {
+    let (server, _dir) = start(&[]);
+    let tcp = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = ::http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "http://{}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
+            server.grpc
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = client.send_request(request, false).unwrap();
+    // One uncompressed gRPC message of 3 bytes that no protobuf decoder accepts.
+    body.send_data(
+        bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]),
+        false,
+    )
+    .unwrap();
+    let response = tokio::time::timeout(MESSAGE_DEADLINE, response)
+        .await
+        .unwrap()
+        .unwrap();
+    let status = match response.headers().get("grpc-status") {
+        Some(status) => status.to_str().unwrap().to_string(),
+        None => {
+            let mut body = response.into_body();
+            while tokio::time::timeout(MESSAGE_DEADLINE, body.data())
+                .await
+                .unwrap()
+                .is_some()
+            {}
+            let trailers = body.trailers().await.unwrap().unwrap();
+            trailers["grpc-status"].to_str().unwrap().to_string()
+        }
+    };
+    assert_eq!(status, (Code::InvalidArgument as i32).to_string());
+    assert_eq!(
+        support::http::metric(
+            server.http,
+            "floodgate_rlqs_refused_total{reason=\"invalid\"}"
+        )
+        .await,
+        Some(1.0)
+    );
+    server.stop().await;
+}
+
+/// A Redis share table that cannot be reached ends the stream with UNAVAILABLE, naming
+/// Redis: Envoy keeps its assignments until they expire, then its fallback applies.
+#[tokio::test]
+async fn an_unreachable_share_table_is_unavailable() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (server, _dir) = start(&["--redis-url", &url]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let status = envoy
+        .refused(reports("edge", &[(&[("tenant", "a")], 1, 0, 0)]))
+        .await;
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("Redis"), "{status:?}");
+    server.stop().await;
+}
