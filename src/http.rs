@@ -50,7 +50,7 @@ use crate::telemetry::statsd::Stats;
 #[derive(Clone)]
 pub struct AdminState {
     /// The request path shared with gRPC.
-    pub limiter: Arc<Decider>,
+    pub decider: Arc<Decider>,
     /// False once shutdown has begun.
     pub serving: Arc<Readiness>,
     /// Whether `POST /json` is served (`--json-endpoint`); when not, it answers 404.
@@ -70,7 +70,7 @@ pub fn router(state: AdminState) -> Router {
         router
     };
     let console = crate::console::router(ConsoleState {
-        limiter: state.limiter.clone(),
+        decider: state.decider.clone(),
         options: state.console.clone(),
     });
     router
@@ -130,25 +130,25 @@ const DEBUG_ENDPOINTS: [(&str, &str); 2] = [
 /// as the reference's catch-all `/` handler answers) the index of those endpoints, one
 /// `path: help` line each, sorted by path, as the reference lists its own. The reference's
 /// Go profiling endpoints (`/debug/pprof/…`) have no counterpart here, so they are not listed.
-pub fn debug_router(limiter: Arc<Decider>) -> Router {
-    let config = Arc::clone(&limiter);
+pub fn debug_router(decider: Arc<Decider>) -> Router {
+    let config = Arc::clone(&decider);
     Router::new()
         .route("/", get(debug_index))
         .fallback(debug_index)
         .route(
             "/rlconfig",
             get(move || {
-                let limiter = Arc::clone(&config);
-                async move { text(limiter.config().dump_reference()) }
+                let decider = Arc::clone(&config);
+                async move { text(decider.config().dump_reference()) }
             }),
         )
         .route(
             "/stats",
             get(move || {
-                let limiter = Arc::clone(&limiter);
+                let decider = Arc::clone(&decider);
                 async move {
                     text(
-                        limiter
+                        decider
                             .metrics()
                             .reference_stats()
                             .map(|stats| stats.dump())
@@ -249,7 +249,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.limiter.metrics().encode(),
+        state.decider.metrics().encode(),
     )
         .into_response()
 }
@@ -257,7 +257,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
 async fn rlconfig(State(state): State<AdminState>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        state.limiter.config().describe(),
+        state.decider.config().describe(),
     )
         .into_response()
 }
@@ -278,7 +278,7 @@ async fn json_should_rate_limit(
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
     };
     match state
-        .limiter
+        .decider
         .should_rate_limit_from(&request, EntryPoint::Json, &headers)
         .await
     {

@@ -144,8 +144,8 @@ pub(super) async fn state(
             "limit must be from 1 to {MAX_DOMAINS_PER_PAGE} (got {limit})"
         )));
     }
-    let config = state.limiter.config();
-    let metrics = state.limiter.metrics();
+    let config = state.decider.config();
+    let metrics = state.decider.metrics();
     let filter = query.filter.as_deref().unwrap_or("");
     let matching = || config.domains().filter(|d| d.name.contains(filter));
     let after = query.after.as_deref();
@@ -202,7 +202,7 @@ pub(super) async fn state(
             }
         }
         None => StoreStatus {
-            name: state.limiter.store().name(),
+            name: state.decider.store().name(),
             available: true,
             breaker: "none",
             policy: "none",

@@ -84,7 +84,7 @@ impl std::fmt::Debug for ConsoleOptions {
 #[derive(Clone)]
 pub struct ConsoleState {
     /// The request path: limits, store, metrics.
-    pub limiter: Arc<Decider>,
+    pub decider: Arc<Decider>,
     /// Access rules and store health.
     pub options: ConsoleOptions,
 }
@@ -265,7 +265,7 @@ impl ConsoleState {
         &self,
         request: &BucketRequest,
     ) -> Result<(String, Vec<(BucketOp, BucketView)>), ConsoleError> {
-        let config = self.limiter.config();
+        let config = self.decider.config();
         let rls = RateLimitRequest {
             domain: request.domain.clone(),
             descriptors: vec![RateLimitDescriptor {
@@ -284,14 +284,14 @@ impl ConsoleState {
             }],
             hits_addend: 0,
         };
-        let mut plan = Plan::build(&rls, &config, self.limiter.options())
+        let mut plan = Plan::build(&rls, &config, self.decider.options())
             .map_err(|e| ConsoleError::BadRequest(e.0))?;
         // A counter shared with reference pods is the current window's, as for a request.
-        self.limiter.stamp_reference_counters(&mut plan.ops);
+        self.decider.stamp_reference_counters(&mut plan.ops);
         if plan.is_unlimited(0) {
             return Ok(("unlimited".into(), Vec::new()));
         }
-        let store = self.limiter.store();
+        let store = self.decider.store();
         let mut found = Vec::new();
         for limit in plan.limits_of(0) {
             let Some(op) = plan.ops.get(limit.op) else {
@@ -348,7 +348,7 @@ impl ConsoleState {
             )));
         }
         if !ops.is_empty() {
-            let applied = self.limiter.store().apply(&ops).await?;
+            let applied = self.decider.store().apply(&ops).await?;
             for (view, result) in views.iter_mut().zip(&applied.buckets) {
                 view.remaining = result.view.remaining;
                 view.reset_us = result.view.reset_us;
@@ -457,7 +457,7 @@ async fn write_buckets(
         )));
     }
     let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
-    let store = state.limiter.store();
+    let store = state.decider.store();
     store.reset(&ops).await?;
     let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
     let Some(remaining) = remaining else {

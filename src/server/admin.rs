@@ -31,7 +31,7 @@ pub(super) fn spawn(
     };
     let metrics = decider.metrics().clone();
     let admin = http::router(AdminState {
-        limiter: decider,
+        decider,
         serving,
         json_endpoint: options.json_endpoint,
         console: options.console.clone(),

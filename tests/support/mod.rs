@@ -217,9 +217,9 @@ impl Setup {
             (Some((store, _)), _) => (store, Buckets::External),
             (None, backend) => start_store(backend, &clock, &metrics).await,
         };
-        let mut limiter = Decider::new(config, store, self.options, metrics.clone());
+        let mut decider = Decider::new(config, store, self.options, metrics.clone());
         if let Some(max) = self.tuning.max_in_flight {
-            limiter = limiter.with_max_in_flight(max);
+            decider = decider.with_max_in_flight(max);
         }
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -231,7 +231,7 @@ impl Setup {
         let task = tokio::spawn(server::run(
             grpc,
             http,
-            Arc::new(limiter),
+            Arc::new(decider),
             server::RunOptions {
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: self.tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),

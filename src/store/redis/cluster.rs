@@ -28,8 +28,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
+use super::errors::classify;
 use super::redact::{redact_in, redact_url};
-use super::{classify, deadline, script};
+use super::{deadline, script};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::store::fanout::apply_groups;

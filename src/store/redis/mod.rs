@@ -27,12 +27,14 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
+use self::errors::{classify, retires_connection};
 use self::redact::{redact_in, redact_url};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 
 pub mod cluster;
+mod errors;
 pub mod redact;
 pub mod script;
 pub mod sentinel;
@@ -515,82 +517,6 @@ fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
     classify(&error)
 }
 
-/// Whether the connection an error came from must be replaced: a transport failure, or
-/// `READONLY`, the answer of a master that was demoted (a Sentinel failover, or a managed
-/// service whose DNS name moved to the new primary) — only a new connection, looked up through
-/// the sentinels or resolving the name again, reaches the new master. Nothing else a server
-/// answers does: a script error or `OOM` would be answered the same on a new connection, so
-/// reconnecting would only add load.
-fn retires_connection(error: &RedisError) -> bool {
-    error.is_io_error()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-        || error.is_timeout()
-        || error.is_unrecoverable_error()
-        || error.code() == Some("READONLY")
-}
-
-/// Transport failures, a Redis that cannot take writes now, and a Redis that refuses what
-/// every request needs (ACL, a renamed command) are outages, for the failure policy and
-/// health; anything else (a script error) is a defect to report. Messages never carry
-/// request data (see [`describe`]).
-fn classify(error: &RedisError) -> StoreError {
-    let said = describe(error);
-    if error.code() == Some("READONLY") {
-        StoreError::Unavailable(format!("Redis is a replica now (failover?): {said}"))
-    } else if retires_connection(error) {
-        StoreError::Unavailable(format!("Redis connection failed: {said}"))
-    } else if matches!(
-        error.code(),
-        Some("LOADING" | "TRYAGAIN" | "MASTERDOWN" | "CLUSTERDOWN" | "BUSY" | "OOM")
-    ) {
-        // Loading after a restart, a replica cut off from its master, a long script, or
-        // maxmemory reached under noeviction: Redis cannot take writes now, which is an outage
-        // for the failure policy to answer, not a defect in floodgate.
-        StoreError::Unavailable(format!("Redis not ready: {said}"))
-    } else if matches!(error.code(), Some("NOPERM" | "NOAUTH" | "WRONGPASS")) {
-        // The ACL user may not run the script or touch the key prefix: every request fails
-        // alike until an operator fixes the ACL, exactly like an outage.
-        StoreError::Unavailable(format!("Redis refuses floodgate's user (ACL): {said}"))
-    } else if is_unknown_command(error) {
-        // EVALSHA / EVAL / SCRIPT renamed or disabled (`rename-command`).
-        StoreError::Unavailable(format!(
-            "Redis lacks a command floodgate needs (renamed or disabled?): {said}"
-        ))
-    } else {
-        StoreError::Failed(format!("Redis script failed: {said}"))
-    }
-}
-
-/// Whether Redis answered that it does not know the command.
-fn is_unknown_command(error: &RedisError) -> bool {
-    error.code() == Some("ERR")
-        && error
-            .detail()
-            .is_some_and(|detail| detail.starts_with("unknown command"))
-}
-
-/// Longest Redis error text carried into a [`StoreError`] (and so into logs and statuses).
-const MAX_ERROR_TEXT: usize = 160;
-
-/// A Redis error as logs may show it: no request data. Redis repeats a refused command's
-/// arguments (`unknown command 'EVALSHA', with args beginning with: <keys>`), and those are
-/// bucket keys made of request values: that part is cut, and the rest capped.
-fn describe(error: &RedisError) -> String {
-    let text = match (error.code(), error.detail()) {
-        (Some(code), Some(detail)) => format!("{code} {detail}"),
-        (Some(code), None) => code.to_string(),
-        _ => error.to_string(),
-    };
-    let text = text
-        .split_once(", with args beginning with")
-        .map_or(text.as_str(), |(head, _)| head);
-    match text.char_indices().nth(MAX_ERROR_TEXT) {
-        Some((at, _)) => format!("{}…", &text[..at]),
-        None => text.to_string(),
-    }
-}
-
 #[async_trait]
 impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
@@ -656,61 +582,4 @@ impl RemoteStore for RedisStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The error redis-rs makes of a server's `-<reply>` line.
-    fn server_error(reply: &str) -> RedisError {
-        match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
-            Ok(redis::Value::ServerError(e)) => e.into(),
-            other => panic!("not a server error: {other:?}"),
-        }
-    }
-
-    /// READONLY (a demoted master) retires the connection; a script error or a Redis that is
-    /// busy or full does not, so they never turn into a reconnect per request.
-    #[test]
-    fn only_transport_failures_and_readonly_retire_the_connection() {
-        let retires =
-            |error: RedisError| (retires_connection(&error), classify(&error).is_transient());
-        assert_eq!(
-            retires(server_error(
-                "READONLY You can't write against a read only replica."
-            )),
-            (true, true)
-        );
-        let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
-        assert_eq!(retires(dropped), (true, true));
-        for reply in [
-            "LOADING loading",
-            "BUSY script",
-            "OOM full",
-            "MASTERDOWN link down",
-        ] {
-            assert_eq!(retires(server_error(reply)), (false, true), "{reply}");
-        }
-        assert_eq!(
-            retires(server_error(
-                "ERR user_script:1: Script attempted to access a key"
-            )),
-            (false, false)
-        );
-    }
-
-    /// An ACL refusal and a renamed command are outages; the refused command's arguments
-    /// (bucket keys, request data) never reach the error text.
-    #[test]
-    fn acl_and_unknown_commands_are_outages_without_request_data() {
-        for reply in [
-            "NOPERM No permissions to access a key",
-            "NOPERM User u has no permissions to run the 'evalsha' command",
-            "ERR unknown command 'EVALSHA', with args beginning with: 'abc' '1' 'fg:d:user=secret-value|tb1' ",
-        ] {
-            let error = classify(&server_error(reply));
-            assert!(error.is_transient(), "{reply}");
-            assert!(!error.to_string().contains("secret-value"), "{error}");
-        }
-        let long = format!("ERR {}", "x".repeat(1000));
-        assert!(classify(&server_error(&long)).to_string().len() < 300);
-    }
-}
+mod tests;

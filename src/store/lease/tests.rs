@@ -1,0 +1,183 @@
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::limiter::{Algorithm, LimitParams};
+use crate::store::MemoryStore;
+
+/// The memory store standing in for Redis (same semantics: one shared test suite holds
+/// them equal), counting the calls made to it.
+struct Remote {
+    memory: MemoryStore,
+    calls: AtomicUsize,
+}
+
+#[async_trait]
+impl Store for Remote {
+    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.memory.apply(ops).await
+    }
+
+    fn name(&self) -> &'static str {
+        "test"
+    }
+}
+
+#[async_trait]
+impl RemoteStore for Remote {
+    async fn probe(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+fn op(name: &[u8], limit: u64, cost: i64) -> BucketOp {
+    let params = LimitParams::of(Algorithm::TokenBucket, limit, 3_600, limit);
+    BucketOp::debit("d", "k", name, params, cost)
+}
+
+/// Leases over a memory "Redis" whose clock stands still (no refill), with a lifetime
+/// long enough that nothing expires unless the test says so.
+fn setup() -> (Arc<Remote>, LeaseStore) {
+    let remote = Arc::new(Remote {
+        memory: MemoryStore::new(Arc::new(ManualClock::new(1_700_000_000_000_000))),
+        calls: AtomicUsize::new(0),
+    });
+    let leases = LeaseStore::with_lifetime(
+        remote.clone(),
+        0.1,
+        Duration::from_secs(3600),
+        LeaseMetrics::default(),
+    );
+    (remote, leases)
+}
+
+/// Tokens the bucket has left in the stand-in Redis (a check-only call).
+async fn left_in_redis(remote: &Remote, name: &[u8], limit: u64) -> u64 {
+    let applied = remote.memory.apply(&[op(name, limit, 0)]).await.unwrap();
+    applied.buckets[0].view.remaining
+}
+
+/// A hot bucket gets a lease and is then answered without Redis calls; every token is
+/// accounted for — Redis's remaining + admitted + held = capacity — and returning the
+/// leases gives back exactly what was not spent.
+#[tokio::test]
+async fn a_hot_bucket_is_answered_from_its_lease_and_every_token_is_accounted_for() {
+    let (remote, leases) = setup();
+    let mut admitted = 0;
+    for _ in 0..60 {
+        let applied = leases.apply(&[op(b"hot", 1000, 1)]).await.unwrap();
+        assert!(applied.committed);
+        admitted += 1;
+    }
+    let (held, left) = leases.held();
+    assert_eq!(held, 1, "a lease is held");
+    assert!(
+        remote.calls.load(Ordering::Relaxed) < 60,
+        "some requests were answered locally"
+    );
+    assert_eq!(
+        left_in_redis(&remote, b"hot", 1000).await + admitted + left,
+        1000
+    );
+    leases.return_all().await;
+    assert_eq!(leases.held(), (0, 0));
+    assert_eq!(left_in_redis(&remote, b"hot", 1000).await, 1000 - admitted);
+}
+
+/// A request whose leased bucket admits locally but whose other bucket Redis denies
+/// debits neither: the lease gets its tokens back.
+#[tokio::test]
+async fn a_denial_elsewhere_gives_the_tokens_back_to_the_lease() {
+    let (remote, leases) = setup();
+    for _ in 0..30 {
+        leases.apply(&[op(b"hot", 1000, 1)]).await.unwrap();
+    }
+    let (_, before) = leases.held();
+    assert!(before > 1, "a lease is held");
+    let in_redis = left_in_redis(&remote, b"hot", 1000).await;
+    // `small` is too small to lease (limit 5) and cannot take 6.
+    let applied = leases
+        .apply(&[op(b"hot", 1000, 1), op(b"small", 5, 6)])
+        .await
+        .unwrap();
+    assert!(!applied.committed);
+    assert!(applied.buckets[0].admitted, "the hot bucket alone admitted");
+    assert_eq!(leases.held().1, before, "the lease has its token back");
+    assert_eq!(left_in_redis(&remote, b"hot", 1000).await, in_redis);
+    assert_eq!(left_in_redis(&remote, b"small", 5).await, 5);
+    // Both fit: the leased token is spent, the other bucket debited in Redis.
+    let applied = leases
+        .apply(&[op(b"hot", 1000, 1), op(b"small", 5, 2)])
+        .await
+        .unwrap();
+    assert!(applied.committed);
+    assert_eq!(leases.held().1, before - 1);
+    assert_eq!(left_in_redis(&remote, b"small", 5).await, 3);
+}
+
+/// Asking for a lease never turns an admission into a denial: when Redis has room for
+/// the request but not for the lease asked beside it, the request is sent again without
+/// the ask and admitted, and every token stays accounted for.
+#[tokio::test]
+async fn an_ask_that_does_not_fit_is_dropped_not_the_request() {
+    let (remote, leases) = setup();
+    let mut admitted = 0;
+    while leases.held().0 == 0 {
+        assert!(
+            leases
+                .apply(&[op(b"hot", 1000, 1)])
+                .await
+                .unwrap()
+                .committed
+        );
+        admitted += 1;
+    }
+    // Another replica takes all but 3 tokens: the renewal's ask cannot fit.
+    let taken = left_in_redis(&remote, b"hot", 1000).await - 3;
+    let other = remote.memory.apply(&[op(b"hot", 1000, taken as i64)]).await;
+    assert!(other.unwrap().committed);
+    // Spend the lease down to its renewal and beyond: every request is admitted.
+    for _ in 0..leases.held().1 + 2 {
+        assert!(
+            leases
+                .apply(&[op(b"hot", 1000, 1)])
+                .await
+                .unwrap()
+                .committed
+        );
+        admitted += 1;
+    }
+    let (_, held) = leases.held();
+    assert_eq!(
+        left_in_redis(&remote, b"hot", 1000).await + admitted + held + taken,
+        1000
+    );
+}
+
+/// Small buckets never get a lease: every request is a Redis call, as without leases.
+#[tokio::test]
+async fn small_buckets_always_go_to_redis() {
+    let (remote, leases) = setup();
+    for _ in 0..50 {
+        leases.apply(&[op(b"small", 50, 1)]).await.unwrap();
+    }
+    assert_eq!(leases.held(), (0, 0));
+    assert_eq!(remote.calls.load(Ordering::Relaxed), 50);
+}
+
+/// A lease past its lifetime is not spent; the sweep returns its rest to Redis.
+#[tokio::test]
+async fn expired_leases_are_swept_back() {
+    let (remote, leases) = setup();
+    for _ in 0..30 {
+        leases.apply(&[op(b"hot", 1000, 1)]).await.unwrap();
+    }
+    let (_, left) = leases.held();
+    assert!(left > 0);
+    let in_redis = left_in_redis(&remote, b"hot", 1000).await;
+    let returns = leases.sweep(Instant::now() + Duration::from_secs(3601));
+    leases.send_returns(returns).await;
+    assert_eq!(leases.held(), (0, 0));
+    assert_eq!(left_in_redis(&remote, b"hot", 1000).await, in_redis + left);
+}

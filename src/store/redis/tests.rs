@@ -1,0 +1,55 @@
+use super::*;
+
+/// The error redis-rs makes of a server's `-<reply>` line.
+fn server_error(reply: &str) -> RedisError {
+    match redis::parse_redis_value(format!("-{reply}\r\n").as_bytes()) {
+        Ok(redis::Value::ServerError(e)) => e.into(),
+        other => panic!("not a server error: {other:?}"),
+    }
+}
+
+/// READONLY (a demoted master) retires the connection; a script error or a Redis that is
+/// busy or full does not, so they never turn into a reconnect per request.
+#[test]
+fn only_transport_failures_and_readonly_retire_the_connection() {
+    let retires = |error: RedisError| (retires_connection(&error), classify(&error).is_transient());
+    assert_eq!(
+        retires(server_error(
+            "READONLY You can't write against a read only replica."
+        )),
+        (true, true)
+    );
+    let dropped = RedisError::from(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+    assert_eq!(retires(dropped), (true, true));
+    for reply in [
+        "LOADING loading",
+        "BUSY script",
+        "OOM full",
+        "MASTERDOWN link down",
+    ] {
+        assert_eq!(retires(server_error(reply)), (false, true), "{reply}");
+    }
+    assert_eq!(
+        retires(server_error(
+            "ERR user_script:1: Script attempted to access a key"
+        )),
+        (false, false)
+    );
+}
+
+/// An ACL refusal and a renamed command are outages; the refused command's arguments
+/// (bucket keys, request data) never reach the error text.
+#[test]
+fn acl_and_unknown_commands_are_outages_without_request_data() {
+    for reply in [
+        "NOPERM No permissions to access a key",
+        "NOPERM User u has no permissions to run the 'evalsha' command",
+        "ERR unknown command 'EVALSHA', with args beginning with: 'abc' '1' 'fg:d:user=secret-value|tb1' ",
+    ] {
+        let error = classify(&server_error(reply));
+        assert!(error.is_transient(), "{reply}");
+        assert!(!error.to_string().contains("secret-value"), "{error}");
+    }
+    let long = format!("ERR {}", "x".repeat(1000));
+    assert!(classify(&server_error(&long)).to_string().len() < 300);
+}
