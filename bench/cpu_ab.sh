@@ -8,8 +8,9 @@
 #   AB_ROUNDS=5 AB_REQUESTS=100000 AB_ROWS="none one four" bench/cpu_ab.sh A B C
 #   AB_ARGS="--redis-timeout-ms 1000" bench/cpu_ab.sh A B   # a loaded machine: no misses
 #
-# Rows (AB_ROWS): none (no store: an unknown domain), one and four (Redis, 1 and 4
-# descriptors, 10^6 per second each, as bench/side_by_side.sh). Each round runs every binary
+# Rows (AB_ROWS): none (no store: an unknown domain), memory (the in-process store, no
+# --redis-url, 1 descriptor), one and four (Redis, 1 and 4 descriptors, 10^6 per second
+# each, as bench/side_by_side.sh). Each round runs every binary
 # once per row, in turn (a fresh server and a flushed Redis each time), so load that drifts
 # during the run touches every binary alike. Prints one line per run, then per row and
 # binary the median CPU µs/req and the total of answers that were not OK (floodgate's own
@@ -39,14 +40,16 @@ run() {
     local bin=$1 row=$2 grpc http pid
     grpc=$(free_port); http=$(free_port)
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
+    [ "$row" = memory ] && store=() && body=one
     RUST_LOG=warn "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
-        --http-addr "127.0.0.1:$http" --redis-url "redis://127.0.0.1:$REDIS_PORT/" \
+        --http-addr "127.0.0.1:$http" "${store[@]}" \
         "${EXTRA[@]}" >"$WORK/server.log" 2>&1 &
     pid=$!
     until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do sleep 0.1; done
     local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
     local h2=(h2load -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers'
-              --data "$WORK/$row.bin")
+              --data "$WORK/$body.bin")
     "${h2[@]}" -n "$WARMUP" "$url" >/dev/null 2>&1
     local t0 t1
     t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
