@@ -58,8 +58,7 @@ impl Store for HeldStore {
     }
 }
 
-const LIMITS: &str =
-    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+const LIMITS: &str = support::limits::D_K_100_PER_MINUTE;
 
 /// With two requests held in the store and --max-in-flight 2, a third (gRPC or /json) is
 /// refused at once with RESOURCE_EXHAUSTED / 503 and counted; once released, requests succeed.

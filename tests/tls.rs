@@ -27,8 +27,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// How often a condition is polled.
 const POLL: Duration = Duration::from_millis(20);
 
-const LIMITS: &str =
-    "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 100}\n";
+const LIMITS: &str = support::limits::D_K_100_PER_MINUTE;
 
 /// A TLS server serving the certificate `first` of the CA `ca` from a Secret volume.
 struct Setup {

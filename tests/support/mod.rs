@@ -38,6 +38,7 @@ pub mod certs;
 pub mod configmap;
 pub mod h2raw;
 pub mod http;
+pub mod limits;
 pub mod load;
 pub mod process;
 pub mod redis;
