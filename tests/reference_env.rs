@@ -82,6 +82,12 @@ fn runtime_tree(root: &Path) {
 
 struct Client(RateLimitServiceClient<tonic::transport::Channel>);
 
+impl support::scenarios::Ask for Client {
+    async fn ask(&mut self, request: RateLimitRequest) -> RateLimitResponse {
+        Client::ask(self, request).await
+    }
+}
+
 impl Client {
     async fn ask(&mut self, request: RateLimitRequest) -> RateLimitResponse {
         self.0
@@ -215,33 +221,9 @@ async fn reference_environment_gets_reference_answers() {
     );
     assert_eq!(client.one(too_many).await.0, OVER);
 
-    // replaces: premium, matched in the same request, drops basic's limit.
-    let both = || {
-        request(
-            "api",
-            vec![
-                descriptor(&[("plan", "basic")]),
-                descriptor(&[("plan", "premium")]),
-            ],
-        )
-    };
-    for _ in 0..2 {
-        let response = client.ask(both()).await;
-        assert_eq!(response.overall_code, OK);
-        assert_eq!(
-            response.statuses[0],
-            DescriptorStatus {
-                code: OK,
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            response.statuses[1].current_limit.as_ref().unwrap().name,
-            "premium"
-        );
-    }
-    assert_eq!(client.one(simple("api", "plan", "basic")).await, (OK, 0));
-    assert_eq!(client.one(simple("api", "plan", "basic")).await.0, OVER);
+    // replaces: premium, matched in the same request, drops basic's limit (the scenario
+    // tests/rls.rs runs in process too).
+    support::scenarios::replaced_limit_is_dropped(&mut client, "api", 2).await;
 
     // Override: the request's limit (1 per hour) replaces the configured one.
     let overridden = || {

@@ -424,48 +424,11 @@ async fn global_shadow_mode_never_denies(backend: Backend) {
     server.stop().await;
 }
 
-/// A matched limit named in another matched limit's `replaces` is dropped.
+/// A matched limit named in another matched limit's `replaces` is dropped (the scenario the
+/// reference's environment runs too, `tests/reference_env.rs`).
 async fn replaced_limit_is_dropped(backend: Backend) {
     let server = TestServer::with(LIMITS).on(backend).start().await;
-    let both = || {
-        request(
-            "test",
-            vec![
-                descriptor(&[("plan", "basic")]),
-                descriptor(&[("plan", "premium")]),
-            ],
-        )
-    };
-    for _ in 0..3 {
-        let response = server.ask(both()).await;
-        assert_eq!(response.overall_code, OK);
-        assert_eq!(
-            response.statuses[0],
-            DescriptorStatus {
-                code: OK,
-                ..Default::default()
-            }
-        );
-        assert_eq!(
-            response.statuses[1].current_limit.as_ref().unwrap().name,
-            "premium"
-        );
-    }
-    // Alone, basic applies: 1 per minute.
-    assert_eq!(
-        server
-            .ask(simple("test", "plan", "basic"))
-            .await
-            .overall_code,
-        OK
-    );
-    assert_eq!(
-        server
-            .ask(simple("test", "plan", "basic"))
-            .await
-            .overall_code,
-        OVER
-    );
+    support::scenarios::replaced_limit_is_dropped(&mut &server, "test", 3).await;
     server.stop().await;
 }
 
