@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
 use support::process::Floodgate;
+use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
 use support::redis::{RedisCluster, RedisServer};
 use support::{eventually, simple};
 
@@ -45,7 +46,8 @@ struct Tally {
     errors: AtomicU64,
 }
 
-/// A replica on `limits`, its Redis named by `store` (`--redis-url …` or `--redis-cluster …`).
+/// A replica on `limits`, its Redis named by `store` (`--redis-url …`, `--redis-cluster …` or
+/// `--redis-sentinel …`).
 fn floodgate(limits: &Path, store: &[&str]) -> Floodgate {
     // A Redis call that outlives its deadline may have debited tokens it cannot report: on a
     // loaded test machine that would be lost supply, not a lease's doing. A deadline no
@@ -225,6 +227,23 @@ async fn two_replicas_never_admit_past_a_fixed_window_in_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let seeds = cluster.seeds().join(",");
     fixed_window_case(&["--redis-cluster", seeds.as_str()], cluster.masters()[0]).await;
+}
+
+/// The same through Sentinel: both replicas find the master through a real sentinel, take
+/// their leases there and give them back to the same window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_never_admit_past_a_fixed_window_through_sentinel() {
+    let setup = SentinelSetup::start_steady(1).await;
+    let nodes = setup.node_urls().join(",");
+    let store = [
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        nodes.as_str(),
+        "--redis-connect-timeout-ms",
+        "2000",
+    ];
+    fixed_window_case(&store, &setup.master).await;
 }
 
 /// Hammers the fixed window from two replicas on `store` until nearly all of it is admitted,
