@@ -56,7 +56,9 @@ mod places;
 pub mod tls;
 
 pub use bind::{GrpcListener, TcpListeners, UnixSocket};
-pub use calls::{CallsLayer, ConnectionCalls, CountAdminCalls, CountCalls, Counted, Made};
+pub use calls::{
+    CallsLayer, ConnectionCalls, CountAdminCalls, CountCalls, Counted, Made, StreamCall,
+};
 use connection::Guard;
 pub use connection::{Guarded, GuardedInfo};
 use opening::Opening;

@@ -643,3 +643,39 @@ async fn an_unreachable_share_table_is_unavailable() {
     assert!(status.message().contains("Redis"), "{status:?}");
     server.stop().await;
 }
+
+/// A connection that carries only an RLQS stream is busy, not idle: at the connection bound a
+/// new connection is refused, and the stream goes on, instead of the stream's connection
+/// being closed to make way.
+#[tokio::test]
+async fn an_rlqs_stream_keeps_its_connection_at_the_bound() {
+    let (server, _dir) = start(&["--grpc-max-connections", "1"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let usage: &[Usage<'_>] = &[(&[("tenant", "b"), ("path", "/x")], 1, 0, 0)];
+    envoy.report("edge", usage).await;
+    // A second connection, at the bound: whatever it gets, the stream's must not make way.
+    let url = format!("http://{}", server.grpc);
+    if let Ok(mut other) = RateLimitQuotaServiceClient::connect(url).await {
+        let (_keep, outbound) = mpsc::channel::<RateLimitQuotaUsageReports>(1);
+        let _ = other
+            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
+            .await;
+    }
+    let series = "floodgate_connections_refused_total{port=\"grpc\"}";
+    support::eventually("the newcomer refused", || async {
+        support::http::metric(server.http, series)
+            .await
+            .unwrap_or(0.0)
+            >= 1.0
+    })
+    .await;
+    let evicted = "floodgate_connections_evicted_total{port=\"grpc\"}";
+    let evicted = support::http::metric(server.http, evicted).await;
+    assert_eq!(
+        evicted.unwrap_or(0.0),
+        0.0,
+        "the stream's connection made way"
+    );
+    envoy.report("edge", usage).await;
+    server.stop().await;
+}

@@ -213,13 +213,15 @@ impl RateLimitQuotaService for RlqsService {
         };
         let (out, responses) = mpsc::channel(OUTBOUND_QUEUE);
         let shutdown = self.rlqs.shutdown.subscribe();
-        tokio::spawn(stream::serve(
-            Arc::clone(&self.rlqs),
-            slot,
-            request.into_inner(),
-            out,
-            shutdown,
-        ));
+        let (_, extensions, reports) = request.into_parts();
+        let serve = stream::serve(Arc::clone(&self.rlqs), slot, reports, out, shutdown);
+        tokio::spawn(async move {
+            // The request's extensions hold the stream's call on its connection (the
+            // transport counts the connection busy, never idle, until they are dropped):
+            // kept for as long as the stream is served.
+            let _connection_call = extensions;
+            serve.await
+        });
         Ok(Response::new(ReceiverStream::new(responses)))
     }
 }

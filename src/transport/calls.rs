@@ -4,7 +4,8 @@
 //!
 //! A call counts from the moment hyper hands it to the service (a gRPC stream's HEADERS, an
 //! HTTP/1 request's head) until its response is ready; the response body is then written
-//! without holding the connection busy. That is what "idle" must mean: an HTTP/2 connection
+//! without holding the connection busy. A streaming RLQS call counts until its stream ends
+//! ([`StreamCall`], which the service holds). That is what "idle" must mean: an HTTP/2 connection
 //! with no open stream is idle whatever control frames (PING, SETTINGS, WINDOW_UPDATE) cross
 //! it, and one waiting on a held `max_wait` call is busy however long it stays silent.
 
@@ -53,13 +54,38 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Counted<S::Future> {
+    fn call(&mut self, mut request: http::Request<B>) -> Counted<S::Future> {
         let call = activity(request.extensions()).map(Activity::begin_call);
+        let streaming = STREAMS
+            .iter()
+            .any(|prefix| request.uri().path().starts_with(prefix));
+        let call = match call {
+            // A stream's call lasts as long as the stream: the service holds it.
+            Some(call) if streaming => {
+                request.extensions_mut().insert(StreamCall {
+                    _call: Arc::new(call),
+                });
+                None
+            }
+            call => call,
+        };
         Counted {
             future: self.inner.call(request),
             _call: call,
         }
     }
+}
+
+/// The gRPC methods whose call lasts as long as its stream rather than until its response is
+/// ready: Envoy's RLQS stream carries no other call, and its connection must not count as
+/// idle (and make way at the connection bound) while the stream is open.
+const STREAMS: &[&str] = &["/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/"];
+
+/// A streaming call's place on its connection, carried in the request's extensions: the
+/// connection counts as busy until the service drops them, at the stream's end.
+#[derive(Clone, Debug)]
+pub struct StreamCall {
+    _call: Arc<Call>,
 }
 
 /// The activity of the request's connection, from what tonic put in its extensions for a
