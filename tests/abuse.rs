@@ -763,36 +763,14 @@ async fn metric_labels_are_escaped_and_capped() {
 #[tokio::test]
 async fn undecodable_request_is_invalid_argument() {
     let (server, _dir) = start(&[]);
-    let tcp = TcpStream::connect(server.grpc).await.unwrap();
-    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(connection);
-    let request = ::http::Request::builder()
-        .method("POST")
-        .uri(format!(
-            "http://{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-            server.grpc
-        ))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
-    let (response, mut body) = client.send_request(request, false).unwrap();
     // One uncompressed gRPC message of 3 bytes that no protobuf decoder accepts.
-    body.send_data(
-        bytes::Bytes::from_static(&[0, 0, 0, 0, 3, 0xff, 0xff, 0xff]),
+    let status = support::h2raw::grpc_status_of(
+        server.grpc,
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        &[0, 0, 0, 0, 3, 0xff, 0xff, 0xff],
         true,
     )
-    .unwrap();
-    let response = response.await.unwrap();
-    let status = match response.headers().get("grpc-status") {
-        Some(status) => status.to_str().unwrap().to_string(),
-        None => {
-            let mut body = response.into_body();
-            while body.data().await.is_some() {}
-            let trailers = body.trailers().await.unwrap().unwrap();
-            trailers["grpc-status"].to_str().unwrap().to_string()
-        }
-    };
+    .await;
     assert_eq!(status, (tonic::Code::InvalidArgument as i32).to_string());
     assert_eq!(
         metric(server.http, "floodgate_requests_total{result=\"invalid\"}").await,

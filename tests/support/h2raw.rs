@@ -166,3 +166,45 @@ pub fn rss_bytes(pid: u32) -> u64 {
         .unwrap();
     kb * 1024
 }
+
+/// The `grpc-status` the server at `addr` answers to one gRPC call to `path` (as
+/// `/package.Service/Method`) whose body is `frame`, sent as is over a plain HTTP/2 client:
+/// bytes no gRPC client would send. `end` ends the request stream after them (a unary call);
+/// without it the stream stays open, as an RLQS client's does. Each step waits at most
+/// [`super::EVENTUALLY`]; the status is read from the headers (a trailers-only answer) or
+/// from the trailers.
+pub async fn grpc_status_of(
+    addr: SocketAddr,
+    path: &str,
+    frame: &'static [u8],
+    end: bool,
+) -> String {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let request = ::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut body) = client.send_request(request, false).unwrap();
+    body.send_data(bytes::Bytes::from_static(frame), end)
+        .unwrap();
+    let response = tokio::time::timeout(super::EVENTUALLY, response)
+        .await
+        .expect("the response came in time")
+        .unwrap();
+    if let Some(status) = response.headers().get("grpc-status") {
+        return status.to_str().unwrap().to_string();
+    }
+    let mut body = response.into_body();
+    while tokio::time::timeout(super::EVENTUALLY, body.data())
+        .await
+        .expect("the body came in time")
+        .is_some()
+    {}
+    let trailers = body.trailers().await.unwrap().unwrap();
+    trailers["grpc-status"].to_str().unwrap().to_string()
+}
