@@ -436,3 +436,69 @@ async fn console_works_on_shared_counters() {
     let held: String = conn.get(&name).await.unwrap();
     assert_eq!(held, "2");
 }
+
+/// Two limits of 100,000 a day: `shared` is a counter reference pods count too; `own`, with a
+/// `unit_multiplier` the reference has no counter for, keeps floodgate's own key.
+const HOT: &str = r#"
+domain: hot
+descriptors:
+  - key: shared
+    rate_limit: {unit: day, requests_per_unit: 100000}
+  - key: own
+    rate_limit: {unit: day, requests_per_unit: 100000, unit_multiplier: 2}
+"#;
+
+/// `calls` requests on `key`, 16 at a time, all answered OK.
+async fn hammer(client: &RateLimitServiceClient<Channel>, key: &'static str, calls: usize) {
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                for _ in 0..calls / 16 {
+                    let answer = ask(&mut client, simple("hot", key, "v")).await;
+                    assert_eq!(answer.overall_code, OK);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// In reference mode leases stay on (the default fraction), but a counter shared with
+/// reference pods is never leased: hammered hot, it holds exactly the requests admitted, with
+/// no lease taken; a limit the reference has no counter for is leased as anywhere else.
+#[tokio::test]
+async fn a_shared_counter_is_never_leased() {
+    let redis = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("ratelimit/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::fs::write(config.join("hot.yaml"), HOT).unwrap();
+    let root = tmp.path().to_str().unwrap().to_string();
+    let url = redis.address();
+    let server = Floodgate::start_with_env(
+        &["--redis-timeout-ms", DEADLINE_MS],
+        &reference_env(&root, &url, &[]),
+    );
+    let client = connect(&server).await;
+    let mut conn = redis.connection().await;
+    away_from_day_edge().await;
+
+    hammer(&client, "shared", 800).await;
+    let held: String = conn.get(today("hot_shared_v")).await.unwrap();
+    assert_eq!(
+        held, "800",
+        "the shared counter holds more than was admitted"
+    );
+    let acquired = support::http::metric(server.http, "floodgate_lease_acquired_total").await;
+    assert_eq!(acquired.unwrap_or(0.0), 0.0, "a shared counter was leased");
+
+    hammer(&client, "own", 800).await;
+    let acquired = support::http::metric(server.http, "floodgate_lease_acquired_total").await;
+    assert!(
+        acquired.unwrap_or(0.0) > 0.0,
+        "a hot limit of floodgate's own was not leased"
+    );
+}
