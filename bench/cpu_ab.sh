@@ -15,6 +15,9 @@
 # during the run touches every binary alike. Prints one line per run, then per row and
 # binary the median CPU µs/req and the total of answers that were not OK (floodgate's own
 # count plus h2load's failures): a binary that errs is not cheaper, it is broken.
+# Leases are off (FLOODGATE_LEASE_FRACTION=0, unless set): the bench's load is one hot bucket
+# per descriptor, which leases would answer mostly without Redis, and these rows measure the
+# per-request Redis path. A binary from before leases ignores the variable.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -28,6 +31,7 @@ ROWS=(${AB_ROWS:-one four})
 # Extra `floodgate serve` arguments, e.g. a longer Redis deadline where the machine is so
 # loaded that the default 10 ms is missed (an error answer costs less than an OK one).
 read -r -a EXTRA <<<"${AB_ARGS:-}"
+export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 
 write_side_by_side_limits
 python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
@@ -93,4 +97,4 @@ for (row, i), runs in rows.items():
           f"{', '.join(f'{c:.2f}' for c in cpus)} | {sum(b for _, b in runs)} |")
 PY
 echo
-echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg), FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"

@@ -24,6 +24,10 @@
 # request's own EVALSHA captured from the bench and replayed (bench/script_cost.py), and the
 # same for a limit counted in ticks finer than a µs (domains fine1 and fine4, floodgate only).
 #
+# floodgate runs with leases off (FLOODGATE_LEASE_FRACTION=0, unless set): the load is one hot
+# bucket per descriptor, which leases would answer mostly without Redis, and the Redis rows
+# compare the per-request Redis path with Limitador's (bench/leases.sh measures leases).
+#
 # Limitador's limits: one limit per descriptor i, variables ["descriptors[i]['k<i>']"] (one
 # counter per value), 10^6 per second like floodgate's.
 set -euo pipefail
@@ -36,6 +40,7 @@ REPEAT=${SBS_REPEAT:-2}
 WARMUP_REQUESTS=${SBS_WARMUP_REQUESTS:-20000}
 STRACE_REQUESTS=${SBS_STRACE_REQUESTS:-20000}
 SCRIPT_CALLS=${SBS_SCRIPT_CALLS:-20000}
+export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${BENCH_BIN:-}" ]; then
     cargo build --profile production --quiet --bin floodgate
@@ -227,4 +232,4 @@ for i, line in enumerate(sys.stdin):
     limit = "10^6/second" if i < 2 else "10^9/hour (0.1 µs ticks)"
     print(f"| {limit} | {n} | {f(a)} | {f(m)} | {statistics.median(a) / statistics.median(m):.2f} |")'
 echo
-echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
