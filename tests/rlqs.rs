@@ -17,7 +17,8 @@ use floodgate::proto::types::TokenBucket;
 use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
 use floodgate::rlqs::share::{Ask, Table, settle};
 use support::process::Floodgate;
-use support::redis::RedisServer;
+use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
+use support::redis::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
@@ -270,6 +271,39 @@ async fn two_replicas_share_the_rate_through_redis() {
     let url = redis.url();
     let (first, _dir1) = start(&["--redis-url", &url]);
     let (second, _dir2) = start(&["--redis-url", &url]);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two Envoys on two replicas that find the master through a real sentinel share a bucket's
+/// rate the same way.
+#[tokio::test]
+async fn two_replicas_share_the_rate_through_sentinel() {
+    let setup = SentinelSetup::start_steady(1).await;
+    let nodes = setup.node_urls().join(",");
+    let store = [
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        nodes.as_str(),
+        "--redis-connect-timeout-ms",
+        "2000",
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two Envoys on two replicas on one Redis Cluster share a bucket's rate the same way.
+#[tokio::test]
+async fn two_replicas_share_the_rate_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let (first, _dir1) = start(&["--redis-cluster", &seeds]);
+    let (second, _dir2) = start(&["--redis-cluster", &seeds]);
     two_envoys_share(&first, &second).await;
     first.stop().await;
     second.stop().await;
