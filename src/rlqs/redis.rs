@@ -10,10 +10,13 @@
 //! interval (seconds), not per request, and keeping them apart means a report never waits
 //! behind the request path, nor the other way round.
 //!
-//! On a Cluster a script may only touch keys of one slot: each call here touches one key,
-//! the bucket's table.
+//! On a Cluster a script may only touch keys of one slot: a settle or release touches one
+//! key, the bucket's table; a stream's batch of re-evaluations ([`Shares::reassess`]) is
+//! split by slot, one call per slot (concurrently), where one server takes one call per
+//! [`BATCH`] tables.
 
 use async_trait::async_trait;
+use redis::cluster_routing::Slot;
 
 use super::share::{Ask, ShareError, Shares};
 use crate::store::StoreError;
@@ -23,6 +26,10 @@ use crate::store::redis::shared::Script;
 
 /// The script (see its header for KEYS, ARGV and the reply).
 pub const SCRIPT: &str = include_str!("../../lua/rlqs_share.lua");
+
+/// The most tables one re-evaluation call takes: a stream's buckets (up to
+/// `--rlqs-max-buckets-per-stream`) in calls short enough not to hold Redis up.
+pub const BATCH: usize = 100;
 
 /// Where the share tables are: the Redis topology the rate-limit store's flags name.
 pub enum Topology {
@@ -98,5 +105,54 @@ impl Shares for RedisShares {
         )
         .await
         .map(|_| ())
+    }
+
+    async fn reassess(
+        &self,
+        holder: &str,
+        buckets: &[(String, u64)],
+        life_us: i64,
+    ) -> Result<Vec<Option<u64>>, ShareError> {
+        // Batches of table indices: one per slot on a Cluster, any on one server.
+        let mut batches: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
+        for (index, (bucket, _)) in buckets.iter().enumerate() {
+            let slot = match self.topology {
+                Topology::Redis(_) => None,
+                Topology::Cluster(_) => Some(Slot::for_key(self.key(bucket))),
+            };
+            match batches
+                .iter_mut()
+                .find(|(s, members)| *s == slot && members.len() < BATCH)
+            {
+                Some((_, members)) => members.push(index),
+                None => batches.push((slot, vec![index])),
+            }
+        }
+        let calls = batches.iter().map(|(_, members)| {
+            let keys: Vec<String> = members.iter().map(|&i| self.key(&buckets[i].0)).collect();
+            let mut args = vec![
+                holder.to_owned(),
+                "reassess".to_owned(),
+                life_us.max(1).to_string(),
+                String::new(),
+            ];
+            args.extend(members.iter().map(|&i| buckets[i].1.to_string()));
+            async move { self.call::<Vec<i64>>(&keys, &args).await }
+        });
+        let replies = futures_util::future::try_join_all(calls).await?;
+        let mut grants = vec![None; buckets.len()];
+        for ((_, members), reply) in batches.iter().zip(replies) {
+            if reply.len() != members.len() {
+                return Err(ShareError(format!(
+                    "malformed rlqs_share.lua reply: {} grants for {} tables",
+                    reply.len(),
+                    members.len()
+                )));
+            }
+            for (&index, grant) in members.iter().zip(reply) {
+                grants[index] = u64::try_from(grant).ok();
+            }
+        }
+        Ok(grants)
     }
 }
