@@ -391,6 +391,84 @@ async fn a_newcomer_is_served_promptly_in_a_cluster() {
     second.stop().await;
 }
 
+/// The grant of each action of `response`, by the bucket's `path` entry.
+fn grants_by_path(response: &RateLimitQuotaResponse) -> HashMap<String, u64> {
+    response
+        .bucket_action
+        .iter()
+        .map(|action| {
+            let path = action.bucket_id.as_ref().unwrap().bucket["path"].clone();
+            let single = RateLimitQuotaResponse {
+                bucket_action: vec![action.clone()],
+            };
+            (path, granted(&single))
+        })
+        .collect()
+}
+
+/// Reads `envoy`'s pushed assignments into `held` until `done` holds of it.
+async fn read_until(
+    envoy: &mut Envoy,
+    held: &mut HashMap<String, u64>,
+    done: impl Fn(&HashMap<String, u64>) -> bool,
+) {
+    while !done(held) {
+        let pushed = envoy.next().await.unwrap().expect("stream ended");
+        held.extend(grants_by_path(&pushed));
+    }
+}
+
+/// A newcomer on eight buckets that another Envoy holds in full, on a Redis Cluster: the
+/// tables lie on several masters, and the batched re-evaluations (one call per slot) serve
+/// every bucket its fair half, the holder shrinking first.
+#[tokio::test]
+async fn a_newcomer_on_many_buckets_is_served_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let store = [
+        "--redis-cluster",
+        seeds.as_str(),
+        "--rlqs-reassess-interval",
+        "0.2",
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    let paths: Vec<String> = (0..8).map(|i| format!("/{i}")).collect();
+    let ids: Vec<[(&str, &str); 2]> = paths
+        .iter()
+        .map(|path| [("tenant", "b"), ("path", path.as_str())])
+        .collect();
+    // 10 requests in 1 s: the whole 600/minute each.
+    let usages: Vec<Usage<'_>> = ids.iter().map(|id| (&id[..], 10, 0, 1)).collect();
+    let mut holder = Envoy::open(&first).await.unwrap();
+    let mut newcomer = Envoy::open(&second).await.unwrap();
+    let mut held = grants_by_path(&holder.report("edge", &usages).await);
+    assert!(held.values().all(|&grant| grant == 600), "{held:?}");
+    let mut got = grants_by_path(&newcomer.report("edge", &usages).await);
+    assert!(got.values().all(|&grant| grant == 0), "{got:?}");
+    let masters_holding = cluster
+        .masters()
+        .iter()
+        .filter(|master| {
+            let keys: Vec<String> = master.query(redis::cmd("KEYS").arg("*rlqs:*")).unwrap();
+            !keys.is_empty()
+        })
+        .count();
+    assert!(masters_holding > 1, "all eight tables on one master");
+    read_until(&mut newcomer, &mut got, |got| got.values().all(|&g| g > 0)).await;
+    assert!(got.values().all(|&grant| grant == 300), "{got:?}");
+    // Every shrink the newcomer's shares needed was sent before them.
+    read_until(&mut holder, &mut held, |held| {
+        held.values().all(|&grant| grant <= 300)
+    })
+    .await;
+    for path in &paths {
+        assert!(held[path] + got[path] <= 600, "{path}: {held:?} {got:?}");
+    }
+    first.stop().await;
+    second.stop().await;
+}
+
 /// An Envoy that stops reporting loses its share: the other one gets the whole rate once
 /// the silent one's row has expired.
 #[tokio::test]
