@@ -16,6 +16,7 @@ use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsa
 use floodgate::proto::types::TokenBucket;
 use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
 use floodgate::rlqs::share::{Ask, Table, reassess, settle};
+use support::certs::{Pki, arg};
 use support::process::Floodgate;
 use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
 use support::redis::{RedisCluster, RedisServer};
@@ -275,6 +276,34 @@ async fn two_replicas_share_the_rate_through_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
     let store = [&["--redis-url", url.as_str()][..], &NO_REASSESS].concat();
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two replicas share through a Redis that serves TLS only and requires a client
+/// certificate: the share tables use the store's `--redis-tls-*` files.
+#[tokio::test]
+async fn two_replicas_share_the_rate_through_tls_redis() {
+    let pki = Pki::generate();
+    let redis = RedisServer::start_tls(&pki.server_files(), true);
+    let url = redis.url();
+    let store = [
+        &[
+            "--redis-url",
+            url.as_str(),
+            "--redis-tls-ca-file",
+            arg(&pki.ca),
+            "--redis-tls-cert-file",
+            arg(&pki.client_cert),
+            "--redis-tls-key-file",
+            arg(&pki.client_key),
+        ][..],
+        &NO_REASSESS,
+    ]
+    .concat();
     let (first, _dir1) = start(&store);
     let (second, _dir2) = start(&store);
     two_envoys_share(&first, &second).await;
