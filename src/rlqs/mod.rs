@@ -224,15 +224,16 @@ impl RateLimitQuotaService for RlqsService {
         };
         let (out, responses) = mpsc::channel(OUTBOUND_QUEUE);
         let shutdown = self.rlqs.shutdown.subscribe();
-        let (_, extensions, reports) = request.into_parts();
-        let serve = stream::serve(Arc::clone(&self.rlqs), slot, reports, out, shutdown);
-        tokio::spawn(async move {
-            // The request's extensions hold the stream's call on its connection (the
-            // transport counts the connection busy, never idle, until they are dropped):
-            // kept for as long as the stream is served.
-            let _connection_call = extensions;
-            serve.await
-        });
+        // The stream's call counts on its connection (busy, never idle) until the response
+        // stream ends: the transport's counted body holds it.
+        let reports = request.into_inner();
+        tokio::spawn(stream::serve(
+            Arc::clone(&self.rlqs),
+            slot,
+            reports,
+            out,
+            shutdown,
+        ));
         Ok(Response::new(ReceiverStream::new(responses)))
     }
 }
