@@ -18,7 +18,7 @@ use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
 use floodgate::rlqs::share::{Ask, Table, reassess, settle};
 use support::certs::{Pki, arg};
 use support::process::Floodgate;
-use support::redis::sentinel::{MASTER_NAME, SentinelSetup};
+use support::redis::sentinel::{MASTER_NAME, SentinelSetup, info_field};
 use support::redis::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -330,6 +330,80 @@ async fn two_replicas_share_the_rate_through_sentinel() {
     let (first, _dir1) = start(&store);
     let (second, _dir2) = start(&store);
     two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Waits until `redis` holds no share table (every row given back).
+async fn no_share_tables(redis: &RedisServer) {
+    support::eventually("every share row given back", || async {
+        let tables: Vec<String> = redis.query(redis::cmd("KEYS").arg("*rlqs:*")).unwrap();
+        tables.is_empty()
+    })
+    .await;
+}
+
+/// Kill the master: the share tables follow the sentinels' failover with no restart. Once
+/// the replica is promoted, a report is answered again, two replicas' Envoys share a bucket
+/// through the new master, and the script ran there by EVAL (its cache was flushed).
+#[tokio::test]
+async fn shares_follow_a_sentinel_failover() {
+    let mut setup = SentinelSetup::start(3).await;
+    setup.wait_failover_ready().await;
+    let mut replica = setup.replica.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    let nodes = setup.node_urls().join(",");
+    let store = [
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        nodes.as_str(),
+        NO_REASSESS[0],
+        NO_REASSESS[1],
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut envoy = Envoy::open(&first).await.unwrap();
+    assert_eq!(
+        granted(&envoy.report("edge", &[(tenant, 1, 0, 0)]).await),
+        100
+    );
+    drop(envoy);
+    // Its row given back before the master goes: a release that fails leaves the row to its
+    // expiry, holding the rate meanwhile, as the Envoy may still hold its assignment.
+    no_share_tables(&setup.master).await;
+
+    setup.master.stop();
+    let new_master = setup.replica.port();
+    support::eventually("the sentinels promote the replica", || async {
+        setup.current_master_port().await == Some(new_master)
+    })
+    .await;
+    // Meanwhile a share call fails its stream (UNAVAILABLE); a fresh stream is answered once
+    // the share tables reach the new master.
+    for server in [&first, &second] {
+        support::eventually("a report is answered through the new master", || async {
+            let Ok(mut envoy) = Envoy::open(server).await else {
+                return false;
+            };
+            envoy.send(reports("edge", &[(tenant, 1, 0, 0)])).await;
+            matches!(envoy.next().await, Ok(Some(_)))
+        })
+        .await;
+    }
+    // The probes' streams gave their rows back (a row outlives a failed release).
+    no_share_tables(&setup.replica).await;
+    two_envoys_share(&first, &second).await;
+    assert!(
+        info_field(&setup.replica, "commandstats", "cmdstat_eval")
+            .await
+            .is_some()
+    );
     first.stop().await;
     second.stop().await;
 }

@@ -62,19 +62,34 @@ impl RedisShares {
         format!("{}{bucket}", self.prefix)
     }
 
-    /// One script call on `keys` (all of one slot) with `args`.
+    /// One script call on `keys` (all of one slot) with `args`; sent once more if Redis was
+    /// unavailable. The store retires a connection that failed, so the second try goes out
+    /// on a fresh one: after a failover each thread's first call meets its connection to the
+    /// old master, and a stream should not end for that. Every operation of the script may
+    /// run twice (a settle, a re-evaluation and a release leave the same row when repeated).
     async fn call<T: redis::FromRedisValue>(
         &self,
         keys: &[String],
         args: &[String],
     ) -> Result<T, ShareError> {
-        let reply = match &self.topology {
-            Topology::Redis(store) => store.run_script(&self.script, keys, args).await,
-            Topology::Cluster(store) => store.run_script(&self.script, keys, args).await,
+        let reply = match self.once(keys, args).await {
+            Err(StoreError::Unavailable(_)) => self.once(keys, args).await,
+            reply => reply,
         };
         reply.map_err(|e| match e {
             StoreError::Unavailable(said) | StoreError::Failed(said) => ShareError(said),
         })
+    }
+
+    async fn once<T: redis::FromRedisValue>(
+        &self,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        match &self.topology {
+            Topology::Redis(store) => store.run_script(&self.script, keys, args).await,
+            Topology::Cluster(store) => store.run_script(&self.script, keys, args).await,
+        }
     }
 }
 

@@ -78,15 +78,21 @@ fn main_target(settings: &ServeSettings) -> Target<'_> {
 }
 
 /// Where the RLQS share tables live: a store of their own on the main Redis's topology (the
-/// same URL, sentinels or cluster seeds, TLS files and credentials), each call bounded by
-/// `command_timeout`; `None` without a main Redis.
+/// same URL, sentinels or cluster seeds, TLS files, credentials and connect timeout), each
+/// call bounded by `command_timeout`; `None` without a main Redis.
 pub(super) fn rlqs_topology(
     settings: &ServeSettings,
     metrics: &Arc<Metrics>,
     command_timeout: Duration,
 ) -> Result<Option<crate::rlqs::redis::Topology>, ServerError> {
     use crate::rlqs::redis::Topology;
-    let built = build(settings, &main_target(settings), metrics, command_timeout)?;
+    // Share calls come per bucket per reporting interval: one multiplexed connection per
+    // thread carries them, and after a failover each thread has only that one to replace.
+    let target = Target {
+        pool_size: 1,
+        ..main_target(settings)
+    };
+    let built = build(settings, &target, metrics, command_timeout)?;
     Ok(built.map(|built| match built {
         Built::Redis(store) => Topology::Redis(store),
         Built::Cluster(store) => Topology::Cluster(store),
