@@ -57,7 +57,7 @@ pub mod tls;
 
 pub use bind::{GrpcListener, TcpListeners, UnixSocket};
 pub use calls::{
-    CallsLayer, ConnectionCalls, CountAdminCalls, CountCalls, Counted, Made, StreamCall,
+    Answering, CallsLayer, ConnectionCalls, CountAdminCalls, CountCalls, Counted, CountedBody, Made,
 };
 use connection::Guard;
 pub use connection::{Guarded, GuardedInfo};

@@ -15,9 +15,11 @@ use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
 use floodgate::proto::types::TokenBucket;
 use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
-use floodgate::rlqs::share::{Ask, Table, settle};
+use floodgate::rlqs::share::{Ask, Table, reassess, settle};
+use support::certs::{Pki, arg};
 use support::process::Floodgate;
-use support::redis::RedisServer;
+use support::redis::sentinel::{MASTER_NAME, SentinelSetup, info_field};
+use support::redis::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Streaming};
@@ -40,6 +42,10 @@ descriptors:
       - key: path
         rate_limit: {unit: minute, requests_per_unit: 600, burst: 60}
 ";
+
+/// Turns the re-evaluation of shares without a report off (an interval of a day): the tests
+/// that pair each report with its answer must see no assignment pushed in between.
+const NO_REASSESS: [&str; 2] = ["--rlqs-reassess-interval", "86400"];
 
 /// How long a test waits for one message before failing.
 const MESSAGE_DEADLINE: Duration = support::EVENTUALLY;
@@ -232,7 +238,8 @@ async fn blanket_rules_for_unlimited_unmatched_and_zero() {
 }
 
 /// Two Envoys on one 100/s bucket: after every report the fill rates they hold sum to at
-/// most 100/s, and they settle on shares that follow their demand (80 and 20).
+/// most 100/s, and they settle on shares that follow their demand (80 and 20). The servers
+/// run with [`NO_REASSESS`].
 async fn two_envoys_share(first: &Floodgate, second: &Floodgate) {
     let tenant: &[(&str, &str)] = &[("tenant", "a")];
     let mut a = Envoy::open(first).await.unwrap();
@@ -258,7 +265,7 @@ async fn two_envoys_share(first: &Floodgate, second: &Floodgate) {
 /// Two Envoys on one replica share a bucket's rate (see [`two_envoys_share`]).
 #[tokio::test]
 async fn two_envoys_on_one_replica_share_the_rate() {
-    let (server, _dir) = start(&[]);
+    let (server, _dir) = start(&NO_REASSESS);
     two_envoys_share(&server, &server).await;
     server.stop().await;
 }
@@ -268,9 +275,299 @@ async fn two_envoys_on_one_replica_share_the_rate() {
 async fn two_replicas_share_the_rate_through_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
-    let (first, _dir1) = start(&["--redis-url", &url]);
-    let (second, _dir2) = start(&["--redis-url", &url]);
+    let store = [&["--redis-url", url.as_str()][..], &NO_REASSESS].concat();
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
     two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two replicas share through a Redis that serves TLS only and requires a client
+/// certificate: the share tables use the store's `--redis-tls-*` files.
+#[tokio::test]
+async fn two_replicas_share_the_rate_through_tls_redis() {
+    let pki = Pki::generate();
+    let redis = RedisServer::start_tls(&pki.server_files(), true);
+    let url = redis.url();
+    let store = [
+        &[
+            "--redis-url",
+            url.as_str(),
+            "--redis-tls-ca-file",
+            arg(&pki.ca),
+            "--redis-tls-cert-file",
+            arg(&pki.client_cert),
+            "--redis-tls-key-file",
+            arg(&pki.client_key),
+        ][..],
+        &NO_REASSESS,
+    ]
+    .concat();
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two Envoys on two replicas that find the master through a real sentinel share a bucket's
+/// rate the same way.
+#[tokio::test]
+async fn two_replicas_share_the_rate_through_sentinel() {
+    let setup = SentinelSetup::start_steady(1).await;
+    let nodes = setup.node_urls().join(",");
+    let store = [
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        nodes.as_str(),
+        "--redis-connect-timeout-ms",
+        "2000",
+        NO_REASSESS[0],
+        NO_REASSESS[1],
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Waits until `redis` holds no share table (every row given back).
+async fn no_share_tables(redis: &RedisServer) {
+    support::eventually("every share row given back", || async {
+        let tables: Vec<String> = redis.query(redis::cmd("KEYS").arg("*rlqs:*")).unwrap();
+        tables.is_empty()
+    })
+    .await;
+}
+
+/// Kill the master: the share tables follow the sentinels' failover with no restart. Once
+/// the replica is promoted, a report is answered again, two replicas' Envoys share a bucket
+/// through the new master, and the script ran there by EVAL (its cache was flushed).
+#[tokio::test]
+async fn shares_follow_a_sentinel_failover() {
+    let mut setup = SentinelSetup::start(3).await;
+    setup.wait_failover_ready().await;
+    let mut replica = setup.replica.connection().await;
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut replica)
+        .await
+        .unwrap();
+    let nodes = setup.node_urls().join(",");
+    let store = [
+        "--redis-sentinel",
+        MASTER_NAME,
+        "--redis-sentinel-nodes",
+        nodes.as_str(),
+        NO_REASSESS[0],
+        NO_REASSESS[1],
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut envoy = Envoy::open(&first).await.unwrap();
+    assert_eq!(
+        granted(&envoy.report("edge", &[(tenant, 1, 0, 0)]).await),
+        100
+    );
+    drop(envoy);
+    // Its row given back before the master goes: a release that fails leaves the row to its
+    // expiry, holding the rate meanwhile, as the Envoy may still hold its assignment.
+    no_share_tables(&setup.master).await;
+
+    setup.master.stop();
+    let new_master = setup.replica.port();
+    support::eventually("the sentinels promote the replica", || async {
+        setup.current_master_port().await == Some(new_master)
+    })
+    .await;
+    // Meanwhile a share call fails its stream (UNAVAILABLE); a fresh stream is answered once
+    // the share tables reach the new master.
+    for server in [&first, &second] {
+        support::eventually("a report is answered through the new master", || async {
+            let Ok(mut envoy) = Envoy::open(server).await else {
+                return false;
+            };
+            envoy.send(reports("edge", &[(tenant, 1, 0, 0)])).await;
+            matches!(envoy.next().await, Ok(Some(_)))
+        })
+        .await;
+    }
+    // The probes' streams gave their rows back (a row outlives a failed release).
+    no_share_tables(&setup.replica).await;
+    two_envoys_share(&first, &second).await;
+    assert!(
+        info_field(&setup.replica, "commandstats", "cmdstat_eval")
+            .await
+            .is_some()
+    );
+    first.stop().await;
+    second.stop().await;
+}
+
+/// Two Envoys on two replicas on one Redis Cluster share a bucket's rate the same way.
+#[tokio::test]
+async fn two_replicas_share_the_rate_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let store = [&["--redis-cluster", seeds.as_str()][..], &NO_REASSESS].concat();
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    two_envoys_share(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// A newcomer to a bucket another Envoy holds in full is first denied, then, without
+/// reporting again, gets a token bucket of its fair half once the holder has been pushed its
+/// own smaller half: the holder's assignment always shrinks before the newcomer's grows.
+async fn a_newcomer_is_served_without_a_second_report(first: &Floodgate, second: &Floodgate) {
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut holder = Envoy::open(first).await.unwrap();
+    let mut newcomer = Envoy::open(second).await.unwrap();
+    // Both want the whole 100/s (100 requests in 1 s).
+    assert_eq!(
+        granted(&holder.report("edge", &[(tenant, 60, 40, 1)]).await),
+        100
+    );
+    assert_eq!(
+        granted(&newcomer.report("edge", &[(tenant, 60, 40, 1)]).await),
+        0
+    );
+    // No report from either from here on: only pushed assignments arrive.
+    let pushed = newcomer.next().await.unwrap().expect("stream ended");
+    let share = granted(&pushed);
+    assert_eq!(share, 50, "{pushed:?}");
+    assert!(token_bucket(assignment(&pushed)).is_some(), "{pushed:?}");
+    // The holder's shrink was sent before the newcomer's share was granted: it is there
+    // to read, and leaves room for the newcomer's.
+    let shrunk = granted(&holder.next().await.unwrap().expect("stream ended"));
+    assert!(shrunk + share <= 100, "{shrunk} + {share}");
+    assert_eq!(shrunk, 50);
+}
+
+/// A newcomer is served without a second report on one replica (see
+/// [`a_newcomer_is_served_without_a_second_report`]).
+#[tokio::test]
+async fn a_newcomer_is_served_promptly_on_one_replica() {
+    let (server, _dir) = start(&["--rlqs-reassess-interval", "0.2"]);
+    a_newcomer_is_served_without_a_second_report(&server, &server).await;
+    server.stop().await;
+}
+
+/// The same across two replicas sharing one Redis: the holder's replica re-evaluates it.
+#[tokio::test]
+async fn a_newcomer_is_served_promptly_through_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let store = [
+        "--redis-url",
+        url.as_str(),
+        "--rlqs-reassess-interval",
+        "0.2",
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    a_newcomer_is_served_without_a_second_report(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// The same across two replicas on one Redis Cluster (re-evaluations batched by slot).
+#[tokio::test]
+async fn a_newcomer_is_served_promptly_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let store = [
+        "--redis-cluster",
+        seeds.as_str(),
+        "--rlqs-reassess-interval",
+        "0.2",
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    a_newcomer_is_served_without_a_second_report(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
+/// The grant of each action of `response`, by the bucket's `path` entry.
+fn grants_by_path(response: &RateLimitQuotaResponse) -> HashMap<String, u64> {
+    response
+        .bucket_action
+        .iter()
+        .map(|action| {
+            let path = action.bucket_id.as_ref().unwrap().bucket["path"].clone();
+            let single = RateLimitQuotaResponse {
+                bucket_action: vec![action.clone()],
+            };
+            (path, granted(&single))
+        })
+        .collect()
+}
+
+/// Reads `envoy`'s pushed assignments into `held` until `done` holds of it.
+async fn read_until(
+    envoy: &mut Envoy,
+    held: &mut HashMap<String, u64>,
+    done: impl Fn(&HashMap<String, u64>) -> bool,
+) {
+    while !done(held) {
+        let pushed = envoy.next().await.unwrap().expect("stream ended");
+        held.extend(grants_by_path(&pushed));
+    }
+}
+
+/// A newcomer on eight buckets that another Envoy holds in full, on a Redis Cluster: the
+/// tables lie on several masters, and the batched re-evaluations (one call per slot) serve
+/// every bucket its fair half, the holder shrinking first.
+#[tokio::test]
+async fn a_newcomer_on_many_buckets_is_served_in_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let seeds = cluster.seeds().join(",");
+    let store = [
+        "--redis-cluster",
+        seeds.as_str(),
+        "--rlqs-reassess-interval",
+        "0.2",
+    ];
+    let (first, _dir1) = start(&store);
+    let (second, _dir2) = start(&store);
+    let paths: Vec<String> = (0..8).map(|i| format!("/{i}")).collect();
+    let ids: Vec<[(&str, &str); 2]> = paths
+        .iter()
+        .map(|path| [("tenant", "b"), ("path", path.as_str())])
+        .collect();
+    // 10 requests in 1 s: the whole 600/minute each.
+    let usages: Vec<Usage<'_>> = ids.iter().map(|id| (&id[..], 10, 0, 1)).collect();
+    let mut holder = Envoy::open(&first).await.unwrap();
+    let mut newcomer = Envoy::open(&second).await.unwrap();
+    let mut held = grants_by_path(&holder.report("edge", &usages).await);
+    assert!(held.values().all(|&grant| grant == 600), "{held:?}");
+    let mut got = grants_by_path(&newcomer.report("edge", &usages).await);
+    assert!(got.values().all(|&grant| grant == 0), "{got:?}");
+    let masters_holding = cluster
+        .masters()
+        .iter()
+        .filter(|master| {
+            let keys: Vec<String> = master.query(redis::cmd("KEYS").arg("*rlqs:*")).unwrap();
+            !keys.is_empty()
+        })
+        .count();
+    assert!(masters_holding > 1, "all eight tables on one master");
+    read_until(&mut newcomer, &mut got, |got| got.values().all(|&g| g > 0)).await;
+    assert!(got.values().all(|&grant| grant == 300), "{got:?}");
+    // Every shrink the newcomer's shares needed was sent before them.
+    read_until(&mut holder, &mut held, |held| {
+        held.values().all(|&grant| grant <= 300)
+    })
+    .await;
+    for path in &paths {
+        assert!(held[path] + got[path] <= 600, "{path}: {held:?} {got:?}");
+    }
     first.stop().await;
     second.stop().await;
 }
@@ -521,26 +818,54 @@ async fn reflection_and_metrics_show_the_service() {
     server.stop().await;
 }
 
-/// lua/rlqs_share.lua grants exactly what `rlqs::share::settle` grants (and forgets the
-/// same rows), over a random sequence of reports and releases at fixed times.
+/// lua/rlqs_share.lua grants exactly what `rlqs::share::settle` and `reassess` grant (and
+/// keeps the same rows), over a random sequence of reports, releases and batched
+/// re-evaluations of two tables at fixed times.
 #[tokio::test]
 async fn the_share_script_is_the_rust_rule() {
     let redis = RedisServer::start();
     let client = redis::Client::open(redis.url()).unwrap();
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let script = redis::Script::new(floodgate::rlqs::redis::SCRIPT);
-    let mut table = Table::new();
+    // Two tables of different rates, by key.
+    let capacities = [("t", 97u64), ("u", 61u64)];
+    let mut tables = [Table::new(), Table::new()];
     let mut seed: u64 = 11;
-    for step in 0..600i64 {
+    for step in 0..900i64 {
         seed = seed
             .wrapping_mul(6_364_136_223_846_793_005)
             .wrapping_add(1_442_695_040_888_963_407);
         let holder = format!("h{}", (seed >> 33) % 5);
         let now = 1_700_000_000_000_000 + step * 7;
+        let life_us = i64::try_from((seed >> 12) % 60).unwrap() + 1;
+        if (seed >> 24).is_multiple_of(4) {
+            let rust: Vec<i64> = tables
+                .iter_mut()
+                .zip(capacities)
+                .map(|(table, (_, capacity))| {
+                    reassess(table, &holder, capacity, life_us, now)
+                        .map_or(-1, |grant| i64::try_from(grant).unwrap())
+                })
+                .collect();
+            let mut call = script.key("t");
+            call.key("u")
+                .arg(&holder)
+                .arg("reassess")
+                .arg(life_us)
+                .arg(now)
+                .arg(capacities[0].1)
+                .arg(capacities[1].1);
+            let lua: Vec<i64> = call.invoke_async(&mut connection).await.unwrap();
+            assert_eq!(lua, rust, "step {step}: {tables:?}");
+            continue;
+        }
+        let which = usize::from((seed >> 45).is_multiple_of(2));
+        let (key, capacity) = capacities[which];
+        let table = &mut tables[which];
         if (seed >> 17).is_multiple_of(10) {
             table.remove(&holder);
             let _: u64 = script
-                .key("t")
+                .key(key)
                 .arg(&holder)
                 .arg("release")
                 .invoke_async(&mut connection)
@@ -550,23 +875,45 @@ async fn the_share_script_is_the_rust_rule() {
         }
         let demand = (!(seed >> 20).is_multiple_of(4)).then_some((seed >> 40) % 130);
         let ask = Ask {
-            capacity: 97,
+            capacity,
             demand,
-            life_us: i64::try_from((seed >> 12) % 60).unwrap() + 1,
+            life_us,
         };
-        let rust = settle(&mut table, &holder, ask, now);
+        let rust = settle(table, &holder, ask, now);
         let lua: u64 = script
-            .key("t")
+            .key(key)
             .arg(&holder)
             .arg("settle")
             .arg(ask.capacity)
-            .arg(demand.map_or(-1, |d| i64::try_from(d.min(97)).unwrap()))
+            .arg(demand.map_or(-1, |d| i64::try_from(d.min(capacity)).unwrap()))
             .arg(ask.life_us)
             .arg(now)
             .invoke_async(&mut connection)
             .await
             .unwrap();
-        assert_eq!(lua, rust, "step {step}: {table:?}");
+        assert_eq!(lua, rust, "step {step}: {tables:?}");
+    }
+    // The rows too, field by field (the caller clamps a demand to the rate before the script
+    // stores it; the Rust table keeps it as reported, and uses it clamped).
+    for ((key, capacity), table) in capacities.iter().zip(&tables) {
+        let stored: HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(*key)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
+        let expected: HashMap<String, String> = table
+            .iter()
+            .map(|(holder, row)| {
+                let demand = row
+                    .demand
+                    .map_or(-1, |d| i64::try_from(d.min(*capacity)).unwrap());
+                (
+                    holder.clone(),
+                    format!("{demand} {} {}", row.grant, row.expires_us),
+                )
+            })
+            .collect();
+        assert_eq!(stored, expected, "table {key}");
     }
 }
 

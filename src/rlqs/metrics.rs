@@ -35,6 +35,33 @@ impl Sent {
     }
 }
 
+/// What a re-evaluation of a bucket's share without a report found, as the `result` label
+/// says it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reassessed {
+    /// The share changed: a new assignment was sent.
+    Changed,
+    /// The share stands (or the holder's row is gone): nothing sent.
+    Unchanged,
+    /// The share table could not be reached: skipped until the next round.
+    Failed,
+}
+
+impl Reassessed {
+    fn label(self) -> &'static str {
+        match self {
+            Reassessed::Changed => "changed",
+            Reassessed::Unchanged => "unchanged",
+            Reassessed::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StrategyLabels {
     strategy: &'static str,
@@ -61,6 +88,7 @@ pub struct RlqsMetrics {
     abandons: Counter,
     holders: Family<RuleLabels, Gauge>,
     refused: Family<ReasonLabels, Counter>,
+    reassessed: Family<ResultLabels, Counter>,
 }
 
 impl RlqsMetrics {
@@ -75,6 +103,15 @@ impl RlqsMetrics {
         ] {
             let _ = own.assignments.get_or_create(&StrategyLabels {
                 strategy: sent.label(),
+            });
+        }
+        for result in [
+            Reassessed::Changed,
+            Reassessed::Unchanged,
+            Reassessed::Failed,
+        ] {
+            let _ = own.reassessed.get_or_create(&ResultLabels {
+                result: result.label(),
             });
         }
         metrics.attach(
@@ -106,6 +143,11 @@ impl RlqsMetrics {
             "floodgate_rlqs_refused",
             "RLQS streams ended with an error status, by reason.",
             own.refused.clone(),
+        );
+        metrics.attach(
+            "floodgate_rlqs_reassessments",
+            "Buckets whose share a stream re-evaluated without a report, by result (changed: a new assignment was sent).",
+            own.reassessed.clone(),
         );
         Arc::new(own)
     }
@@ -142,6 +184,15 @@ impl RlqsMetrics {
                 rule: rule.to_owned(),
             })
             .inc_by(delta);
+    }
+
+    /// `buckets` shares re-evaluated without a report, with `result`.
+    pub fn reassessed(&self, result: Reassessed, buckets: usize) {
+        self.reassessed
+            .get_or_create(&ResultLabels {
+                result: result.label(),
+            })
+            .inc_by(u64::try_from(buckets).unwrap_or(u64::MAX));
     }
 
     /// A stream ended with an error: `invalid` (INVALID_ARGUMENT), `streams` or `buckets`

@@ -19,7 +19,8 @@
 //! - A bucket whose reports count no request for `--rlqs-abandon-after` gets an
 //!   `AbandonAction`, and its share goes back.
 //! - When the limits change (reload, xDS), every bucket whose quota changed is re-assigned
-//!   within a tick (at most a second), without waiting for its next report.
+//!   within a tick (at most a second), without waiting for its next report; so is every
+//!   bucket whose share a re-evaluation changed (below).
 //! - At shutdown every stream sends each of its buckets its last strategy with a time to
 //!   live of 0 (Envoy falls back to its `expired_assignment_behavior` at once), then ends.
 //!
@@ -31,9 +32,15 @@
 //! grant, and an expiry a quarter past its assignment's. A report settles the reporting
 //! holder's row atomically: its grant becomes `min(fair target, limit - the other live
 //! grants)`, the fair target being max-min fair on demand. So the fill rates of the
-//! assignments Envoys enforce never sum past the limit; others' grants shrink to their
-//! targets at their own next report, and a holder that stops reporting drops out when its
-//! row expires.
+//! assignments Envoys enforce never sum past the limit; a holder that stops reporting drops
+//! out when its row expires.
+//!
+//! Others' grants move to their targets at their own next report, or sooner: every
+//! `--rlqs-reassess-interval` each stream re-evaluates, in one batch, the rows of the buckets
+//! it has not settled within the interval ([`share::reassess`]), and pushes an assignment
+//! for each whose grant changed. So a newcomer to a bucket others hold in full (granted 0,
+//! `DENY_ALL`) sees the holders shrink to their fair targets within one interval and its own
+//! share granted within the next, without reporting again.
 //!
 //! # Bounds
 //!
@@ -81,6 +88,8 @@ pub struct RlqsOptions {
     pub assignment_ttl: Duration,
     /// How long a bucket may report no request before it is abandoned.
     pub abandon_after: Duration,
+    /// How often a stream re-evaluates the shares of the buckets it has not reported since.
+    pub reassess_interval: Duration,
 }
 
 /// Responses queued per stream before the stream's task waits for the client to read.
@@ -148,9 +157,11 @@ impl Rlqs {
         self.shutdown.send_replace(true);
     }
 
-    /// How often a stream looks for idle buckets and changed limits.
+    /// How often a stream looks for idle buckets, changed limits and shares to re-evaluate.
     fn tick(&self) -> Duration {
-        (self.settings.abandon_after / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+        (self.settings.abandon_after / 4)
+            .min(self.settings.reassess_interval)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
     /// A place for one more stream, unless `--rlqs-max-streams` are open.
@@ -213,15 +224,16 @@ impl RateLimitQuotaService for RlqsService {
         };
         let (out, responses) = mpsc::channel(OUTBOUND_QUEUE);
         let shutdown = self.rlqs.shutdown.subscribe();
-        let (_, extensions, reports) = request.into_parts();
-        let serve = stream::serve(Arc::clone(&self.rlqs), slot, reports, out, shutdown);
-        tokio::spawn(async move {
-            // The request's extensions hold the stream's call on its connection (the
-            // transport counts the connection busy, never idle, until they are dropped):
-            // kept for as long as the stream is served.
-            let _connection_call = extensions;
-            serve.await
-        });
+        // The stream's call counts on its connection (busy, never idle) until the response
+        // stream ends: the transport's counted body holds it.
+        let reports = request.into_inner();
+        tokio::spawn(stream::serve(
+            Arc::clone(&self.rlqs),
+            slot,
+            reports,
+            out,
+            shutdown,
+        ));
         Ok(Response::new(ReceiverStream::new(responses)))
     }
 }

@@ -14,8 +14,10 @@
 //! 3. its grant is `min(target, capacity - the other live rows' grants)`.
 //!
 //! Step 3 makes the invariant hold after every settle: the grants of the live rows sum to
-//! at most `capacity`. Others' grants move towards their targets when they next report, so
-//! shares follow demand within a reporting interval or two.
+//! at most `capacity`. Others' grants move towards their targets when they next report, or
+//! when their stream [`reassess`]es them without a report (steps 1–3 on the demands stored),
+//! which keeps the same invariant: so shares follow demand within a re-evaluation interval
+//! or two.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -79,6 +81,38 @@ pub fn settle(table: &mut Table, holder: &str, ask: Ask, now_us: i64) -> u64 {
     grant
 }
 
+/// Re-evaluates `holder`'s live row of `table` at `now_us` without a report, for a bucket of
+/// `capacity`: rows past their expiry are dropped, and the row's grant becomes
+/// `min(fair target, capacity - the other live rows' grants)` on the demands stored, as
+/// [`settle`] would make it. Returns the new grant only when it changed (the row then lives
+/// `life_us` from now, as the assignment that carries it); `None` when it did not, or when
+/// the holder has no live row (its assignment has expired too), and then nothing is written
+/// for the holder.
+pub fn reassess(
+    table: &mut Table,
+    holder: &str,
+    capacity: u64,
+    life_us: i64,
+    now_us: i64,
+) -> Option<u64> {
+    table.retain(|_, row| row.expires_us > now_us);
+    let current = table.get(holder)?.grant;
+    let target = fair_target(table, holder, capacity);
+    let others: u64 = table
+        .iter()
+        .filter(|(name, _)| name.as_str() != holder)
+        .map(|(_, row)| row.grant)
+        .fold(0, u64::saturating_add);
+    let grant = target.min(capacity.saturating_sub(others));
+    if grant == current {
+        return None;
+    }
+    let row = table.get_mut(holder)?;
+    row.grant = grant;
+    row.expires_us = now_us.saturating_add(life_us);
+    Some(grant)
+}
+
 /// `holder`'s fair share of `capacity` among the rows of `table`: max-min fair on demands
 /// (unknown demand: the whole capacity), plus an even split, among the holders and one
 /// more, of whatever every demand leaves over.
@@ -111,6 +145,17 @@ pub trait Shares: Send + Sync + 'static {
     /// Removes `holder`'s row of `bucket` (the bucket was abandoned, or its stream ended),
     /// so its rate goes to the others at their next report.
     async fn release(&self, bucket: &str, holder: &str) -> Result<(), ShareError>;
+
+    /// [`reassess`]es `holder`'s row in each of `buckets` (table name, capacity), each row
+    /// living `life_us` from now if its grant changes; the new grants, in order (`None`:
+    /// unchanged or gone). One batch per stream: a call per bucket would cost a round trip
+    /// each.
+    async fn reassess(
+        &self,
+        holder: &str,
+        buckets: &[(String, u64)],
+        life_us: i64,
+    ) -> Result<Vec<Option<u64>>, ShareError>;
 }
 
 /// The share table could not be reached.
@@ -164,6 +209,23 @@ impl Shares for MemoryShares {
             }
         }
         Ok(())
+    }
+
+    async fn reassess(
+        &self,
+        holder: &str,
+        buckets: &[(String, u64)],
+        life_us: i64,
+    ) -> Result<Vec<Option<u64>>, ShareError> {
+        let now = self.clock.now_us();
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(buckets
+            .iter()
+            .map(|(bucket, capacity)| {
+                let table = tables.get_mut(bucket)?;
+                reassess(table, holder, *capacity, life_us, now)
+            })
+            .collect())
     }
 }
 
@@ -255,7 +317,27 @@ mod tests {
         assert!(!table.contains_key("a"));
     }
 
-    /// Whatever the order and demands, the live grants never sum past the rate.
+    /// A newcomer squeezed out by a holder of the whole rate is served without reporting
+    /// again: the holder's re-evaluation shrinks it to its fair target, then the newcomer's
+    /// grows into what that freed; the sum stays within the rate at every step, and a
+    /// settled table re-evaluates to no change.
+    #[test]
+    fn reassessing_moves_a_full_bucket_to_a_newcomer() {
+        let mut table = Table::new();
+        assert_eq!(settle(&mut table, "a", ask(100, Some(100)), 0), 100);
+        assert_eq!(settle(&mut table, "b", ask(100, Some(100)), 1), 0);
+        assert_eq!(reassess(&mut table, "b", 100, 10_000_000, 2), None);
+        assert_eq!(reassess(&mut table, "a", 100, 10_000_000, 3), Some(50));
+        assert!(live_sum(&table, 3) <= 100);
+        assert_eq!(reassess(&mut table, "b", 100, 10_000_000, 4), Some(50));
+        assert_eq!(live_sum(&table, 4), 100);
+        assert_eq!(reassess(&mut table, "a", 100, 10_000_000, 5), None);
+        assert_eq!(reassess(&mut table, "gone", 100, 10_000_000, 5), None);
+        assert!(!table.contains_key("gone"));
+    }
+
+    /// Whatever the order and demands, of reports and re-evaluations, the live grants never
+    /// sum past the rate.
     #[test]
     fn random_reports_keep_the_sum_within_the_rate() {
         let mut table = Table::new();
@@ -268,7 +350,11 @@ mod tests {
                 life_us: i64::try_from((seed >> 12) % 50).unwrap_or(0) + 1,
                 ..ask(97, demand)
             };
-            settle(&mut table, &holder, life, now);
+            if (seed >> 50).is_multiple_of(3) {
+                reassess(&mut table, &holder, 97, life.life_us, now);
+            } else {
+                settle(&mut table, &holder, life, now);
+            }
             assert!(live_sum(&table, now) <= 97, "at {now}: {table:?}");
         }
     }

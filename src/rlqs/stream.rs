@@ -1,6 +1,10 @@
 //! One RLQS stream: its domain, its subscriptions, and the loop that answers its reports,
-//! abandons its idle buckets, re-assigns them when the limits change, and expires them at
-//! shutdown.
+//! abandons its idle buckets, re-assigns them when the limits change, re-evaluates the
+//! shares of the buckets it has not reported lately (so a newcomer to a bucket is served
+//! without waiting for the others' reports), and expires them at shutdown.
+//!
+//! One timer per stream drives the periodic work; a re-evaluation is one batched share
+//! call per stream ([`super::Shares::reassess`]), never one per bucket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::metrics::Sent;
+use super::metrics::{Reassessed, Sent};
 use super::quota::{Quota, SharedLimit, blanket, quota, strategy};
 use super::share::{Ask, ShareError};
 use super::{Rlqs, StreamSlot};
@@ -78,6 +82,9 @@ struct Subscription {
     sent: Option<RateLimitStrategy>,
     /// When a report last counted a request (or the subscription began).
     last_traffic: Instant,
+    /// When its share was last settled and sent: a report, a re-assignment, or a
+    /// re-evaluation that changed it.
+    settled: Instant,
 }
 
 /// The state of one stream.
@@ -89,6 +96,8 @@ struct Stream {
     domain: Option<String>,
     /// Subscriptions by their sorted entries.
     buckets: HashMap<Vec<(String, String)>, Subscription>,
+    /// When the shares were last re-evaluated.
+    reassessed: Instant,
 }
 
 /// Serves one stream until the client ends it, sends something invalid, or the server
@@ -105,6 +114,7 @@ pub(super) async fn serve(
         rlqs,
         domain: None,
         buckets: HashMap::new(),
+        reassessed: Instant::now(),
     };
     let mut tick = tokio::time::interval(stream.rlqs.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -235,6 +245,7 @@ impl Stream {
                 config,
                 sent: None,
                 last_traffic: Instant::now(),
+                settled: Instant::now(),
             },
         );
     }
@@ -285,6 +296,7 @@ impl Stream {
         };
         self.rlqs.metrics.sent(sent);
         subscription.sent = Some(strategy.clone());
+        subscription.settled = Instant::now();
         // Every strategy lasts the same time: a share no longer than its row, and a blanket
         // rule (nobody shares it) alike, so a reload reaches every Envoy within that time.
         Ok(action(subscription.id.clone(), strategy, Some(ttl)))
@@ -328,7 +340,70 @@ impl Stream {
         for entries in changed {
             actions.push(self.assign(&entries, None).await?);
         }
+        // Timer ticks land a little after their instant: half a tick of slack keeps the
+        // re-evaluations on every interval rather than every other one.
+        let interval = self.rlqs.settings.reassess_interval;
+        if self.reassessed.elapsed() + self.rlqs.tick() / 2 >= interval {
+            self.reassessed = Instant::now();
+            actions.extend(self.reassess(interval).await);
+        }
         Ok(actions)
+    }
+
+    /// Re-evaluates the share of every shared bucket not settled within `interval`, in one
+    /// batch, and returns an assignment for each whose grant changed: a holder over its fair
+    /// target shrinks to it (a newcomer reported demand), one under it grows into what the
+    /// others left. The sum of the grants stays within the limit as at a report. A table
+    /// that cannot be reached skips this round: the next report meets the same error and
+    /// ends the stream.
+    async fn reassess(&mut self, interval: Duration) -> Vec<BucketAction> {
+        let due: Vec<(Vec<(String, String)>, SharedLimit)> = self
+            .buckets
+            .iter()
+            .filter(|(_, sub)| sub.settled.elapsed() >= interval)
+            .filter_map(|(entries, sub)| match &sub.quota {
+                Quota::Shared(limit) => Some((entries.clone(), limit.clone())),
+                Quota::Allow | Quota::Deny => None,
+            })
+            .collect();
+        if due.is_empty() {
+            return Vec::new();
+        }
+        let ttl = self.rlqs.settings.assignment_ttl;
+        let tables: Vec<(String, u64)> = due
+            .iter()
+            .map(|(_, limit)| (limit.table.clone(), limit.capacity))
+            .collect();
+        let grants = match self
+            .rlqs
+            .shares
+            .reassess(&self.holder, &tables, row_life(ttl))
+            .await
+        {
+            Ok(grants) => grants,
+            Err(e) => {
+                self.rlqs.metrics.reassessed(Reassessed::Failed, due.len());
+                tracing::debug!(error = %e, "RLQS shares not re-evaluated");
+                return Vec::new();
+            }
+        };
+        let mut actions = Vec::new();
+        for ((entries, limit), grant) in due.iter().zip(grants) {
+            let (Some(grant), Some(subscription)) = (grant, self.buckets.get_mut(entries)) else {
+                self.rlqs.metrics.reassessed(Reassessed::Unchanged, 1);
+                continue;
+            };
+            self.rlqs.metrics.reassessed(Reassessed::Changed, 1);
+            let strategy = strategy(limit, grant);
+            self.rlqs.metrics.sent(match grant {
+                0 => Sent::DenyAll,
+                _ => Sent::TokenBucket,
+            });
+            subscription.sent = Some(strategy.clone());
+            subscription.settled = Instant::now();
+            actions.push(action(subscription.id.clone(), strategy, Some(ttl)));
+        }
+        actions
     }
 
     /// The last strategy of every bucket with a time to live of 0.

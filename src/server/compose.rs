@@ -274,7 +274,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     let rlqs = Rlqs::new(
         settings.rlqs.options(),
         config.clone(),
-        rlqs_shares(&settings)?,
+        rlqs_shares(&settings, &metrics)?,
         RlqsMetrics::register(&metrics),
     );
     Ok(Components {
@@ -293,31 +293,17 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     })
 }
 
-/// Where RLQS shares are settled: the standalone Redis of `--redis-url`, shared by every
-/// replica; otherwise this process (with Sentinel or Cluster, each replica then shares a
-/// bucket's rate among its own Envoys only, which the log says).
-fn rlqs_shares(settings: &ServeSettings) -> Result<Arc<dyn Shares>, ServerError> {
-    let remote = settings.redis_sentinel.is_some() || !settings.redis_cluster.is_empty();
-    match &settings.redis_url {
-        Some(url) if !remote => {
-            let shares = RedisShares::new(
-                url,
-                &settings.redis_key_prefix,
-                settings.redis_timeout_ms.max(RLQS_REDIS_TIMEOUT),
-            )
-            .map_err(|e| ServerError::Settings(e.to_string()))?;
-            Ok(Arc::new(shares))
-        }
-        _ => {
-            if remote {
-                tracing::warn!(
-                    "RLQS shares are kept per replica with --redis-sentinel / --redis-cluster: \
-                     each replica shares a limit among its own Envoys"
-                );
-            }
-            Ok(Arc::new(MemoryShares::new(Arc::new(SystemClock))))
-        }
-    }
+/// Where RLQS shares are settled: the main Redis (standalone, Sentinel or Cluster), shared
+/// by every replica; without one, this process.
+fn rlqs_shares(
+    settings: &ServeSettings,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<dyn Shares>, ServerError> {
+    let timeout = settings.redis_timeout_ms.max(RLQS_REDIS_TIMEOUT);
+    Ok(match remote::rlqs_topology(settings, metrics, timeout)? {
+        Some(topology) => Arc::new(RedisShares::new(topology, &settings.redis_key_prefix)),
+        None => Arc::new(MemoryShares::new(Arc::new(SystemClock))),
+    })
 }
 
 /// The least time an RLQS share call may take: reports come every few seconds, so the

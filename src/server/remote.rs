@@ -32,16 +32,7 @@ pub(super) fn remote_store(
     settings: &ServeSettings,
     metrics: &Arc<Metrics>,
 ) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
-    let main = Target {
-        flags: "--redis",
-        url: settings.redis_url.as_ref(),
-        cluster: &settings.redis_cluster,
-        sentinel: settings.redis_sentinel.as_ref(),
-        sentinel_nodes: &settings.redis_sentinel_nodes,
-        pool_size: settings.redis_pool_size,
-        connect_timeout: settings.redis_connect_timeout_ms,
-    };
-    let main = one_store(settings, &main, metrics)?;
+    let main = one_store(settings, &main_target(settings), metrics)?;
     let per_second = &settings.redis_per_second;
     if !per_second.is_set() {
         return Ok(main);
@@ -73,6 +64,41 @@ pub(super) fn remote_store(
     ))))
 }
 
+/// The main Redis's flags (`--redis-*`).
+fn main_target(settings: &ServeSettings) -> Target<'_> {
+    Target {
+        flags: "--redis",
+        url: settings.redis_url.as_ref(),
+        cluster: &settings.redis_cluster,
+        sentinel: settings.redis_sentinel.as_ref(),
+        sentinel_nodes: &settings.redis_sentinel_nodes,
+        pool_size: settings.redis_pool_size,
+        connect_timeout: settings.redis_connect_timeout_ms,
+    }
+}
+
+/// Where the RLQS share tables live: a store of their own on the main Redis's topology (the
+/// same URL, sentinels or cluster seeds, TLS files, credentials and connect timeout), each
+/// call bounded by `command_timeout`; `None` without a main Redis.
+pub(super) fn rlqs_topology(
+    settings: &ServeSettings,
+    metrics: &Arc<Metrics>,
+    command_timeout: Duration,
+) -> Result<Option<crate::rlqs::redis::Topology>, ServerError> {
+    use crate::rlqs::redis::Topology;
+    // Share calls come per bucket per reporting interval: one multiplexed connection per
+    // thread carries them, and after a failover each thread has only that one to replace.
+    let target = Target {
+        pool_size: 1,
+        ..main_target(settings)
+    };
+    let built = build(settings, &target, metrics, command_timeout)?;
+    Ok(built.map(|built| match built {
+        Built::Redis(store) => Topology::Redis(store),
+        Built::Cluster(store) => Topology::Cluster(store),
+    }))
+}
+
 /// The store `target` names, or `None` if it names none. The `--redis-tls-*` files apply to
 /// every store.
 fn one_store(
@@ -80,6 +106,32 @@ fn one_store(
     target: &Target<'_>,
     metrics: &Arc<Metrics>,
 ) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
+    Ok(
+        match build(settings, target, metrics, settings.redis_timeout_ms)? {
+            None => None,
+            Some(Built::Cluster(cluster)) => Some(Arc::new(cluster)),
+            Some(Built::Redis(store)) => {
+                pool_stats(&store, target.flags, metrics);
+                Some(Arc::new(store))
+            }
+        },
+    )
+}
+
+/// A store built from flags, of the kind they name.
+enum Built {
+    Redis(RedisStore),
+    Cluster(ClusterStore),
+}
+
+/// The store `target` names, its calls bounded by `command_timeout`, or `None` if it names
+/// none.
+fn build(
+    settings: &ServeSettings,
+    target: &Target<'_>,
+    metrics: &Arc<Metrics>,
+    command_timeout: Duration,
+) -> Result<Option<Built>, ServerError> {
     let tls = RedisTls {
         ca_file: settings.redis_tls_ca_file.clone(),
         cert_file: settings.redis_tls_cert_file.clone(),
@@ -112,13 +164,13 @@ fn one_store(
                 seeds: target.cluster.to_vec(),
                 key_prefix: settings.redis_key_prefix.clone(),
                 connect_timeout: target.connect_timeout,
-                command_timeout: settings.redis_timeout_ms,
+                command_timeout,
             },
             metrics.clone(),
             certificates,
         )
         .map_err(|e| settings_error(&e))?;
-        return Ok(Some(Arc::new(cluster)));
+        return Ok(Some(Built::Cluster(cluster)));
     }
     let sentinel = target.sentinel.map(|master_name| SentinelSettings {
         master_name: master_name.clone(),
@@ -144,11 +196,10 @@ fn one_store(
         key_prefix: settings.redis_key_prefix.clone(),
         pool_size: target.pool_size,
         connect_timeout: target.connect_timeout,
-        command_timeout: settings.redis_timeout_ms,
+        command_timeout,
     };
     let store = RedisStore::new(&redis).map_err(|e| settings_error(&e))?;
-    pool_stats(&store, flags, metrics);
-    Ok(Some(Arc::new(store)))
+    Ok(Some(Built::Redis(store)))
 }
 
 /// The reference's Redis pool stats (`ratelimit.redis_pool.*`, and

@@ -32,6 +32,14 @@ pub struct RlqsSettings {
     #[arg(long, env = "FLOODGATE_RLQS_ABANDON_AFTER", value_name = "SECONDS",
           default_value = "60", value_parser = parse_seconds)]
     pub rlqs_abandon_after: Duration,
+
+    /// Seconds between re-evaluations of a stream's shares without a report: each bucket not
+    /// reported for this long is settled again on the demands already known, and gets a new
+    /// assignment if its share changed. So an Envoy that starts reporting on a bucket others
+    /// hold in full gets its share within about two of these, not two reporting intervals.
+    #[arg(long, env = "FLOODGATE_RLQS_REASSESS_INTERVAL", value_name = "SECONDS",
+          default_value = "1", value_parser = parse_seconds)]
+    pub rlqs_reassess_interval: Duration,
 }
 
 impl RlqsSettings {
@@ -42,6 +50,7 @@ impl RlqsSettings {
             max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
             assignment_ttl: self.rlqs_assignment_ttl,
             abandon_after: self.rlqs_abandon_after,
+            reassess_interval: self.rlqs_reassess_interval,
         }
     }
 }
@@ -54,6 +63,7 @@ impl Default for RlqsSettings {
             rlqs_max_buckets_per_stream: 1_000,
             rlqs_assignment_ttl: Duration::from_secs(15),
             rlqs_abandon_after: Duration::from_secs(60),
+            rlqs_reassess_interval: Duration::from_secs(1),
         }
     }
 }
@@ -94,6 +104,10 @@ mod tests {
         assert_eq!(
             settings.rlqs.rlqs_abandon_after,
             defaults.rlqs_abandon_after
+        );
+        assert_eq!(
+            settings.rlqs.rlqs_reassess_interval,
+            defaults.rlqs_reassess_interval
         );
     }
 

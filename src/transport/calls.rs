@@ -2,12 +2,14 @@
 //! idle ([`super::places`]): a tower layer for the gRPC server ([`CallsLayer`]) and a
 //! make-service wrapper for the admin servers ([`CountAdminCalls`]).
 //!
-//! A call counts from the moment hyper hands it to the service (a gRPC stream's HEADERS, an
-//! HTTP/1 request's head) until its response is ready; the response body is then written
-//! without holding the connection busy. A streaming RLQS call counts until its stream ends
-//! ([`StreamCall`], which the service holds). That is what "idle" must mean: an HTTP/2 connection
-//! with no open stream is idle whatever control frames (PING, SETTINGS, WINDOW_UPDATE) cross
-//! it, and one waiting on a held `max_wait` call is busy however long it stays silent.
+//! A gRPC call counts from the moment hyper hands it to the service (a stream's HEADERS) until
+//! its response body ends ([`CountedBody`]): a unary call until its answer and trailers are
+//! taken for writing, a streaming call (Envoy's RLQS stream) for as long as its stream lasts,
+//! with no list of streaming methods. The body wrapper costs no allocation: tonic boxes every
+//! response body once anyway, and boxes this one instead. An admin request counts until its
+//! response is ready. That is what "idle" must mean: an HTTP/2 connection with no open
+//! stream is idle whatever control frames (PING, SETTINGS, WINDOW_UPDATE) cross it, and one
+//! waiting on a held `max_wait` call is busy however long it stays silent.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -40,52 +42,86 @@ pub struct CountCalls<S> {
     inner: S,
 }
 
-impl<S, B> Service<http::Request<B>> for CountCalls<S>
+impl<S, B, R> Service<http::Request<B>> for CountCalls<S>
 where
-    S: Service<http::Request<B>>,
+    S: Service<http::Request<B>, Response = http::Response<R>>,
     // Boxed already by the admission layer inside: no second allocation per call.
     S::Future: Unpin,
 {
-    type Response = S::Response;
+    type Response = http::Response<CountedBody<R>>;
     type Error = S::Error;
-    type Future = Counted<S::Future>;
+    type Future = Answering<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<B>) -> Counted<S::Future> {
-        let call = activity(request.extensions()).map(Activity::begin_call);
-        let streaming = STREAMS
-            .iter()
-            .any(|prefix| request.uri().path().starts_with(prefix));
-        let call = match call {
-            // A stream's call lasts as long as the stream: the service holds it.
-            Some(call) if streaming => {
-                request.extensions_mut().insert(StreamCall {
-                    _call: Arc::new(call),
-                });
-                None
-            }
-            call => call,
-        };
-        Counted {
+    fn call(&mut self, request: http::Request<B>) -> Answering<S::Future> {
+        Answering {
+            call: activity(request.extensions()).map(Activity::begin_call),
             future: self.inner.call(request),
-            _call: call,
         }
     }
 }
 
-/// The gRPC methods whose call lasts as long as its stream rather than until its response is
-/// ready: Envoy's RLQS stream carries no other call, and its connection must not count as
-/// idle (and make way at the connection bound) while the stream is open.
-const STREAMS: &[&str] = &["/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/"];
+/// A gRPC call's response on its way; once it is ready, its body carries the call on.
+#[derive(Debug)]
+pub struct Answering<F> {
+    future: F,
+    call: Option<Call>,
+}
 
-/// A streaming call's place on its connection, carried in the request's extensions: the
-/// connection counts as busy until the service drops them, at the stream's end.
-#[derive(Clone, Debug)]
-pub struct StreamCall {
-    _call: Arc<Call>,
+impl<F, R, E> Future for Answering<F>
+where
+    F: Future<Output = Result<http::Response<R>, E>> + Unpin,
+{
+    type Output = Result<http::Response<CountedBody<R>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Poll::Ready(answer) = Pin::new(&mut this.future).poll(cx) else {
+            return Poll::Pending;
+        };
+        // An error (none in this stack: statuses are responses) ends the call here.
+        let call = this.call.take();
+        Poll::Ready(answer.map(|response| response.map(|body| CountedBody { body, call })))
+    }
+}
+
+/// A response body that counts its call in flight until it ends: its last frame taken, or
+/// the body dropped (the stream reset, the connection gone).
+#[derive(Debug)]
+pub struct CountedBody<B> {
+    body: B,
+    call: Option<Call>,
+}
+
+impl<B> hyper::body::Body for CountedBody<B>
+where
+    B: hyper::body::Body + Unpin,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<B::Data>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = frame {
+            this.call = None;
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// The activity of the request's connection, from what tonic put in its extensions for a

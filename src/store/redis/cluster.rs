@@ -174,6 +174,25 @@ impl ClusterStore {
     }
 }
 
+impl ClusterStore {
+    /// Runs another service's `script` with `keys` (all of one slot) and `args` on the
+    /// keys' master, within the command timeout (see [`super::shared`]).
+    pub async fn run_script<T: redis::FromRedisValue>(
+        &self,
+        script: &super::shared::Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        deadline(self.command_timeout, async move {
+            super::shared::eval(&mut conn, script, keys, args)
+                .await
+                .map_err(|e| classify(&e))
+        })
+        .await
+    }
+}
+
 /// One slot group's answer.
 type Group = Result<Applied, StoreError>;
 

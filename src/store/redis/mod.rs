@@ -38,6 +38,7 @@ mod errors;
 pub mod redact;
 pub mod script;
 pub mod sentinel;
+pub mod shared;
 pub mod tls;
 
 pub use sentinel::SentinelSettings;
