@@ -44,7 +44,8 @@
 //! calls in flight do not shorten it, and a shed answer costs the host about what an OK one
 //! does, so shedding frees nothing. A probe on each runtime thread ([`host`]: a timer's
 //! lateness and one round of the run queue, smoothed) measures that wait; a completion on
-//! that thread compares its latency *less the host's delay* with the target, the ceiling and
+//! that thread compares its latency *less the host's delay* (twice the probe's: a reply waits
+//! for the connection's task, then the call's) with the target, the ceiling and
 //! the long-term latency, and a call that timed out only because of that delay (under the
 //! target without it) is neither a cut nor a failure. While the host stretches each call
 //! to several times the store's round trip, the bound grows that many times faster (one per

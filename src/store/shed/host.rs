@@ -13,7 +13,9 @@
 //! [`PERIOD`] it sleeps until a due time and measures how late it woke (less the timer's
 //! granularity), then yields once and measures how long the thread took to come back to it
 //! (one round of its run queue): the larger is the sample. [`Delay`] smooths the samples; the
-//! result sits in a thread-local cell that [`current`] reads. The request path pays one
+//! result sits in a thread-local cell that [`current`] reads. An answer waits at least two
+//! such rounds (the connection's task reads it, then the call's task takes it), so a call is
+//! credited twice the delay. The request path pays one
 //! thread-local read per call and completion; no lock, no syscall. A thread without a probe
 //! (a test's runtime) reads 0: no delay is taken out.
 
@@ -35,9 +37,15 @@ thread_local! {
     static DELAY_NS: Cell<u64> = const { Cell::new(0) };
 }
 
-/// The scheduling delay of the calling thread's runtime now (ns; 0 without a probe).
+/// How many times a call's answer waits for its thread at least: the Redis connection's task
+/// is polled to read the reply, then the call's own task to take it (the request's way out
+/// through the connection's task is not counted).
+const ROUNDS_PER_ANSWER: u64 = 2;
+
+/// The delay the calling thread's runtime adds to a call's answer now (ns; 0 without a
+/// probe): [`ROUNDS_PER_ANSWER`] times its smoothed scheduling delay.
 pub fn current() -> u64 {
-    DELAY_NS.with(Cell::get)
+    DELAY_NS.with(Cell::get).saturating_mul(ROUNDS_PER_ANSWER)
 }
 
 /// The smoothed scheduling delay: a moving average that rises half-way to a larger sample
