@@ -43,7 +43,7 @@ thread_local! {
 const ROUNDS_PER_ANSWER: u64 = 2;
 
 /// The delay the calling thread's runtime adds to a call's answer now (ns; 0 without a
-/// probe): [`ROUNDS_PER_ANSWER`] times its smoothed scheduling delay.
+/// probe): twice its smoothed scheduling delay (`ROUNDS_PER_ANSWER`).
 pub fn current() -> u64 {
     DELAY_NS.with(Cell::get).saturating_mul(ROUNDS_PER_ANSWER)
 }
