@@ -9,6 +9,9 @@
 #       bench/overload.sh
 #   OVL_PARTS=closed OVL_SECONDS=3 OVL_REPEATS=3 OVL_DESCRIPTORS=4 \
 #       OVL_BINS="/path/a/floodgate /path/b/floodgate" bench/overload.sh   # closed-loop A/B
+#   FLOODGATE_LEASE_FRACTION=0 OVL_PARTS=closed OVL_SECONDS=3 OVL_REPEATS=2 \
+#       OVL_BINS="/path/a/floodgate /path/b/floodgate" bench/overload.sh   # the same, leases off
+#       # (the server reads its settings from the environment too)
 #   OVL_GRPC_TIMEOUT=20m OVL_PARTS=closed bench/overload.sh   # clients send Envoy's deadline
 #   OVL_LOADGEN_THREADS=8 OVL_CONNECTIONS=64 OVL_LIMITADOR_MAX_RATE=150000 bench/overload.sh
 #       # a many-core machine: a load generator that keeps its schedule at high rates, and

@@ -20,6 +20,10 @@
 //! runs the admin HTTP server and the background tasks); each further one
 //! ([`crate::transport::TcpListeners`]) gets a thread from [`spawn_runtime_thread`].
 //! A unix socket (`--grpc-uds`) is served by the first thread alone.
+//!
+//! Each of these runtimes also runs the host's scheduling-delay probe
+//! ([`crate::store::shed::host::probe`]): with no work stealing, a busy thread delays the
+//! calls it serves, and the bound on calls to Redis takes that delay out of their latency.
 
 use std::future::Future;
 use std::io;
@@ -41,6 +45,7 @@ where
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        runtime.spawn(crate::store::shed::host::probe());
         Ok(runtime.block_on(task()))
     })
 }
@@ -48,9 +53,11 @@ where
 /// The runtime `floodgate serve` runs on: single-threaded too (see the module comment); the
 /// other gRPC threads start from [`crate::server::run`].
 pub fn main_runtime() -> io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()
+        .build()?;
+    runtime.spawn(crate::store::shed::host::probe());
+    Ok(runtime)
 }
 
 #[cfg(test)]

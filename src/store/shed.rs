@@ -27,9 +27,9 @@
 //! Redis that nearly stopped still gets calls and its recovery is seen.
 //!
 //! Why the rise and not the latency alone: a delay every call has had for a while, whatever
-//! the bound — the host's CPU shared by the server, Redis and the load (on two cores a call
-//! waits for the runtime to poll its answer), or a distant Redis — is not one that fewer calls
-//! in flight remove. An AIMD bound cut whenever latency passes a fixed target reads it as
+//! the bound — the host's CPU shared by the server, Redis and the load beyond what the probe
+//! below sees (Redis's own wait for a core, the load generator's), or a distant Redis — is
+//! not one that fewer calls in flight remove. An AIMD bound cut whenever latency passes a fixed target reads it as
 //! congestion and cuts every round trip, to its floor, where it stays while the load lasts
 //! (the bound then runs `floor / latency` calls a second, a fraction of what Redis can); the
 //! long-term latency absorbs such a delay within about a long window, and the bound stays
@@ -37,6 +37,21 @@
 //! that creeps up too slowly to be a rise is stopped at the ceiling, a tenth of the deadline
 //! short of it. Only a host that alone takes a call past the ceiling keeps the bound at its
 //! floor: no bound makes such calls answer in time.
+//!
+//! **The host's own delay is taken out first.** Once the host's CPU saturates (the server's
+//! threads busy answering), a Redis reply waits in its runtime thread's run queue before its
+//! call sees it, and that wait grows with the load, not with the calls sent to Redis: fewer
+//! calls in flight do not shorten it, and a shed answer costs the host about what an OK one
+//! does, so shedding frees nothing. A probe on each runtime thread ([`host`]: a timer's
+//! lateness and one round of the run queue, smoothed) measures that wait; a completion on
+//! that thread compares its latency *less the host's delay* (twice the probe's: a reply waits
+//! for the connection's task, then the call's) with the target, the ceiling and
+//! the long-term latency, and a call that timed out only because of that delay (under the
+//! target without it) is neither a cut nor a failure. While the host stretches each call
+//! to several times the store's round trip, the bound grows that many times faster (one per
+//! round trip of the store's, up to [`MAX_STRETCH`] times), so it reaches the calls a busy
+//! host holds in flight within a fraction of a second. A call's wait for a place counts the
+//! host's delay as part of the latency it will have.
 //!
 //! Why not a bound computed by Little's law from the last interval (`answers × target /
 //! interval`): it is only steady when calls take exactly the target; when they take longer
@@ -77,8 +92,8 @@
 //! A call that is shed gets `--on-store-error`'s answer at once (see [`super::resilient`]).
 //!
 //! Cost on the request path while under the bound: one increment and one decrement of the
-//! calls in flight, a load of the waiting count, two moving averages and one compare-and-swap
-//! of the bound per completion while it grows. The queue's mutex is only taken while calls
+//! calls in flight, a load of the waiting count, two thread-local reads of the host's delay,
+//! two moving averages and one compare-and-swap of the bound per completion while it grows. The queue's mutex is only taken while calls
 //! wait.
 //!
 //! Time is passed in as a value (ns since the shedder's start), so [`Controller`] runs the
@@ -90,13 +105,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 mod controller;
+pub mod host;
 #[cfg(test)]
 mod simulation;
 
 use controller::nanos;
 pub use controller::{
     BASELINE_SMOOTHING, Controller, End, Entry, INITIAL_LIMIT, INTERVAL, MAX_LIMIT, MAX_QUEUE,
-    MIN_LIMIT, SMOOTHING, Waiter,
+    MAX_STRETCH, MIN_LIMIT, SMOOTHING, Waiter,
 };
 tokio::task_local! {
     /// The deadline of the call being answered, when its client sent one (gRPC's
@@ -142,7 +158,7 @@ impl Drop for Admitted<'_> {
         let shedder = self.shedder;
         shedder
             .controller
-            .end(shedder.now_ns(), self.sent_ns, self.end);
+            .end(shedder.now_ns(), self.sent_ns, self.end, host::current());
     }
 }
 
@@ -189,11 +205,13 @@ impl Shedder {
             .flatten()
             .map(|deadline| nanos(deadline.saturating_duration_since(self.epoch)));
         let mut ticket = None;
-        let entry = self.controller.enter(self.now_ns(), deadline_ns, || {
-            let (tx, rx) = oneshot::channel();
-            ticket = Some(rx);
-            tx
-        });
+        let entry = self
+            .controller
+            .enter(self.now_ns(), deadline_ns, host::current(), || {
+                let (tx, rx) = oneshot::channel();
+                ticket = Some(rx);
+                tx
+            });
         match entry {
             Entry::Admitted => {}
             Entry::Shed => return None,

@@ -44,6 +44,10 @@ pub const BASELINE_SMOOTHING: u64 = 512;
 /// congestion: Gradient2's RTT tolerance of 1.5.
 const TOLERANCE_TENTHS: u64 = 15;
 
+/// The bound grows at most this many times faster while the host's delay stretches the
+/// calls' round trip (see `Controller::grow`).
+pub const MAX_STRETCH: u64 = 32;
+
 /// Fixed point of the bound: 2^20 is one call, so it can grow by a fraction per completion.
 const ONE: u64 = 1 << 20;
 
@@ -180,10 +184,14 @@ impl<W: Waiter> Controller<W> {
     /// A call arrives at `now_ns`, to be answered by `deadline_ns` (its client's deadline;
     /// `None`: none, and it may wait the Redis deadline): admitted, queued (then `waiter()`
     /// is what will be woken), or shed.
+    ///
+    /// `host_ns` is the host's scheduling delay on the calling thread now
+    /// ([`super::host`]): a call sent now takes it on top of the store's latency.
     pub fn enter(
         &self,
         now_ns: u64,
         deadline_ns: Option<u64>,
+        host_ns: u64,
         waiter: impl FnOnce() -> W,
     ) -> Entry {
         // A client that set no deadline waits for nobody's: it may wait the Redis deadline
@@ -191,8 +199,12 @@ impl<W: Waiter> Controller<W> {
         let send_by_ns = match deadline_ns {
             Some(deadline_ns) => {
                 // It may wait as long as a call sent then is still answered in time, by the
-                // answers' recent latency and a quarter more (the average lags a rising one).
-                let latency_ns = self.latency_ns.load(Ordering::Relaxed);
+                // answers' recent latency (the store's, and the host's delay now) and a
+                // quarter more (the average lags a rising one).
+                let latency_ns = self
+                    .latency_ns
+                    .load(Ordering::Relaxed)
+                    .saturating_add(host_ns);
                 deadline_ns.saturating_sub(latency_ns.saturating_add(latency_ns / 4))
             }
             None => now_ns.saturating_add(self.deadline_ns),
@@ -240,9 +252,17 @@ impl<W: Waiter> Controller<W> {
     }
 
     /// A call that held a place since `sent_ns` ended at `now_ns`: adjust the bound, and give
-    /// its place to a waiter, if any.
-    pub fn end(&self, now_ns: u64, sent_ns: u64, end: End) {
-        let latency = now_ns.saturating_sub(sent_ns);
+    /// its place to a waiter, if any. `host_ns` is the host's scheduling delay on the calling
+    /// thread ([`super::host`]): the part of the latency that is the host's, not the store's.
+    pub fn end(&self, now_ns: u64, sent_ns: u64, end: End, host_ns: u64) {
+        let waited = now_ns.saturating_sub(sent_ns);
+        // The store's part of the latency: what the bound can change. A host too busy to
+        // poll the answer at once adds a delay that fewer calls in flight do not remove (a
+        // shed answer costs the host about what an answer from Redis does).
+        let latency = waited.saturating_sub(host_ns);
+        // How many times the store's round trip the host stretched this one to: the bound
+        // grows by one per round trip *of the store* (see `grow`).
+        let stretch = (waited / latency.max(1)).clamp(1, MAX_STRETCH);
         // The latency a cut is sized by: the average's, or for a failure none (a 10% cut).
         let (congested, latency, threshold) = match end {
             End::Answered => {
@@ -255,6 +275,15 @@ impl<W: Waiter> Controller<W> {
                 let threshold = self.target_ns.max(risen).min(self.ceiling_ns);
                 (average > threshold, average, threshold)
             }
+            // A call that ran out of its time only because the host delayed it (without the
+            // host's delay it took under the target) says nothing about the store: neither
+            // a cut nor a sample. A failure that came sooner (a refused connection) is one.
+            End::Failed
+                if host_ns > 0 && waited >= self.ceiling_ns && latency <= self.target_ns =>
+            {
+                self.release(now_ns);
+                return;
+            }
             End::Failed => (true, 0, 0),
             End::Cancelled if latency > self.target_ns => (true, 0, 0),
             // Gone before the target: says nothing about the store.
@@ -266,7 +295,7 @@ impl<W: Waiter> Controller<W> {
         if congested {
             self.cut(now_ns, sent_ns, latency, threshold);
         } else {
-            self.grow(latency);
+            self.grow(latency, stretch);
         }
         self.release(now_ns);
     }
@@ -329,7 +358,12 @@ impl<W: Waiter> Controller<W> {
     /// use: a bound nobody reaches says nothing. Until the first cut, and while calls take
     /// under half the target, one per completion instead (slow start: doubling per round
     /// trip, and stopping well before the target so it does not overshoot it).
-    fn grow(&self, latency: u64) {
+    ///
+    /// `stretch` times that while the host's delay stretches each call to `stretch` times the
+    /// store's round trip: the calls waiting on the host are not in Redis, so the bound
+    /// still grows by one per round trip of the store's, not of the host's (which would take
+    /// seconds to reach the calls a busy host holds in flight).
+    fn grow(&self, latency: u64, stretch: u64) {
         let limit = self.limit.load(Ordering::Relaxed);
         if self.in_flight.load(Ordering::Relaxed) * 2 * ONE < limit {
             return;
@@ -337,7 +371,7 @@ impl<W: Waiter> Controller<W> {
         let step = if self.slow_start.load(Ordering::Relaxed) && latency <= self.target_ns / 2 {
             ONE
         } else {
-            (ONE * ONE / limit.max(1)).max(1)
+            (ONE * ONE / limit.max(1)).max(1) * stretch
         };
         let _ = self
             .limit

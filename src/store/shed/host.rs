@@ -1,0 +1,140 @@
+//! The host's scheduling delay, as the runtime thread that answers a call sees it: how long a
+//! task that is ready waits before its thread polls it. [`super::Controller`] takes it out of
+//! a call's latency, so that a busy host is not read as a congested Redis.
+//!
+//! Why: floodgate runs one single-threaded runtime per core ([`crate::runtime`]). Once the
+//! host's CPU saturates, a Redis reply that arrived waits in its thread's run queue behind
+//! every other ready task before its call sees it, and that wait grows with the load, not with
+//! the calls sent to Redis. Fewer calls in flight do not shorten it (a shed answer costs the
+//! host about what an answer from Redis costs), so a bound cut for it only sheds calls Redis
+//! could have answered, down to its floor.
+//!
+//! How: [`probe`] runs on each runtime thread (spawned by [`crate::runtime`]). Every
+//! [`PERIOD`] it sleeps until a due time and measures how late it woke (less the timer's
+//! granularity), then yields once and measures how long the thread took to come back to it
+//! (one round of its run queue): the larger is the sample. [`Delay`] smooths the samples; the
+//! result sits in a thread-local cell that [`current`] reads. An answer waits at least two
+//! such rounds (the connection's task reads it, then the call's task takes it), so a call is
+//! credited twice the delay. The request path pays one
+//! thread-local read per call and completion; no lock, no syscall. A thread without a probe
+//! (a test's runtime) reads 0: no delay is taken out.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use super::controller::nanos;
+
+/// How often the probe samples: often enough that the delay is known within a round trip or
+/// two of the host saturating, rarely enough that an idle thread barely wakes for it.
+pub const PERIOD: Duration = Duration::from_millis(5);
+
+/// tokio's timers fire on whole milliseconds: a wake up to this late is the timer's rounding,
+/// not the host's delay.
+const GRANULARITY: Duration = Duration::from_millis(1);
+
+thread_local! {
+    /// This thread's smoothed scheduling delay (ns), written by its probe.
+    static DELAY_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times a call's answer waits for its thread at least: the Redis connection's task
+/// is polled to read the reply, then the call's own task to take it (the request's way out
+/// through the connection's task is not counted).
+const ROUNDS_PER_ANSWER: u64 = 2;
+
+/// The delay the calling thread's runtime adds to a call's answer now (ns; 0 without a
+/// probe): twice its smoothed scheduling delay (`ROUNDS_PER_ANSWER`).
+pub fn current() -> u64 {
+    DELAY_NS.with(Cell::get).saturating_mul(ROUNDS_PER_ANSWER)
+}
+
+/// The smoothed scheduling delay: a moving average that rises half-way to a larger sample
+/// (a host that saturates is known within a sample or two, before the calls it delays cut
+/// the bound) and falls an eighth of the way to a smaller one (a short lull while the host
+/// stays busy does not lose it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Delay {
+    average_ns: u64,
+}
+
+impl Delay {
+    /// Adds a sample (ns) and returns the smoothed delay.
+    pub fn observe(&mut self, sample_ns: u64) -> u64 {
+        let average = self.average_ns;
+        self.average_ns = if sample_ns >= average {
+            average + (sample_ns - average) / 2
+        } else {
+            average - (average - sample_ns) / 8
+        };
+        self.average_ns
+    }
+
+    /// The smoothed delay (ns).
+    pub fn get(&self) -> u64 {
+        self.average_ns
+    }
+}
+
+/// Samples the calling thread's scheduling delay every [`PERIOD`], for ever: spawn it once
+/// on each single-threaded runtime whose calls go through a [`super::Shedder`].
+pub async fn probe() {
+    let mut delay = Delay::default();
+    loop {
+        let due = tokio::time::Instant::now() + PERIOD;
+        tokio::time::sleep_until(due).await;
+        let woke = tokio::time::Instant::now();
+        let late = woke
+            .saturating_duration_since(due)
+            .saturating_sub(GRANULARITY);
+        // Back of the run queue: polled again once the tasks ready now have run.
+        tokio::task::yield_now().await;
+        let round = woke.elapsed();
+        DELAY_NS.with(|cell| cell.set(delay.observe(nanos(late.max(round)))));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smoothed delay rises half-way to a larger sample and falls an eighth of the way to
+    /// a smaller one.
+    #[test]
+    fn the_delay_rises_fast_and_falls_slowly() {
+        let mut delay = Delay::default();
+        assert_eq!(delay.observe(8_000), 4_000);
+        assert_eq!(delay.observe(8_000), 6_000);
+        assert_eq!(delay.observe(0), 5_250);
+        assert_eq!(delay.get(), 5_250);
+    }
+
+    /// On a thread whose runtime runs the probe, the delay is published to that thread; a
+    /// thread without one reads 0.
+    #[test]
+    fn the_probe_publishes_its_threads_delay() {
+        assert_eq!(current(), 0);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let probe = tokio::spawn(probe());
+            // A task that keeps the thread busy for 20 ms at a time, for 10 rounds: the
+            // probe waits behind it.
+            for _ in 0..10 {
+                std::thread::sleep(Duration::from_millis(20));
+                tokio::task::yield_now().await;
+            }
+            let mut waited = 0;
+            while current() == 0 && waited < 1_000 {
+                std::thread::sleep(Duration::from_millis(20));
+                tokio::task::yield_now().await;
+                waited += 1;
+            }
+            probe.abort();
+        });
+        assert!(current() > 0, "the busy thread's delay was published");
+        let other = std::thread::spawn(current).join().unwrap();
+        assert_eq!(other, 0);
+    }
+}
