@@ -46,9 +46,9 @@ if [ "$sanitizer" != none ]; then
 fi
 # 16 codegen units instead of cargo-fuzz's 1: floodgate, the largest crate and the last to
 # compile before the four links, is then optimised on both cores instead of one, and every
-# crate's optimisation works on smaller units. Within a crate, rustc's local ThinLTO inlines
-# across the units (as in any release build), so the executions per second stay close
-# (docs/fuzzing.md#build-cost has both).
+# crate's optimisation works on smaller units. The executions per second stay close, without
+# LTO across the units too (`lto = "off"` in fuzz/Cargo.toml; docs/fuzzing.md#build-cost has
+# the figures).
 flags=(--sanitizer "$sanitizer" --target-dir "$target_dir" --codegen-units 16)
 
 passed=0
