@@ -556,3 +556,31 @@ async fn a_console_flood_neither_starves_grpc_nor_opens_the_breaker() {
     );
     server.stop().await;
 }
+
+/// The adaptive bound on calls to Redis is on `/metrics`: with shedding on (the default) it
+/// is within its range, with nobody waiting on an idle server; with
+/// `--redis-shedding false` there is no bound and it reads 0.
+#[tokio::test]
+async fn the_bound_on_calls_to_redis_is_on_metrics() {
+    use floodgate::store::shed::{MAX_LIMIT, MIN_LIMIT};
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (server, _dir) = serve(&["--redis-url", &url, "--redis-timeout-ms", "2000"]);
+    let http = server.http;
+    let bound = metric(http, "floodgate_redis_calls_bound")
+        .await
+        .expect("floodgate_redis_calls_bound is served") as u64;
+    assert!((MIN_LIMIT..=MAX_LIMIT).contains(&bound), "{bound}");
+    assert_eq!(
+        metric(http, "floodgate_redis_calls_waiting").await,
+        Some(0.0)
+    );
+    server.stop().await;
+
+    let (off, _dir) = serve(&["--redis-url", &url, "--redis-shedding", "false"]);
+    assert_eq!(
+        metric(off.http, "floodgate_redis_calls_bound").await,
+        Some(0.0)
+    );
+    off.stop().await;
+}

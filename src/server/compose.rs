@@ -223,6 +223,15 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
                     fallback.clone(),
                     metrics.clone(),
                 ));
+                // The bound on calls to Redis, read at every scrape (as the memory store's size).
+                let weak = Arc::downgrade(&resilient);
+                metrics.sample_before_encode(move |metrics| {
+                    if let Some((bound, waiting)) =
+                        weak.upgrade().and_then(|store| store.calls_bound())
+                    {
+                        metrics.set_redis_calls_bound(bound, waiting);
+                    }
+                });
                 (resilient.clone(), fallback, Some(resilient))
             }
         };

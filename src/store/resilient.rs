@@ -160,6 +160,14 @@ impl ResilientStore {
         self.policy
     }
 
+    /// The adaptive bound on calls to Redis now and the calls waiting for a place under it
+    /// (`None` with `--redis-shedding false`).
+    pub fn calls_bound(&self) -> Option<(u64, u64)> {
+        self.shedder
+            .as_ref()
+            .map(|shedder| (shedder.limit(), shedder.waiting()))
+    }
+
     /// Forgets cached denials (the limits changed).
     pub fn clear_cache(&self) {
         if let Some(cache) = &self.cache {

@@ -32,6 +32,8 @@ pub(super) struct StoreMetrics {
     per_second_refunds: Family<ResultLabels, Counter>,
     local_cache_entries: Gauge,
     local_cache_evictions: Counter,
+    shed_limit: Gauge,
+    shed_waiting: Gauge,
 }
 
 impl StoreMetrics {
@@ -56,6 +58,8 @@ impl StoreMetrics {
             per_second_refunds: Family::default(),
             local_cache_entries: Gauge::default(),
             local_cache_evictions: Counter::default(),
+            shed_limit: Gauge::default(),
+            shed_waiting: Gauge::default(),
         };
         registry.register(
             "floodgate_store_duration_seconds",
@@ -137,6 +141,20 @@ impl StoreMetrics {
             store.local_cache_evictions.clone(),
         );
     }
+
+    /// The adaptive bound on calls to Redis (`--redis-shedding`), registered in `registry`.
+    pub(super) fn register_shedding(&self, registry: &mut Registry) {
+        registry.register(
+            "floodgate_redis_calls_bound",
+            "Calls to Redis allowed in flight now by the adaptive bound (0: no bound)",
+            self.shed_limit.clone(),
+        );
+        registry.register(
+            "floodgate_redis_calls_waiting",
+            "Calls waiting in front of Redis for a place under the bound",
+            self.shed_waiting.clone(),
+        );
+    }
 }
 
 impl Metrics {
@@ -192,6 +210,16 @@ impl Metrics {
             .local_decisions
             .get_or_create(&ReasonLabels { reason })
             .inc();
+    }
+
+    /// Sets the adaptive bound on calls to Redis and the calls waiting for a place.
+    pub fn set_redis_calls_bound(&self, bound: u64, waiting: u64) {
+        self.store
+            .shed_limit
+            .set(i64::try_from(bound).unwrap_or(i64::MAX));
+        self.store
+            .shed_waiting
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// Sets whether the store is usable.
