@@ -66,6 +66,15 @@ fn start(flags: &[&str]) -> (Floodgate, tempfile::TempDir) {
     (Floodgate::start(&args), dir)
 }
 
+/// Runs `scenario` on two replicas started with `flags`, then stops both.
+async fn on_two_replicas(flags: &[&str], scenario: impl AsyncFnOnce(&Floodgate, &Floodgate)) {
+    let (first, _dir1) = start(flags);
+    let (second, _dir2) = start(flags);
+    scenario(&first, &second).await;
+    first.stop().await;
+    second.stop().await;
+}
+
 /// One Envoy's RLQS stream.
 struct Envoy {
     reports: mpsc::Sender<RateLimitQuotaUsageReports>,
@@ -276,11 +285,7 @@ async fn two_replicas_share_the_rate_through_redis() {
     let redis = RedisServer::start();
     let url = redis.url();
     let store = [&["--redis-url", url.as_str()][..], &NO_REASSESS].concat();
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    two_envoys_share(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, two_envoys_share).await;
 }
 
 /// Two replicas share through a Redis that serves TLS only and requires a client
@@ -304,11 +309,7 @@ async fn two_replicas_share_the_rate_through_tls_redis() {
         &NO_REASSESS,
     ]
     .concat();
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    two_envoys_share(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, two_envoys_share).await;
 }
 
 /// Two Envoys on two replicas that find the master through a real sentinel share a bucket's
@@ -327,11 +328,7 @@ async fn two_replicas_share_the_rate_through_sentinel() {
         NO_REASSESS[0],
         NO_REASSESS[1],
     ];
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    two_envoys_share(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, two_envoys_share).await;
 }
 
 /// Waits until `redis` holds no share table (every row given back).
@@ -414,11 +411,7 @@ async fn two_replicas_share_the_rate_in_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let seeds = cluster.seeds().join(",");
     let store = [&["--redis-cluster", seeds.as_str()][..], &NO_REASSESS].concat();
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    two_envoys_share(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, two_envoys_share).await;
 }
 
 /// A newcomer to a bucket another Envoy holds in full is first denied, then, without
@@ -469,11 +462,7 @@ async fn a_newcomer_is_served_promptly_through_redis() {
         "--rlqs-reassess-interval",
         "0.2",
     ];
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    a_newcomer_is_served_without_a_second_report(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, a_newcomer_is_served_without_a_second_report).await;
 }
 
 /// The same across two replicas on one Redis Cluster (re-evaluations batched by slot).
@@ -487,11 +476,7 @@ async fn a_newcomer_is_served_promptly_in_a_cluster() {
         "--rlqs-reassess-interval",
         "0.2",
     ];
-    let (first, _dir1) = start(&store);
-    let (second, _dir2) = start(&store);
-    a_newcomer_is_served_without_a_second_report(&first, &second).await;
-    first.stop().await;
-    second.stop().await;
+    on_two_replicas(&store, a_newcomer_is_served_without_a_second_report).await;
 }
 
 /// The grant of each action of `response`, by the bucket's `path` entry.
