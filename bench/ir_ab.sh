@@ -7,6 +7,7 @@
 #   bench/ir_ab.sh OLD_BIN NEW_BIN                    # Redis, 1 and 4 descriptors
 #   IR_ROWS="none one four" IR_ROUNDS=2 bench/ir_ab.sh A B
 #   IR_TOP=25 bench/ir_ab.sh BIN                      # plus each run's top inclusive functions
+#   IR_KEEP=/tmp/cg bench/ir_ab.sh BIN                # keep callgrind's files (callgrind_annotate)
 #
 # Each run starts one server under callgrind with instrumentation off (`--instr-atstart=no`),
 # sends IR_WARMUP requests, switches counting on (`callgrind_control -i on`), sends
@@ -33,7 +34,7 @@ cd "$(dirname "$0")/.."
 need_h2load
 command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
     { echo "needs valgrind (callgrind, callgrind_control)" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,23p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
 BINS=("$@")
 ROUNDS=${IR_ROUNDS:-2}
 REQUESTS=${IR_REQUESTS:-5000}
@@ -116,6 +117,7 @@ run() {
                 list && n < top { print; n++ }'
         } >>"$WORK/top"
     fi
+    [ -n "${IR_KEEP:-}" ] && mkdir -p "$IR_KEEP" && cp "$out" "$IR_KEEP/"
     echo "$(python3 -c "print(f'{$ir / $ok:.0f}')") $((not_ok + failed)) $ir $ok"
 }
 
