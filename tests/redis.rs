@@ -275,6 +275,46 @@ async fn a_killed_connection_is_replaced_at_once() {
     }
 }
 
+/// The URL's password and database reach Redis: with `requirepass`, requests through
+/// `redis://:<password>@…/3` are answered and their buckets land in database 3 (none in 0);
+/// a wrong password is an outage (UNAVAILABLE), not an answer.
+#[tokio::test]
+async fn the_urls_password_and_database_are_used() {
+    let redis = RedisServer::start_args(&["--requirepass", "s3cret"]);
+    let url = |password: &str, db: u8| format!("redis://:{password}@{}/{db}", redis.address());
+    let server = serve(
+        &url("s3cret", 3),
+        FailurePolicy::Error,
+        0,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    server.stop().await;
+    let buckets = |db: u8| -> Vec<String> {
+        let mut conn = ::redis::Client::open(url("s3cret", db))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+        keys.retain(|key| key != "fg:probe");
+        keys
+    };
+    assert_eq!(buckets(3).len(), 1, "{:?}", buckets(3));
+    assert_eq!(buckets(0), Vec::<String>::new());
+
+    let wrong = serve(
+        &url("wrong", 3),
+        FailurePolicy::Error,
+        0,
+        Duration::from_secs(2),
+    )
+    .await;
+    let status = wrong.ask_err(simple("r", "many", "x")).await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    wrong.stop().await;
+}
+
 /// With Redis down: UNAVAILABLE at once (no hang), health NOT_SERVING; after a restart,
 /// health SERVING and normal answers again, without restarting floodgate.
 #[tokio::test]
