@@ -268,7 +268,7 @@ impl Number {
 /// script's packed values are its bulk payload ([`payload`]). Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or `SCRIPT
 /// FLUSH`) loads the script and sends the call once more. Any other error reply becomes
-/// redis-rs's error for it, so the store classifies it as before ([`super::errors`]).
+/// redis-rs's error for it, so the store classifies it as before.
 pub async fn call(
     conn: &wire::Conn,
     prefix: &[u8],

@@ -19,7 +19,7 @@
 //! ([`super::tls::client_config`]), a unix socket, `AUTH [user] password` (retried without
 //! the user on a Redis older than 6, which knows no users), `SELECT db`; RESP2 throughout. A
 //! transport failure fails every call waiting on the connection and every later one, with an
-//! I/O error ([`super::errors`] retires the connection and calls it an outage, as before).
+//! I/O error (the store retires the connection and calls it an outage, as before).
 //!
 //! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
 //! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
