@@ -333,8 +333,9 @@ async fn set_up(conn: &Conn, info: &ConnectionInfo) -> RedisResult<()> {
 
 /// Whether `AUTH user password` was refused for its arity (a Redis before 6).
 fn refused_user(reply: &Value) -> bool {
+    let arity = "wrong number of arguments for 'auth' command";
     matches!(reply, Value::ServerError(error)
-        if error.details().is_some_and(|d| d.contains("wrong number of arguments for 'auth' command")))
+        if error.details().is_some_and(|detail| detail.contains(arity)))
 }
 
 /// The bytes read at most in one read; a reply larger than this grows the buffer.
@@ -612,6 +613,108 @@ mod tests {
         for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$1\r\nab\r\n", b"+a\rb"] {
             assert!(frame_len(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A peer on a loopback port that, once it has read `commands` commands, reports it on
+    /// `read` and then, when `go` says so, writes `replies` one byte at a time.
+    async fn peer(
+        commands: usize,
+        replies: &'static [u8],
+    ) -> (ConnectionInfo, oneshot::Receiver<()>, oneshot::Sender<()>) {
+        use redis::IntoConnectionInfo;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        let (read_tx, read) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            let mut count = 0;
+            while count < commands {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&buf[..n]);
+                count = 0;
+                let mut at = 0;
+                while let Some(len) = frame_len(&seen[at..]).unwrap() {
+                    at += len;
+                    count += 1;
+                }
+            }
+            read_tx.send(()).unwrap();
+            go_rx.await.unwrap();
+            for byte in replies {
+                socket.write_all(&[*byte]).await.unwrap();
+                socket.flush().await.unwrap();
+            }
+            // Keep the socket open until the test is done with it.
+            let _ = socket.read(&mut buf).await;
+        });
+        (url.into_connection_info().unwrap(), read, go)
+    }
+
+    fn echo(word: &'static str) -> impl FnOnce(&mut Vec<u8>) {
+        move |out| redis::cmd("ECHO").arg(word).write_packed_command(out)
+    }
+
+    /// Replies that arrive a byte at a time still reach their callers in order, and a caller
+    /// that gave up (its task dropped, as a deadline drops it) keeps its place: the callers
+    /// after it get their own replies, not its.
+    #[tokio::test]
+    async fn replies_reach_their_callers_in_order() {
+        let (info, read, go) = peer(3, b"$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n").await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let (first, second, third) = (conn.clone(), conn.clone(), conn.clone());
+        let gave_up = tokio::spawn(async move { first.request(echo("a")).await });
+        // Yield until the first command is queued before the others.
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let b = tokio::spawn(async move { second.request(echo("b")).await });
+        while lock(&conn.handle.0).waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let c = tokio::spawn(async move { third.request(echo("c")).await });
+        read.await.unwrap();
+        gave_up.abort();
+        assert!(gave_up.await.unwrap_err().is_cancelled());
+        go.send(()).unwrap();
+        assert_eq!(b.await.unwrap().unwrap(), b"$1\r\nb\r\n");
+        assert_eq!(c.await.unwrap().unwrap(), b"$1\r\nc\r\n");
+        assert!(!conn.is_closed());
+    }
+
+    /// A connection the peer closes fails the calls waiting on it and every later one, with
+    /// an I/O error (which retires it from the pool), and says it is closed.
+    #[tokio::test]
+    async fn a_closed_connection_fails_every_call() {
+        use redis::IntoConnectionInfo;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let (conn, accepted) = tokio::join!(
+            connect(&info, &tls, Duration::from_secs(10)),
+            listener.accept()
+        );
+        let (conn, (socket, _)) = (conn.unwrap(), accepted.unwrap());
+        let waiting = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        drop(socket);
+        let error = waiting.await.unwrap().unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        assert!(conn.is_closed());
+        let later = conn.request(echo("b")).await.unwrap_err();
+        assert!(later.is_io_error(), "{later}");
     }
 
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
