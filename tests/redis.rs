@@ -315,6 +315,45 @@ async fn the_urls_password_and_database_are_used() {
     wrong.stop().await;
 }
 
+/// A Redis that stops answering fails the call at its deadline, as an outage naming the
+/// deadline, and retires the connection it was on: once Redis answers again, the next calls
+/// are answered (on a new connection, although the old one is still open).
+#[tokio::test]
+async fn a_stalled_call_fails_at_its_deadline_and_retires_its_connection() {
+    let redis = RedisServer::start();
+    // One connection: the next call's is the stalled one unless that was retired.
+    let store = RedisStore::new(&RedisSettings {
+        command_timeout: Duration::from_millis(200),
+        pool_size: 1,
+        ..redis_settings(&redis.url())
+    })
+    .unwrap();
+    store.apply(&[]).await.unwrap();
+    redis.freeze();
+    let error = store.apply(&[]).await.unwrap_err();
+    redis.thaw();
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("Redis did not answer within 200ms"),
+        "{error}"
+    );
+    let opened = store
+        .pool_counts()
+        .opened
+        .load(std::sync::atomic::Ordering::Relaxed);
+    store.apply(&[]).await.unwrap();
+    assert!(
+        store
+            .pool_counts()
+            .opened
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > opened,
+        "the stalled connection was lent again"
+    );
+}
+
 /// With Redis down: UNAVAILABLE at once (no hang), health NOT_SERVING; after a restart,
 /// health SERVING and normal answers again, without restarting floodgate.
 #[tokio::test]
