@@ -77,9 +77,12 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
     }
 }
 
-/// Runs the script with a fixed `now` (or Redis `TIME` for `None`).
+/// Runs the script with a fixed `now` (or Redis `TIME` for `None`). The command is the one
+/// the store writes (the two encodings are equal byte for byte, `script`'s unit tests).
 async fn lua(conn: &mut MultiplexedConnection, ops: &[BucketOp], now: Option<i64>) -> Applied {
-    let reply = script::call(conn, &script::command(PREFIX, ops, now))
+    let _: String = script::script().load_async(conn).await.unwrap();
+    let reply: Vec<u8> = script::command(PREFIX, ops, now)
+        .query_async(conn)
         .await
         .unwrap();
     script::decode(&reply, ops.len()).unwrap()

@@ -275,6 +275,85 @@ async fn a_killed_connection_is_replaced_at_once() {
     }
 }
 
+/// The URL's password and database reach Redis: with `requirepass`, requests through
+/// `redis://:<password>@…/3` are answered and their buckets land in database 3 (none in 0);
+/// a wrong password is an outage (UNAVAILABLE), not an answer.
+#[tokio::test]
+async fn the_urls_password_and_database_are_used() {
+    let redis = RedisServer::start_args(&["--requirepass", "s3cret"]);
+    let url = |password: &str, db: u8| format!("redis://:{password}@{}/{db}", redis.address());
+    let server = serve(
+        &url("s3cret", 3),
+        FailurePolicy::Error,
+        0,
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(server.ask(simple("r", "many", "x")).await.overall_code, OK);
+    server.stop().await;
+    let buckets = |db: u8| -> Vec<String> {
+        let mut conn = ::redis::Client::open(url("s3cret", db))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+        keys.retain(|key| key != "fg:probe");
+        keys
+    };
+    assert_eq!(buckets(3).len(), 1, "{:?}", buckets(3));
+    assert_eq!(buckets(0), Vec::<String>::new());
+
+    let wrong = serve(
+        &url("wrong", 3),
+        FailurePolicy::Error,
+        0,
+        Duration::from_secs(2),
+    )
+    .await;
+    let status = wrong.ask_err(simple("r", "many", "x")).await;
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    wrong.stop().await;
+}
+
+/// A Redis that stops answering fails the call at its deadline, as an outage naming the
+/// deadline, and retires the connection it was on: once Redis answers again, the next calls
+/// are answered (on a new connection, although the old one is still open).
+#[tokio::test]
+async fn a_stalled_call_fails_at_its_deadline_and_retires_its_connection() {
+    let redis = RedisServer::start();
+    // One connection: the next call's is the stalled one unless that was retired.
+    let store = RedisStore::new(&RedisSettings {
+        command_timeout: Duration::from_millis(200),
+        pool_size: 1,
+        ..redis_settings(&redis.url())
+    })
+    .unwrap();
+    store.apply(&[]).await.unwrap();
+    redis.freeze();
+    let error = store.apply(&[]).await.unwrap_err();
+    redis.thaw();
+    assert!(error.is_transient(), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("Redis did not answer within 200ms"),
+        "{error}"
+    );
+    let opened = store
+        .pool_counts()
+        .opened
+        .load(std::sync::atomic::Ordering::Relaxed);
+    store.apply(&[]).await.unwrap();
+    assert!(
+        store
+            .pool_counts()
+            .opened
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > opened,
+        "the stalled connection was lent again"
+    );
+}
+
 /// With Redis down: UNAVAILABLE at once (no hang), health NOT_SERVING; after a restart,
 /// health SERVING and normal answers again, without restarting floodgate.
 #[tokio::test]

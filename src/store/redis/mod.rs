@@ -2,8 +2,10 @@
 //!
 //! [`script`] holds the script (`lua/apply.lua`) and its argument encoding; [`cluster`] runs
 //! it on a Redis Cluster, once per hash slot a request touches. [`RedisStore`] runs it with
-//! `EVALSHA` over a bb8 pool of multiplexed connections; [`script::call`] loads the script on
-//! `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
+//! `EVALSHA` over a bb8 pool of connections of floodgate's own ([`wire`]: each carries many
+//! calls at once, its command written straight into the connection's buffer and its reply
+//! decoded from the bytes read); [`script::call`] loads the script on `NOSCRIPT` (Redis
+//! restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
 //! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
 //! when the URL says `rediss://` (files from [`tls`]). Each thread that calls the store has a
 //! pool of its own, so a connection's I/O runs on the thread of the
@@ -23,8 +25,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, TlsCertificates};
+use redis::{Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
 use self::errors::{classify, retires_connection};
@@ -40,6 +41,7 @@ pub mod script;
 pub mod sentinel;
 pub mod shared;
 pub mod tls;
+pub mod wire;
 
 pub use sentinel::SentinelSettings;
 pub use tls::RedisTls;
@@ -83,7 +85,7 @@ impl fmt::Debug for RedisSettings {
 /// shared with the handles lent out for calls (see `RedisStore::lend`), so a failure seen on
 /// a handle retires the pooled connection.
 pub struct Connection {
-    inner: MultiplexedConnection,
+    inner: wire::Conn,
     broken: Arc<AtomicBool>,
     /// Counts this connection closed in [`PoolCounts`] when the pool drops it.
     _counted: Counted,
@@ -115,11 +117,11 @@ impl Drop for Counted {
     }
 }
 
-/// A connection handle for one call: the multiplexed connection (cheap to clone; many calls
-/// share it concurrently) and its pooled connection's broken flag.
+/// A connection handle for one call: the connection (cheap to clone; many calls share it
+/// concurrently) and its pooled connection's broken flag.
 #[derive(Clone)]
 struct Lent {
-    conn: MultiplexedConnection,
+    conn: wire::Conn,
     broken: Arc<AtomicBool>,
 }
 
@@ -127,8 +129,9 @@ struct Lent {
 #[derive(Clone)]
 pub struct Connector {
     target: Arc<Target>,
-    config: AsyncConnectionConfig,
-    /// Deadline for a Sentinel lookup (the connection itself has its own, in `config`).
+    /// The TLS settings of a `rediss://` connection.
+    tls: Arc<rustls::ClientConfig>,
+    /// Deadline for a Sentinel lookup, and (apart) for a connection and its setup commands.
     connect_timeout: Duration,
     /// Connections opened and closed.
     counts: Arc<PoolCounts>,
@@ -147,13 +150,20 @@ impl bb8::ManageConnection for Connector {
     type Error = RedisError;
 
     async fn connect(&self) -> Result<Connection, RedisError> {
+        let master;
         let client = match &*self.target {
-            Target::Standalone(client) => client.clone(),
-            Target::Sentinel(master) => master.client(self.connect_timeout).await?,
+            Target::Standalone(client) => client,
+            Target::Sentinel(sentinels) => {
+                master = sentinels.client(self.connect_timeout).await?;
+                &master
+            }
         };
-        let inner = client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+        let inner = wire::connect(
+            client.get_connection_info(),
+            &self.tls,
+            self.connect_timeout,
+        )
+        .await?;
         Ok(Connection {
             inner,
             broken: Arc::new(AtomicBool::new(false)),
@@ -166,7 +176,7 @@ impl bb8::ManageConnection for Connector {
     }
 
     fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken.load(Ordering::Relaxed)
+        conn.broken.load(Ordering::Relaxed) || conn.inner.is_closed()
     }
 }
 
@@ -195,7 +205,7 @@ impl fmt::Debug for ConnectFailures {
 /// One pool of multiplexed connections per thread that calls the store, made on that thread's
 /// first call.
 ///
-/// redis-rs runs a multiplexed connection's I/O in a task on the runtime that opened it.
+/// A connection's I/O runs in a task on the runtime that opened it ([`wire`]).
 /// With one pool for the process, the connections belong to whichever runtime opened them:
 /// a request on another gRPC thread (`crate::runtime`: one single-threaded runtime per
 /// thread) hands its command to that runtime, wakes it across threads, and is woken back,
@@ -306,6 +316,8 @@ impl RedisStore {
     pub fn new(settings: &RedisSettings) -> Result<RedisStore, StoreError> {
         let certs =
             tls::certificates(&settings.tls).map_err(|e| StoreError::Failed(e.to_string()))?;
+        let tls_config =
+            tls::client_config(&settings.tls).map_err(|e| StoreError::Failed(e.to_string()))?;
         let target = match &settings.sentinel {
             None => Target::Standalone(open(&settings.url, certs)?),
             Some(sentinel) => Target::Sentinel(
@@ -313,19 +325,15 @@ impl RedisStore {
                     .map_err(StoreError::Failed)?,
             ),
         };
-        // No response timeout of redis-rs's: every call already has the store's deadline
-        // (`RedisStore::on_connection`), and a second timer per call costs a timer-wheel
-        // entry registered and cleared on every request. (The connect timeout covers a new
-        // connection's setup commands: AUTH, HELLO, SELECT.)
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(settings.connect_timeout))
-            .set_response_timeout(None);
+        // No timeout of the connection's own per call: every call already has the store's
+        // deadline (`RedisStore::on_connection`). The connect timeout covers a new
+        // connection's setup commands (AUTH, SELECT).
         let (failures, connect_failures) = watch::channel(String::new());
         let counts = Arc::new(PoolCounts::default());
         let failures = ConnectFailures(Arc::new(failures));
         let connector = Connector {
             target: Arc::new(target),
-            config,
+            tls: tls_config,
             connect_timeout: settings.connect_timeout,
             counts: Arc::clone(&counts),
         };
@@ -522,11 +530,11 @@ fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
 impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let now = self.test_clock.as_ref().map(|clock| clock.now_us());
-        let command = script::command(&self.prefix, ops, now);
-        self.on_connection(|mut lent| async move {
-            let reply = script::call(&mut lent.conn, &command).await;
+        let prefix = &self.prefix;
+        self.on_connection(|lent| async move {
+            let reply = script::call(&lent.conn, prefix, ops, now).await;
             let reply = reply.map_err(|e| classify_on(&lent, e))?;
-            script::decode(&reply, ops.len())
+            script::decode(script::payload(&reply), ops.len())
         })
         .await
     }

@@ -1,7 +1,8 @@
 //! The Lua script that applies one request's bucket operations inside Redis (`lua/apply.lua`),
 //! and the glue around it: how a call is encoded into KEYS/ARGV and how the reply is decoded
-//! into an [`Applied`]. The store builds a [`command`], sends it with [`call`] and hands the
-//! reply to [`decode`].
+//! into an [`Applied`]. The store's [`call`] writes the command ([`write_command`]) into its
+//! own connection's buffer and hands the reply's [`payload`] to [`decode`]; a Redis Cluster's
+//! store sends the same command built as a redis-rs [`command`].
 //!
 //! The script computes what [`crate::limiter::evaluate`] and [`crate::bucket::settle`] compute
 //! (a randomized equivalence test, `tests/lua_equivalence.rs`, drives both with the same
@@ -28,8 +29,11 @@ use std::sync::LazyLock;
 
 use std::io::Write;
 
-use redis::aio::MultiplexedConnection;
-use redis::{Cmd, ErrorKind, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
+use redis::{
+    Cmd, ErrorKind, RedisError, RedisResult, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
+};
+
+use super::wire;
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::{self, Algorithm, View};
@@ -114,52 +118,56 @@ impl ToRedisArgs for PackedOps<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
         for op in self.0 {
-            let params = &op.params;
-            let flags = match params.algorithm {
-                Algorithm::TokenBucket => 0,
-                Algorithm::FixedWindow => 1,
-                Algorithm::SlidingWindow => 2,
-            } | if op.enforce { ENFORCE } else { 0 }
-                | if params.overdraft { OVERDRAFT } else { 0 }
-                | if op.reference.is_some() { COUNTER } else { 0 };
-            // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
-            // double, exactly as the script's tonumber rounded the decimal string it once got.
-            let numbers = match (params.algorithm, &op.reference) {
-                // The GCRA constants, computed here rather than in Redis on every call; all
-                // are below 2^53. Rate 0 (nothing passes) is an interval of 0.
-                (Algorithm::TokenBucket, None) => {
-                    let ticks = limiter::ticks(params).unwrap_or(limiter::Ticks {
-                        interval: 0,
-                        scale: 1,
-                        burst: 0,
-                        wait: 0,
-                    });
-                    [
-                        f64::from(flags),
-                        ticks.interval as f64,
-                        ticks.scale as f64,
-                        op.cost as f64,
-                        ticks.burst as f64,
-                        ticks.wait as f64,
-                    ]
-                }
-                // A reference counter has no burst; its slot carries the counter's EXPIRE.
-                // A window has no max_wait (validation refuses it); its slot carries the
-                // window a refund's debit was counted in, plus one (0: the current window).
-                (_, reference) => [
-                    f64::from(flags),
-                    params.requests_per_period as f64,
-                    params.period_us as f64,
-                    op.cost as f64,
-                    reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
-                    op.debited_in.map_or(0, |w| w.max(0) + 1) as f64,
-                ],
-            };
-            for number in numbers {
+            for number in op_numbers(op) {
                 // Writes into the command's Vec<u8>, which cannot fail.
                 let _ = arg.write_all(&number.to_le_bytes());
             }
         }
+    }
+}
+
+/// The six numbers of one op in ARGV\[2\] (see [`PackedOps`]).
+fn op_numbers(op: &BucketOp) -> [f64; 6] {
+    let params = &op.params;
+    let flags = match params.algorithm {
+        Algorithm::TokenBucket => 0,
+        Algorithm::FixedWindow => 1,
+        Algorithm::SlidingWindow => 2,
+    } | if op.enforce { ENFORCE } else { 0 }
+        | if params.overdraft { OVERDRAFT } else { 0 }
+        | if op.reference.is_some() { COUNTER } else { 0 };
+    // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
+    // double, exactly as the script's tonumber rounded the decimal string it once got.
+    match (params.algorithm, &op.reference) {
+        // The GCRA constants, computed here rather than in Redis on every call; all
+        // are below 2^53. Rate 0 (nothing passes) is an interval of 0.
+        (Algorithm::TokenBucket, None) => {
+            let ticks = limiter::ticks(params).unwrap_or(limiter::Ticks {
+                interval: 0,
+                scale: 1,
+                burst: 0,
+                wait: 0,
+            });
+            [
+                f64::from(flags),
+                ticks.interval as f64,
+                ticks.scale as f64,
+                op.cost as f64,
+                ticks.burst as f64,
+                ticks.wait as f64,
+            ]
+        }
+        // A reference counter has no burst; its slot carries the counter's EXPIRE.
+        // A window has no max_wait (validation refuses it); its slot carries the
+        // window a refund's debit was counted in, plus one (0: the current window).
+        (_, reference) => [
+            f64::from(flags),
+            params.requests_per_period as f64,
+            params.period_us as f64,
+            op.cost as f64,
+            reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
+            op.debited_in.map_or(0, |w| w.max(0) + 1) as f64,
+        ],
     }
 }
 
@@ -189,26 +197,112 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
     cmd
 }
 
-/// Sends a [`command`] and returns the script's raw reply. Like redis-rs's
-/// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or
-/// `SCRIPT FLUSH`) loads the script and sends the command once more.
-pub async fn call(conn: &mut MultiplexedConnection, command: &Cmd) -> RedisResult<Reply> {
-    match send(conn, command).await {
+/// Writes the script call for `ops` as [`command`] builds it, but as RESP straight into
+/// `out` (a connection's output buffer, [`wire::Conn::request`]): no `Cmd`, no second copy.
+pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) {
+    let mut number = Number::default();
+    out.push(b'*');
+    out.extend_from_slice(number.of(5 + ops.len() as u64));
+    out.extend_from_slice(b"\r\n$7\r\nEVALSHA\r\n$40\r\n");
+    out.extend_from_slice(script().get_hash().as_bytes());
+    out.extend_from_slice(b"\r\n");
+    bulk(out, number.of(ops.len() as u64));
+    for op in ops {
+        match &op.reference {
+            Some(counter) => bulk(out, &counter.key()),
+            None => {
+                let key = op.key.as_bytes();
+                bulk_header(out, (prefix.len() + key.len()) as u64);
+                out.extend_from_slice(prefix);
+                out.extend_from_slice(key);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+    match now_us {
+        Some(now) => bulk(out, now.to_string().as_bytes()),
+        None => bulk(out, b""),
+    }
+    bulk_header(out, (ops.len() * OP_BYTES) as u64);
+    for op in ops {
+        for value in op_numbers(op) {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A RESP bulk string.
+fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    bulk_header(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A RESP bulk string's `$<len>\r\n`.
+fn bulk_header(out: &mut Vec<u8>, len: u64) {
+    out.push(b'$');
+    out.extend_from_slice(Number::default().of(len));
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Decimal digits of a number, without `fmt`'s machinery.
+#[derive(Default)]
+struct Number([u8; 20]);
+
+impl Number {
+    fn of(&mut self, mut n: u64) -> &[u8] {
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &self.0[at..];
+            }
+        }
+    }
+}
+
+/// Runs the script for `ops` on `conn` ([`write_command`]) and returns its reply's frame; the
+/// script's packed values are its bulk payload ([`payload`]). Like redis-rs's
+/// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or `SCRIPT
+/// FLUSH`) loads the script and sends the call once more. Any other error reply becomes
+/// redis-rs's error for it, so the store classifies it as before.
+pub async fn call(
+    conn: &wire::Conn,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+) -> RedisResult<wire::Frame> {
+    let send = || conn.request(|out| write_command(out, prefix, ops, now_us));
+    match checked(send().await?) {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script().load_async(conn).await?;
-            send(conn, command).await
+            script().load_async(&mut conn.clone()).await?;
+            checked(send().await?)
         }
         reply => reply,
     }
 }
 
-/// One send of `command`, through the connection's own method rather than `ConnectionLike`'s
-/// (a boxed future per call); the script's reply, one bulk string, is taken as it came.
-async fn send(conn: &mut MultiplexedConnection, command: &Cmd) -> RedisResult<Reply> {
-    match conn.send_packed_command(command).await?.extract_error()? {
-        Value::BulkString(bytes) => Ok(bytes),
-        other => Ok(redis::from_redis_value(other)?),
+/// `frame` if it is the script's one bulk string, else the error it carries.
+fn checked(frame: wire::Frame) -> RedisResult<wire::Frame> {
+    if frame.first() == Some(&b'$') {
+        return Ok(frame);
     }
+    // Rare (an error, or a reply the script cannot give): redis-rs parses it.
+    let value = redis::parse_redis_value(&frame)?.extract_error()?;
+    Err(RedisError::from((
+        ErrorKind::Parse,
+        "apply.lua answered something other than a bulk string",
+        format!("{value:?}"),
+    )))
+}
+
+/// The script's packed values in a reply [`call`] returned (empty for a nil reply, which
+/// [`decode`] then rejects by its length).
+pub fn payload(frame: &[u8]) -> &[u8] {
+    wire::bulk_payload(frame).unwrap_or_default()
 }
 
 /// Number of values the script answers for `ops` operations.
@@ -442,6 +536,42 @@ mod tests {
                 [1.0, 7.0, 60_000_000.0, 1.0, 9.0, 0.0],
             ]
         );
+    }
+
+    /// The RESP the store writes itself is byte for byte what redis-rs packs for
+    /// [`command`]: every kind of op, a reference counter, `now` given or not, no op at all.
+    #[test]
+    fn written_command_is_the_packed_command() {
+        use crate::bucket::{ReferenceCounter, ReferenceKey};
+        let mut counter = ReferenceCounter::new(ReferenceKey::new(
+            b"rl_",
+            "edge",
+            [(&b"ip"[..], &b"10.0.0.1"[..])],
+        ));
+        counter.stamp(1_700_000_123, 60, 0, 0);
+        let mut shared = op(Algorithm::FixedWindow, 2, true);
+        shared.reference = Some(counter);
+        let mut overdraft = op(Algorithm::FixedWindow, -2, false);
+        overdraft.params.overdraft = true;
+        overdraft.debited_in = Some(28_333_333);
+        let ops = [
+            op(Algorithm::TokenBucket, 3, true),
+            overdraft,
+            shared,
+            op(Algorithm::SlidingWindow, i64::MIN, true),
+        ];
+        for (ops, now) in [
+            (&ops[..], None),
+            (&ops[..], Some(1_750_000_000_123_456)),
+            (&ops[..1], Some(-5)),
+            (&[][..], None),
+        ] {
+            let mut written = b"leftover".to_vec();
+            write_command(&mut written, b"fg:", ops, now);
+            let mut packed = b"leftover".to_vec();
+            packed.extend_from_slice(&command(b"fg:", ops, now).get_packed_command());
+            assert_eq!(written, packed, "{} ops, now {now:?}", ops.len());
+        }
     }
 
     /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).

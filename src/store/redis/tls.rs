@@ -7,12 +7,17 @@
 //! standalone Redis, a Sentinel-managed master and its sentinels, and any other topology
 //! that connects with redis-rs.
 //!
+//! floodgate's own connections ([`super::wire`]) take the same files as rustls settings
+//! ([`client_config`]).
+//!
 //! Without a CA file, servers are verified against the bundled Mozilla roots (webpki-roots);
 //! with one, against that CA only. Host names (or IP addresses) are always verified.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use redis::{ClientTlsConfig, TlsCertificates};
+use rustls::{ClientConfig, RootCertStore};
 
 use crate::pem::{self, FileRole, Tls, TlsError};
 
@@ -59,6 +64,45 @@ pub fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, TlsError>
         client_tls,
         root_cert,
     }))
+}
+
+/// The rustls settings of floodgate's own connections ([`super::wire`]) to a `rediss://`
+/// server, as redis-rs builds them from the same files: the CA file's certificates as the
+/// only roots, or the bundled Mozilla roots without one; the client certificate and key
+/// when given; host names verified. Read when the store is built, like [`certificates`].
+pub fn client_config(tls: &RedisTls) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    match tls.ca_file.as_deref() {
+        Some(path) => {
+            let ca = pem::certificates(Tls::Redis, FileRole::Ca, path)?;
+            for cert in ca.certs {
+                roots.add(cert).map_err(|e| {
+                    TlsError::invalid(Tls::Redis, FileRole::Ca, path, format!("unusable CA: {e}"))
+                })?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let builder = ClientConfig::builder().with_root_certificates(roots);
+    let client = pem::client_pair(
+        Tls::Redis,
+        tls.cert_file.as_deref(),
+        tls.key_file.as_deref(),
+    )?;
+    let config = match (client, tls.cert_file.as_deref()) {
+        (Some((cert, key)), Some(path)) => builder
+            .with_client_auth_cert(cert.certs, key.key)
+            .map_err(|e| {
+                TlsError::invalid(
+                    Tls::Redis,
+                    FileRole::Cert,
+                    path,
+                    format!("unusable client certificate and key: {e}"),
+                )
+            })?,
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Arc::new(config))
 }
 
 #[cfg(test)]

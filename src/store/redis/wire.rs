@@ -1,0 +1,731 @@
+//! floodgate's own connection to one Redis server: the connection the store's pool lends
+//! (see [`super::RedisStore`]), in place of redis-rs's multiplexed connection.
+//!
+//! Why: every request's script call went through redis-rs's `Cmd` (the arguments written into
+//! it, then packed again into a fresh buffer), a channel to the connection's task and a
+//! oneshot back, and a RESP parse of the reply into a `Value` — about a third of the client
+//! work the Redis path adds to a request (docs/performance.md, "Where the Redis path's CPU
+//! goes"). Here a call writes its command straight into the connection's output buffer
+//! ([`Conn::request`]), the connection's task writes whatever is buffered in one write, and
+//! each reply is handed back as the RESP bytes it came as: the script's packed doubles are
+//! decoded from them in place ([`super::script::call`]).
+//!
+//! What stays as it was: one connection carries many calls at once, in order (Redis answers
+//! in order, so the n-th reply belongs to the n-th call still waiting); the connection's I/O
+//! runs in a task of its own on the runtime that opened it (each thread's pool opens its own,
+//! see `ThreadPools`); a call that gives up (its deadline) leaves its place in the queue, so
+//! the replies after it still reach their callers. The setup is redis-rs's, for what the
+//! store's URLs can say: TCP (`TCP_NODELAY`), TLS with the same rustls settings
+//! ([`super::tls::client_config`]), a unix socket, `AUTH [user] password` (retried without
+//! the user on a Redis older than 6, which knows no users), `SELECT db`; RESP2 throughout. A
+//! transport failure fails every call waiting on the connection and every later one, with an
+//! I/O error (the store retires the connection and calls it an outage, as before).
+//!
+//! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
+//! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
+//! encoding and parsing: [`Conn`] is a redis-rs [`ConnectionLike`].
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+use redis::{
+    Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult,
+    ServerErrorKind, Value,
+};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+/// One reply as it came: a whole RESP2 frame.
+pub type Frame = Vec<u8>;
+
+/// Why a connection stopped: every call on it fails with this, as an I/O error.
+#[derive(Clone, Debug)]
+struct Closed {
+    kind: io::ErrorKind,
+    text: String,
+}
+
+impl Closed {
+    fn of(error: &io::Error) -> Closed {
+        Closed {
+            kind: error.kind(),
+            text: error.to_string(),
+        }
+    }
+
+    fn new(kind: io::ErrorKind, text: &str) -> Closed {
+        Closed {
+            kind,
+            text: text.to_owned(),
+        }
+    }
+
+    fn error(&self) -> RedisError {
+        io::Error::new(self.kind, self.text.clone()).into()
+    }
+}
+
+/// What the callers and the connection's task share. Only the connection's own thread
+/// touches it in practice (the lock is never contended); it is a mutex because the store's
+/// futures must be `Send`.
+struct State {
+    /// Commands written by callers, not yet taken by the task.
+    out: Vec<u8>,
+    /// The callers waiting for a reply, in the order their commands were written.
+    waiting: VecDeque<oneshot::Sender<Result<Frame, Closed>>>,
+    /// Wakes the task; taken by the first caller that writes after the task last ran, so a
+    /// pass's calls cost one wake-up.
+    task: Option<Waker>,
+    /// Set once the connection failed or every handle is gone.
+    closed: Option<Closed>,
+}
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(shared: &Shared) -> MutexGuard<'_, State> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A connection: cheap to clone, every clone carries calls over the same socket. The socket
+/// is closed when the last clone is dropped.
+#[derive(Clone)]
+pub struct Conn {
+    handle: Arc<Handle>,
+    db: i64,
+}
+
+/// Closes the connection when the last [`Conn`] goes.
+struct Handle(Shared);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        let mut state = lock(&self.0);
+        if state.closed.is_none() {
+            state.closed = Some(Closed::new(
+                io::ErrorKind::NotConnected,
+                "connection dropped",
+            ));
+        }
+        if let Some(task) = state.task.take() {
+            task.wake();
+        }
+    }
+}
+
+impl Conn {
+    /// Whether the connection has failed (or was closed): nothing sent on it can succeed.
+    pub fn is_closed(&self) -> bool {
+        lock(&self.handle.0).closed.is_some()
+    }
+
+    /// Sends the command `write` appends to the connection's output buffer (whole RESP2
+    /// commands, exactly one) and returns its reply's frame.
+    pub async fn request(&self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
+        let reply = {
+            let mut state = lock(&self.handle.0);
+            if let Some(closed) = &state.closed {
+                return Err(closed.error());
+            }
+            let (sender, reply) = oneshot::channel();
+            write(&mut state.out);
+            state.waiting.push_back(sender);
+            if let Some(task) = state.task.take() {
+                task.wake();
+            }
+            reply
+        };
+        match reply.await {
+            Ok(Ok(frame)) => Ok(frame),
+            Ok(Err(closed)) => Err(closed.error()),
+            Err(_) => Err(Closed::new(io::ErrorKind::BrokenPipe, "connection closed").error()),
+        }
+    }
+
+    /// Sends a redis-rs command and parses its reply (server errors stay values, as
+    /// [`ConnectionLike`] wants them).
+    async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
+        let frame = self.request(|out| cmd.write_packed_command(out)).await?;
+        redis::parse_redis_value(&frame)
+    }
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(self.command(cmd))
+    }
+
+    /// Not used by the store: its commands go one at a time.
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _pipeline: &'a Pipeline,
+        _offset: usize,
+        _count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async {
+            Err(RedisError::from((
+                ErrorKind::Client,
+                "pipelines are not sent on floodgate's store connections",
+            )))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+}
+
+/// The payload of a bulk-string reply frame (`$<n>\r\n<payload>\r\n`), `None` for any other
+/// frame.
+pub fn bulk_payload(frame: &[u8]) -> Option<&[u8]> {
+    let rest = frame.strip_prefix(b"$")?;
+    let end = rest.iter().position(|&b| b == b'\r')?;
+    let n = usize::try_from(parse_int(&rest[..end])?).ok()?;
+    rest.get(end + 2..end + 2 + n)
+}
+
+/// Connects to the server `info` names (TLS with `tls` for a `rediss://` address), within
+/// `timeout` for the connection and its setup commands.
+pub async fn connect(
+    info: &ConnectionInfo,
+    tls: &Arc<rustls::ClientConfig>,
+    timeout: Duration,
+) -> RedisResult<Conn> {
+    tokio::time::timeout(timeout, connect_now(info, tls))
+        .await
+        .unwrap_or_else(|_| {
+            Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connection to Redis timed out after {timeout:?}"),
+            )
+            .into())
+        })
+}
+
+async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> RedisResult<Conn> {
+    let stream = match info.addr() {
+        ConnectionAddr::Tcp(host, port) => Stream::Tcp(tcp(host, *port).await?),
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            ..
+        } => {
+            if *insecure {
+                // What redis-rs answers too: floodgate is built without its insecure mode.
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "Cannot create insecure client without tls-rustls-insecure feature",
+                )));
+            }
+            let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| {
+                RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "invalid TLS server name",
+                    e.to_string(),
+                ))
+            })?;
+            let socket = tcp(host, *port).await?;
+            let stream = TlsConnector::from(Arc::clone(tls))
+                .connect(name, socket)
+                .await?;
+            Stream::Tls(Box::new(stream))
+        }
+        ConnectionAddr::Unix(path) => unix(path).await?,
+        other => {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "unsupported Redis address",
+                other.to_string(),
+            )));
+        }
+    };
+    let shared: Shared = Arc::new(Mutex::new(State {
+        out: Vec::with_capacity(4096),
+        waiting: VecDeque::new(),
+        task: None,
+        closed: None,
+    }));
+    tokio::spawn(Task {
+        stream,
+        shared: Arc::clone(&shared),
+        writing: Vec::with_capacity(4096),
+        written: 0,
+        flush: false,
+        read: vec![0; READ_BUFFER],
+        start: 0,
+        end: 0,
+    });
+    let conn = Conn {
+        handle: Arc::new(Handle(shared)),
+        db: info.redis_settings().db(),
+    };
+    set_up(&conn, info).await?;
+    Ok(conn)
+}
+
+async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
+    let socket = TcpStream::connect((host, port)).await?;
+    socket.set_nodelay(true)?;
+    Ok(socket)
+}
+
+#[cfg(unix)]
+async fn unix(path: &Path) -> io::Result<Stream> {
+    Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?))
+}
+
+#[cfg(not(unix))]
+async fn unix(_path: &Path) -> io::Result<Stream> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "unix sockets are not supported on this platform",
+    ))
+}
+
+/// `AUTH` and `SELECT`, answered as redis-rs answers them.
+async fn set_up(conn: &Conn, info: &ConnectionInfo) -> RedisResult<()> {
+    let settings = info.redis_settings();
+    if let Some(password) = settings.password() {
+        let auth = |user: Option<&str>| {
+            let mut cmd = redis::cmd("AUTH");
+            if let Some(user) = user {
+                cmd.arg(user);
+            }
+            cmd.arg(password);
+            cmd
+        };
+        let mut reply = conn.command(&auth(settings.username())).await?;
+        if settings.username().is_some() && refused_user(&reply) {
+            // A Redis before 6 knows no users: redis-rs retries with the password alone.
+            reply = conn.command(&auth(None)).await?;
+        }
+        if !matches!(reply, Value::Okay) {
+            return Err(RedisError::from((
+                ErrorKind::AuthenticationFailed,
+                "Password authentication failed",
+            )));
+        }
+    }
+    if settings.db() != 0 {
+        let reply = conn
+            .command(redis::cmd("SELECT").arg(settings.db()))
+            .await?;
+        if let Value::ServerError(error) = reply {
+            return Err(RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "Redis server refused to switch database",
+                error.details().unwrap_or_default().to_owned(),
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `AUTH user password` was refused for its arity (a Redis before 6).
+fn refused_user(reply: &Value) -> bool {
+    let arity = "wrong number of arguments for 'auth' command";
+    matches!(reply, Value::ServerError(error)
+        if error.details().is_some_and(|detail| detail.contains(arity)))
+}
+
+/// The bytes read at most in one read; a reply larger than this grows the buffer.
+const READ_BUFFER: usize = 16 * 1024;
+
+/// The connection's socket.
+enum Stream {
+    Tcp(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+    #[cfg(unix)]
+    Unix(tokio::net::UnixStream),
+}
+
+impl Stream {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+
+    fn poll_write(&mut self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            #[cfg(unix)]
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+}
+
+/// The connection's task: writes what callers buffered, reads replies and hands each to the
+/// caller waiting longest. Ends when the connection fails or its last handle is dropped.
+struct Task {
+    stream: Stream,
+    shared: Shared,
+    /// Commands being written; `written` of them are out.
+    writing: Vec<u8>,
+    written: usize,
+    /// Written bytes may sit in the TLS session until flushed.
+    flush: bool,
+    /// Read bytes; `start..end` not yet handed out.
+    read: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Future for Task {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let task = self.get_mut();
+        match task.drive(cx) {
+            Ok(()) => Poll::Pending,
+            Err(closed) => {
+                let waiting = {
+                    let mut state = lock(&task.shared);
+                    state.closed.get_or_insert_with(|| closed.clone());
+                    state.task = None;
+                    std::mem::take(&mut state.waiting)
+                };
+                for caller in waiting {
+                    let _ = caller.send(Err(closed.clone()));
+                }
+                Poll::Ready(())
+            }
+        }
+    }
+}
+
+impl Task {
+    /// Works until the socket has nothing more to give or take; an error closes the
+    /// connection.
+    fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
+        loop {
+            let mut progress = false;
+            {
+                let mut state = lock(&self.shared);
+                if let Some(closed) = &state.closed {
+                    return Err(closed.clone());
+                }
+                if self.written == self.writing.len() {
+                    // Everything taken before is out: take what callers wrote since.
+                    self.writing.clear();
+                    self.written = 0;
+                    std::mem::swap(&mut self.writing, &mut state.out);
+                }
+                if !state
+                    .task
+                    .as_ref()
+                    .is_some_and(|task| task.will_wake(cx.waker()))
+                {
+                    state.task = Some(cx.waker().clone());
+                }
+            }
+            while self.written < self.writing.len() {
+                match self.stream.poll_write(cx, &self.writing[self.written..]) {
+                    Poll::Ready(Ok(0)) => {
+                        return Err(Closed::new(io::ErrorKind::WriteZero, "Redis took no bytes"));
+                    }
+                    Poll::Ready(Ok(n)) => {
+                        self.written += n;
+                        self.flush = true;
+                        progress = true;
+                    }
+                    Poll::Ready(Err(e)) => return Err(Closed::of(&e)),
+                    Poll::Pending => break,
+                }
+            }
+            if self.flush {
+                match self.stream.poll_flush(cx) {
+                    Poll::Ready(Ok(())) => self.flush = false,
+                    Poll::Ready(Err(e)) => return Err(Closed::of(&e)),
+                    Poll::Pending => {}
+                }
+            }
+            if self.end == self.read.len() {
+                // Full: move what is unparsed to the front, or grow for a large reply.
+                if self.start > 0 {
+                    self.read.copy_within(self.start..self.end, 0);
+                    self.end -= self.start;
+                    self.start = 0;
+                } else {
+                    self.read.resize(self.read.len() * 2, 0);
+                }
+            }
+            let mut buf = ReadBuf::new(&mut self.read[self.end..]);
+            match self.stream.poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) => {
+                    let n = buf.filled().len();
+                    if n == 0 {
+                        return Err(Closed::new(
+                            io::ErrorKind::UnexpectedEof,
+                            "Redis closed the connection",
+                        ));
+                    }
+                    self.end += n;
+                    progress = true;
+                    self.hand_out()?;
+                }
+                Poll::Ready(Err(e)) => return Err(Closed::of(&e)),
+                Poll::Pending => {}
+            }
+            if !progress {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hands every whole reply read so far to its caller.
+    fn hand_out(&mut self) -> Result<(), Closed> {
+        while let Some(len) = frame_len(&self.read[self.start..self.end])? {
+            let frame = self.read[self.start..self.start + len].to_vec();
+            self.start += len;
+            let caller = lock(&self.shared).waiting.pop_front().ok_or_else(|| {
+                Closed::new(
+                    io::ErrorKind::InvalidData,
+                    "Redis sent a reply nobody asked for",
+                )
+            })?;
+            // A caller that gave up (its deadline) is gone: its reply is dropped.
+            let _ = caller.send(Ok(frame));
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        Ok(())
+    }
+}
+
+/// The length of the whole RESP2 frame at the start of `buf`, `None` while it is incomplete.
+fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
+    let malformed = || Closed::new(io::ErrorKind::InvalidData, "malformed reply from Redis");
+    let mut at = 0;
+    // Frames still to read: an array adds its elements.
+    let mut left: u64 = 1;
+    while left > 0 {
+        left -= 1;
+        let Some(line) = buf[at..].iter().position(|&b| b == b'\r') else {
+            return Ok(None);
+        };
+        if at + line + 1 >= buf.len() {
+            return Ok(None);
+        }
+        if line == 0 || buf[at + line + 1] != b'\n' {
+            return Err(malformed());
+        }
+        let (kind, number) = (buf[at], &buf[at + 1..at + line]);
+        at += line + 2;
+        match kind {
+            b'+' | b'-' | b':' => {}
+            b'$' => {
+                let n = parse_int(number).ok_or_else(malformed)?;
+                if n >= 0 {
+                    let n = usize::try_from(n).map_err(|_| malformed())?;
+                    if buf.len() < at + n + 2 {
+                        return Ok(None);
+                    }
+                    if &buf[at + n..at + n + 2] != b"\r\n" {
+                        return Err(malformed());
+                    }
+                    at += n + 2;
+                }
+            }
+            b'*' => {
+                let n = parse_int(number).ok_or_else(malformed)?;
+                left += u64::try_from(n).unwrap_or(0);
+            }
+            _ => return Err(malformed()),
+        }
+    }
+    Ok(Some(at))
+}
+
+/// A RESP integer (an optional `-`, then decimal digits).
+fn parse_int(digits: &[u8]) -> Option<i64> {
+    let (negative, digits) = match digits.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, digits),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: i64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
+    }
+    Some(if negative { -n } else { n })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frames are measured whole, nested arrays included, and not before their last byte.
+    #[test]
+    fn frames_are_found_whole() {
+        let cases: [&[u8]; 7] = [
+            b"+OK\r\n",
+            b"-NOSCRIPT No matching script\r\n",
+            b":42\r\n",
+            b"$5\r\nhe\r\no\r\n",
+            b"$-1\r\n",
+            b"*2\r\n$1\r\na\r\n*1\r\n:1\r\n",
+            b"*0\r\n",
+        ];
+        for frame in cases {
+            assert_eq!(frame_len(frame).unwrap(), Some(frame.len()), "{frame:?}");
+            for cut in 0..frame.len() {
+                assert_eq!(
+                    frame_len(&frame[..cut]).unwrap(),
+                    None,
+                    "{frame:?} at {cut}"
+                );
+            }
+            let mut two = frame.to_vec();
+            two.extend_from_slice(b"+OK\r\n");
+            assert_eq!(frame_len(&two).unwrap(), Some(frame.len()));
+        }
+        for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$1\r\nab\r\n", b"+a\rb"] {
+            assert!(frame_len(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    /// A peer on a loopback port that, once it has read `commands` commands, reports it on
+    /// `read` and then, when `go` says so, writes `replies` one byte at a time.
+    async fn peer(
+        commands: usize,
+        replies: &'static [u8],
+    ) -> (ConnectionInfo, oneshot::Receiver<()>, oneshot::Sender<()>) {
+        use redis::IntoConnectionInfo;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        let (read_tx, read) = oneshot::channel();
+        let (go, go_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            let mut count = 0;
+            while count < commands {
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&buf[..n]);
+                count = 0;
+                let mut at = 0;
+                while let Some(len) = frame_len(&seen[at..]).unwrap() {
+                    at += len;
+                    count += 1;
+                }
+            }
+            read_tx.send(()).unwrap();
+            go_rx.await.unwrap();
+            for byte in replies {
+                socket.write_all(&[*byte]).await.unwrap();
+                socket.flush().await.unwrap();
+            }
+            // Keep the socket open until the test is done with it.
+            let _ = socket.read(&mut buf).await;
+        });
+        (url.into_connection_info().unwrap(), read, go)
+    }
+
+    fn echo(word: &'static str) -> impl FnOnce(&mut Vec<u8>) {
+        move |out| redis::cmd("ECHO").arg(word).write_packed_command(out)
+    }
+
+    /// Replies that arrive a byte at a time still reach their callers in order, and a caller
+    /// that gave up (its task dropped, as a deadline drops it) keeps its place: the callers
+    /// after it get their own replies, not its.
+    #[tokio::test]
+    async fn replies_reach_their_callers_in_order() {
+        let (info, read, go) = peer(3, b"$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n").await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let (first, second, third) = (conn.clone(), conn.clone(), conn.clone());
+        let gave_up = tokio::spawn(async move { first.request(echo("a")).await });
+        // Yield until the first command is queued before the others.
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let b = tokio::spawn(async move { second.request(echo("b")).await });
+        while lock(&conn.handle.0).waiting.len() < 2 {
+            tokio::task::yield_now().await;
+        }
+        let c = tokio::spawn(async move { third.request(echo("c")).await });
+        read.await.unwrap();
+        gave_up.abort();
+        assert!(gave_up.await.unwrap_err().is_cancelled());
+        go.send(()).unwrap();
+        assert_eq!(b.await.unwrap().unwrap(), b"$1\r\nb\r\n");
+        assert_eq!(c.await.unwrap().unwrap(), b"$1\r\nc\r\n");
+        assert!(!conn.is_closed());
+    }
+
+    /// A connection the peer closes fails the calls waiting on it and every later one, with
+    /// an I/O error (which retires it from the pool), and says it is closed.
+    #[tokio::test]
+    async fn a_closed_connection_fails_every_call() {
+        use redis::IntoConnectionInfo;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let (conn, accepted) = tokio::join!(
+            connect(&info, &tls, Duration::from_secs(10)),
+            listener.accept()
+        );
+        let (conn, (socket, _)) = (conn.unwrap(), accepted.unwrap());
+        let waiting = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        drop(socket);
+        let error = waiting.await.unwrap().unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        assert!(conn.is_closed());
+        let later = conn.request(echo("b")).await.unwrap_err();
+        assert!(later.is_io_error(), "{later}");
+    }
+
+    /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
+    #[test]
+    fn bulk_payload_is_the_bytes() {
+        assert_eq!(
+            bulk_payload(b"$4\r\n\r\n\0\x01\r\n"),
+            Some(&b"\r\n\0\x01"[..])
+        );
+        assert_eq!(bulk_payload(b"$0\r\n\r\n"), Some(&b""[..]));
+        assert_eq!(bulk_payload(b"$-1\r\n"), None);
+        assert_eq!(bulk_payload(b"-ERR x\r\n"), None);
+    }
+}
