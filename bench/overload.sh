@@ -37,6 +37,9 @@
 #    policy, floodgate_local_decisions_total), p50 and p99 in ms of the OK answers alone. The
 #    goal: from 1.5x on, OK/s decided by Redis >= 0.9x the peak, their p99 within the Redis
 #    deadline (10 ms) plus the queue wait their deadline allows, the rest answered at once.
+#    The cap counts commands: floodgate sends one script call per request here, Limitador
+#    two (MGET, then EVALSHA), so through the stand-in Limitador's capacity is half as many
+#    requests.
 # 2. Closed loop (h2load, the rows of the issue): 128, 512 and 1,024 calls in flight, 1 and 4
 #    descriptors, Redis, floodgate; OK/s from floodgate_requests_total{result="ok"} (h2load
 #    cannot see gRPC status in trailers), not OK beside it; then 128 again 2 s after the
