@@ -162,8 +162,10 @@ PY
 fi
 
 if [[ " $PARTS " == *" capped "* ]]; then
+    deadline_text="$CAPPED_TIMEOUT_MS ms"
+    [ "$CAPPED_TIMEOUT_MS" = none ] && deadline_text=none
     echo
-    echo "## Open loop past the store's capacity: Redis capped at $CAPACITY commands/s (bench/capped_redis.py), 1 descriptor, $KEYS keys uniform, deadline ${CAPPED_TIMEOUT_MS} ms, ${SECONDS_PER_RUN} s per row"
+    echo "## Open loop past the store's capacity: Redis capped at $CAPACITY commands/s (bench/capped_redis.py), 1 descriptor, $KEYS keys uniform, client deadline: $deadline_text, ${SECONDS_PER_RUN} s per row"
     echo
     echo "| server | load | offered/s | sent/s | OK/s | not OK/s (shed) | of OK, decided locally/s | p50 OK ms | p99 OK ms |"
     echo "|---|---|---|---|---|---|---|---|---|"
