@@ -4,7 +4,9 @@
 #
 #   bench/overload.sh                                   # both parts, production build
 #   OVL_RATES="20000 50000 100000 150000" OVL_SECONDS=10 bench/overload.sh
-#   OVL_PARTS=open bench/overload.sh                    # one part: open or closed
+#   OVL_PARTS=open bench/overload.sh                    # one part: open, capped or closed
+#   OVL_PARTS=capped OVL_CAPACITY=1000 OVL_SECONDS=10 bench/overload.sh
+#       # open loop past the store's capacity: Redis capped at 1,000 commands a second
 #   BENCH_BIN=/path/floodgate LOADGEN_BIN=/path/loadgen LIMITADOR_BIN=/path/limitador-server \
 #       bench/overload.sh
 #   OVL_PARTS=closed OVL_SECONDS=3 OVL_REPEATS=3 OVL_DESCRIPTORS=4 \
@@ -23,6 +25,21 @@
 #    per row. Columns: offered load, OK/s, not OK/s (floodgate: shed before Redis in
 #    brackets; Limitador: gRPC errors), p50 and p99 in ms of all answers. Both servers'
 #    answers are counted by gRPC status and code by loadgen.
+# 1b. Open loop past the *store's* capacity (OVL_PARTS=capped): Redis behind
+#    bench/capped_redis.py, which runs at most OVL_CAPACITY commands a second (default
+#    1,000) in arrival order, so the store saturates long before the host does and its
+#    latency grows as a saturated Redis's. Offered OVL_LOADS times that (default 0.5 1 1.5 3
+#    10), open loop, many keys, each request with a deadline of OVL_CAPPED_TIMEOUT_MS
+#    (default 20, Envoy's default rate-limit timeout; "none" for none), a fresh server and
+#    stand-in per row: floodgate with the default failure policy, floodgate with
+#    `--on-store-error local`, and Limitador. Columns: offered/s, OK/s, not OK/s (floodgate:
+#    shed before Redis in brackets), of the OK answers those decided locally (by the local
+#    policy, floodgate_local_decisions_total), p50 and p99 in ms of the OK answers alone. The
+#    goal: from 1.5x on, OK/s decided by Redis >= 0.9x the peak, their p99 within the Redis
+#    deadline (10 ms) plus the queue wait their deadline allows, the rest answered at once.
+#    The cap counts commands: floodgate sends one script call per request here, Limitador
+#    two (MGET, then EVALSHA), so through the stand-in Limitador's capacity is half as many
+#    requests.
 # 2. Closed loop (h2load, the rows of the issue): 128, 512 and 1,024 calls in flight, 1 and 4
 #    descriptors, Redis, floodgate; OK/s from floodgate_requests_total{result="ok"} (h2load
 #    cannot see gRPC status in trailers), not OK beside it; then 128 again 2 s after the
@@ -39,6 +56,9 @@ need_h2load
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 RATES=${OVL_RATES:-"20000 50000 100000 150000 300000"}
+CAPACITY=${OVL_CAPACITY:-1000}
+LOADS=${OVL_LOADS:-"0.5 1 1.5 3 10"}
+CAPPED_TIMEOUT_MS=${OVL_CAPPED_TIMEOUT_MS:-20}
 SECONDS_PER_RUN=${OVL_SECONDS:-10}
 KEYS=${OVL_KEYS:-100000}
 PARTS=${OVL_PARTS:-"open closed"}
@@ -54,7 +74,7 @@ BINS=${OVL_BINS:-$BIN}
 LOADGEN=${LOADGEN_BIN:-$TARGET/production/examples/loadgen}
 
 LIMITADOR=
-[[ " $PARTS " == *" open "* ]] && find_limitador
+[[ " $PARTS " == *" open "* || " $PARTS " == *" capped "* ]] && find_limitador
 
 # Domains `one` (k0) and `four` (k0..k3), 10^6 per second per value: nothing is over limit,
 # so every answer that is not OK is the server's failure to answer in time.
@@ -62,19 +82,22 @@ write_side_by_side_limits
 
 start_redis
 
-# start SERVER : floodgate or limitador on Redis (flushed); sets GRPC_PORT, HTTP_PORT, SRV_PID.
+# start SERVER [PORT [FLAGS...]] : floodgate or limitador on the Redis at PORT (default
+# $REDIS_PORT; flushed), floodgate with FLAGS; sets GRPC_PORT, HTTP_PORT, SRV_PID.
 start() {
+    local server=$1 port=${2:-$REDIS_PORT}
+    shift; [ $# -gt 0 ] && shift
     GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    if [ "$1" = floodgate ]; then
+    if [ "$server" = floodgate ]; then
         RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
-            --http-addr "127.0.0.1:$HTTP_PORT" --redis-url "redis://127.0.0.1:$REDIS_PORT/" \
+            --http-addr "127.0.0.1:$HTTP_PORT" --redis-url "redis://127.0.0.1:$port/" "$@" \
             >"$WORK/server.log" 2>&1 &
         SRV_PID=$!
         until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
     else
         "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
-            "$WORK/limitador.yaml" redis "redis://127.0.0.1:$REDIS_PORT" >"$WORK/server.log" 2>&1 &
+            "$WORK/limitador.yaml" redis "redis://127.0.0.1:$port" >"$WORK/server.log" 2>&1 &
         SRV_PID=$!
         until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
     fi
@@ -88,6 +111,12 @@ answers() {
         $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
         $1 == "floodgate_store_errors_total{kind=\"shed\"}" { shed += $2 }
         END { print ok + 0, all - ok, shed + 0 }'
+}
+
+# floodgate's answers decided locally so far (--on-store-error local).
+local_answers() {
+    curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '
+        $1 ~ /^floodgate_local_decisions_total/ { n += $2 } END { print n + 0 }'
 }
 
 if [[ " $PARTS " == *" open "* ]]; then
@@ -127,6 +156,74 @@ not_ok = (r["requests"] - r["answers"].get("ok", 0)) / s
 shed = f" ({int(shed) / s:.0f})" if shed != "-" else ""
 sent = r["requests"] / s
 print(f"| {server} | {rate} | {sent:.0f} | {ok:.0f} | {not_ok:.0f}{shed} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+PY
+        done
+    done
+fi
+
+if [[ " $PARTS " == *" capped "* ]]; then
+    deadline_text="$CAPPED_TIMEOUT_MS ms"
+    [ "$CAPPED_TIMEOUT_MS" = none ] && deadline_text=none
+    echo
+    echo "## Open loop past the store's capacity: Redis capped at $CAPACITY commands/s (bench/capped_redis.py), 1 descriptor, $KEYS keys uniform, client deadline: $deadline_text, ${SECONDS_PER_RUN} s per row"
+    echo
+    echo "| server | load | offered/s | sent/s | OK/s | not OK/s (shed) | of OK, decided locally/s | p50 OK ms | p99 OK ms |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    timeout_flag=()
+    [ "$CAPPED_TIMEOUT_MS" != none ] && timeout_flag=(--grpc-timeout-ms "$CAPPED_TIMEOUT_MS")
+    SERVERS=(floodgate floodgate-local)
+    [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
+    for load in $LOADS; do
+        rate=$(python3 -c "print(round($load * $CAPACITY))")
+        for server in "${SERVERS[@]}"; do
+            # A fresh stand-in per row: what one row left queued in it does not slow the next.
+            CAPPED_PORT=$(free_port)
+            python3 bench/capped_redis.py --port "$CAPPED_PORT" --upstream-port "$REDIS_PORT" \
+                --capacity "$CAPACITY" 2>>"$WORK/capped.log" &
+            CAPPED_PID=$!
+            PIDS+=("$CAPPED_PID")
+            until redis-cli -p "$CAPPED_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
+            case $server in
+                floodgate) start floodgate "$CAPPED_PORT" ;;
+                floodgate-local) start floodgate "$CAPPED_PORT" --on-store-error local ;;
+                limitador) start limitador "$CAPPED_PORT" ;;
+            esac
+            "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain one --connections "${OVL_CONNECTIONS:-16}" \
+                --rps "$rate" --keys "$KEYS" --descriptors 1 --duration "$SECONDS_PER_RUN" \
+                --warmup 2 --threads "${OVL_LOADGEN_THREADS:-2}" "${timeout_flag[@]}" \
+                >"$WORK/loadgen.json" 2>"$WORK/loadgen.err" &
+            LOADGEN_PID=$!
+            # The server's counters from the end of the warm-up (loadgen connects, then warms
+            # up for 2 s): about the window loadgen measures.
+            sleep 2.2
+            shed0=0; local0=0
+            [ "$server" != limitador ] && { read -r _ _ shed0 < <(answers); local0=$(local_answers); }
+            wait "$LOADGEN_PID" || true
+            shed=-; locally=-
+            if [ "$server" != limitador ]; then
+                read -r _ _ shed1 < <(answers)
+                shed=$((shed1 - shed0))
+                locally=$(( $(local_answers) - local0 ))
+            fi
+            stop
+            kill "$CAPPED_PID"; wait "$CAPPED_PID" 2>/dev/null || true
+            python3 - "$WORK/loadgen.json" "$server" "$load" "$rate" "$shed" "$locally" "$SECONDS_PER_RUN" <<'PY'
+import json, sys
+path, server, load, rate, shed, locally, seconds = sys.argv[1:]
+try:
+    r = json.loads(open(path).read().strip().splitlines()[-1])
+except (IndexError, ValueError):
+    print(f"| {server} | {load}C | {rate} | (loadgen failed) | | | | | |")
+    sys.exit()
+s = r["seconds"] or float(seconds)
+ok = r["answers"].get("ok", 0) / s
+not_ok = (r["requests"] - r["answers"].get("ok", 0)) / s
+# From the server's counters over about the measured window (read from the end of the
+# warm-up to loadgen's end): a rate, not an exact count of loadgen's requests.
+shed = f" ({int(shed) / s:.0f})" if shed != "-" else ""
+locally = f"{int(locally) / s:.0f}" if locally != "-" else "-"
+ms = lambda v: "-" if v is None else f"{v:.2f}"
+print(f"| {server} | {load}C | {rate} | {r['requests'] / s:.0f} | {ok:.0f} | {not_ok:.0f}{shed} | {locally} | {ms(r.get('p50_ok_ms'))} | {ms(r.get('p99_ok_ms'))} |")
 PY
         done
     done

@@ -21,8 +21,9 @@
 //! or `sequential` (0, 1, 2, … across all connections: with `--total keys`, every key once,
 //! which is how the bench fills a store with a million buckets). Only requests sent after the
 //! warm-up count; `--total N` stops after N requests. The result is one JSON line on stdout
-//! (requests, req/s, p50/p99/p999 in ms, answers by code, errors by gRPC code); a readable
-//! summary goes to stderr.
+//! (requests, req/s, p50/p99/p999 in ms of all answers, `p50_ok_ms`/`p99_ok_ms` of the OK
+//! answers alone, answers by code, errors by gRPC code); a readable summary goes to stderr.
+//! `--grpc-timeout-ms` sends each request with a deadline (`grpc-timeout`), as Envoy does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -84,6 +85,10 @@ struct Args {
     /// Seed of the value generator.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Send each request with this deadline (`grpc-timeout`, as Envoy sends its filter's
+    /// timeout); none by default.
+    #[arg(long)]
+    grpc_timeout_ms: Option<u64>,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -159,6 +164,9 @@ impl Sampler {
 struct Tally {
     /// Latency of every answered or failed request, µs.
     latencies_us: Vec<u32>,
+    /// Latency of the OK answers alone, µs: what a client admitted waited (a shed answer
+    /// comes fast and would hide it among all answers).
+    ok_latencies_us: Vec<u32>,
     /// Answers by overall code.
     answers: BTreeMap<&'static str, u64>,
     /// Failures by gRPC code.
@@ -168,6 +176,7 @@ struct Tally {
 impl Tally {
     fn merge(&mut self, other: Tally) {
         self.latencies_us.extend(other.latencies_us);
+        self.ok_latencies_us.extend(other.ok_latencies_us);
         for (k, v) in other.answers {
             *self.answers.entry(k).or_default() += v;
         }
@@ -199,21 +208,26 @@ async fn one(
     client: &mut RateLimitServiceClient<Channel>,
     request: RateLimitRequest,
     scheduled: Instant,
-    measured_from: Instant,
+    run: &Run,
     tally: &mut Tally,
 ) {
+    let mut request = tonic::Request::new(request);
+    if let Some(ms) = run.args.grpc_timeout_ms {
+        request.set_timeout(Duration::from_millis(ms));
+    }
     let result = client.should_rate_limit(request).await;
-    if scheduled < measured_from {
+    if scheduled < run.measured_from {
         return;
     }
-    let micros = scheduled.elapsed().as_micros();
-    tally
-        .latencies_us
-        .push(u32::try_from(micros).unwrap_or(u32::MAX));
+    let micros = u32::try_from(scheduled.elapsed().as_micros()).unwrap_or(u32::MAX);
+    tally.latencies_us.push(micros);
     match result {
         Ok(response) => {
             let code = match response.get_ref().overall_code() {
-                Code::Ok => "ok",
+                Code::Ok => {
+                    tally.ok_latencies_us.push(micros);
+                    "ok"
+                }
                 Code::OverLimit => "over_limit",
                 Code::Unknown => "unknown",
             };
@@ -263,7 +277,7 @@ async fn closed_worker(
     while Instant::now() < run.end && run.budget.take() {
         let request = request(&run.args, &run.sampler, &mut rng);
         let sent = Instant::now();
-        one(&mut client, request, sent, run.measured_from, &mut tally).await;
+        one(&mut client, request, sent, &run, &mut tally).await;
     }
     tally
 }
@@ -292,10 +306,10 @@ async fn open_worker(
         }
         let request = request(&run.args, &run.sampler, &mut rng);
         let mut client = client.clone();
-        let measured_from = run.measured_from;
+        let run = run.clone();
         tasks.spawn(async move {
             let mut tally = Tally::default();
-            one(&mut client, request, scheduled, measured_from, &mut tally).await;
+            one(&mut client, request, scheduled, &run, &mut tally).await;
             tally
         });
         // Reap finished tasks as we go so the set stays small.
@@ -361,6 +375,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // little after its end), or over the time they took when `--total` ended the run early.
     let seconds = measured_from.elapsed().as_secs_f64().min(args.duration);
     tally.latencies_us.sort_unstable();
+    tally.ok_latencies_us.sort_unstable();
     let requests = tally.latencies_us.len();
     let errors: u64 = tally.errors.values().sum();
     let (p50, p99, p999) = (
@@ -377,6 +392,8 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         "p50_ms": p50,
         "p99_ms": p99,
         "p999_ms": p999,
+        "p50_ok_ms": percentile(&tally.ok_latencies_us, 0.50),
+        "p99_ok_ms": percentile(&tally.ok_latencies_us, 0.99),
         "answers": answers,
         "errors": errors,
         "errors_by_code": by_code,

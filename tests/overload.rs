@@ -584,3 +584,30 @@ async fn the_bound_on_calls_to_redis_is_on_metrics() {
     );
     off.stop().await;
 }
+
+/// The host's scheduling delay is on `/metrics`: the runtime threads' probes publish it, it
+/// is read at every scrape, and it is a delay in seconds (positive once a probe has sampled,
+/// under a second on a server that is not even busy).
+#[tokio::test]
+async fn the_hosts_delay_is_on_metrics() {
+    let redis = RedisServer::start();
+    let (server, _dir) = serve(&["--redis-url", &redis.url(), "--grpc-threads", "2"]);
+    let http = server.http;
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    let delay = loop {
+        let delay = metric(http, "floodgate_host_delay_seconds")
+            .await
+            .expect("floodgate_host_delay_seconds is served");
+        // Each probe samples every 5 ms; the first samples may not be in yet.
+        if delay > 0.0 || Instant::now() > deadline {
+            break delay;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert!(delay > 0.0, "a probe's delay was published: {delay}");
+    assert!(
+        delay < 1.0,
+        "an idle server's delay is well under a second: {delay}"
+    );
+    server.stop().await;
+}

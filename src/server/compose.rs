@@ -26,6 +26,7 @@ use crate::settings::ServeSettings;
 use crate::sources::Publisher;
 use crate::sources::files::{self, Loader};
 use crate::store::lease::LeaseStore;
+use crate::store::shed::host;
 use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::Traces;
@@ -188,6 +189,8 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         });
         memory
     };
+    // The host's scheduling delay, read at every scrape from the runtime threads' probes.
+    metrics.sample_before_encode(|metrics| metrics.set_host_delay(host::largest()));
     // Leases sit between the failure policy and Redis (store::lease): a Redis fault is still
     // the policy's to answer.
     let mut lease_store = None;

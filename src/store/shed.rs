@@ -21,10 +21,17 @@
 //! past 1.5 times the long-term one (Gradient2's tolerance), or past the *ceiling* (nine
 //! tenths of the deadline) whatever the long-term one. On congestion the bound is multiplied
 //! by `threshold / latency` (0.9 at most, 0.5 at least, so an overshoot is undone in one round
-//! trip); a call that failed or timed out multiplies it by 0.9. At most once per round trip:
-//! only a call sent after the last cut can cut again (TCP's fast recovery), so a queue of slow
-//! calls already sent counts as one signal. The bound never goes under [`MIN_LIMIT`] (20), so a
-//! Redis that nearly stopped still gets calls and its recovery is seen.
+//! trip); a call that timed out halves it (it took the deadline at least: TCP halves its
+//! window on a loss), one that failed sooner (a refused connection) multiplies it by 0.9. At
+//! the ceiling the bound grows only while one more call in flight keeps the latency under it:
+//! against a slow store each call adds a sizeable share of the deadline. At most once per
+//! round trip: only a call sent after the last cut can cut again (TCP's fast recovery), so a
+//! queue of slow calls already sent counts as one signal. The bound never goes under
+//! [`MIN_LIMIT`] (2), so a Redis that nearly stopped still gets calls and its recovery is seen,
+//! while a slow Redis (1,000 commands a second: 10 within the default deadline) is not sent
+//! more calls than it answers in time: a call that timed out leaves its command queued in
+//! Redis, and a floor above what Redis answers in time grows that queue for as long as the
+//! load lasts.
 //!
 //! Why the rise and not the latency alone: a delay every call has had for a while, whatever
 //! the bound — the host's CPU shared by the server, Redis and the load beyond what the probe

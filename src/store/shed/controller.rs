@@ -13,12 +13,17 @@ use tokio::sync::oneshot;
 /// How long the queue must stay non-empty to count as standing (CoDel's interval).
 pub const INTERVAL: Duration = Duration::from_millis(100);
 
-/// The bound never goes below this many calls in flight (Netflix's `AIMDLimit` default): a
-/// store that completes a few calls per round trip (Redis nearly down) still gets calls, so
-/// it is noticed when it recovers; and a host so busy that every call takes longer than the
-/// target, which no bound can fix, still gets this many calls answered per round trip rather
-/// than a handful.
-pub const MIN_LIMIT: u64 = 20;
+/// The bound never goes below this many calls in flight (TCP's smallest window after a
+/// loss, RFC 5681: two segments): a store that completes a few calls per round trip (Redis
+/// nearly down) still gets calls, so it is noticed when it recovers. Not higher: the floor
+/// must stay under what the slowest store answers within a deadline (a Redis at 1,000
+/// commands a second answers 10 in the default 10 ms). A floor above that (Netflix's
+/// `AIMDLimit` default, 20) keeps every call past the deadline, and each call that times out
+/// leaves its command queued in Redis while its place goes to the next: the queue in Redis
+/// grows for as long as the load lasts, and no call is answered in time. A host too busy to
+/// answer in time is not this floor's to fix: its delay is taken out of the latency
+/// ([`super::host`]).
+pub const MIN_LIMIT: u64 = 2;
 
 /// The bound never goes above this: far beyond what one Redis completes within a deadline.
 pub const MAX_LIMIT: u64 = 100_000;
@@ -273,7 +278,15 @@ impl<W: Waiter> Controller<W> {
                 // a distant Redis), is not one that cutting the bound removes.
                 let risen = baseline.saturating_mul(TOLERANCE_TENTHS) / 10;
                 let threshold = self.target_ns.max(risen).min(self.ceiling_ns);
-                (average > threshold, average, threshold)
+                // At the ceiling, one call more in flight must still fit under it: against a
+                // slow store (a millisecond a call) one more call adds a tenth of the
+                // deadline, and a bound that grows into it sends calls past the deadline.
+                let one_more = average.saturating_add(average / self.limit().max(1));
+                (
+                    average > threshold || one_more > self.ceiling_ns,
+                    average,
+                    threshold,
+                )
             }
             // A call that ran out of its time only because the host delayed it (without the
             // host's delay it took under the target) says nothing about the store: neither
@@ -284,6 +297,11 @@ impl<W: Waiter> Controller<W> {
                 self.release(now_ns);
                 return;
             }
+            // A call that timed out took the deadline at least: the bound is cut as for an
+            // answer that slow (to half), as TCP halves its window on a loss. A tenth per round
+            // trip would keep the calls timing out for many round trips, each of them leaving
+            // its command in Redis to be run for nobody.
+            End::Failed if waited >= self.ceiling_ns => (true, latency, self.target_ns),
             End::Failed => (true, 0, 0),
             End::Cancelled if latency > self.target_ns => (true, 0, 0),
             // Gone before the target: says nothing about the store.

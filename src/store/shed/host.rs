@@ -18,8 +18,15 @@
 //! credited twice the delay. The request path pays one
 //! thread-local read per call and completion; no lock, no syscall. A thread without a probe
 //! (a test's runtime) reads 0: no delay is taken out.
+//!
+//! Each probe also publishes its smoothed delay in a cell of its own, registered once when it
+//! starts; [`largest`] reads them all (for `floodgate_host_delay_seconds`, at every scrape),
+//! so an operator sees when the host, not Redis, is what slows the answers. The probe pays
+//! one relaxed store per sample for it.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use super::controller::nanos;
@@ -35,6 +42,25 @@ const GRANULARITY: Duration = Duration::from_millis(1);
 thread_local! {
     /// This thread's smoothed scheduling delay (ns), written by its probe.
     static DELAY_NS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Every running probe's smoothed delay (ns), one cell per probe: a probe that ended (its
+/// runtime shut down) leaves a dead reference, dropped at the next read.
+static PROBES: Mutex<Vec<Weak<AtomicU64>>> = Mutex::new(Vec::new());
+
+/// The largest smoothed scheduling delay of the runtime threads running a probe now (0 when
+/// none runs): the thread that delays its calls most.
+pub fn largest() -> Duration {
+    let mut probes = PROBES.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut largest = 0;
+    probes.retain(|probe| match probe.upgrade() {
+        Some(delay) => {
+            largest = largest.max(delay.load(Ordering::Relaxed));
+            true
+        }
+        None => false,
+    });
+    Duration::from_nanos(largest)
 }
 
 /// How many times a call's answer waits for its thread at least: the Redis connection's task
@@ -79,6 +105,11 @@ impl Delay {
 /// on each single-threaded runtime whose calls go through a [`super::Shedder`].
 pub async fn probe() {
     let mut delay = Delay::default();
+    let published = Arc::new(AtomicU64::new(0));
+    PROBES
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(Arc::downgrade(&published));
     loop {
         let due = tokio::time::Instant::now() + PERIOD;
         tokio::time::sleep_until(due).await;
@@ -89,7 +120,9 @@ pub async fn probe() {
         // Back of the run queue: polled again once the tasks ready now have run.
         tokio::task::yield_now().await;
         let round = woke.elapsed();
-        DELAY_NS.with(|cell| cell.set(delay.observe(nanos(late.max(round)))));
+        let smoothed = delay.observe(nanos(late.max(round)));
+        DELAY_NS.with(|cell| cell.set(smoothed));
+        published.store(smoothed, Ordering::Relaxed);
     }
 }
 
@@ -136,5 +169,31 @@ mod tests {
         assert!(current() > 0, "the busy thread's delay was published");
         let other = std::thread::spawn(current).join().unwrap();
         assert_eq!(other, 0);
+    }
+
+    /// A running probe's delay is among those [`largest`] reads, the gauge's source.
+    #[test]
+    fn the_largest_delay_covers_every_probing_thread() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let probe = tokio::spawn(probe());
+            let mut rounds = 0;
+            // Keeps the thread busy 20 ms at a time until the probe has published a delay
+            // (other tests' probes may publish too: the largest is at least this one's).
+            while current() == 0 && rounds < 1_000 {
+                std::thread::sleep(Duration::from_millis(20));
+                tokio::task::yield_now().await;
+                rounds += 1;
+            }
+            assert!(current() > 0, "the probe published a delay");
+            assert!(
+                largest() >= Duration::from_nanos(current() / ROUNDS_PER_ANSWER),
+                "the largest delay covers this thread's"
+            );
+            probe.abort();
+        });
     }
 }

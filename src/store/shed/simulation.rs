@@ -28,7 +28,7 @@ use super::{Controller, End, Entry, Waiter};
 const MS: u64 = 1_000_000;
 const SECOND: u64 = 1_000_000_000;
 
-/// The store's capacity, calls per second.
+/// The store's capacity, calls per second, in most tests.
 const CAPACITY: u64 = 10_000;
 /// The store's round trip with no queue.
 const ROUND_TRIP: u64 = MS;
@@ -126,8 +126,10 @@ enum Event {
 /// What happened during one step of the schedule.
 #[derive(Debug, Default)]
 struct Step {
-    /// Offered load, in units of capacity.
+    /// Offered load, in units of the store's capacity.
     load: f64,
+    /// Offered load, calls per second.
+    rate: f64,
     /// Answers within the deadline, by the time they came.
     ok: u64,
     /// Calls that failed at the deadline, by the time they failed.
@@ -139,7 +141,8 @@ struct Step {
     /// Of those, the ones that arrived more than a deadline into the step, when what the
     /// previous step left queued is gone.
     shed_late_in_step: u64,
-    /// Latency from reading of the calls answered or failed in this step (ns).
+    /// Latency from reading of the calls answered in time in this step (ns): the p99 the
+    /// issue asks of admitted answers (a late call is a failure, counted in `late`).
     latencies: Vec<u64>,
 }
 
@@ -160,15 +163,16 @@ fn shed(steps: &mut [Step], arrived: u64) {
     }
 }
 
-/// Runs `schedule` (offered load in units of capacity, one second each) against the store, on
-/// `host`.
-fn simulate(schedule: &[f64], host: Host) -> Vec<Step> {
+/// Runs `schedule` (offered load in units of capacity, one second each) against a store of
+/// `capacity` calls per second, on `host`.
+fn simulate(schedule: &[f64], capacity: u64, host: Host) -> Vec<Step> {
     let controller = Controller::<SimWaiter>::new(Duration::from_nanos(DEADLINE));
     let world = Rc::new(RefCell::new(Waiters::default()));
     let mut steps: Vec<Step> = schedule
         .iter()
         .map(|&load| Step {
             load,
+            rate: load * capacity as f64,
             ..Step::default()
         })
         .collect();
@@ -205,7 +209,7 @@ fn simulate(schedule: &[f64], host: Host) -> Vec<Step> {
     };
     let mut send = |id: u64, now: u64, events: &mut BinaryHeap<_>| {
         let start = store_free.max(now + ROUND_TRIP / 2);
-        store_free = start + SECOND / CAPACITY;
+        store_free = start + SECOND / capacity;
         let answer = store_free + ROUND_TRIP / 2 + fixed_delay;
         let late = answer - now > DEADLINE;
         let at = if late { now + DEADLINE } else { answer };
@@ -224,7 +228,7 @@ fn simulate(schedule: &[f64], host: Host) -> Vec<Step> {
                 let Some(step) = steps.get(step_of(now)) else {
                     continue;
                 };
-                let gap = -(1.0 - uniform()).ln() / (step.load * CAPACITY as f64);
+                let gap = -(1.0 - uniform()).ln() / step.rate;
                 let next = now + (gap * SECOND as f64) as u64;
                 if next < end {
                     events.push(Reverse((next, Event::Arrive)));
@@ -268,8 +272,8 @@ fn simulate(schedule: &[f64], host: Host) -> Vec<Step> {
                     step.late += 1;
                 } else {
                     step.ok += 1;
+                    step.latencies.push(now - read_at[id as usize]);
                 }
-                step.latencies.push(now - read_at[id as usize]);
                 let end = if late { End::Failed } else { End::Answered };
                 controller.end(now, sent, end, probe.get());
             }
@@ -334,7 +338,7 @@ fn assert_goodput_holds(steps: &[Step], capacity: u64, p99_bound: u64) {
     // Shown with --nocapture: the figures of the run.
     eprintln!("{report}");
     for step in steps {
-        if step.load * CAPACITY as f64 > capacity as f64 {
+        if step.rate > capacity as f64 {
             assert!(
                 step.ok * 10 >= capacity * 9,
                 "goodput under 90% of capacity at {}C:\n{report}",
@@ -362,8 +366,22 @@ const SCHEDULE: [f64; 5] = [0.5, 1.5, 3.0, 10.0, 0.5];
 /// capacity or more, with p99 within the deadline; back under capacity, nothing is shed.
 #[test]
 fn goodput_holds_at_capacity_from_half_to_ten_times_it() {
-    let steps = simulate(&SCHEDULE, Host::Fixed(0));
+    let steps = simulate(&SCHEDULE, CAPACITY, Host::Fixed(0));
     assert_goodput_holds(&steps, CAPACITY, DEADLINE);
+}
+
+/// The same schedule against a store of 1,000 calls per second (a Redis slowed by heavy
+/// scripts, or the bench's capped stand-in), where each call in flight adds a millisecond, a
+/// tenth of the deadline: goodput holds at 90% of capacity or more, and nothing is shed once
+/// the load falls. (With a floor of 20 calls, every call took twice the deadline, and each
+/// timed-out call left its command queued in the store: no answer in time from 1.5× on, nor
+/// after the load fell.) The p99 of answers in time is within the deadline and one call's
+/// time at this store (a call waiting for a place is let wait by the average latency, which
+/// moves a millisecond at a time here).
+#[test]
+fn goodput_holds_against_a_store_slower_than_the_old_floor() {
+    let steps = simulate(&SCHEDULE, 1_000, Host::Fixed(0));
+    assert_goodput_holds(&steps, 1_000, DEADLINE + MS);
 }
 
 /// The same schedule on a busy host, where every answer comes 7 ms late whatever the calls
@@ -372,7 +390,7 @@ fn goodput_holds_at_capacity_from_half_to_ten_times_it() {
 /// nothing is shed once the load falls.
 #[test]
 fn goodput_holds_when_the_host_delays_every_answer() {
-    let steps = simulate(&SCHEDULE, Host::Fixed(7 * MS));
+    let steps = simulate(&SCHEDULE, CAPACITY, Host::Fixed(7 * MS));
     assert_goodput_holds(&steps, CAPACITY, DEADLINE);
 }
 
@@ -390,7 +408,7 @@ const BUSY_HOST: Host = Host::Cpu {
 /// shed once the load falls. Answers' p99 is within the deadline plus the host's wait.
 #[test]
 fn goodput_holds_when_the_host_saturates_first() {
-    let steps = simulate(&SCHEDULE, BUSY_HOST);
+    let steps = simulate(&SCHEDULE, CAPACITY, BUSY_HOST);
     assert_goodput_holds(&steps, 8_000, DEADLINE + 8 * MS);
 }
 

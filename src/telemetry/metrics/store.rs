@@ -3,6 +3,7 @@
 //! across the per-second split.
 
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -34,6 +35,8 @@ pub(super) struct StoreMetrics {
     local_cache_evictions: Counter,
     shed_limit: Gauge,
     shed_waiting: Gauge,
+    /// The runtime threads' largest scheduling delay, seconds.
+    host_delay: Gauge<f64, AtomicU64>,
 }
 
 impl StoreMetrics {
@@ -60,6 +63,7 @@ impl StoreMetrics {
             local_cache_evictions: Counter::default(),
             shed_limit: Gauge::default(),
             shed_waiting: Gauge::default(),
+            host_delay: Gauge::default(),
         };
         registry.register(
             "floodgate_store_duration_seconds",
@@ -154,6 +158,12 @@ impl StoreMetrics {
             "Calls waiting in front of Redis for a place under the bound",
             self.shed_waiting.clone(),
         );
+        registry.register(
+            "floodgate_host_delay_seconds",
+            "How long a ready task waits for its runtime thread, smoothed, on the thread where \
+             it is longest (the host's CPU, not Redis, delaying answers)",
+            self.host_delay.clone(),
+        );
     }
 }
 
@@ -220,6 +230,11 @@ impl Metrics {
         self.store
             .shed_waiting
             .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the runtime threads' largest scheduling delay (the host's probe).
+    pub fn set_host_delay(&self, delay: Duration) {
+        self.store.host_delay.set(delay.as_secs_f64());
     }
 
     /// Sets whether the store is usable.
