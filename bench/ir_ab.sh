@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Instructions per request of two (or more) floodgate binaries, on the bench's load, counted
+# by valgrind's callgrind: a deterministic A/B where CPU time is not. Instruction counts
+# barely move with the machine's load, so a 2-5 % change resolves where `bench/cpu_ab.sh`
+# (CPU time, ±20-30 % per run on a loaded VM) cannot.
+#
+#   bench/ir_ab.sh OLD_BIN NEW_BIN                    # Redis, 1 and 4 descriptors
+#   IR_ROWS="none one four" IR_ROUNDS=2 bench/ir_ab.sh A B
+#   IR_TOP=25 bench/ir_ab.sh BIN                      # plus each run's top inclusive functions
+#
+# Each run starts one server under callgrind with instrumentation off (`--instr-atstart=no`),
+# sends IR_WARMUP requests, switches counting on (`callgrind_control -i on`), sends
+# IR_REQUESTS requests, switches it off, and divides the instructions executed (Ir, every
+# thread) by the OK answers the server counted in between. Rows (IR_ROWS) and their load are
+# bench/cpu_ab.sh's: none (no store: an unknown domain), memory (the in-process store), one
+# and four (Redis, 1 and 4 descriptors, 10^6 per second each, nothing ever over limit).
+# Leases are off (FLOODGATE_LEASE_FRACTION=0) and the Redis deadline is 1 s
+# (`--redis-timeout-ms 1000`, IR_ARGS adds more): under valgrind the server runs some 50×
+# slower, and a call past the default 10 ms deadline would be an error answer, which costs
+# less than an OK one. Prints one line per run (Ir per OK answer, answers not OK), then per
+# row and binary the median. Any answer not OK marks the run: a binary that errs is broken,
+# not cheaper.
+#
+# Caveats: Ir counts user-space instructions only, not the kernel's time in syscalls nor
+# cache misses, branch mispredictions or stalls; and under valgrind the server is slow, so
+# more requests are ready per pass than at full speed (callgrind runs the threads one at a
+# time), which changes how many requests share a wake-up, a read and a write. A change that
+# saves instructions on the request path shows; one that saves syscalls, waits or cache
+# misses does not. Confirm a kept change with bench/cpu_ab.sh too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+need_h2load
+command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
+    { echo "needs valgrind (callgrind, callgrind_control)" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,23p' "$0"; exit 2; }
+BINS=("$@")
+ROUNDS=${IR_ROUNDS:-2}
+REQUESTS=${IR_REQUESTS:-5000}
+WARMUP=${IR_WARMUP:-2000}
+ROWS=(${IR_ROWS:-one four})
+TOP=${IR_TOP:-0}
+# h2load's load: IR_CLIENTS connections, IR_STREAMS requests in flight on each (the bench's
+# 16 × 8 by default).
+CLIENTS=${IR_CLIENTS:-16}
+STREAMS=${IR_STREAMS:-8}
+read -r -a EXTRA <<<"--redis-timeout-ms 1000 ${IR_ARGS:-}"
+export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
+
+write_side_by_side_limits
+python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
+
+start_redis
+
+# OK answers the server at HTTP port $1 has counted.
+ok_answers() {
+    curl -s "127.0.0.1:$1/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ && $1 ~ /result="ok"/ { ok += $2 }
+        END { print ok + 0 }'
+}
+
+# run BIN ROW LABEL : prints "ir_per_ok not_ok ir_total ok" for one fresh server.
+run() {
+    local bin=$1 row=$2 label=$3 grpc http pid
+    grpc=$(free_port); http=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
+    [ "$row" = memory ] && store=() && body=one
+    local out="$WORK/callgrind.$label"
+    RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+        "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
+        --http-addr "127.0.0.1:$http" "${store[@]}" "${EXTRA[@]}" \
+        >"$WORK/server.$label.log" 2>&1 &
+    pid=$!
+    local deadline=$((SECONDS + 120))
+    until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do
+        if [ $SECONDS -ge $deadline ] || ! kill -0 "$pid" 2>/dev/null; then
+            echo "server under valgrind did not come up; its log:" >&2
+            cat "$WORK/server.$label.log" >&2
+            exit 1
+        fi
+        sleep 0.2
+    done
+    local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    local h2=(h2load -c "$CLIENTS" -m "$STREAMS" -t 1 -H 'content-type: application/grpc'
+              -H 'te: trailers' --data "$WORK/$body.bin")
+    "${h2[@]}" -n "$WARMUP" "$url" >"$WORK/h2.warm" 2>&1
+    local ok0 ok1
+    ok0=$(ok_answers "$http")
+    callgrind_control -i on "$pid" >/dev/null 2>&1 ||
+        { echo "callgrind_control -i on failed" >&2; exit 1; }
+    "${h2[@]}" -n "$REQUESTS" "$url" >"$WORK/h2.out" 2>&1
+    callgrind_control -i off "$pid" >/dev/null 2>&1 ||
+        { echo "callgrind_control -i off failed" >&2; exit 1; }
+    ok1=$(ok_answers "$http")
+    local not_ok
+    not_ok=$(curl -s "127.0.0.1:$http/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
+        END { print all - ok }')
+    # Nothing is counted after `-i off`: the shutdown adds no instructions to the total.
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    local failed
+    failed=$(cat "$WORK/h2.warm" "$WORK/h2.out" |
+        sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' |
+        awk '{ bad += $1 + $2 } END { print bad + 0 }')
+    local ir
+    ir=$(awk '/^totals:/ { print $2; exit }' "$out")
+    local ok=$((ok1 - ok0))
+    [ "$ok" -gt 0 ] || { echo "no OK answers in the counted window" >&2; exit 1; }
+    if [ "$TOP" -gt 0 ]; then
+        {
+            echo "== top $TOP inclusive: row $row, $bin =="
+            callgrind_annotate --inclusive=yes "$out" 2>/dev/null | awk -v top="$TOP" '
+                /file:function/ { list = 1; skip = 1; next }
+                list && skip { skip = 0; next }
+                list && n < top { print; n++ }'
+        } >>"$WORK/top"
+    fi
+    echo "$(python3 -c "print(f'{$ir / $ok:.0f}')") $((not_ok + failed)) $ir $ok"
+}
+
+echo "| round | row | binary | Ir per OK answer | not OK | Ir | OK answers |"
+echo "|---|---|---|---|---|---|---|"
+for round in $(seq "$ROUNDS"); do
+    for row in "${ROWS[@]}"; do
+        for i in "${!BINS[@]}"; do
+            read -r per bad ir ok < <(run "${BINS[$i]}" "$row" "$round.$row.$i")
+            echo "| $round | $row | $i | $per | $bad | $ir | $ok |"
+            echo "$row $i $per $bad" >>"$WORK/results"
+        done
+    done
+done
+echo
+echo "| row | binary | median Ir per OK answer | runs | not OK (all runs) |"
+echo "|---|---|---|---|---|"
+python3 - "$WORK/results" "${BINS[@]}" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    row, i, per, bad = line.split()
+    rows.setdefault((row, int(i)), []).append((float(per), int(bad)))
+base = {}
+for (row, i), runs in rows.items():
+    irs = [p for p, _ in runs]
+    median = statistics.median(irs)
+    base.setdefault(row, median)
+    print(f"| {row} | {i}: {sys.argv[2 + i]} | {median:.0f} ({100 * (median / base[row] - 1):+.1f} %) | "
+          f"{', '.join(f'{p:.0f}' for p in irs)} | {sum(b for _, b in runs)} |")
+PY
+[ -f "$WORK/top" ] && { echo; cat "$WORK/top"; }
+echo
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), valgrind $(valgrind --version), h2load $CLIENTS × $STREAMS, $REQUESTS requests counted after $WARMUP, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
