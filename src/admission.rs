@@ -234,12 +234,19 @@ where
     type Decoder = InvalidArgumentDecoder<<ProstCodec<T, U> as Codec>::Decoder, U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        self.0.encoder()
+        ProstCodec::<T, U>::raw_encoder(buffers())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        InvalidArgumentDecoder(self.0.decoder(), PhantomData)
+        InvalidArgumentDecoder(ProstCodec::<T, U>::raw_decoder(buffers()), PhantomData)
     }
+}
+
+/// The codec's buffers: 1 KiB to start with rather than tonic's 8 KiB, as rate-limit
+/// requests and responses are a few hundred bytes (a larger message grows its buffer); the
+/// point at which a long stream yields is tonic's default.
+fn buffers() -> BufferSettings {
+    BufferSettings::new(1024, 32 * 1024)
 }
 
 /// A decoder whose failures are `INVALID_ARGUMENT`.
