@@ -11,6 +11,8 @@
 # perf uprobes, attached to the server during the timed requests only (after a warm-up), and
 # divides by the requests. Needs root (uprobes) and a binary with its symbols (not stripped).
 # Rows as bench/cpu_ab.sh. Uprobes slow the server down: count with it, never time.
+# Leases are off unless FLOODGATE_LEASE_FRACTION says otherwise (the leased row:
+# FLOODGATE_LEASE_FRACTION=0.1 ALLOC_ROWS=one ALLOC_WARMUP=10000, so the lease is hot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -20,6 +22,7 @@ BINS=("$@")
 REQUESTS=${ALLOC_REQUESTS:-20000}
 WARMUP=${ALLOC_WARMUP:-5000}
 ROWS=(${ALLOC_ROWS:-one four})
+export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 
 write_side_by_side_limits
 python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"

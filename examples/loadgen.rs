@@ -192,8 +192,8 @@ fn request(args: &Args, sampler: &Sampler, rng: &mut Rng) -> RateLimitRequest {
         descriptors: (0..args.descriptors)
             .map(|i| RateLimitDescriptor {
                 entries: vec![Entry {
-                    key: format!("k{i}").into_bytes(),
-                    value: sampler.sample(rng).to_string().into_bytes(),
+                    key: format!("k{i}").into(),
+                    value: sampler.sample(rng).to_string().into(),
                 }],
                 ..Default::default()
             })

@@ -2,8 +2,9 @@
 //! opens, and a request that cannot be decoded is `INVALID_ARGUMENT`, counted.
 //!
 //! Place in the flow: a tower layer around every gRPC service ([`AdmissionLayer`], installed
-//! by [`crate::server::run`]), and the codec of the rate-limit service ([`RequestCodec`], named
-//! by the code generator in `tests/proto_gen.rs`).
+//! by [`crate::server::run`]), which also answers the rate-limit service's ShouldRateLimit
+//! calls itself, past tonic's router (see [`Admit`]); and the codec of the rate-limit service
+//! ([`RequestCodec`], named by the code generator in `tests/proto_gen.rs`).
 //!
 //! Why at the stream and not in the handler: tonic calls a unary handler only once the whole
 //! request body has arrived. A client that opens streams with HEADERS and never sends a body
@@ -23,32 +24,35 @@
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
+use tonic::codegen::{Body, StdError};
 use tonic_prost::ProstCodec;
 use tower::{Layer, Service};
 
-use crate::service::{Decider, Reached};
+use crate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use crate::service::RlsService;
 use crate::store::shed::within_deadline;
 use crate::telemetry::metrics::RequestResult;
 
-/// The path prefix of the rate-limit service's calls.
-const RLS_PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/";
+/// The path of the rate-limit service's one method, which [`Admit`] serves itself.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
 
 /// Wraps every gRPC service in [`Admit`].
 #[derive(Clone)]
 pub struct AdmissionLayer {
-    limiter: Arc<Decider>,
+    rls: RlsService,
 }
 
 impl AdmissionLayer {
-    /// Admits calls into `limiter`'s places.
-    pub fn new(limiter: Arc<Decider>) -> AdmissionLayer {
-        AdmissionLayer { limiter }
+    /// Admits calls into the places of `rls`'s decider, and answers its ShouldRateLimit
+    /// calls.
+    pub fn new(rls: RlsService) -> AdmissionLayer {
+        AdmissionLayer { rls }
     }
 }
 
@@ -58,70 +62,126 @@ impl<S> Layer<S> for AdmissionLayer {
     fn layer(&self, inner: S) -> Admit<S> {
         Admit {
             inner,
-            limiter: self.limiter.clone(),
+            rls: self.rls.clone(),
         }
     }
 }
 
-/// See [`AdmissionLayer`].
+/// See [`AdmissionLayer`]. Every call is admitted here; a ShouldRateLimit call is then
+/// answered here too, and any other goes on to the router.
+///
+/// Why ShouldRateLimit does not go through tonic's router: the router is an axum router, and
+/// on its way to the generated service a call picked up ten heap allocations (the matched
+/// path and URL parameters put in its extensions, the route's service cloned into a box,
+/// the response body boxed again at each of three layers) and three boxed futures (the
+/// generated service's, its unary handler's, `async_trait`'s). Here the call is decoded,
+/// answered and encoded by tonic's own `Grpc::unary`, exactly as the generated service
+/// does it, inside the one future this layer boxes anyway.
 #[derive(Clone)]
 pub struct Admit<S> {
     inner: S,
-    limiter: Arc<Decider>,
+    rls: RlsService,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S, B, R> Service<http::Request<B>> for Admit<S>
+impl<S, B> Service<http::Request<B>> for Admit<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
-    B: Send + 'static,
-    R: Default + Send + 'static,
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
 {
-    type Response = http::Response<R>;
+    type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<http::Response<R>, S::Error>>;
+    type Future = BoxFuture<Result<http::Response<tonic::body::Body>, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
-        let admitted = match self.limiter.admit() {
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let admitted = match self.rls.decider().admit() {
             Ok(admitted) => admitted,
             Err(e) => {
                 let response = Status::from(e).into_http();
                 return Box::pin(async move { Ok(response) });
             }
         };
-        let rls = request.uri().path().starts_with(RLS_PATH);
         // The client's deadline runs from when its stream opened (now), not from when its
         // body is decoded: the store calls it makes wait for a place only while they can
         // still be answered before it (crate::store::shed).
         let deadline = grpc_timeout(request.headers()).map(|timeout| Instant::now() + timeout);
-        let reached = Reached::default();
-        if rls {
-            request.extensions_mut().insert(reached.clone());
+        if request.uri().path() == SHOULD_RATE_LIMIT {
+            let rls = self.rls.clone();
+            return Box::pin(async move {
+                let response = within_deadline(deadline, should_rate_limit(&rls, request)).await;
+                drop(admitted);
+                Ok(response)
+            });
         }
         // The service that was polled ready serves this call; the clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let limiter = self.limiter.clone();
         Box::pin(async move {
             let response = within_deadline(deadline, inner.call(request)).await;
             drop(admitted);
-            if let Ok(response) = &response
-                && rls
-                && !reached.is_marked()
-                && grpc_status(response) == Some(tonic::Code::InvalidArgument)
-            {
-                // Refused by RequestCodec before the handler: count it as the handler
-                // counts its own invalid requests.
-                limiter.metrics().record_request(RequestResult::Invalid);
-            }
             response
         })
+    }
+}
+
+/// Answers a ShouldRateLimit call as tonic's generated service would (same codec, same
+/// message bound, same `Grpc::unary`), and counts a request that [`RequestCodec`] refused
+/// before the handler saw it as the handler counts its own invalid requests.
+async fn should_rate_limit<B>(
+    rls: &RlsService,
+    request: http::Request<B>,
+) -> http::Response<tonic::body::Body>
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    let reached = AtomicBool::new(false);
+    let handler = Handler(|request| {
+        reached.store(true, Ordering::Relaxed);
+        rls.answer_admitted(request)
+    });
+    let mut grpc = tonic::server::Grpc::new(RequestCodec::default())
+        .apply_max_message_size_config(rls.max_decoding_message_size(), None);
+    let response = grpc.unary(handler, request).await;
+    if !reached.load(Ordering::Relaxed)
+        && grpc_status(&response) == Some(tonic::Code::InvalidArgument)
+    {
+        rls.decider()
+            .metrics()
+            .record_request(RequestResult::Invalid);
+    }
+    response
+}
+
+/// A unary handler made of a closure, so that the type of its future is inferred rather
+/// than named (which would take a box).
+struct Handler<F>(F);
+
+impl<F, A> Service<tonic::Request<RateLimitRequest>> for Handler<F>
+where
+    F: FnMut(tonic::Request<RateLimitRequest>) -> A,
+    A: Future<Output = Result<tonic::Response<RateLimitResponse>, Status>>,
+{
+    type Response = tonic::Response<RateLimitResponse>;
+    type Error = Status;
+    type Future = A;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Status>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: tonic::Request<RateLimitRequest>) -> A {
+        (self.0)(request)
     }
 }
 
@@ -174,12 +234,19 @@ where
     type Decoder = InvalidArgumentDecoder<<ProstCodec<T, U> as Codec>::Decoder, U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        self.0.encoder()
+        ProstCodec::<T, U>::raw_encoder(buffers())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        InvalidArgumentDecoder(self.0.decoder(), PhantomData)
+        InvalidArgumentDecoder(ProstCodec::<T, U>::raw_decoder(buffers()), PhantomData)
     }
+}
+
+/// The codec's buffers: 1 KiB to start with rather than tonic's 8 KiB, as rate-limit
+/// requests and responses are a few hundred bytes (a larger message grows its buffer); the
+/// point at which a long stream yields is tonic's default.
+fn buffers() -> BufferSettings {
+    BufferSettings::new(1024, 32 * 1024)
 }
 
 /// A decoder whose failures are `INVALID_ARGUMENT`.

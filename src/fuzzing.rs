@@ -371,8 +371,8 @@ mod tests {
     fn request_limits_load_and_answer() {
         assert!(LIMITS.domain("edge").is_some());
         let entry = |k: &str, v: &str| crate::proto::common::rate_limit_descriptor::Entry {
-            key: k.as_bytes().to_vec(),
-            value: v.as_bytes().to_vec(),
+            key: k.as_bytes().to_vec().into(),
+            value: v.as_bytes().to_vec().into(),
         };
         let request = RateLimitRequest {
             domain: "edge".into(),

@@ -396,8 +396,8 @@ impl JsonRequest {
                         .entries
                         .into_iter()
                         .map(|e| Entry {
-                            key: e.key.into_bytes(),
-                            value: e.value.into_bytes(),
+                            key: e.key.into(),
+                            value: e.value.into(),
                         })
                         .collect(),
                     limit: d.limit.map(|l| RateLimitOverride {

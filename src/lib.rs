@@ -32,7 +32,8 @@
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
 //! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
-//!   first frame, undecodable requests are `INVALID_ARGUMENT`; the admin endpoints
+//!   first frame, undecodable requests are `INVALID_ARGUMENT`, and ShouldRateLimit calls are
+//!   decoded, handed to `service::RlsService` and encoded right there; the admin endpoints
 //!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes), whose
 //!   writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and

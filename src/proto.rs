@@ -1,7 +1,8 @@
 //! Generated RLS v3 and RLQS v3 types (see `build.rs` and `proto/`).
 //!
-//! `RateLimitDescriptor.Entry.key/value` are `Vec<u8>` here: Envoy may send raw header bytes
-//! that are not UTF-8, and decoding them as `string` would fail the whole RPC.
+//! `RateLimitDescriptor.Entry.key/value` are `Bytes` here: Envoy may send raw header bytes
+//! that are not UTF-8, and decoding them as `string` would fail the whole RPC; as `Bytes`
+//! (not `Vec<u8>`) they are slices of the request's buffer rather than copies of their own.
 //! [`FILE_DESCRIPTOR_SET`] is the canonical, string-typed schema served by reflection.
 #![allow(missing_docs, clippy::all, clippy::pedantic)]
 

@@ -15,7 +15,7 @@
 //! so streams that never send one count too.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -483,67 +483,87 @@ impl Drop for Admitted {
 #[derive(Clone)]
 pub struct RlsService {
     limiter: Arc<Decider>,
+    /// The largest request message decoded (tonic's 4 MiB when `None`).
+    max_decoding_message_size: Option<usize>,
 }
 
 impl RlsService {
     /// Serves `limiter` over gRPC.
     pub fn new(limiter: Arc<Decider>) -> RlsService {
-        RlsService { limiter }
-    }
-}
-
-/// Put on every rate-limit call by `crate::admission` and set by the handler when it is called:
-/// a call the handler never saw, answered with an error, failed before its request was decoded.
-#[derive(Clone, Debug, Default)]
-pub struct Reached(Arc<AtomicBool>);
-
-impl Reached {
-    /// The handler saw the request (it was decoded).
-    pub fn mark(&self) {
-        self.0.store(true, Ordering::Relaxed);
+        RlsService {
+            limiter,
+            max_decoding_message_size: None,
+        }
     }
 
-    /// Whether the handler saw the request.
-    pub fn is_marked(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+    /// Refuses request messages larger than `bytes` (`--grpc-max-message-bytes`).
+    pub fn with_max_decoding_message_size(mut self, bytes: usize) -> RlsService {
+        self.max_decoding_message_size = Some(bytes);
+        self
     }
-}
 
-#[tonic::async_trait]
-impl RateLimitService for RlsService {
-    async fn should_rate_limit(
+    /// The decider that answers the calls.
+    pub fn decider(&self) -> &Arc<Decider> {
+        &self.limiter
+    }
+
+    /// The largest request message decoded, if bounded.
+    pub fn max_decoding_message_size(&self) -> Option<usize> {
+        self.max_decoding_message_size
+    }
+
+    /// Answers one call whose stream already holds a `--max-in-flight` place (taken by
+    /// `crate::admission` as the stream opened, before its body arrived).
+    pub async fn answer_admitted(
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        self.answer(request, true).await
+    }
+
+    /// Answers one call, admitting it first unless `admitted`, and times it as the
+    /// reference's interceptor does.
+    async fn answer(
+        &self,
+        request: Request<RateLimitRequest>,
+        admitted: bool,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        // Streams are admitted when they open (crate::admission), before their body arrives;
-        // a call that did not pass that way (a service used without the layer) is admitted
-        // here.
-        let answered = match request.extensions().get::<Reached>() {
-            Some(reached) => {
-                reached.mark();
-                self.limiter
-                    .answer_traced(
-                        request.get_ref(),
-                        EntryPoint::Grpc,
-                        Some(request.metadata().as_ref()),
-                    )
-                    .await
-            }
-            None => {
-                self.limiter
-                    .should_rate_limit_from(
-                        request.get_ref(),
-                        EntryPoint::Grpc,
-                        request.metadata().as_ref(),
-                    )
-                    .await
-            }
+        let answered = if admitted {
+            self.limiter
+                .answer_traced(
+                    request.get_ref(),
+                    EntryPoint::Grpc,
+                    Some(request.metadata().as_ref()),
+                )
+                .await
+        } else {
+            self.limiter
+                .should_rate_limit_from(
+                    request.get_ref(),
+                    EntryPoint::Grpc,
+                    request.metadata().as_ref(),
+                )
+                .await
         };
         // The reference's interceptor times every call that reaches the handler, errors
         // included.
         self.limiter.metrics().record_grpc_call(started.elapsed());
         answered.map(Response::new).map_err(Status::from)
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    /// Behind `crate::admission`'s layer (the server's gRPC stack) a ShouldRateLimit call
+    /// never comes this way: the layer admits it and answers it through
+    /// [`RlsService::answer_admitted`] itself. A call that does (a service used without the
+    /// layer) is admitted here.
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.answer(request, false).await
     }
 }
 

@@ -21,8 +21,8 @@ async fn serves_then_exits_zero_on_sigterm() {
             domain: "unknown-domain".into(),
             descriptors: vec![RateLimitDescriptor {
                 entries: vec![Entry {
-                    key: b"k".to_vec(),
-                    value: b"v".to_vec(),
+                    key: b"k".to_vec().into(),
+                    value: b"v".to_vec().into(),
                 }],
                 ..Default::default()
             }],

@@ -68,6 +68,9 @@ fn generate(out: &Path) -> Result<(), Box<dyn Error>> {
         .include_file("floodgate_proto.rs")
         // Undecodable requests are INVALID_ARGUMENT (prost's codec says INTERNAL).
         .codec_path("crate::admission::RequestCodec")
+        // Entries as `Bytes`: decoded as slices of the request's buffer (one reference
+        // count each) instead of two heap copies per entry.
+        .bytes(".envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry")
         .compile_fds(decoding)?;
     Ok(())
 }

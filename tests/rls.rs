@@ -533,8 +533,8 @@ async fn wildcard_without_share_threshold_is_per_value(backend: Backend) {
 async fn non_utf8_values_are_accepted(backend: Backend) {
     let server = TestServer::with(LIMITS).on(backend).start().await;
     let mut d = descriptor(&[("user", ""), ("path", "")]);
-    d.entries[0].value = vec![0xff, 0xfe, b'{'];
-    d.entries[1].value = vec![0xc3, 0x28];
+    d.entries[0].value = vec![0xff, 0xfe, b'{'].into();
+    d.entries[1].value = vec![0xc3, 0x28].into();
     let response = server.ask(request("test", vec![d])).await;
     assert_eq!(response.overall_code, OK);
     assert_eq!(

@@ -14,10 +14,10 @@ pub struct RateLimitDescriptor {
 pub mod rate_limit_descriptor {
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct Entry {
-        #[prost(bytes = "vec", tag = "1")]
-        pub key: ::prost::alloc::vec::Vec<u8>,
-        #[prost(bytes = "vec", tag = "2")]
-        pub value: ::prost::alloc::vec::Vec<u8>,
+        #[prost(bytes = "bytes", tag = "1")]
+        pub key: ::prost::bytes::Bytes,
+        #[prost(bytes = "bytes", tag = "2")]
+        pub value: ::prost::bytes::Bytes,
     }
     #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct RateLimitOverride {

@@ -273,8 +273,8 @@ impl ConsoleState {
                     .entries
                     .iter()
                     .map(|e| Entry {
-                        key: e.key.clone().into_bytes(),
-                        value: e.value.clone().into_bytes(),
+                        key: e.key.clone().into(),
+                        value: e.value.clone().into(),
                     })
                     .collect(),
                 limit: None,

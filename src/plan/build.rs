@@ -86,7 +86,7 @@ fn match_descriptor<'c>(
     let entries: Vec<(&[u8], &[u8])> = descriptor
         .entries
         .iter()
-        .map(|e| (e.key.as_slice(), e.value.as_slice()))
+        .map(|e| (&e.key[..], &e.value[..]))
         .collect();
     if let Some(limit) = &descriptor.limit {
         Ok(MatchedDescriptor {

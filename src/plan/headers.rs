@@ -290,8 +290,8 @@ mod tests {
             descriptors: vec![
                 RateLimitDescriptor {
                     entries: vec![Entry {
-                        key: b"k".to_vec(),
-                        value: b"v".to_vec(),
+                        key: b"k".to_vec().into(),
+                        value: b"v".to_vec().into(),
                     }],
                     limit: Some(RateLimitOverride {
                         requests_per_unit: 10,

@@ -38,8 +38,8 @@ fn options() -> PlanOptions {
 fn descriptor(key: &str, value: &str) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: vec![Entry {
-            key: key.into(),
-            value: value.into(),
+            key: key.to_owned().into(),
+            value: value.to_owned().into(),
         }],
         ..Default::default()
     }

@@ -60,7 +60,11 @@ pub(super) fn router(
         .build_v1alpha()?;
     // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
     // message make the server allocate and decode megabytes.
-    let rls = RateLimitServiceServer::new(RlsService::new(decider.clone()))
+    let rls_service = RlsService::new(decider.clone())
+        .with_max_decoding_message_size(options.grpc_max_message_bytes);
+    // ShouldRateLimit calls are answered by the admission layer itself (crate::admission);
+    // the generated service answers the path's other methods (UNIMPLEMENTED).
+    let rls = RateLimitServiceServer::new(rls_service.clone())
         .max_decoding_message_size(options.grpc_max_message_bytes);
     // Usage reports are as small as RLS requests: the same bound.
     let rlqs = options.rlqs.clone().map(|rlqs| {
@@ -91,7 +95,7 @@ pub(super) fn router(
         // Outermost: a call counts on its connection (busy: never evicted at the
         // connection bound) from its HEADERS, refused by admission or not.
         .layer(CallsLayer)
-        .layer(AdmissionLayer::new(decider.clone()))
+        .layer(AdmissionLayer::new(rls_service))
         .add_service(rls)
         .add_optional_service(rlqs)
         .add_service(health)

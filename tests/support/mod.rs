@@ -502,8 +502,8 @@ pub fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
         entries: entries
             .iter()
             .map(|(k, v)| Entry {
-                key: k.as_bytes().to_vec(),
-                value: v.as_bytes().to_vec(),
+                key: k.as_bytes().to_vec().into(),
+                value: v.as_bytes().to_vec().into(),
             })
             .collect(),
         ..Default::default()
