@@ -402,22 +402,39 @@ impl Future for Task {
         match task.drive(cx) {
             Ok(()) => Poll::Pending,
             Err(closed) => {
-                let waiting = {
-                    let mut state = lock(&task.shared);
-                    state.closed.get_or_insert_with(|| closed.clone());
-                    state.task = None;
-                    std::mem::take(&mut state.waiting)
-                };
-                for caller in waiting {
-                    let _ = caller.send(Err(closed.clone()));
-                }
+                task.close(closed);
                 Poll::Ready(())
             }
         }
     }
 }
 
+/// A task dropped before it finished (its runtime shut down, or it panicked) closes the
+/// connection too: nothing will read the replies of the calls waiting on it, so they fail
+/// now rather than at their deadline, and the pool sees the connection closed.
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.close(Closed::new(
+            io::ErrorKind::NotConnected,
+            "the connection's task ended (its runtime shut down?)",
+        ));
+    }
+}
+
 impl Task {
+    /// Marks the connection closed (by the first reason given) and fails every waiting call.
+    fn close(&self, closed: Closed) {
+        let (closed, waiting) = {
+            let mut state = lock(&self.shared);
+            let closed = state.closed.get_or_insert(closed).clone();
+            state.task = None;
+            (closed, std::mem::take(&mut state.waiting))
+        };
+        for caller in waiting {
+            let _ = caller.send(Err(closed.clone()));
+        }
+    }
+
     /// Works until the socket has nothing more to give or take; an error closes the
     /// connection.
     fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
@@ -714,6 +731,44 @@ mod tests {
         assert!(error.is_io_error(), "{error}");
         assert!(conn.is_closed());
         let later = conn.request(echo("b")).await.unwrap_err();
+        assert!(later.is_io_error(), "{later}");
+    }
+
+    /// A connection whose task is gone without finishing (its runtime shut down; a panic
+    /// drops it the same way) is closed: the call waiting on it fails, and so does every
+    /// later one, instead of waiting for replies nothing will ever read.
+    #[test]
+    fn a_connection_whose_task_is_gone_is_closed() {
+        use redis::IntoConnectionInfo;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (runtime(), runtime());
+        let conn = first
+            .block_on(connect(&info, &tls, Duration::from_secs(10)))
+            .unwrap();
+        let waiting = second.spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        second.block_on(async {
+            while lock(&conn.handle.0).waiting.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        });
+        drop(first);
+        assert!(conn.is_closed());
+        let error = second.block_on(waiting).unwrap().unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        let later = second.block_on(conn.request(echo("b"))).unwrap_err();
         assert!(later.is_io_error(), "{later}");
     }
 
