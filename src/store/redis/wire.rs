@@ -341,6 +341,12 @@ fn refused_user(reply: &Value) -> bool {
 /// The bytes read at most in one read; a reply larger than this grows the buffer.
 const READ_BUFFER: usize = 16 * 1024;
 
+/// The longest bulk string a reply may announce: Redis's own largest string value (its
+/// default `proto-max-bulk-len`, 512 MiB). floodgate's replies are far smaller; a longer
+/// announcement comes from a peer that is not a sane Redis, and is refused at once rather
+/// than waited for (and buffered) until the call's deadline.
+const MAX_BULK: i64 = 512 * 1024 * 1024;
+
 /// The connection's socket.
 enum Stream {
     Tcp(TcpStream),
@@ -558,6 +564,9 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
             b'+' | b'-' | b':' => {}
             b'$' => {
                 let n = parse_int(number).ok_or_else(malformed)?;
+                if n > MAX_BULK {
+                    return Err(malformed());
+                }
                 if n >= 0 {
                     let n = usize::try_from(n).map_err(|_| malformed())?;
                     if buf.len() < at + n + 2 {
@@ -571,7 +580,10 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
             }
             b'*' => {
                 let n = parse_int(number).ok_or_else(malformed)?;
-                left += u64::try_from(n).unwrap_or(0);
+                // Checked: counts wrapping past 2^64 would end the frame early.
+                left = left
+                    .checked_add(u64::try_from(n).unwrap_or(0))
+                    .ok_or_else(malformed)?;
             }
             _ => return Err(malformed()),
         }
@@ -630,6 +642,21 @@ mod tests {
         for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$1\r\nab\r\n", b"+a\rb"] {
             assert!(frame_len(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A peer's counts cannot end a frame early or make the connection wait for a reply no
+    /// Redis sends: array counts that add up past 2^64 (wrapping, in a build without overflow
+    /// checks, to "one element left") and a bulk string longer than Redis's largest are
+    /// malformed at once.
+    #[test]
+    fn absurd_lengths_are_malformed() {
+        let max = i64::MAX;
+        let wrapping = format!("*{max}\r\n*{max}\r\n*5\r\n:1\r\n");
+        assert!(frame_len(wrapping.as_bytes()).is_err());
+        assert!(frame_len(b"$999999999999\r\n").is_err());
+        assert!(frame_len(format!("${max}\r\n").as_bytes()).is_err());
+        let largest = format!("${}\r\n", MAX_BULK);
+        assert_eq!(frame_len(largest.as_bytes()).unwrap(), None);
     }
 
     /// A peer on a loopback port that, once it has read `commands` commands, reports it on
