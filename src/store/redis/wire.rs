@@ -137,7 +137,16 @@ impl Conn {
                 return Err(closed.error());
             }
             let (sender, reply) = oneshot::channel();
-            write(&mut state.out);
+            let before = state.out.len();
+            let written =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut state.out)));
+            if let Err(panic) = written {
+                // Half a command would take the next caller's command for its rest (and
+                // that caller its reply): take it back before the panic goes on.
+                state.out.truncate(before);
+                drop(state);
+                std::panic::resume_unwind(panic);
+            }
             state.waiting.push_back(sender);
             if let Some(task) = state.task.take() {
                 task.wake();
@@ -797,6 +806,68 @@ mod tests {
         assert!(error.is_io_error(), "{error}");
         let later = second.block_on(conn.request(echo("b"))).unwrap_err();
         assert!(later.is_io_error(), "{later}");
+    }
+
+    /// A peer on a loopback port that answers each command with its last argument (`$-1`
+    /// if that is not a bulk string), as a Redis answers `ECHO`.
+    async fn echo_peer() -> ConnectionInfo {
+        use redis::IntoConnectionInfo;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                while let Some(len) = frame_len(&seen).unwrap() {
+                    let command = redis::parse_redis_value(&seen[..len]).unwrap();
+                    seen.drain(..len);
+                    let reply = match command {
+                        Value::Array(mut args) => match args.pop() {
+                            Some(Value::BulkString(arg)) => {
+                                let mut reply = format!("${}\r\n", arg.len()).into_bytes();
+                                reply.extend_from_slice(&arg);
+                                reply.extend_from_slice(b"\r\n");
+                                reply
+                            }
+                            _ => b"$-1\r\n".to_vec(),
+                        },
+                        _ => b"$-1\r\n".to_vec(),
+                    };
+                    socket.write_all(&reply).await.unwrap();
+                }
+            }
+        });
+        url.into_connection_info().unwrap()
+    }
+
+    /// A command its caller did not write whole (the caller panicked while writing it) is
+    /// not sent: the next caller's command is not read as the rest of it, and the next
+    /// caller gets its own reply.
+    #[tokio::test]
+    async fn a_command_half_written_is_not_sent() {
+        let info = echo_peer().await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let panicked = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                conn.request(|out| {
+                    out.extend_from_slice(b"*2\r\n$4\r\nECHO\r\n");
+                    panic!("the caller failed while writing its command");
+                })
+                .await
+            }
+        });
+        assert!(panicked.await.unwrap_err().is_panic());
+        assert_eq!(conn.request(echo("b")).await.unwrap(), b"$1\r\nb\r\n");
+        assert_eq!(conn.request(echo("c")).await.unwrap(), b"$1\r\nc\r\n");
     }
 
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
