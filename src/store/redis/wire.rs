@@ -533,12 +533,10 @@ impl Task {
         while let Some(len) = frame_len(&self.read[self.start..self.end])? {
             let frame = self.read[self.start..self.start + len].to_vec();
             self.start += len;
-            let caller = lock(&self.shared).waiting.pop_front().ok_or_else(|| {
-                Closed::new(
-                    io::ErrorKind::InvalidData,
-                    "Redis sent a reply nobody asked for",
-                )
-            })?;
+            let caller = lock(&self.shared)
+                .waiting
+                .pop_front()
+                .ok_or_else(|| unasked(&frame))?;
             // A caller that gave up (its deadline) is gone: its reply is dropped.
             let _ = caller.send(Ok(frame));
         }
@@ -547,6 +545,22 @@ impl Task {
             self.end = 0;
         }
         Ok(())
+    }
+}
+
+/// Why a reply no call waits for closes the connection. Redis sends one only as it closes
+/// the connection itself (`-ERR max number of clients reached`): its text says why.
+fn unasked(frame: &[u8]) -> Closed {
+    let Some(error) = frame.strip_prefix(b"-") else {
+        return Closed::new(
+            io::ErrorKind::InvalidData,
+            "Redis sent a reply nobody asked for",
+        );
+    };
+    let error = String::from_utf8_lossy(&error[..error.len().min(200)]);
+    Closed {
+        kind: io::ErrorKind::InvalidData,
+        text: format!("Redis sent an error nobody asked for: {}", error.trim_end()),
     }
 }
 
@@ -868,6 +882,41 @@ mod tests {
         assert!(panicked.await.unwrap_err().is_panic());
         assert_eq!(conn.request(echo("b")).await.unwrap(), b"$1\r\nb\r\n");
         assert_eq!(conn.request(echo("c")).await.unwrap(), b"$1\r\nc\r\n");
+    }
+
+    /// An error Redis sends before any command (at `maxclients`, just before it closes the
+    /// connection) closes the connection, and the calls made on it then say what Redis said.
+    #[tokio::test]
+    async fn an_error_nobody_asked_for_is_told() {
+        use redis::IntoConnectionInfo;
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let (conn, accepted) = tokio::join!(
+            connect(&info, &tls, Duration::from_secs(10)),
+            listener.accept()
+        );
+        let (conn, (mut socket, _)) = (conn.unwrap(), accepted.unwrap());
+        socket
+            .write_all(b"-ERR max number of clients reached\r\n")
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !conn.is_closed() {
+            assert!(tokio::time::Instant::now() < deadline, "never closed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let error = conn.request(echo("a")).await.unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("ERR max number of clients reached"),
+            "{error}"
+        );
     }
 
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
