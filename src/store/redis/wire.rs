@@ -350,6 +350,10 @@ fn refused_user(reply: &Value) -> bool {
 /// The bytes read at most in one read; a reply larger than this grows the buffer.
 const READ_BUFFER: usize = 16 * 1024;
 
+/// The most an output buffer keeps once its commands are out: above it, a burst's memory
+/// goes back rather than staying with the connection.
+const OUT_KEEP: usize = 256 * 1024;
+
 /// The longest bulk string a reply may announce: Redis's own largest string value (its
 /// default `proto-max-bulk-len`, 512 MiB). floodgate's replies are far smaller; a longer
 /// announcement comes from a peer that is not a sane Redis, and is refused at once rather
@@ -464,6 +468,9 @@ impl Task {
                     // Everything taken before is out: take what callers wrote since.
                     self.writing.clear();
                     self.written = 0;
+                    if self.writing.capacity() > OUT_KEEP {
+                        self.writing = Vec::with_capacity(4096);
+                    }
                     std::mem::swap(&mut self.writing, &mut state.out);
                 }
                 if !state
@@ -543,6 +550,10 @@ impl Task {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
+            if self.read.len() > READ_BUFFER {
+                // Grown for a large reply, which is handed out: back to the usual size.
+                self.read = vec![0; READ_BUFFER];
+            }
         }
         Ok(())
     }
@@ -917,6 +928,64 @@ mod tests {
                 .contains("ERR max number of clients reached"),
             "{error}"
         );
+    }
+
+    /// After a reply larger than the read buffer and a command larger than the output
+    /// buffers keep, the buffers are back to their usual size: a long-lived connection does
+    /// not hold its largest reply's or largest burst's memory for good.
+    #[tokio::test]
+    async fn buffers_shrink_back_after_a_large_reply() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const BIG: usize = 1024 * 1024;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (client, accepted) = tokio::join!(
+            TcpStream::connect(listener.local_addr().unwrap()),
+            listener.accept()
+        );
+        let (client, (mut server, _)) = (client.unwrap(), accepted.unwrap());
+        let mut command = format!("*2\r\n$4\r\nECHO\r\n${BIG}\r\n").into_bytes();
+        command.resize(command.len() + BIG, b'x');
+        command.extend_from_slice(b"\r\n");
+        let length = command.len();
+        // Echoes the command's argument once it has all of it.
+        tokio::spawn(async move {
+            let mut seen = vec![0; length];
+            server.read_exact(&mut seen).await.unwrap();
+            let mut reply = format!("${BIG}\r\n").into_bytes();
+            reply.resize(reply.len() + BIG, b'x');
+            reply.extend_from_slice(b"\r\n");
+            server.write_all(&reply).await.unwrap();
+            let _ = server.read(&mut seen).await;
+        });
+        let shared: Shared = Arc::new(Mutex::new(State {
+            out: command,
+            waiting: VecDeque::new(),
+            task: None,
+            closed: None,
+        }));
+        let (sender, mut reply) = oneshot::channel();
+        lock(&shared).waiting.push_back(sender);
+        let mut task = Task {
+            stream: Stream::Tcp(client),
+            shared: Arc::clone(&shared),
+            writing: Vec::with_capacity(4096),
+            written: 0,
+            flush: false,
+            read: vec![0; READ_BUFFER],
+            start: 0,
+            end: 0,
+        };
+        let frame = std::future::poll_fn(|cx| {
+            task.drive(cx).unwrap();
+            Pin::new(&mut reply).poll(cx)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(bulk_payload(&frame).map(<[u8]>::len), Some(BIG));
+        assert_eq!(task.read.len(), READ_BUFFER);
+        assert!(task.writing.capacity() <= OUT_KEEP);
+        assert!(lock(&shared).out.capacity() <= OUT_KEEP);
     }
 
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
