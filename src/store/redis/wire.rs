@@ -988,6 +988,76 @@ mod tests {
         assert!(lock(&shared).out.capacity() <= OUT_KEEP);
     }
 
+    /// Over TLS, a peer that ends its session (`close_notify`) in the middle of a reply
+    /// fails the call waiting for it with an I/O error and closes the connection; the whole
+    /// reply before it still reaches its caller.
+    #[tokio::test]
+    async fn a_tls_session_closed_mid_reply_fails_the_waiting_call() {
+        use redis::IntoConnectionInfo;
+        use rustls::pki_types::pem::PemObject;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = crate::pem::tests::pair();
+        let ca = crate::pem::tests::write(&dir, "ca.pem", &cert);
+        let tls = super::super::tls::client_config(&super::super::RedisTls {
+            ca_file: Some(ca),
+            cert_file: None,
+            key_file: None,
+        })
+        .unwrap();
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut session = acceptor.accept(socket).await.unwrap();
+            let (mut seen, mut buf) = (Vec::new(), [0u8; 1024]);
+            let mut count = 0;
+            while count < 2 {
+                let n = session.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&buf[..n]);
+                let mut at = 0;
+                count = 0;
+                while let Some(len) = frame_len(&seen[at..]).unwrap() {
+                    at += len;
+                    count += 1;
+                }
+            }
+            session.write_all(b"$1\r\na\r\n$5\r\nhe").await.unwrap();
+            session.shutdown().await.unwrap();
+            // The TCP connection stays open: only the TLS session ended.
+            let _ = session.get_mut().0.read(&mut buf).await;
+        });
+        let info = format!("rediss://localhost:{port}/")
+            .into_connection_info()
+            .unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let first = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Bounded, so that a connection that missed the end fails the test, not hangs it.
+        let cut = tokio::time::timeout(Duration::from_secs(60), conn.request(echo("hello")))
+            .await
+            .expect("the call on the ended session never ended")
+            .unwrap_err();
+        assert_eq!(first.await.unwrap().unwrap(), b"$1\r\na\r\n");
+        assert!(cut.is_io_error(), "{cut}");
+        assert!(conn.is_closed());
+    }
+
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
     #[test]
     fn bulk_payload_is_the_bytes() {
