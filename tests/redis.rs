@@ -315,6 +315,72 @@ async fn the_urls_password_and_database_are_used() {
     wrong.stop().await;
 }
 
+/// A connection's setup says what Redis refused, as an outage, without the password: a
+/// wrong password, an ACL user's wrong password, a database Redis does not have; the right
+/// user and password are answered.
+#[tokio::test]
+async fn setup_refusals_say_what_redis_refused() {
+    let redis = RedisServer::start_args(&["--requirepass", "s3cret"]);
+    let at = redis.address();
+    let mut admin = ::redis::Client::open(format!("redis://:s3cret@{at}/"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    ::redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">app-s3cret", "~*", "+@all"])
+        .query::<()>(&mut admin)
+        .unwrap();
+    let store = |url: String| {
+        RedisStore::new(&RedisSettings {
+            url,
+            sentinel: None,
+            tls: Default::default(),
+            key_prefix: "fg:".into(),
+            pool_size: 1,
+            connect_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(10),
+        })
+        .unwrap()
+    };
+    for (url, says) in [
+        (
+            format!("redis://:hunter2@{at}/"),
+            "password authentication failed",
+        ),
+        (
+            format!("redis://app:hunter2@{at}/"),
+            "password authentication failed",
+        ),
+        (
+            format!("redis://:s3cret@{at}/99"),
+            "refused to switch database",
+        ),
+    ] {
+        let error = store(url.clone()).apply(&[]).await.unwrap_err();
+        let text = error.to_string();
+        assert!(error.is_transient(), "{url}: {text}");
+        assert!(text.to_lowercase().contains(says), "{url}: {text}");
+        assert!(!text.contains("hunter2"), "{url}: {text}");
+    }
+    let error = store(format!("redis://:s3cret@{at}/99"))
+        .apply(&[])
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("DB index is out of range"),
+        "{error}"
+    );
+    for url in [
+        format!("redis://app:app-s3cret@{at}/2"),
+        format!("redis://:s3cret@{at}/"),
+    ] {
+        store(url.clone())
+            .apply(&[])
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+    }
+}
+
 /// A Redis that stops answering fails the call at its deadline, as an outage naming the
 /// deadline, and retires the connection it was on: once Redis answers again, the next calls
 /// are answered (on a new connection, although the old one is still open).

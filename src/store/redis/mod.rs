@@ -385,12 +385,16 @@ impl RedisStore {
     }
 
     /// A handle on a live connection: the one this thread was lent last, while it is neither
-    /// broken nor older than [`REUSE_FOR`], else a new checkout ([`Self::check_out_live`]).
+    /// broken, closed nor older than [`REUSE_FOR`], else a new checkout
+    /// ([`Self::check_out_live`]).
     async fn lend(&self) -> Result<Lent, StoreError> {
         let reused = REUSED.with_borrow_mut(|kept| {
             let at = kept.iter().position(|entry| entry.store == self.id)?;
             let entry = &kept[at];
-            if entry.lent.broken.load(Ordering::Relaxed) || Instant::now() >= entry.until {
+            if entry.lent.broken.load(Ordering::Relaxed)
+                || entry.lent.conn.is_closed()
+                || Instant::now() >= entry.until
+            {
                 kept.swap_remove(at);
                 return None;
             }
@@ -422,7 +426,8 @@ impl RedisStore {
         // Bounded by the configured size, not `pool.state()`, which takes the pool's lock.
         for _ in 0..=self.pool_size {
             let pooled = self.checkout().await?;
-            if pooled.broken.load(Ordering::Relaxed) {
+            // Closed: Redis closed it while it sat idle (a restart, its `timeout`).
+            if pooled.broken.load(Ordering::Relaxed) || pooled.inner.is_closed() {
                 continue;
             }
             return Ok(Lent {

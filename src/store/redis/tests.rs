@@ -53,3 +53,49 @@ fn acl_and_unknown_commands_are_outages_without_request_data() {
     let long = format!("ERR {}", "x".repeat(1000));
     assert!(classify(&server_error(&long)).to_string().len() < 300);
 }
+
+/// A connection Redis closed while it sat idle (a restart, `timeout`, `CLIENT KILL`) is not
+/// lent again, neither from the thread's reuse nor from the pool: the next call is lent a
+/// live connection instead of failing on the closed one.
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_not_lent() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let (close, mut closing) = tokio::sync::oneshot::channel::<()>();
+    // Accepts every connection; on `close`, closes the ones accepted so far.
+    tokio::spawn(async move {
+        let mut open = Vec::new();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => open.push(accepted.unwrap().0),
+                Ok(()) = &mut closing => break,
+            }
+        }
+        open.clear();
+        loop {
+            open.push(listener.accept().await.unwrap().0);
+        }
+    });
+    let store = RedisStore::new(&RedisSettings {
+        url,
+        sentinel: None,
+        tls: RedisTls::default(),
+        key_prefix: "fg:".into(),
+        pool_size: 1,
+        connect_timeout: Duration::from_secs(10),
+        command_timeout: Duration::from_secs(10),
+    })
+    .unwrap();
+    let first = store.lend().await.unwrap();
+    close.send(()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !first.conn.is_closed() {
+        assert!(
+            Instant::now() < deadline,
+            "the connection never saw its close"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let next = store.lend().await.unwrap();
+    assert!(!next.conn.is_closed());
+}

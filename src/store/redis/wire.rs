@@ -137,7 +137,16 @@ impl Conn {
                 return Err(closed.error());
             }
             let (sender, reply) = oneshot::channel();
-            write(&mut state.out);
+            let before = state.out.len();
+            let written =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut state.out)));
+            if let Err(panic) = written {
+                // Half a command would take the next caller's command for its rest (and
+                // that caller its reply): take it back before the panic goes on.
+                state.out.truncate(before);
+                drop(state);
+                std::panic::resume_unwind(panic);
+            }
             state.waiting.push_back(sender);
             if let Some(task) = state.task.take() {
                 task.wake();
@@ -341,6 +350,16 @@ fn refused_user(reply: &Value) -> bool {
 /// The bytes read at most in one read; a reply larger than this grows the buffer.
 const READ_BUFFER: usize = 16 * 1024;
 
+/// The most an output buffer keeps once its commands are out: above it, a burst's memory
+/// goes back rather than staying with the connection.
+const OUT_KEEP: usize = 256 * 1024;
+
+/// The longest bulk string a reply may announce: Redis's own largest string value (its
+/// default `proto-max-bulk-len`, 512 MiB). floodgate's replies are far smaller; a longer
+/// announcement comes from a peer that is not a sane Redis, and is refused at once rather
+/// than waited for (and buffered) until the call's deadline.
+const MAX_BULK: i64 = 512 * 1024 * 1024;
+
 /// The connection's socket.
 enum Stream {
     Tcp(TcpStream),
@@ -402,22 +421,39 @@ impl Future for Task {
         match task.drive(cx) {
             Ok(()) => Poll::Pending,
             Err(closed) => {
-                let waiting = {
-                    let mut state = lock(&task.shared);
-                    state.closed.get_or_insert_with(|| closed.clone());
-                    state.task = None;
-                    std::mem::take(&mut state.waiting)
-                };
-                for caller in waiting {
-                    let _ = caller.send(Err(closed.clone()));
-                }
+                task.close(closed);
                 Poll::Ready(())
             }
         }
     }
 }
 
+/// A task dropped before it finished (its runtime shut down, or it panicked) closes the
+/// connection too: nothing will read the replies of the calls waiting on it, so they fail
+/// now rather than at their deadline, and the pool sees the connection closed.
+impl Drop for Task {
+    fn drop(&mut self) {
+        self.close(Closed::new(
+            io::ErrorKind::NotConnected,
+            "the connection's task ended (its runtime shut down?)",
+        ));
+    }
+}
+
 impl Task {
+    /// Marks the connection closed (by the first reason given) and fails every waiting call.
+    fn close(&self, closed: Closed) {
+        let (closed, waiting) = {
+            let mut state = lock(&self.shared);
+            let closed = state.closed.get_or_insert(closed).clone();
+            state.task = None;
+            (closed, std::mem::take(&mut state.waiting))
+        };
+        for caller in waiting {
+            let _ = caller.send(Err(closed.clone()));
+        }
+    }
+
     /// Works until the socket has nothing more to give or take; an error closes the
     /// connection.
     fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
@@ -432,6 +468,9 @@ impl Task {
                     // Everything taken before is out: take what callers wrote since.
                     self.writing.clear();
                     self.written = 0;
+                    if self.writing.capacity() > OUT_KEEP {
+                        self.writing = Vec::with_capacity(4096);
+                    }
                     std::mem::swap(&mut self.writing, &mut state.out);
                 }
                 if !state
@@ -501,20 +540,38 @@ impl Task {
         while let Some(len) = frame_len(&self.read[self.start..self.end])? {
             let frame = self.read[self.start..self.start + len].to_vec();
             self.start += len;
-            let caller = lock(&self.shared).waiting.pop_front().ok_or_else(|| {
-                Closed::new(
-                    io::ErrorKind::InvalidData,
-                    "Redis sent a reply nobody asked for",
-                )
-            })?;
+            let caller = lock(&self.shared)
+                .waiting
+                .pop_front()
+                .ok_or_else(|| unasked(&frame))?;
             // A caller that gave up (its deadline) is gone: its reply is dropped.
             let _ = caller.send(Ok(frame));
         }
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
+            if self.read.len() > READ_BUFFER {
+                // Grown for a large reply, which is handed out: back to the usual size.
+                self.read = vec![0; READ_BUFFER];
+            }
         }
         Ok(())
+    }
+}
+
+/// Why a reply no call waits for closes the connection. Redis sends one only as it closes
+/// the connection itself (`-ERR max number of clients reached`): its text says why.
+fn unasked(frame: &[u8]) -> Closed {
+    let Some(error) = frame.strip_prefix(b"-") else {
+        return Closed::new(
+            io::ErrorKind::InvalidData,
+            "Redis sent a reply nobody asked for",
+        );
+    };
+    let error = String::from_utf8_lossy(&error[..error.len().min(200)]);
+    Closed {
+        kind: io::ErrorKind::InvalidData,
+        text: format!("Redis sent an error nobody asked for: {}", error.trim_end()),
     }
 }
 
@@ -541,6 +598,9 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
             b'+' | b'-' | b':' => {}
             b'$' => {
                 let n = parse_int(number).ok_or_else(malformed)?;
+                if n > MAX_BULK {
+                    return Err(malformed());
+                }
                 if n >= 0 {
                     let n = usize::try_from(n).map_err(|_| malformed())?;
                     if buf.len() < at + n + 2 {
@@ -554,7 +614,10 @@ fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
             }
             b'*' => {
                 let n = parse_int(number).ok_or_else(malformed)?;
-                left += u64::try_from(n).unwrap_or(0);
+                // Checked: counts wrapping past 2^64 would end the frame early.
+                left = left
+                    .checked_add(u64::try_from(n).unwrap_or(0))
+                    .ok_or_else(malformed)?;
             }
             _ => return Err(malformed()),
         }
@@ -613,6 +676,21 @@ mod tests {
         for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$1\r\nab\r\n", b"+a\rb"] {
             assert!(frame_len(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// A peer's counts cannot end a frame early or make the connection wait for a reply no
+    /// Redis sends: array counts that add up past 2^64 (wrapping, in a build without overflow
+    /// checks, to "one element left") and a bulk string longer than Redis's largest are
+    /// malformed at once.
+    #[test]
+    fn absurd_lengths_are_malformed() {
+        let max = i64::MAX;
+        let wrapping = format!("*{max}\r\n*{max}\r\n*5\r\n:1\r\n");
+        assert!(frame_len(wrapping.as_bytes()).is_err());
+        assert!(frame_len(b"$999999999999\r\n").is_err());
+        assert!(frame_len(format!("${max}\r\n").as_bytes()).is_err());
+        let largest = format!("${}\r\n", MAX_BULK);
+        assert_eq!(frame_len(largest.as_bytes()).unwrap(), None);
     }
 
     /// A peer on a loopback port that, once it has read `commands` commands, reports it on
@@ -715,6 +793,269 @@ mod tests {
         assert!(conn.is_closed());
         let later = conn.request(echo("b")).await.unwrap_err();
         assert!(later.is_io_error(), "{later}");
+    }
+
+    /// A connection whose task is gone without finishing (its runtime shut down; a panic
+    /// drops it the same way) is closed: the call waiting on it fails, and so does every
+    /// later one, instead of waiting for replies nothing will ever read.
+    #[test]
+    fn a_connection_whose_task_is_gone_is_closed() {
+        use redis::IntoConnectionInfo;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let (first, second) = (runtime(), runtime());
+        let conn = first
+            .block_on(connect(&info, &tls, Duration::from_secs(10)))
+            .unwrap();
+        let waiting = second.spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        second.block_on(async {
+            while lock(&conn.handle.0).waiting.is_empty() {
+                tokio::task::yield_now().await;
+            }
+        });
+        drop(first);
+        assert!(conn.is_closed());
+        let error = second.block_on(waiting).unwrap().unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        let later = second.block_on(conn.request(echo("b"))).unwrap_err();
+        assert!(later.is_io_error(), "{later}");
+    }
+
+    /// A peer on a loopback port that answers each command with its last argument (`$-1`
+    /// if that is not a bulk string), as a Redis answers `ECHO`.
+    async fn echo_peer() -> ConnectionInfo {
+        use redis::IntoConnectionInfo;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("redis://{}/", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = socket.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    return;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                while let Some(len) = frame_len(&seen).unwrap() {
+                    let command = redis::parse_redis_value(&seen[..len]).unwrap();
+                    seen.drain(..len);
+                    let reply = match command {
+                        Value::Array(mut args) => match args.pop() {
+                            Some(Value::BulkString(arg)) => {
+                                let mut reply = format!("${}\r\n", arg.len()).into_bytes();
+                                reply.extend_from_slice(&arg);
+                                reply.extend_from_slice(b"\r\n");
+                                reply
+                            }
+                            _ => b"$-1\r\n".to_vec(),
+                        },
+                        _ => b"$-1\r\n".to_vec(),
+                    };
+                    socket.write_all(&reply).await.unwrap();
+                }
+            }
+        });
+        url.into_connection_info().unwrap()
+    }
+
+    /// A command its caller did not write whole (the caller panicked while writing it) is
+    /// not sent: the next caller's command is not read as the rest of it, and the next
+    /// caller gets its own reply.
+    #[tokio::test]
+    async fn a_command_half_written_is_not_sent() {
+        let info = echo_peer().await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let panicked = tokio::spawn({
+            let conn = conn.clone();
+            async move {
+                conn.request(|out| {
+                    out.extend_from_slice(b"*2\r\n$4\r\nECHO\r\n");
+                    panic!("the caller failed while writing its command");
+                })
+                .await
+            }
+        });
+        assert!(panicked.await.unwrap_err().is_panic());
+        assert_eq!(conn.request(echo("b")).await.unwrap(), b"$1\r\nb\r\n");
+        assert_eq!(conn.request(echo("c")).await.unwrap(), b"$1\r\nc\r\n");
+    }
+
+    /// An error Redis sends before any command (at `maxclients`, just before it closes the
+    /// connection) closes the connection, and the calls made on it then say what Redis said.
+    #[tokio::test]
+    async fn an_error_nobody_asked_for_is_told() {
+        use redis::IntoConnectionInfo;
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let (conn, accepted) = tokio::join!(
+            connect(&info, &tls, Duration::from_secs(10)),
+            listener.accept()
+        );
+        let (conn, (mut socket, _)) = (conn.unwrap(), accepted.unwrap());
+        socket
+            .write_all(b"-ERR max number of clients reached\r\n")
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !conn.is_closed() {
+            assert!(tokio::time::Instant::now() < deadline, "never closed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let error = conn.request(echo("a")).await.unwrap_err();
+        assert!(error.is_io_error(), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains("ERR max number of clients reached"),
+            "{error}"
+        );
+    }
+
+    /// After a reply larger than the read buffer and a command larger than the output
+    /// buffers keep, the buffers are back to their usual size: a long-lived connection does
+    /// not hold its largest reply's or largest burst's memory for good.
+    #[tokio::test]
+    async fn buffers_shrink_back_after_a_large_reply() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const BIG: usize = 1024 * 1024;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (client, accepted) = tokio::join!(
+            TcpStream::connect(listener.local_addr().unwrap()),
+            listener.accept()
+        );
+        let (client, (mut server, _)) = (client.unwrap(), accepted.unwrap());
+        let mut command = format!("*2\r\n$4\r\nECHO\r\n${BIG}\r\n").into_bytes();
+        command.resize(command.len() + BIG, b'x');
+        command.extend_from_slice(b"\r\n");
+        let length = command.len();
+        // Echoes the command's argument once it has all of it.
+        tokio::spawn(async move {
+            let mut seen = vec![0; length];
+            server.read_exact(&mut seen).await.unwrap();
+            let mut reply = format!("${BIG}\r\n").into_bytes();
+            reply.resize(reply.len() + BIG, b'x');
+            reply.extend_from_slice(b"\r\n");
+            server.write_all(&reply).await.unwrap();
+            let _ = server.read(&mut seen).await;
+        });
+        let shared: Shared = Arc::new(Mutex::new(State {
+            out: command,
+            waiting: VecDeque::new(),
+            task: None,
+            closed: None,
+        }));
+        let (sender, mut reply) = oneshot::channel();
+        lock(&shared).waiting.push_back(sender);
+        let mut task = Task {
+            stream: Stream::Tcp(client),
+            shared: Arc::clone(&shared),
+            writing: Vec::with_capacity(4096),
+            written: 0,
+            flush: false,
+            read: vec![0; READ_BUFFER],
+            start: 0,
+            end: 0,
+        };
+        let frame = std::future::poll_fn(|cx| {
+            task.drive(cx).unwrap();
+            Pin::new(&mut reply).poll(cx)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(bulk_payload(&frame).map(<[u8]>::len), Some(BIG));
+        assert_eq!(task.read.len(), READ_BUFFER);
+        assert!(task.writing.capacity() <= OUT_KEEP);
+        assert!(lock(&shared).out.capacity() <= OUT_KEEP);
+    }
+
+    /// Over TLS, a peer that ends its session (`close_notify`) in the middle of a reply
+    /// fails the call waiting for it with an I/O error and closes the connection; the whole
+    /// reply before it still reaches its caller.
+    #[tokio::test]
+    async fn a_tls_session_closed_mid_reply_fails_the_waiting_call() {
+        use redis::IntoConnectionInfo;
+        use rustls::pki_types::pem::PemObject;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = crate::pem::tests::pair();
+        let ca = crate::pem::tests::write(&dir, "ca.pem", &cert);
+        let tls = super::super::tls::client_config(&super::super::RedisTls {
+            ca_file: Some(ca),
+            cert_file: None,
+            key_file: None,
+        })
+        .unwrap();
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(cert.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        let server = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.unwrap();
+            let mut session = acceptor.accept(socket).await.unwrap();
+            let (mut seen, mut buf) = (Vec::new(), [0u8; 1024]);
+            let mut count = 0;
+            while count < 2 {
+                let n = session.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&buf[..n]);
+                let mut at = 0;
+                count = 0;
+                while let Some(len) = frame_len(&seen[at..]).unwrap() {
+                    at += len;
+                    count += 1;
+                }
+            }
+            session.write_all(b"$1\r\na\r\n$5\r\nhe").await.unwrap();
+            session.shutdown().await.unwrap();
+            // The TCP connection stays open: only the TLS session ended.
+            let _ = session.get_mut().0.read(&mut buf).await;
+        });
+        let info = format!("rediss://localhost:{port}/")
+            .into_connection_info()
+            .unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let first = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("a")).await }
+        });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Bounded, so that a connection that missed the end fails the test, not hangs it.
+        let cut = tokio::time::timeout(Duration::from_secs(60), conn.request(echo("hello")))
+            .await
+            .expect("the call on the ended session never ended")
+            .unwrap_err();
+        assert_eq!(first.await.unwrap().unwrap(), b"$1\r\na\r\n");
+        assert!(cut.is_io_error(), "{cut}");
+        assert!(conn.is_closed());
     }
 
     /// A bulk string's payload is taken as it is, binary bytes and CR LF included.
