@@ -765,10 +765,9 @@ mod tests {
         assert!(!conn.is_closed());
     }
 
-    /// A connection the peer closes fails the calls waiting on it and every later one, with
-    /// an I/O error (which retires it from the pool), and says it is closed.
-    #[tokio::test]
-    async fn a_closed_connection_fails_every_call() {
+    /// A connection to a loopback port, and the socket its peer accepted (the test plays
+    /// Redis on it).
+    async fn connected() -> (Conn, TcpStream) {
         use redis::IntoConnectionInfo;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let info = format!("redis://{}/", listener.local_addr().unwrap())
@@ -779,7 +778,14 @@ mod tests {
             connect(&info, &tls, Duration::from_secs(10)),
             listener.accept()
         );
-        let (conn, (socket, _)) = (conn.unwrap(), accepted.unwrap());
+        (conn.unwrap(), accepted.unwrap().0)
+    }
+
+    /// A connection the peer closes fails the calls waiting on it and every later one, with
+    /// an I/O error (which retires it from the pool), and says it is closed.
+    #[tokio::test]
+    async fn a_closed_connection_fails_every_call() {
+        let (conn, socket) = connected().await;
         let waiting = tokio::spawn({
             let conn = conn.clone();
             async move { conn.request(echo("a")).await }
@@ -899,18 +905,8 @@ mod tests {
     /// connection) closes the connection, and the calls made on it then say what Redis said.
     #[tokio::test]
     async fn an_error_nobody_asked_for_is_told() {
-        use redis::IntoConnectionInfo;
         use tokio::io::AsyncWriteExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let info = format!("redis://{}/", listener.local_addr().unwrap())
-            .into_connection_info()
-            .unwrap();
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let (conn, accepted) = tokio::join!(
-            connect(&info, &tls, Duration::from_secs(10)),
-            listener.accept()
-        );
-        let (conn, (mut socket, _)) = (conn.unwrap(), accepted.unwrap());
+        let (conn, mut socket) = connected().await;
         socket
             .write_all(b"-ERR max number of clients reached\r\n")
             .await
