@@ -264,16 +264,7 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
         task: None,
         closed: None,
     }));
-    tokio::spawn(Task {
-        stream,
-        shared: Arc::clone(&shared),
-        writing: Vec::with_capacity(4096),
-        written: 0,
-        flush: false,
-        read: vec![0; READ_BUFFER],
-        start: 0,
-        end: 0,
-    });
+    tokio::spawn(Task::new(stream, Arc::clone(&shared)));
     let conn = Conn {
         handle: Arc::new(Handle(shared)),
         db: info.redis_settings().db(),
@@ -441,6 +432,20 @@ impl Drop for Task {
 }
 
 impl Task {
+    /// The task of a connection over `stream`, its buffers empty.
+    fn new(stream: Stream, shared: Shared) -> Task {
+        Task {
+            stream,
+            shared,
+            writing: Vec::with_capacity(4096),
+            written: 0,
+            flush: false,
+            read: vec![0; READ_BUFFER],
+            start: 0,
+            end: 0,
+        }
+    }
+
     /// Marks the connection closed (by the first reason given) and fails every waiting call.
     fn close(&self, closed: Closed) {
         let (closed, waiting) = {
@@ -961,16 +966,7 @@ mod tests {
         }));
         let (sender, mut reply) = oneshot::channel();
         lock(&shared).waiting.push_back(sender);
-        let mut task = Task {
-            stream: Stream::Tcp(client),
-            shared: Arc::clone(&shared),
-            writing: Vec::with_capacity(4096),
-            written: 0,
-            flush: false,
-            read: vec![0; READ_BUFFER],
-            start: 0,
-            end: 0,
-        };
+        let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
         let frame = std::future::poll_fn(|cx| {
             task.drive(cx).unwrap();
             Pin::new(&mut reply).poll(cx)
