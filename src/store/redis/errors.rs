@@ -44,6 +44,11 @@ pub(super) fn classify(error: &RedisError) -> StoreError {
         // The ACL user may not run the script or touch the key prefix: every request fails
         // alike until an operator fixes the ACL, exactly like an outage.
         StoreError::Unavailable(format!("Redis refuses floodgate's user (ACL): {said}"))
+    } else if is_at_maxclients(error) {
+        // At `maxclients` Redis answers a new connection's first command with this and
+        // closes it: no room for floodgate's connection, an outage for the failure policy,
+        // not a defect of the script that happened to be that first command.
+        StoreError::Unavailable(format!("Redis takes no more connections: {said}"))
     } else if is_unknown_command(error) {
         // EVALSHA / EVAL / SCRIPT renamed or disabled (`rename-command`).
         StoreError::Unavailable(format!(
@@ -52,6 +57,14 @@ pub(super) fn classify(error: &RedisError) -> StoreError {
     } else {
         StoreError::Failed(format!("Redis script failed: {said}"))
     }
+}
+
+/// Whether Redis refused the connection for having `maxclients` clients already.
+fn is_at_maxclients(error: &RedisError) -> bool {
+    error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|detail| detail.starts_with("max number of clients reached"))
 }
 
 /// Whether Redis answered that it does not know the command.

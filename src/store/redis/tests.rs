@@ -99,3 +99,12 @@ async fn a_connection_closed_while_idle_is_not_lent() {
     let next = store.lend().await.unwrap();
     assert!(!next.conn.is_closed());
 }
+
+/// A call answered `-ERR max number of clients reached` (Redis at `maxclients`, refusing the
+/// connection its command came on) is an outage for the failure policy, not a script defect.
+#[test]
+fn a_redis_at_maxclients_is_an_outage() {
+    let error = classify(&server_error("ERR max number of clients reached"));
+    assert!(error.is_transient(), "{error}");
+    assert!(error.to_string().contains("no more connections"), "{error}");
+}
