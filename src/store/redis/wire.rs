@@ -30,6 +30,7 @@ use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -90,10 +91,25 @@ struct State {
     closed: Option<Closed>,
 }
 
-type Shared = Arc<Mutex<State>>;
+/// What a connection's handles and its task share: the state, and whether it is closed,
+/// which the pool asks before every call it lends the connection to, without the lock.
+struct Link {
+    state: Mutex<State>,
+    /// Set once `state.closed` is.
+    closed: AtomicBool,
+}
+
+type Shared = Arc<Link>;
+
+fn shared(state: State) -> Shared {
+    Arc::new(Link {
+        state: Mutex::new(state),
+        closed: AtomicBool::new(false),
+    })
+}
 
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
-    shared.lock().unwrap_or_else(PoisonError::into_inner)
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A connection: cheap to clone, every clone carries calls over the same socket. The socket
@@ -111,6 +127,7 @@ impl Drop for Handle {
     fn drop(&mut self) {
         let mut state = lock(&self.0);
         if state.closed.is_none() {
+            self.0.closed.store(true, Ordering::Release);
             state.closed = Some(Closed::new(
                 io::ErrorKind::NotConnected,
                 "connection dropped",
@@ -125,7 +142,7 @@ impl Drop for Handle {
 impl Conn {
     /// Whether the connection has failed (or was closed): nothing sent on it can succeed.
     pub fn is_closed(&self) -> bool {
-        lock(&self.handle.0).closed.is_some()
+        self.handle.0.closed.load(Ordering::Acquire)
     }
 
     /// Sends the command `write` appends to the connection's output buffer (whole RESP2
@@ -258,12 +275,12 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
             )));
         }
     };
-    let shared: Shared = Arc::new(Mutex::new(State {
+    let shared = shared(State {
         out: Vec::with_capacity(4096),
         waiting: VecDeque::new(),
         task: None,
         closed: None,
-    }));
+    });
     tokio::spawn(Task::new(stream, Arc::clone(&shared)));
     let conn = Conn {
         handle: Arc::new(Handle(shared)),
@@ -451,6 +468,7 @@ impl Task {
         let (closed, waiting) = {
             let mut state = lock(&self.shared);
             let closed = state.closed.get_or_insert(closed).clone();
+            self.shared.closed.store(true, Ordering::Release);
             state.task = None;
             (closed, std::mem::take(&mut state.waiting))
         };
@@ -958,12 +976,12 @@ mod tests {
             server.write_all(&reply).await.unwrap();
             let _ = server.read(&mut seen).await;
         });
-        let shared: Shared = Arc::new(Mutex::new(State {
+        let shared = shared(State {
             out: command,
             waiting: VecDeque::new(),
             task: None,
             closed: None,
-        }));
+        });
         let (sender, mut reply) = oneshot::channel();
         lock(&shared).waiting.push_back(sender);
         let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
