@@ -72,3 +72,30 @@ find_limitador() {
     fi
     [ -n "$LIMITADOR" ] || echo "(no Limitador binary: floodgate rows only)"
 }
+
+# ab_summary RESULTS LABEL DECIMALS BIN... : the summary of an A/B run (bench/cpu_ab.sh,
+# bench/ir_ab.sh). RESULTS holds one line per run, "row binary-index value not-ok"; prints per
+# row and binary the median value (against the first binary's), every run's value, and the
+# answers not OK over all runs.
+ab_summary() {
+    local results=$1 label=$2 decimals=$3
+    shift 3
+    echo "| row | binary | median $label | runs | not OK (all runs) |"
+    echo "|---|---|---|---|---|"
+    python3 - "$results" "$decimals" "$@" <<'PY'
+import statistics, sys
+path, decimals, bins = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+rows = {}
+for line in open(path):
+    row, i, value, bad = line.split()
+    rows.setdefault((row, int(i)), []).append((float(value), int(bad)))
+base = {}
+for (row, i), runs in rows.items():
+    values = [v for v, _ in runs]
+    median = statistics.median(values)
+    base.setdefault(row, median)
+    change = f" ({100 * (median / base[row] - 1):+.1f} %)" if base[row] else ""
+    print(f"| {row} | {i}: {bins[i]} | {median:.{decimals}f}{change} | "
+          f"{', '.join(f'{v:.{decimals}f}' for v in values)} | {sum(b for _, b in runs)} |")
+PY
+}

@@ -83,18 +83,6 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 echo
-echo "| row | binary | median CPU µs/req | runs | not OK (all runs) |"
-echo "|---|---|---|---|---|"
-python3 - "$WORK/results" "${BINS[@]}" <<'PY'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    row, i, cpu, bad = line.split()
-    rows.setdefault((row, int(i)), []).append((float(cpu), int(bad)))
-for (row, i), runs in rows.items():
-    cpus = [c for c, _ in runs]
-    print(f"| {row} | {i}: {sys.argv[2 + i]} | {statistics.median(cpus):.2f} | "
-          f"{', '.join(f'{c:.2f}' for c in cpus)} | {sum(b for _, b in runs)} |")
-PY
+ab_summary "$WORK/results" "CPU µs/req" 2 "${BINS[@]}"
 echo
 echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average: $(cut -d' ' -f1-3 /proc/loadavg), FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"

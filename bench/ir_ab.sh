@@ -133,22 +133,7 @@ for round in $(seq "$ROUNDS"); do
     done
 done
 echo
-echo "| row | binary | median Ir per OK answer | runs | not OK (all runs) |"
-echo "|---|---|---|---|---|"
-python3 - "$WORK/results" "${BINS[@]}" <<'PY'
-import statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    row, i, per, bad = line.split()
-    rows.setdefault((row, int(i)), []).append((float(per), int(bad)))
-base = {}
-for (row, i), runs in rows.items():
-    irs = [p for p, _ in runs]
-    median = statistics.median(irs)
-    base.setdefault(row, median)
-    print(f"| {row} | {i}: {sys.argv[2 + i]} | {median:.0f} ({100 * (median / base[row] - 1):+.1f} %) | "
-          f"{', '.join(f'{p:.0f}' for p in irs)} | {sum(b for _, b in runs)} |")
-PY
+ab_summary "$WORK/results" "Ir per OK answer" 0 "${BINS[@]}"
 [ -f "$WORK/top" ] && { echo; cat "$WORK/top"; }
 echo
 echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), valgrind $(valgrind --version), h2load $CLIENTS × $STREAMS, $REQUESTS requests counted after $WARMUP, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
