@@ -504,11 +504,9 @@ mod tests {
         assert!(packed.is_empty());
     }
 
-    /// A reference counter's KEYS entry is its own name (the store's prefix is not added)
-    /// ending with the stamped window start, and its numbers carry flag 16 and its EXPIRE in
-    /// the burst slot.
-    #[test]
-    fn reference_counter_layout() {
+    /// A fixed window of cost 2 on a counter shared with reference pods (`rl_edge_ip_…`,
+    /// stamped in the minute starting at 1_700_000_100).
+    fn shared_counter_op() -> BucketOp {
         use crate::bucket::{ReferenceCounter, ReferenceKey};
         let mut counter = ReferenceCounter::new(ReferenceKey::new(
             b"rl_",
@@ -518,6 +516,15 @@ mod tests {
         counter.stamp(1_700_000_123, 60, 0, 0);
         let mut shared = op(Algorithm::FixedWindow, 2, true);
         shared.reference = Some(counter);
+        shared
+    }
+
+    /// A reference counter's KEYS entry is its own name (the store's prefix is not added)
+    /// ending with the stamped window start, and its numbers carry flag 16 and its EXPIRE in
+    /// the burst slot.
+    #[test]
+    fn reference_counter_layout() {
+        let shared = shared_counter_op();
         let ops = [shared, op(Algorithm::FixedWindow, 1, false)];
         assert_eq!(
             keys(b"fg:", &ops),
@@ -542,15 +549,7 @@ mod tests {
     /// [`command`]: every kind of op, a reference counter, `now` given or not, no op at all.
     #[test]
     fn written_command_is_the_packed_command() {
-        use crate::bucket::{ReferenceCounter, ReferenceKey};
-        let mut counter = ReferenceCounter::new(ReferenceKey::new(
-            b"rl_",
-            "edge",
-            [(&b"ip"[..], &b"10.0.0.1"[..])],
-        ));
-        counter.stamp(1_700_000_123, 60, 0, 0);
-        let mut shared = op(Algorithm::FixedWindow, 2, true);
-        shared.reference = Some(counter);
+        let shared = shared_counter_op();
         let mut overdraft = op(Algorithm::FixedWindow, -2, false);
         overdraft.params.overdraft = true;
         overdraft.debited_in = Some(28_333_333);
