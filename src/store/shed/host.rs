@@ -141,39 +141,10 @@ mod tests {
         assert_eq!(delay.get(), 5_250);
     }
 
-    /// On a thread whose runtime runs the probe, the delay is published to that thread; a
-    /// thread without one reads 0.
-    #[test]
-    fn the_probe_publishes_its_threads_delay() {
-        assert_eq!(current(), 0);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let probe = tokio::spawn(probe());
-            // A task that keeps the thread busy for 20 ms at a time, for 10 rounds: the
-            // probe waits behind it.
-            for _ in 0..10 {
-                std::thread::sleep(Duration::from_millis(20));
-                tokio::task::yield_now().await;
-            }
-            let mut waited = 0;
-            while current() == 0 && waited < 1_000 {
-                std::thread::sleep(Duration::from_millis(20));
-                tokio::task::yield_now().await;
-                waited += 1;
-            }
-            probe.abort();
-        });
-        assert!(current() > 0, "the busy thread's delay was published");
-        let other = std::thread::spawn(current).join().unwrap();
-        assert_eq!(other, 0);
-    }
-
-    /// A running probe's delay is among those [`largest`] reads, the gauge's source.
-    #[test]
-    fn the_largest_delay_covers_every_probing_thread() {
+    /// Runs the probe on a current-thread runtime of this thread, keeps the thread busy 20 ms
+    /// at a time (the probe waits behind it) until the probe has published a delay (at most
+    /// 1,000 rounds), then runs `check` while the probe still runs.
+    fn with_a_busy_probed_thread(check: impl FnOnce()) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -181,19 +152,38 @@ mod tests {
         runtime.block_on(async {
             let probe = tokio::spawn(probe());
             let mut rounds = 0;
-            // Keeps the thread busy 20 ms at a time until the probe has published a delay
-            // (other tests' probes may publish too: the largest is at least this one's).
             while current() == 0 && rounds < 1_000 {
                 std::thread::sleep(Duration::from_millis(20));
                 tokio::task::yield_now().await;
                 rounds += 1;
             }
+            check();
+            probe.abort();
+        });
+    }
+
+    /// On a thread whose runtime runs the probe, the delay is published to that thread; a
+    /// thread without one reads 0.
+    #[test]
+    fn the_probe_publishes_its_threads_delay() {
+        assert_eq!(current(), 0);
+        with_a_busy_probed_thread(|| {
+            assert!(current() > 0, "the busy thread's delay was published");
+        });
+        let other = std::thread::spawn(current).join().unwrap();
+        assert_eq!(other, 0);
+    }
+
+    /// A running probe's delay is among those [`largest`] reads, the gauge's source (other
+    /// tests' probes may publish too: the largest is at least this one's).
+    #[test]
+    fn the_largest_delay_covers_every_probing_thread() {
+        with_a_busy_probed_thread(|| {
             assert!(current() > 0, "the probe published a delay");
             assert!(
                 largest() >= Duration::from_nanos(current() / ROUNDS_PER_ANSWER),
                 "the largest delay covers this thread's"
             );
-            probe.abort();
         });
     }
 }
