@@ -12,8 +12,10 @@
 //!   answered its call; a fixed window's lease also ends with the window it was debited in),
 //!   requests on the bucket take their cost from the lease with no Redis call. Because every
 //!   token was debited in Redis before it is spent, admissions across replicas never exceed
-//!   the limit. Once half is spent, the next request renews it in its own call (the tokens
-//!   are added to the lease), while the rest answers the requests arriving meanwhile.
+//!   the limit. Once half is spent (or in the last quarter of its lifetime, while the bucket
+//!   is hot), the next request renews it in its own call, topping it up to its size
+//!   (below), while the rest answers the requests arriving meanwhile: under steady demand
+//!   a lease never runs out or expires while its renewal is awaited.
 //! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a
 //!   lease taken under other limit parameters (a reload changed the limit), and every lease
 //!   at shutdown send their unspent tokens back as a refund: to a token bucket (never past its

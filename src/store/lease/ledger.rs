@@ -199,21 +199,38 @@ impl Entry {
             self.end(key, returns);
         }
         // Sized from this replica's own demand: half as much again as one lifetime's worth,
-        // so a steady stream does not run out before the lease ends; never more than the
-        // bucket's share with what is held, nor more than Redis last had left beside this
-        // request.
+        // so a steady stream does not run out before the lease ends. An ask tops the lease
+        // up to that, counting what it holds: a renewal that added a whole lease on top of
+        // the half left would make a lease that the demand cannot spend to half within its
+        // lifetime, so it would expire unspent (its rest refunded, then a new ask, and the
+        // requests during it sent to Redis one by one). Never more than the bucket's share
+        // with what is held, nor more than Redis last had left beside this request.
         let held = self.lease.as_ref().map_or(0, |lease| lease.left);
         let demand = self.demand.max(self.last_demand);
         let wanted = demand.saturating_add(demand / 2);
         let room = self.hint.unwrap_or(0).saturating_sub(cost);
-        let augment = wanted
+        // A lease in the last quarter of its lifetime that the demand will not spend to half
+        // before it ends (it slowed, or stalled behind other calls) is renewed too, with at
+        // least a minimal lease's worth, so that its call starts its lifetime again: while
+        // the bucket stays hot it is never left to expire with the demand still there.
+        let expiring = wanted >= MIN_LEASE
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|lease| now + sizing.lifetime / 4 >= lease.expires);
+        let top_up = if expiring {
+            wanted.saturating_sub(held).max(MIN_LEASE)
+        } else {
+            wanted.saturating_sub(held)
+        };
+        let augment = top_up
             .min(sizing.max_lease(&op.params).saturating_sub(held))
             .min(room);
         let can_ask = !self.acquiring && augment >= MIN_LEASE;
         if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
-            // Renewed once half spent, by this request's own call, while the other half
-            // still answers the requests that arrive during that call.
-            let renew = can_ask && (lease.left - cost).saturating_mul(2) < lease.size;
+            // Renewed once half spent (or in its last quarter lifetime), by this request's
+            // own call, while the rest still answers the requests that arrive during it.
+            let renew = can_ask && ((lease.left - cost).saturating_mul(2) < lease.size || expiring);
             if !renew {
                 lease.left -= cost;
                 return Route::Local(Take {
