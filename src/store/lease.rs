@@ -44,7 +44,11 @@
 //!
 //! **Where it sits.** Between [`super::ResilientStore`] and the Redis store (standalone,
 //! Sentinel, Cluster or split: any [`RemoteStore`]): the over-limit cache, the circuit breaker,
-//! the shedder and the failure policy stay in front of it. So a Redis fault is never answered
+//! the shedder and the failure policy stay in front of it. A request answered from leases
+//! alone ([`RemoteStore::answer_locally`]) is answered before the shedder: it makes no call,
+//! so it neither takes a place among the calls to Redis nor waits behind them for one (a
+//! queue that stands in front of Redis under overload would otherwise hold up the very
+//! answers that need no Redis, and their instant answers would count as calls' latencies). So a Redis fault is never answered
 //! from a lease beyond its tokens: a call that fails is the failure policy's to answer, and
 //! while the circuit is open no request reaches the leases at all (their tokens stay debited
 //! until they expire, and the sweeper's returns fail until Redis is back: under-admission,
@@ -543,6 +547,49 @@ impl Store for LeaseStore {
 impl RemoteStore for LeaseStore {
     async fn probe(&self) -> Result<(), StoreError> {
         self.inner.probe().await
+    }
+
+    /// Every op taken from a current lease with no renewal due, or none: the request is then
+    /// [`Store::apply`]'s, as if this had not been asked.
+    fn answer_locally(&self, ops: &[BucketOp]) -> Option<Applied> {
+        if ops.is_empty() || !ops.iter().all(|op| self.sizing.leasable(op)) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut flight = Flight {
+            store: self,
+            ops,
+            routes: Vec::with_capacity(ops.len()),
+            settled: false,
+        };
+        for op in ops {
+            // An op that cannot be taken ends the attempt: dropping the flight gives the
+            // tokens already taken back to their leases.
+            let take = {
+                let mut shard = self.shard(&op.key);
+                shard
+                    .get_mut(&op.key)
+                    .and_then(|entry| entry.take(op, now, &self.sizing))
+            };
+            flight.routes.push(Route::Local(take?));
+        }
+        for op in ops {
+            if let Some(entry) = self.shard(&op.key).get_mut(&op.key) {
+                entry.count(op, now, &self.sizing);
+            }
+        }
+        let mut returns = Vec::new();
+        let applied = self.settle(
+            ops,
+            &mut flight,
+            &[],
+            &Applied::nothing(),
+            now,
+            &mut returns,
+        );
+        self.metrics.record_local_answer();
+        self.return_later(returns);
+        Some(applied)
     }
 }
 

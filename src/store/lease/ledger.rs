@@ -137,6 +137,17 @@ pub(super) enum Route {
     },
 }
 
+/// Where [`Entry::plan`] sends an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// From the lease held.
+    Local,
+    /// To Redis, asking for this many tokens more as a lease (or its renewal).
+    Ask(u64),
+    /// To Redis without an ask.
+    Plain,
+}
+
 /// What this replica knows of one leasable bucket.
 #[derive(Clone, Debug)]
 pub(super) struct Entry {
@@ -189,15 +200,53 @@ impl Entry {
         sizing: &Sizing,
         returns: &mut Vec<BucketOp>,
     ) -> Route {
-        let cost = op.cost.unsigned_abs();
-        self.observe(now, cost, sizing.lifetime);
-        if self
-            .lease
-            .as_ref()
-            .is_some_and(|lease| lease.params != op.params || now >= lease.expires)
-        {
+        self.observe(now, op.cost.unsigned_abs(), sizing.lifetime);
+        if self.stale(op, now) {
             self.end(key, returns);
         }
+        match self.plan(op, now, sizing) {
+            Plan::Local => match self.spend(op, now) {
+                Some(take) => Route::Local(take),
+                None => Route::Remote { augment: 0 },
+            },
+            Plan::Ask(augment) => {
+                self.acquiring = true;
+                Route::Remote { augment }
+            }
+            Plan::Plain => Route::Remote { augment: 0 },
+        }
+    }
+
+    /// Takes `op`'s cost from the lease at `now` if [`Entry::route`] would answer it locally
+    /// (a lease held, current, enough left, no renewal due); otherwise changes nothing. Its
+    /// demand is not counted: the caller counts it ([`Entry::count`]) once the whole request
+    /// is answered locally, or routes it.
+    pub(super) fn take(&mut self, op: &BucketOp, now: Instant, sizing: &Sizing) -> Option<Take> {
+        if self.lease.is_none() || self.stale(op, now) {
+            return None;
+        }
+        match self.plan(op, now, sizing) {
+            Plan::Local => self.spend(op, now),
+            Plan::Ask(_) | Plan::Plain => None,
+        }
+    }
+
+    /// Counts the demand of `op`, answered locally at `now` by [`Entry::take`].
+    pub(super) fn count(&mut self, op: &BucketOp, now: Instant, sizing: &Sizing) {
+        self.observe(now, op.cost.unsigned_abs(), sizing.lifetime);
+    }
+
+    /// Whether the lease held must end before `op`: it expired, or was taken under other
+    /// limit parameters (a reload changed the limit).
+    fn stale(&self, op: &BucketOp, now: Instant) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|lease| lease.params != op.params || now >= lease.expires)
+    }
+
+    /// Where `op` goes at `now`, the lease (if any) current.
+    fn plan(&self, op: &BucketOp, now: Instant, sizing: &Sizing) -> Plan {
+        let cost = op.cost.unsigned_abs();
         // Sized from this replica's own demand: half as much again as one lifetime's worth,
         // so a steady stream does not run out before the lease ends. An ask tops the lease
         // up to that, counting what it holds: a renewal that added a whole lease on top of
@@ -227,25 +276,33 @@ impl Entry {
             .min(sizing.max_lease(&op.params).saturating_sub(held))
             .min(room);
         let can_ask = !self.acquiring && augment >= MIN_LEASE;
-        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
+        match &self.lease {
             // Renewed once half spent (or in its last quarter lifetime), by this request's
             // own call, while the rest still answers the requests that arrive during it.
-            let renew = can_ask && ((lease.left - cost).saturating_mul(2) < lease.size || expiring);
-            if !renew {
-                lease.left -= cost;
-                return Route::Local(Take {
-                    lease: lease.id,
-                    tokens: cost,
-                    params: lease.params,
-                    window: lease.window,
-                    view: lease.view(now),
-                });
+            Some(lease) if lease.left >= cost => {
+                if can_ask && ((lease.left - cost).saturating_mul(2) < lease.size || expiring) {
+                    Plan::Ask(augment)
+                } else {
+                    Plan::Local
+                }
             }
-        } else if !can_ask {
-            return Route::Remote { augment: 0 };
+            _ if can_ask => Plan::Ask(augment),
+            _ => Plan::Plain,
         }
-        self.acquiring = true;
-        Route::Remote { augment }
+    }
+
+    /// Takes `op`'s cost from the lease held (which has enough).
+    fn spend(&mut self, op: &BucketOp, now: Instant) -> Option<Take> {
+        let cost = op.cost.unsigned_abs();
+        let lease = self.lease.as_mut().filter(|lease| lease.left >= cost)?;
+        lease.left -= cost;
+        Some(Take {
+            lease: lease.id,
+            tokens: cost,
+            params: lease.params,
+            window: lease.window,
+            view: lease.view(now),
+        })
     }
 
     /// Redis answered `op` (sent with `augment` more tokens at `sent`, answered at `now`)
