@@ -48,7 +48,14 @@
 #    unless OVL_GRPC_TIMEOUT gives one (Envoy sends its filter's timeout, 20m by default).
 #    OVL_BINS names several binaries: each repeat (OVL_REPEATS, default 1) runs the rows on
 #    each in turn, alternated, so that a machine whose speed drifts affects them alike; the
-#    ratios of one run are the figures to compare.
+#    ratios of one run are the figures to compare. OVL_CLOSED_ROWS sets the rows (default
+#    "128 512 1024 128+2"; N+S: N in flight, S seconds after the run before; "128 128 128
+#    128+2" is the control without the overload). Beside each row, counts per OK answer,
+#    which a loaded machine's speed does not change: script calls and Redis's own µs per
+#    call (INFO commandstats), the share answered from leases alone, requests sent to Redis
+#    and leases taken per 1,000 OK answers, tokens per lease, floodgate's and Redis's CPU
+#    per OK answer; and the mean store call, the RSS, the bound and the not-OK answers by
+#    kind (FLOODGATE_REDIS_TIMEOUT_MS=200 removes the timeouts a loaded host causes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -242,7 +249,7 @@ h2() {
 }
 
 # snap FILE : a snapshot of floodgate's counters (requests by result, store errors by kind,
-# leases, store time, the bound, the host's delay), its CPU time and RSS, and Redis's
+# leases, store time, the bound), its CPU time and RSS, and Redis's
 # commandstats, CPU and keyspace counters, as one JSON line in FILE.
 snap() {
     python3 - "$HTTP_PORT" "$REDIS_PORT" "$SRV_PID" >"$1" <<'PY'
@@ -265,8 +272,7 @@ s = {"results": {r: total("floodgate_requests_total", f'result="{r}"')
      "lease_tokens": total("floodgate_lease_tokens_total"),
      "store_s": total("floodgate_store_duration_seconds_sum"),
      "store_n": total("floodgate_store_duration_seconds_count"),
-     "bound": total("floodgate_redis_calls_bound"),
-     "host_s": total("floodgate_host_delay_seconds")}
+     "bound": total("floodgate_redis_calls_bound")}
 stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
 s["cpu_s"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 s["rss_mb"] = int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{pid}/status").read()).group(1)) / 1024
@@ -309,7 +315,7 @@ print(f"| {label} | {ok_s:.0f} | {int(not_ok)} ({int(shed)}) | {ok_s / max(base,
       f"| {d('store_s') / d('store_n') * 1e3 if d('store_n') else 0:.2f} "
       f"| {per_ok(d('cpu_s')) * 1e6:.1f} | {per_ok(d('redis_cpu_s')) * 1e6:.1f} "
       f"| {per_ok(sum(results.values()) - shed - d('local')) * 1e3:.1f} | {per_ok(d('acquired')) * 1e3:.1f} | {d('lease_tokens') / d('acquired') if d('acquired') else 0:.0f} "
-      f"| {b['rss_mb']:.0f} | {int(b['bound'])} | {b['host_s'] * 1e3:.2f} | {why or '-'} |", file=sys.stderr)
+      f"| {b['rss_mb']:.0f} | {int(b['bound'])} | {why or '-'} |", file=sys.stderr)
 print(base)
 PY
     )
@@ -322,11 +328,11 @@ if [[ " $PARTS " == *" closed "* ]]; then
     echo "Per row, beside OK/s: script calls per OK answer and Redis's own µs per script call"
     echo "(INFO commandstats), the share of OK answers decided from leases alone, the mean store"
     echo "call (ms, shedder's wait included), floodgate's and Redis's CPU µs per OK answer, the"
-    echo "server's RSS, the bound on calls to Redis and the host's delay at the end of the run,"
-    echo "and the answers not OK by why (result, then store error kinds other than shed)."
+    echo "server's RSS and the bound on calls to Redis at the end of the run, and the answers"
+    echo "not OK by why (result, then store error kinds other than shed)."
     echo
-    echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 | calls/OK | Redis µs/call | leased | store ms | CPU µs/OK | Redis CPU µs/OK | to Redis per 1k OK | leases per 1k OK | tokens per lease | RSS MB | bound | host ms | not OK: why |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 | calls/OK | Redis µs/call | leased | store ms | CPU µs/OK | Redis CPU µs/OK | to Redis per 1k OK | leases per 1k OK | tokens per lease | RSS MB | bound | not OK: why |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for repeat in $(seq "$REPEATS"); do
         for n in $DESCRIPTORS; do
             body=one; [ "$n" = 4 ] && body=four
