@@ -12,10 +12,12 @@
 //!   answered its call; a fixed window's lease also ends with the window it was debited in),
 //!   requests on the bucket take their cost from the lease with no Redis call. Because every
 //!   token was debited in Redis before it is spent, admissions across replicas never exceed
-//!   the limit. Once half is spent (or in the last quarter of its lifetime, while the bucket
-//!   is hot), the next request renews it in its own call, topping it up to its size
-//!   (below), while the rest answers the requests arriving meanwhile: under steady demand
-//!   a lease never runs out or expires while its renewal is awaited.
+//!   the limit. Once half is spent (or less than a round trip's demand is left, or in the
+//!   last quarter of its lifetime, while the bucket is hot), the next request renews it in
+//!   its own call, topping it up to its size (below), while the rest answers the requests
+//!   arriving meanwhile; a token bucket's lease does not expire while its renewal is in
+//!   flight. Under steady demand a lease never runs out or expires while its renewal is
+//!   awaited.
 //! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a
 //!   lease taken under other limit parameters (a reload changed the limit), and every lease
 //!   at shutdown send their unspent tokens back as a refund: to a token bucket (never past its
@@ -28,11 +30,12 @@
 //!   for a lease never turns an admission into a denial.
 //! - **Bounded cost.** Tokens in one replica's lease are unavailable to the others until spent
 //!   or returned: at most `--lease-fraction` of a bucket's capacity per replica, for at most
-//!   [`LIFETIME`]. A replica that dies holding a lease loses those tokens: a token bucket
+//!   [`LIFETIME`] (and the call renewing it). A replica that dies holding a lease loses those tokens: a token bucket
 //!   refills them at its rate, a fixed window gets them back when it ends.
 //!
 //! Sizing: a lease holds half as much again as this replica's demand on
-//! the bucket over the last lifetime, at most `--lease-fraction` × capacity (a token
+//! the bucket over the last lifetime, plus what that demand spends during one ask's round
+//! trip, at most `--lease-fraction` × capacity (a token
 //! bucket's burst, a fixed window's limit), at most what Redis last reported left beside the
 //! request. A bucket is *hot* once that comes to [`MIN_LEASE`] tokens; a bucket whose
 //! share is below that is never leased, so small limits behave exactly as without leases.

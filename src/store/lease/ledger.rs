@@ -164,6 +164,9 @@ pub(super) struct Entry {
     hint: Option<u64>,
     /// A call asking for a lease is in flight: no second one until it is answered.
     acquiring: bool,
+    /// How long the last ask took, sent to answered: the tokens the demand spends meanwhile
+    /// must still be in the lease when a renewal is asked for.
+    round_trip: Duration,
     /// The lease held, if any.
     lease: Option<Lease>,
 }
@@ -178,6 +181,7 @@ impl Entry {
             last_seen: now,
             hint: None,
             acquiring: false,
+            round_trip: Duration::ZERO,
             lease: None,
         }
     }
@@ -241,7 +245,18 @@ impl Entry {
     fn stale(&self, op: &BucketOp, now: Instant) -> bool {
         self.lease
             .as_ref()
-            .is_some_and(|lease| lease.params != op.params || now >= lease.expires)
+            .is_some_and(|lease| lease.params != op.params || self.expired(lease, now))
+    }
+
+    /// Whether `lease` (this entry's) has expired at `now`. A token bucket's lease whose
+    /// renewal is in flight is kept until the renewal is answered (or fails): ended at its
+    /// lifetime's end, the requests arriving during a slow call (a busy host's, tens of
+    /// milliseconds) would go to Redis one by one while its tokens went back, only for the
+    /// renewal to bring a top-up too small to last. Its tokens were debited before, so this
+    /// admits nothing more; it hides them from other replicas one call longer. A fixed
+    /// window's lease ends with its window whatever is in flight.
+    fn expired(&self, lease: &Lease, now: Instant) -> bool {
+        now >= lease.expires && !(self.acquiring && lease.window.is_none())
     }
 
     /// Where `op` goes at `now`, the lease (if any) current.
@@ -256,7 +271,15 @@ impl Entry {
         // with what is held, nor more than Redis last had left beside this request.
         let held = self.lease.as_ref().map_or(0, |lease| lease.left);
         let demand = self.demand.max(self.last_demand);
-        let wanted = demand.saturating_add(demand / 2);
+        // What the demand spends during one ask's round trip: a renewal is asked for while
+        // the lease still holds that (and a quarter more), and tops the lease up by it, so
+        // that a slow round trip (a busy host's) does not leave it dry before the renewal
+        // lands.
+        let in_flight = u64::try_from(
+            u128::from(demand) * self.round_trip.as_nanos() / sizing.lifetime.as_nanos().max(1),
+        )
+        .unwrap_or(u64::MAX);
+        let wanted = demand.saturating_add(demand / 2).saturating_add(in_flight);
         let room = self.hint.unwrap_or(0).saturating_sub(cost);
         // A lease in the last quarter of its lifetime that the demand will not spend to half
         // before it ends (it slowed, or stalled behind other calls) is renewed too, with at
@@ -280,7 +303,9 @@ impl Entry {
             // Renewed once half spent (or in its last quarter lifetime), by this request's
             // own call, while the rest still answers the requests that arrive during it.
             Some(lease) if lease.left >= cost => {
-                if can_ask && ((lease.left - cost).saturating_mul(2) < lease.size || expiring) {
+                let low = (lease.left - cost).saturating_mul(2) < lease.size
+                    || lease.left - cost < in_flight.saturating_add(in_flight / 4);
+                if can_ask && (low || expiring) {
                     Plan::Ask(augment)
                 } else {
                     Plan::Local
@@ -327,6 +352,7 @@ impl Entry {
             return 0;
         }
         self.acquiring = false;
+        self.round_trip = now.saturating_duration_since(sent);
         let windowed = op.params.algorithm == Algorithm::FixedWindow;
         // A fixed window's debit that names no window was not stored; nothing to hold.
         if !committed || !result.admitted || (windowed && result.window.is_none()) {
@@ -346,8 +372,12 @@ impl Entry {
         }
         // A renewal of the lease held (same limit, same window) adds to it, keeping its id
         // so that tokens given back by requests in flight still land in it.
+        // A token bucket's lease past its lifetime is still here only because this renewal
+        // was in flight (see `expired`).
         if let Some(lease) = self.lease.as_mut().filter(|lease| {
-            lease.params == op.params && lease.window == result.window && now < lease.expires
+            lease.params == op.params
+                && lease.window == result.window
+                && (now < lease.expires || lease.window.is_none())
         }) {
             lease.left += augment;
             lease.size = lease.left;
@@ -417,7 +447,7 @@ impl Entry {
         if self
             .lease
             .as_ref()
-            .is_some_and(|lease| now >= lease.expires)
+            .is_some_and(|lease| self.expired(lease, now))
         {
             self.end(key, returns);
         }

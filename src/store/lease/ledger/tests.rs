@@ -495,3 +495,18 @@ fn a_slowed_lease_is_renewed_before_it_expires() {
     );
     assert_eq!((churn.plain, churn.expired), (0, 0), "{churn:?}");
 }
+
+/// A renewal slower than a quarter of the lease's lifetime (a busy host's round trip) does
+/// not leave a gap: the lease it renews is spent until it lands, so no request goes to Redis
+/// without an ask and no lease ends unspent.
+#[test]
+fn a_slow_renewal_leaves_no_gap() {
+    for rtt in [30, 40] {
+        let churn = steady(|_| 20, Duration::from_millis(rtt), 200, 2_200);
+        assert_eq!(
+            (churn.plain, churn.expired),
+            (0, 0),
+            "{rtt} ms round trip: {churn:?}"
+        );
+    }
+}
