@@ -30,15 +30,16 @@
 //!   for a lease never turns an admission into a denial.
 //! - **Bounded cost.** Tokens in one replica's lease are unavailable to the others until spent
 //!   or returned: at most `--lease-fraction` of a bucket's capacity per replica, for at most
-//!   [`LIFETIME`] (and the call renewing it). A replica that dies holding a lease loses those tokens: a token bucket
-//!   refills them at its rate, a fixed window gets them back when it ends.
+//!   [`LIFETIME`] (and the call renewing it). A replica that dies holding a lease loses those
+//!   tokens: a token bucket refills them at its rate, a fixed window gets them back when it
+//!   ends.
 //!
-//! Sizing: a lease holds half as much again as this replica's demand on
-//! the bucket over the last lifetime, plus what that demand spends during one ask's round
-//! trip, at most `--lease-fraction` × capacity (a token
-//! bucket's burst, a fixed window's limit), at most what Redis last reported left beside the
-//! request. A bucket is *hot* once that comes to [`MIN_LEASE`] tokens; a bucket whose
-//! share is below that is never leased, so small limits behave exactly as without leases.
+//! Sizing: a lease holds half as much again as this replica's demand on the bucket over the
+//! last lifetime, plus what that demand spends during one ask's round trip, at most
+//! `--lease-fraction` × capacity (a token bucket's burst, a fixed window's limit), at most
+//! what Redis last reported left beside the request. A bucket is *hot* once that comes to
+//! [`MIN_LEASE`] tokens; a bucket whose share is below that is never leased, so small limits
+//! behave exactly as without leases.
 //!
 //! Not leased (sent to Redis as without leases): checks and
 //! `is_negative_hits` refunds, shadow-mode buckets, `overdraft` and shaped (`max_wait`)
@@ -47,16 +48,16 @@
 //!
 //! **Where it sits.** Between [`super::ResilientStore`] and the Redis store (standalone,
 //! Sentinel, Cluster or split: any [`RemoteStore`]): the over-limit cache, the circuit breaker,
-//! the shedder and the failure policy stay in front of it. A request answered from leases
-//! alone ([`RemoteStore::answer_locally`]) is answered before the shedder: it makes no call,
-//! so it neither takes a place among the calls to Redis nor waits behind them for one (a
-//! queue that stands in front of Redis under overload would otherwise hold up the very
-//! answers that need no Redis, and their instant answers would count as calls' latencies). So a Redis fault is never answered
+//! the shedder and the failure policy stay in front of it. So a Redis fault is never answered
 //! from a lease beyond its tokens: a call that fails is the failure policy's to answer, and
 //! while the circuit is open no request reaches the leases at all (their tokens stay debited
 //! until they expire, and the sweeper's returns fail until Redis is back: under-admission,
 //! never over-admission). The memory store has no leases: one process has no round trip to
-//! save.
+//! save. A request answered from leases alone ([`RemoteStore::answer_locally`]) is answered
+//! before the shedder: it makes no call, so it neither takes a place among the calls to
+//! Redis nor waits behind them for one (a queue that stands in front of Redis under overload
+//! would otherwise hold up the very answers that need no Redis, and their instant answers
+//! would count as calls' latencies).
 //!
 //! **What a lease answer reports.** `limit_remaining`: what Redis reported left when the lease
 //! was taken plus what the lease has left, at most the capacity — this replica's view, at most

@@ -99,8 +99,8 @@ pub trait RemoteStore: Store {
     async fn probe(&self) -> Result<(), StoreError>;
 
     /// Answers `ops` at once, with no call, when this replica already holds all they need
-    /// (leases, [`lease::LeaseStore`]); `None` otherwise, and nothing changed. Such an answer takes
-    /// no place among the calls in flight to the store ([`ResilientStore`]'s bound).
+    /// (leases, [`lease::LeaseStore`]); `None` otherwise, and nothing changed. Such an answer
+    /// takes no place among the calls in flight to the store ([`ResilientStore`]'s bound).
     fn answer_locally(&self, ops: &[BucketOp]) -> Option<Applied> {
         let _ = ops;
         None
