@@ -274,11 +274,13 @@ impl Entry {
         // What the demand spends during one ask's round trip: a renewal is asked for while
         // the lease still holds that (and a quarter more), and tops the lease up by it, so
         // that a slow round trip (a busy host's) does not leave it dry before the renewal
-        // lands.
+        // lands. At most one lifetime's demand: one stalled call (a pause of the host) does
+        // not swell the next leases past what a lifetime's tokens are worth.
         let in_flight = u64::try_from(
             u128::from(demand) * self.round_trip.as_nanos() / sizing.lifetime.as_nanos().max(1),
         )
-        .unwrap_or(u64::MAX);
+        .unwrap_or(u64::MAX)
+        .min(demand);
         let wanted = demand.saturating_add(demand / 2).saturating_add(in_flight);
         let room = self.hint.unwrap_or(0).saturating_sub(cost);
         // A lease in the last quarter of its lifetime that the demand will not spend to half
