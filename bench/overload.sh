@@ -48,7 +48,14 @@
 #    unless OVL_GRPC_TIMEOUT gives one (Envoy sends its filter's timeout, 20m by default).
 #    OVL_BINS names several binaries: each repeat (OVL_REPEATS, default 1) runs the rows on
 #    each in turn, alternated, so that a machine whose speed drifts affects them alike; the
-#    ratios of one run are the figures to compare.
+#    ratios of one run are the figures to compare. OVL_CLOSED_ROWS sets the rows (default
+#    "128 512 1024 128+2"; N+S: N in flight, S seconds after the run before; "128 128 128
+#    128+2" is the control without the overload). Beside each row, counts per OK answer,
+#    which a loaded machine's speed does not change: script calls and Redis's own µs per
+#    call (INFO commandstats), the share answered from leases alone, requests sent to Redis
+#    and leases taken per 1,000 OK answers, tokens per lease, floodgate's and Redis's CPU
+#    per OK answer; and the mean store call, the RSS, the bound and the not-OK answers by
+#    kind (FLOODGATE_REDIS_TIMEOUT_MS=200 removes the timeouts a loaded host causes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -65,6 +72,7 @@ PARTS=${OVL_PARTS:-"open closed"}
 REPEATS=${OVL_REPEATS:-1}
 DESCRIPTORS=${OVL_DESCRIPTORS:-"1 4"}
 GRPC_TIMEOUT=${OVL_GRPC_TIMEOUT:-}
+CLOSED_ROWS=${OVL_CLOSED_ROWS:-"128 512 1024 128+2"}
 TARGET=${CARGO_TARGET_DIR:-target}
 if [ -z "${OVL_BINS:-}" ] && { [ -z "${BENCH_BIN:-}" ] || [ -z "${LOADGEN_BIN:-}" ]; }; then
     cargo build --profile production --quiet --bin floodgate --example loadgen
@@ -240,22 +248,91 @@ h2() {
         >"$WORK/h2.out" 2>&1 || true
 }
 
-# closed IN_FLIGHT BODY : one run of SECONDS_PER_RUN on the running server; prints
-# "ok_per_s not_ok shed".
+# snap FILE : a snapshot of floodgate's counters (requests by result, store errors by kind,
+# leases, store time, the bound), its CPU time and RSS, and Redis's
+# commandstats, CPU and keyspace counters, as one JSON line in FILE.
+snap() {
+    python3 - "$HTTP_PORT" "$REDIS_PORT" "$SRV_PID" >"$1" <<'PY'
+import json, os, re, subprocess, sys, urllib.request
+http, redis, pid = sys.argv[1:]
+m = {}
+for line in urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics").read().decode().splitlines():
+    if line.startswith("#") or " " not in line:
+        continue
+    name, value = line.rsplit(" ", 1)
+    m[name] = m.get(name, 0) + float(value)
+def total(prefix, label=None):
+    return sum(v for k, v in m.items() if k.startswith(prefix) and (label is None or label in k))
+s = {"results": {r: total("floodgate_requests_total", f'result="{r}"')
+                 for r in ("ok", "over_limit", "invalid", "store_error", "overloaded")},
+     "errors": {k[k.index('kind="') + 6:-2]: v for k, v in m.items()
+                if k.startswith("floodgate_store_errors_total{")},
+     "local": total("floodgate_lease_local_answers_total"),
+     "acquired": total("floodgate_lease_acquired_total"),
+     "lease_tokens": total("floodgate_lease_tokens_total"),
+     "store_s": total("floodgate_store_duration_seconds_sum"),
+     "store_n": total("floodgate_store_duration_seconds_count"),
+     "bound": total("floodgate_redis_calls_bound")}
+stat = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+s["cpu_s"] = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+s["rss_mb"] = int(re.search(r"VmRSS:\s+(\d+)", open(f"/proc/{pid}/status").read()).group(1)) / 1024
+info = subprocess.run(["redis-cli", "-p", redis, "info", "all"], capture_output=True, text=True).stdout
+def field(name):
+    found = re.search(rf"^{name}:([0-9.]+)", info, re.M)
+    return float(found.group(1)) if found else 0.0
+script = re.search(r"^cmdstat_evalsha:calls=(\d+),usec=(\d+)", info, re.M)
+s["calls"], s["usec"] = (int(script.group(1)), int(script.group(2))) if script else (0, 0)
+s["redis_cpu_s"] = field("used_cpu_sys") + field("used_cpu_user")
+s["commands"] = field("total_commands_processed")
+s["expired"] = field("expired_keys")
+print(json.dumps(s))
+PY
+}
+
+# closed IN_FLIGHT BODY LABEL : one run of SECONDS_PER_RUN on the running server; prints the
+# row (with BASE, the OK/s of the first row, for the ratio; sets BASE when empty).
 closed() {
-    local ok0 bad0 shed0 ok1 bad1 shed1
-    read -r ok0 bad0 shed0 < <(answers)
+    snap "$WORK/before.json"
     h2 "$1" "$SECONDS_PER_RUN" "$2"
-    read -r ok1 bad1 shed1 < <(answers)
-    echo "$(( (ok1 - ok0) / SECONDS_PER_RUN )) $((bad1 - bad0)) $((shed1 - shed0))"
+    snap "$WORK/after.json"
+    BASE=$(python3 - "$WORK/before.json" "$WORK/after.json" "$SECONDS_PER_RUN" "$3" "${BASE:-}" <<'PY'
+import json, sys
+before, after, seconds, label, base = sys.argv[1:]
+a, b = json.load(open(before)), json.load(open(after))
+d = lambda k: b[k] - a[k]
+ok = b["results"]["ok"] - a["results"]["ok"]
+results = {r: b["results"][r] - a["results"][r] for r in b["results"]}
+errors = {k: v - a["errors"].get(k, 0) for k, v in b["errors"].items()}
+not_ok = sum(results.values()) - ok
+shed = errors.get("shed", 0)
+ok_s = ok / float(seconds)
+base = float(base) if base else ok_s
+why = ", ".join(f"{k} {int(v)}" for k, v in list(results.items())[1:] + [(f"store {k}", v) for k, v in errors.items() if k != "shed"] if v)
+per_ok = lambda v: v / ok if ok else float("nan")
+calls = d("calls")
+print(f"| {label} | {ok_s:.0f} | {int(not_ok)} ({int(shed)}) | {ok_s / max(base, 1):.2f} "
+      f"| {per_ok(calls):.3f} | {d('usec') / calls if calls else 0:.1f} | {per_ok(d('local')):.2f} "
+      f"| {d('store_s') / d('store_n') * 1e3 if d('store_n') else 0:.2f} "
+      f"| {per_ok(d('cpu_s')) * 1e6:.1f} | {per_ok(d('redis_cpu_s')) * 1e6:.1f} "
+      f"| {per_ok(sum(results.values()) - shed - d('local')) * 1e3:.1f} | {per_ok(d('acquired')) * 1e3:.1f} | {d('lease_tokens') / d('acquired') if d('acquired') else 0:.0f} "
+      f"| {b['rss_mb']:.0f} | {int(b['bound'])} | {why or '-'} |", file=sys.stderr)
+print(base)
+PY
+    )
 }
 
 if [[ " $PARTS " == *" closed "* ]]; then
     echo
     echo "## Closed loop: calls in flight, Redis, floodgate, ${SECONDS_PER_RUN} s per run (h2load: 64 connections${GRPC_TIMEOUT:+, grpc-timeout $GRPC_TIMEOUT})"
     echo
-    echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 |"
-    echo "|---|---|---|---|---|---|"
+    echo "Per row, beside OK/s: script calls per OK answer and Redis's own µs per script call"
+    echo "(INFO commandstats), the share of OK answers decided from leases alone, the mean store"
+    echo "call (ms, shedder's wait included), floodgate's and Redis's CPU µs per OK answer, the"
+    echo "server's RSS and the bound on calls to Redis at the end of the run, and the answers"
+    echo "not OK by why (result, then store error kinds other than shed)."
+    echo
+    echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 | calls/OK | Redis µs/call | leased | store ms | CPU µs/OK | Redis CPU µs/OK | to Redis per 1k OK | leases per 1k OK | tokens per lease | RSS MB | bound | not OK: why |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     for repeat in $(seq "$REPEATS"); do
         for n in $DESCRIPTORS; do
             body=one; [ "$n" = 4 ] && body=four
@@ -263,14 +340,16 @@ if [[ " $PARTS " == *" closed "* ]]; then
                 label=$(basename "$(dirname "$BIN")")/$(basename "$BIN")
                 start floodgate
                 h2 128 2 "$WORK/$body.bin"   # warm-up
-                base=
-                for inflight in 128 512 1024 "128 (2 s after 1024)"; do
-                    c=${inflight%% *}
-                    [ "$inflight" = "128 (2 s after 1024)" ] && sleep 2
-                    read -r ok bad shed < <(closed "$c" "$WORK/$body.bin")
-                    [ -z "$base" ] && base=$ok
-                    ratio=$(python3 -c "print(f'{$ok / max($base, 1):.2f}')")
-                    echo "| $label | $n | $inflight | $ok | $bad ($shed) | $ratio |"
+                BASE=
+                previous=
+                for row in $CLOSED_ROWS; do
+                    c=${row%%+*} inflight=${row%%+*}
+                    if [ "$row" != "$c" ]; then
+                        sleep "${row#*+}"
+                        inflight="$c (${row#*+} s after $previous)"
+                    fi
+                    closed "$c" "$WORK/$body.bin" "$label | $n | $inflight" 2>&1 >/dev/null
+                    previous=$c
                 done
                 stop
             done

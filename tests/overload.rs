@@ -586,15 +586,24 @@ async fn the_bound_on_calls_to_redis_is_on_metrics() {
 }
 
 /// The host's scheduling delay is on `/metrics`: the runtime threads' probes publish it, it
-/// is read at every scrape, and it is a delay in seconds (positive once a probe has sampled,
-/// under a second on a server that is not even busy).
+/// is read at every scrape, and it is a delay in seconds (positive once a probe has sampled
+/// for calls to Redis, under a second on a server that is not even busy).
 #[tokio::test]
 async fn the_hosts_delay_is_on_metrics() {
     let redis = RedisServer::start();
     let (server, _dir) = serve(&["--redis-url", &redis.url(), "--grpc-threads", "2"]);
     let http = server.http;
+    let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
+        .await
+        .unwrap();
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
     let delay = loop {
+        // A probe samples while its thread makes calls to Redis (idle, it parks): one call
+        // wakes the probe of the thread serving this connection.
+        client
+            .should_rate_limit(simple("d", "k", "v"))
+            .await
+            .unwrap();
         let delay = metric(http, "floodgate_host_delay_seconds")
             .await
             .expect("floodgate_host_delay_seconds is served");

@@ -12,8 +12,12 @@
 //!   answered its call; a fixed window's lease also ends with the window it was debited in),
 //!   requests on the bucket take their cost from the lease with no Redis call. Because every
 //!   token was debited in Redis before it is spent, admissions across replicas never exceed
-//!   the limit. Once half is spent, the next request renews it in its own call (the tokens
-//!   are added to the lease), while the rest answers the requests arriving meanwhile.
+//!   the limit. Once half is spent (or less than a round trip's demand is left, or in the
+//!   last quarter of its lifetime, while the bucket is hot), the next request renews it in
+//!   its own call, topping it up to its size (below), while the rest answers the requests
+//!   arriving meanwhile; a token bucket's lease does not expire while its renewal is in
+//!   flight. Under steady demand a lease never runs out or expires while its renewal is
+//!   awaited.
 //! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a
 //!   lease taken under other limit parameters (a reload changed the limit), and every lease
 //!   at shutdown send their unspent tokens back as a refund: to a token bucket (never past its
@@ -26,14 +30,16 @@
 //!   for a lease never turns an admission into a denial.
 //! - **Bounded cost.** Tokens in one replica's lease are unavailable to the others until spent
 //!   or returned: at most `--lease-fraction` of a bucket's capacity per replica, for at most
-//!   [`LIFETIME`]. A replica that dies holding a lease loses those tokens: a token bucket
-//!   refills them at its rate, a fixed window gets them back when it ends.
+//!   [`LIFETIME`] (and the call renewing it). A replica that dies holding a lease loses those
+//!   tokens: a token bucket refills them at its rate, a fixed window gets them back when it
+//!   ends.
 //!
-//! Sizing: a lease holds half as much again as this replica's demand on
-//! the bucket over the last lifetime, at most `--lease-fraction` × capacity (a token
-//! bucket's burst, a fixed window's limit), at most what Redis last reported left beside the
-//! request. A bucket is *hot* once that comes to [`MIN_LEASE`] tokens; a bucket whose
-//! share is below that is never leased, so small limits behave exactly as without leases.
+//! Sizing: a lease holds half as much again as this replica's demand on the bucket over the
+//! last lifetime, plus what that demand spends during one ask's round trip, at most
+//! `--lease-fraction` × capacity (a token bucket's burst, a fixed window's limit), at most
+//! what Redis last reported left beside the request. A bucket is *hot* once that comes to
+//! [`MIN_LEASE`] tokens; a bucket whose share is below that is never leased, so small limits
+//! behave exactly as without leases.
 //!
 //! Not leased (sent to Redis as without leases): checks and
 //! `is_negative_hits` refunds, shadow-mode buckets, `overdraft` and shaped (`max_wait`)
@@ -47,7 +53,11 @@
 //! while the circuit is open no request reaches the leases at all (their tokens stay debited
 //! until they expire, and the sweeper's returns fail until Redis is back: under-admission,
 //! never over-admission). The memory store has no leases: one process has no round trip to
-//! save.
+//! save. A request answered from leases alone ([`RemoteStore::answer_locally`]) is answered
+//! before the shedder: it makes no call, so it neither takes a place among the calls to
+//! Redis nor waits behind them for one (a queue that stands in front of Redis under overload
+//! would otherwise hold up the very answers that need no Redis, and their instant answers
+//! would count as calls' latencies).
 //!
 //! **What a lease answer reports.** `limit_remaining`: what Redis reported left when the lease
 //! was taken plus what the lease has left, at most the capacity — this replica's view, at most
@@ -541,6 +551,49 @@ impl Store for LeaseStore {
 impl RemoteStore for LeaseStore {
     async fn probe(&self) -> Result<(), StoreError> {
         self.inner.probe().await
+    }
+
+    /// Every op taken from a current lease with no renewal due, or none: the request is then
+    /// [`Store::apply`]'s, as if this had not been asked.
+    fn answer_locally(&self, ops: &[BucketOp]) -> Option<Applied> {
+        if ops.is_empty() || !ops.iter().all(|op| self.sizing.leasable(op)) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut flight = Flight {
+            store: self,
+            ops,
+            routes: Vec::with_capacity(ops.len()),
+            settled: false,
+        };
+        for op in ops {
+            // An op that cannot be taken ends the attempt: dropping the flight gives the
+            // tokens already taken back to their leases.
+            let take = {
+                let mut shard = self.shard(&op.key);
+                shard
+                    .get_mut(&op.key)
+                    .and_then(|entry| entry.take(op, now, &self.sizing))
+            };
+            flight.routes.push(Route::Local(take?));
+        }
+        for op in ops {
+            if let Some(entry) = self.shard(&op.key).get_mut(&op.key) {
+                entry.count(op, now, &self.sizing);
+            }
+        }
+        let mut returns = Vec::new();
+        let applied = self.settle(
+            ops,
+            &mut flight,
+            &[],
+            &Applied::nothing(),
+            now,
+            &mut returns,
+        );
+        self.metrics.record_local_answer();
+        self.return_later(returns);
+        Some(applied)
     }
 }
 

@@ -97,4 +97,12 @@ pub trait RemoteStore: Store {
     /// (`CLIENT PAUSE … WRITE`, as `FAILOVER` does) answers `PING` but holds every script, and
     /// a probe that saw it as healthy would close the circuit breaker on every tick.
     async fn probe(&self) -> Result<(), StoreError>;
+
+    /// Answers `ops` at once, with no call, when this replica already holds all they need
+    /// (leases, [`lease::LeaseStore`]); `None` otherwise, and nothing changed. Such an answer
+    /// takes no place among the calls in flight to the store ([`ResilientStore`]'s bound).
+    fn answer_locally(&self, ops: &[BucketOp]) -> Option<Applied> {
+        let _ = ops;
+        None
+    }
 }

@@ -4,6 +4,8 @@
 //! 1. the local over-limit cache — a bucket Redis recently said is empty answers OVER_LIMIT
 //!    with no Redis call;
 //! 2. the circuit breaker — while open, Redis is not called at all;
+//!    then a request that this replica's leases answer alone ([`super::lease`]) is answered,
+//!    with no call and so no place among the calls in flight;
 //! 3. the shedder ([`super::shed`]) — an adaptive bound on the calls in flight to Redis, with a
 //!    queue in front of it: past what Redis answers in time, a call waits for a place while it
 //!    can still be answered by its deadline (its client's `grpc-timeout`, else the Redis
@@ -351,6 +353,11 @@ impl Store for ResilientStore {
                 .degraded(ops, open, LocalReason::CircuitOpen)
                 .resolve(ops)
                 .await;
+        }
+        // Answered from this replica's leases alone: no call, so no place among the calls.
+        if let Some(applied) = self.redis.answer_locally(ops) {
+            self.mirror(ops, &applied).await;
+            return Ok(applied);
         }
         // A place among the calls in flight (perhaps after a short wait), held until Redis
         // answers or the request is dropped; none: the call is shed.

@@ -99,7 +99,8 @@
 //! A call that is shed gets `--on-store-error`'s answer at once (see [`super::resilient`]).
 //!
 //! Cost on the request path while under the bound: one increment and one decrement of the
-//! calls in flight, a load of the waiting count, two thread-local reads of the host's delay,
+//! calls in flight, a load of the waiting count, one thread-local update that keeps the
+//! host's probe awake ([`host::call_started`]), two thread-local reads of the host's delay,
 //! two moving averages and one compare-and-swap of the bound per completion while it grows. The queue's mutex is only taken while calls
 //! wait.
 //!
@@ -206,6 +207,7 @@ impl Shedder {
     /// A place for a call — at once, or after a short wait in the queue — or `None` to shed
     /// the call: the queue is full, or its wait ran out.
     pub async fn admit(&self) -> Option<Admitted<'_>> {
+        host::call_started();
         let deadline_ns = CALL_DEADLINE
             .try_with(|deadline| *deadline)
             .ok()

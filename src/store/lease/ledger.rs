@@ -137,6 +137,17 @@ pub(super) enum Route {
     },
 }
 
+/// Where [`Entry::plan`] sends an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// From the lease held.
+    Local,
+    /// To Redis, asking for this many tokens more as a lease (or its renewal).
+    Ask(u64),
+    /// To Redis without an ask.
+    Plain,
+}
+
 /// What this replica knows of one leasable bucket.
 #[derive(Clone, Debug)]
 pub(super) struct Entry {
@@ -153,6 +164,9 @@ pub(super) struct Entry {
     hint: Option<u64>,
     /// A call asking for a lease is in flight: no second one until it is answered.
     acquiring: bool,
+    /// How long the last ask took, sent to answered: the tokens the demand spends meanwhile
+    /// must still be in the lease when a renewal is asked for.
+    round_trip: Duration,
     /// The lease held, if any.
     lease: Option<Lease>,
 }
@@ -167,6 +181,7 @@ impl Entry {
             last_seen: now,
             hint: None,
             acquiring: false,
+            round_trip: Duration::ZERO,
             lease: None,
         }
     }
@@ -189,46 +204,132 @@ impl Entry {
         sizing: &Sizing,
         returns: &mut Vec<BucketOp>,
     ) -> Route {
-        let cost = op.cost.unsigned_abs();
-        self.observe(now, cost, sizing.lifetime);
-        if self
-            .lease
-            .as_ref()
-            .is_some_and(|lease| lease.params != op.params || now >= lease.expires)
-        {
+        self.observe(now, op.cost.unsigned_abs(), sizing.lifetime);
+        if self.stale(op, now) {
             self.end(key, returns);
         }
+        match self.plan(op, now, sizing) {
+            Plan::Local => match self.spend(op, now) {
+                Some(take) => Route::Local(take),
+                None => Route::Remote { augment: 0 },
+            },
+            Plan::Ask(augment) => {
+                self.acquiring = true;
+                Route::Remote { augment }
+            }
+            Plan::Plain => Route::Remote { augment: 0 },
+        }
+    }
+
+    /// Takes `op`'s cost from the lease at `now` if [`Entry::route`] would answer it locally
+    /// (a lease held, current, enough left, no renewal due); otherwise changes nothing. Its
+    /// demand is not counted: the caller counts it ([`Entry::count`]) once the whole request
+    /// is answered locally, or routes it.
+    pub(super) fn take(&mut self, op: &BucketOp, now: Instant, sizing: &Sizing) -> Option<Take> {
+        if self.lease.is_none() || self.stale(op, now) {
+            return None;
+        }
+        match self.plan(op, now, sizing) {
+            Plan::Local => self.spend(op, now),
+            Plan::Ask(_) | Plan::Plain => None,
+        }
+    }
+
+    /// Counts the demand of `op`, answered locally at `now` by [`Entry::take`].
+    pub(super) fn count(&mut self, op: &BucketOp, now: Instant, sizing: &Sizing) {
+        self.observe(now, op.cost.unsigned_abs(), sizing.lifetime);
+    }
+
+    /// Whether the lease held must end before `op`: it expired, or was taken under other
+    /// limit parameters (a reload changed the limit).
+    fn stale(&self, op: &BucketOp, now: Instant) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|lease| lease.params != op.params || self.expired(lease, now))
+    }
+
+    /// Whether `lease` (this entry's) has expired at `now`. A token bucket's lease whose
+    /// renewal is in flight is kept until the renewal is answered (or fails): ended at its
+    /// lifetime's end, the requests arriving during a slow call (a busy host's, tens of
+    /// milliseconds) would go to Redis one by one while its tokens went back, only for the
+    /// renewal to bring a top-up too small to last. Its tokens were debited before, so this
+    /// admits nothing more; it hides them from other replicas one call longer. A fixed
+    /// window's lease ends with its window whatever is in flight.
+    fn expired(&self, lease: &Lease, now: Instant) -> bool {
+        now >= lease.expires && !(self.acquiring && lease.window.is_none())
+    }
+
+    /// Where `op` goes at `now`, the lease (if any) current.
+    fn plan(&self, op: &BucketOp, now: Instant, sizing: &Sizing) -> Plan {
+        let cost = op.cost.unsigned_abs();
         // Sized from this replica's own demand: half as much again as one lifetime's worth,
-        // so a steady stream does not run out before the lease ends; never more than the
-        // bucket's share with what is held, nor more than Redis last had left beside this
-        // request.
+        // so a steady stream does not run out before the lease ends. An ask tops the lease
+        // up to that, counting what it holds: a renewal that added a whole lease on top of
+        // the half left would make a lease that the demand cannot spend to half within its
+        // lifetime, so it would expire unspent (its rest refunded, then a new ask, and the
+        // requests during it sent to Redis one by one). Never more than the bucket's share
+        // with what is held, nor more than Redis last had left beside this request.
         let held = self.lease.as_ref().map_or(0, |lease| lease.left);
         let demand = self.demand.max(self.last_demand);
-        let wanted = demand.saturating_add(demand / 2);
+        // What the demand spends during one ask's round trip: a renewal is asked for while
+        // the lease still holds that (and a quarter more), and tops the lease up by it, so
+        // that a slow round trip (a busy host's) does not leave it dry before the renewal
+        // lands. At most one lifetime's demand: one stalled call (a pause of the host) does
+        // not swell the next leases past what a lifetime's tokens are worth.
+        let in_flight = u64::try_from(
+            u128::from(demand) * self.round_trip.as_nanos() / sizing.lifetime.as_nanos().max(1),
+        )
+        .unwrap_or(u64::MAX)
+        .min(demand);
+        let wanted = demand.saturating_add(demand / 2).saturating_add(in_flight);
         let room = self.hint.unwrap_or(0).saturating_sub(cost);
-        let augment = wanted
+        // A lease in the last quarter of its lifetime that the demand will not spend to half
+        // before it ends (it slowed, or stalled behind other calls) is renewed too, with at
+        // least a minimal lease's worth, so that its call starts its lifetime again: while
+        // the bucket stays hot it is never left to expire with the demand still there.
+        let expiring = wanted >= MIN_LEASE
+            && self
+                .lease
+                .as_ref()
+                .is_some_and(|lease| now + sizing.lifetime / 4 >= lease.expires);
+        let top_up = if expiring {
+            wanted.saturating_sub(held).max(MIN_LEASE)
+        } else {
+            wanted.saturating_sub(held)
+        };
+        let augment = top_up
             .min(sizing.max_lease(&op.params).saturating_sub(held))
             .min(room);
         let can_ask = !self.acquiring && augment >= MIN_LEASE;
-        if let Some(lease) = self.lease.as_mut().filter(|lease| lease.left >= cost) {
-            // Renewed once half spent, by this request's own call, while the other half
-            // still answers the requests that arrive during that call.
-            let renew = can_ask && (lease.left - cost).saturating_mul(2) < lease.size;
-            if !renew {
-                lease.left -= cost;
-                return Route::Local(Take {
-                    lease: lease.id,
-                    tokens: cost,
-                    params: lease.params,
-                    window: lease.window,
-                    view: lease.view(now),
-                });
+        match &self.lease {
+            // Renewed once half spent (or in its last quarter lifetime), by this request's
+            // own call, while the rest still answers the requests that arrive during it.
+            Some(lease) if lease.left >= cost => {
+                let low = (lease.left - cost).saturating_mul(2) < lease.size
+                    || lease.left - cost < in_flight.saturating_add(in_flight / 4);
+                if can_ask && (low || expiring) {
+                    Plan::Ask(augment)
+                } else {
+                    Plan::Local
+                }
             }
-        } else if !can_ask {
-            return Route::Remote { augment: 0 };
+            _ if can_ask => Plan::Ask(augment),
+            _ => Plan::Plain,
         }
-        self.acquiring = true;
-        Route::Remote { augment }
+    }
+
+    /// Takes `op`'s cost from the lease held (which has enough).
+    fn spend(&mut self, op: &BucketOp, now: Instant) -> Option<Take> {
+        let cost = op.cost.unsigned_abs();
+        let lease = self.lease.as_mut().filter(|lease| lease.left >= cost)?;
+        lease.left -= cost;
+        Some(Take {
+            lease: lease.id,
+            tokens: cost,
+            params: lease.params,
+            window: lease.window,
+            view: lease.view(now),
+        })
     }
 
     /// Redis answered `op` (sent with `augment` more tokens at `sent`, answered at `now`)
@@ -253,6 +354,7 @@ impl Entry {
             return 0;
         }
         self.acquiring = false;
+        self.round_trip = now.saturating_duration_since(sent);
         let windowed = op.params.algorithm == Algorithm::FixedWindow;
         // A fixed window's debit that names no window was not stored; nothing to hold.
         if !committed || !result.admitted || (windowed && result.window.is_none()) {
@@ -272,8 +374,12 @@ impl Entry {
         }
         // A renewal of the lease held (same limit, same window) adds to it, keeping its id
         // so that tokens given back by requests in flight still land in it.
+        // A token bucket's lease past its lifetime is still here only because this renewal
+        // was in flight (see `expired`).
         if let Some(lease) = self.lease.as_mut().filter(|lease| {
-            lease.params == op.params && lease.window == result.window && now < lease.expires
+            lease.params == op.params
+                && lease.window == result.window
+                && (now < lease.expires || lease.window.is_none())
         }) {
             lease.left += augment;
             lease.size = lease.left;
@@ -343,7 +449,7 @@ impl Entry {
         if self
             .lease
             .as_ref()
-            .is_some_and(|lease| now >= lease.expires)
+            .is_some_and(|lease| self.expired(lease, now))
         {
             self.end(key, returns);
         }

@@ -6,16 +6,25 @@ use crate::limiter::{Algorithm, LimitParams};
 use crate::store::MemoryStore;
 
 /// The memory store standing in for Redis (same semantics: one shared test suite holds
-/// them equal), counting the calls made to it.
+/// them equal), counting the calls made to it; while `hold` is set, a call waits for
+/// `release` (a Redis that stopped answering), counted in `stuck`.
 struct Remote {
     memory: MemoryStore,
     calls: AtomicUsize,
+    hold: std::sync::atomic::AtomicBool,
+    stuck: AtomicUsize,
+    release: tokio::sync::Notify,
 }
 
 #[async_trait]
 impl Store for Remote {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if self.hold.load(Ordering::SeqCst) {
+            let released = self.release.notified();
+            self.stuck.fetch_add(1, Ordering::SeqCst);
+            released.await;
+        }
         self.memory.apply(ops).await
     }
 
@@ -42,6 +51,9 @@ fn setup() -> (Arc<Remote>, LeaseStore) {
     let remote = Arc::new(Remote {
         memory: MemoryStore::new(Arc::new(ManualClock::new(1_700_000_000_000_000))),
         calls: AtomicUsize::new(0),
+        hold: std::sync::atomic::AtomicBool::new(false),
+        stuck: AtomicUsize::new(0),
+        release: tokio::sync::Notify::new(),
     });
     let leases = LeaseStore::with_lifetime(
         remote.clone(),
@@ -180,4 +192,61 @@ async fn expired_leases_are_swept_back() {
     leases.send_returns(returns).await;
     assert_eq!(leases.held(), (0, 0));
     assert_eq!(left_in_redis(&remote, b"hot", 1000).await, in_redis + left);
+}
+
+/// A request that the leases answer alone is answered even while every place among the
+/// calls to Redis is taken by calls Redis does not answer: it makes no call, so it neither
+/// waits for a place nor is shed for want of one.
+#[tokio::test]
+async fn a_leased_answer_needs_no_place_among_the_calls_to_redis() {
+    use crate::store::shed::INITIAL_LIMIT;
+    use crate::store::{FailurePolicy, Resilience, ResilientStore};
+
+    let (remote, leases) = setup();
+    let store = Arc::new(ResilientStore::new(
+        Arc::new(leases),
+        Resilience {
+            policy: FailurePolicy::Error,
+            cache_capacity: 0,
+            failure_threshold: u32::MAX,
+            quiet_period: Duration::from_secs(3600),
+            shed_deadline: Some(Duration::from_millis(100)),
+        },
+        None,
+        Arc::new(crate::telemetry::metrics::Metrics::new()),
+    ));
+    for _ in 0..30 {
+        assert!(store.apply(&[op(b"hot", 1000, 1)]).await.unwrap().committed);
+    }
+    // Redis stops answering; calls on small (never leased) buckets take every place.
+    remote.hold.store(true, Ordering::SeqCst);
+    let calls: Vec<_> = (0..INITIAL_LIMIT)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .apply(&[op(format!("small{i}").as_bytes(), 50, 1)])
+                    .await
+            })
+        })
+        .collect();
+    for _ in 0..100_000 {
+        if remote.stuck.load(Ordering::SeqCst) as u64 == INITIAL_LIMIT {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(remote.stuck.load(Ordering::SeqCst) as u64, INITIAL_LIMIT);
+    let before = remote.calls.load(Ordering::SeqCst);
+    let applied = store.apply(&[op(b"hot", 1000, 1)]).await;
+    assert!(
+        applied.as_ref().is_ok_and(|applied| applied.committed),
+        "answered from the lease, not shed: {applied:?}"
+    );
+    assert_eq!(remote.calls.load(Ordering::SeqCst), before, "no call");
+    remote.hold.store(false, Ordering::SeqCst);
+    remote.release.notify_waiters();
+    for call in calls {
+        assert!(call.await.unwrap().is_ok());
+    }
 }

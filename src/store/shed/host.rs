@@ -23,25 +23,69 @@
 //! starts; [`largest`] reads them all (for `floodgate_host_delay_seconds`, at every scrape),
 //! so an operator sees when the host, not Redis, is what slows the answers. The probe pays
 //! one relaxed store per sample for it.
+//!
+//! **Idle, it sleeps.** The delay is only read by calls to Redis on the probe's thread, so a
+//! probe whose thread began no such call ([`call_started`], from [`super::Shedder::admit`])
+//! for [`IDLE_SAMPLES`] samples in a row (100 ms) parks: its delay reads 0, and it takes no
+//! timer and no wake-up until the thread's next call wakes it (one thread-local read and
+//! write per call). An idle server's threads then sleep instead of waking 200 times a
+//! second each; under load a thread never goes 100 ms without a call, and the first calls
+//! after a pause see no delay until the probe's first samples (5 ms later, rising half-way
+//! per sample).
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use super::controller::nanos;
 
 /// How often the probe samples: often enough that the delay is known within a round trip or
-/// two of the host saturating, rarely enough that an idle thread barely wakes for it.
+/// two of the host saturating, rarely enough that a thread barely wakes for it (an idle one
+/// not at all: the probe parks, see the module doc).
 pub const PERIOD: Duration = Duration::from_millis(5);
 
 /// tokio's timers fire on whole milliseconds: a wake up to this late is the timer's rounding,
 /// not the host's delay.
 const GRANULARITY: Duration = Duration::from_millis(1);
 
+/// A probe whose thread began no call to Redis for this many samples in a row (100 ms) parks
+/// until the next one.
+pub const IDLE_SAMPLES: u32 = 20;
+
 thread_local! {
     /// This thread's smoothed scheduling delay (ns), written by its probe.
     static DELAY_NS: Cell<u64> = const { Cell::new(0) };
+    /// Calls to Redis this thread began ([`call_started`]): the probe runs while it moves.
+    static CALLS: Cell<u64> = const { Cell::new(0) };
+    /// The parked probe of this thread, woken by the next call.
+    static PARKED: Cell<Option<Waker>> = const { Cell::new(None) };
+    /// Samples this thread's probe took, and whether it is parked now (for the tests).
+    static SAMPLES: Cell<u64> = const { Cell::new(0) };
+    static IS_PARKED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A call to Redis begins on this thread: the probe must run (woken if parked).
+pub fn call_started() {
+    CALLS.with(|calls| calls.set(calls.get().wrapping_add(1)));
+    if let Some(probe) = PARKED.with(Cell::take) {
+        probe.wake();
+    }
+}
+
+/// Waits until this thread begins a call to Redis after `seen` calls.
+async fn parked(seen: u64) {
+    std::future::poll_fn(|cx| {
+        let woken = CALLS.with(Cell::get) != seen;
+        IS_PARKED.with(|parked| parked.set(!woken));
+        if woken {
+            return Poll::Ready(());
+        }
+        PARKED.with(|parked| parked.set(Some(cx.waker().clone())));
+        Poll::Pending
+    })
+    .await;
 }
 
 /// Every running probe's smoothed delay (ns), one cell per probe: a probe that ended (its
@@ -101,8 +145,9 @@ impl Delay {
     }
 }
 
-/// Samples the calling thread's scheduling delay every [`PERIOD`], for ever: spawn it once
-/// on each single-threaded runtime whose calls go through a [`super::Shedder`].
+/// Samples the calling thread's scheduling delay every [`PERIOD`] while the thread makes
+/// calls to Redis, parked meanwhile (see the module doc), for ever: spawn it once on each
+/// single-threaded runtime whose calls go through a [`super::Shedder`].
 pub async fn probe() {
     let mut delay = Delay::default();
     let published = Arc::new(AtomicU64::new(0));
@@ -110,6 +155,8 @@ pub async fn probe() {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(Arc::downgrade(&published));
+    let mut seen = CALLS.with(Cell::get);
+    let mut idle = 0;
     loop {
         let due = tokio::time::Instant::now() + PERIOD;
         tokio::time::sleep_until(due).await;
@@ -123,6 +170,21 @@ pub async fn probe() {
         let smoothed = delay.observe(nanos(late.max(round)));
         DELAY_NS.with(|cell| cell.set(smoothed));
         published.store(smoothed, Ordering::Relaxed);
+        SAMPLES.with(|samples| samples.set(samples.get() + 1));
+        let calls = CALLS.with(Cell::get);
+        if calls == seen {
+            idle += 1;
+        } else {
+            (seen, idle) = (calls, 0);
+        }
+        if idle >= IDLE_SAMPLES {
+            // Nobody on this thread reads the delay: forget it, sleep until a call.
+            delay = Delay::default();
+            DELAY_NS.with(|cell| cell.set(0));
+            published.store(0, Ordering::Relaxed);
+            parked(seen).await;
+            (seen, idle) = (CALLS.with(Cell::get), 0);
+        }
     }
 }
 
@@ -153,6 +215,8 @@ mod tests {
             let probe = tokio::spawn(probe());
             let mut rounds = 0;
             while current() == 0 && rounds < 1_000 {
+                // The thread makes calls to Redis: its probe runs.
+                call_started();
                 std::thread::sleep(Duration::from_millis(20));
                 tokio::task::yield_now().await;
                 rounds += 1;
@@ -184,6 +248,47 @@ mod tests {
                 largest() >= Duration::from_nanos(current() / ROUNDS_PER_ANSWER),
                 "the largest delay covers this thread's"
             );
+        });
+    }
+
+    /// A probe whose thread makes no call to Redis parks after exactly [`IDLE_SAMPLES`]
+    /// samples and takes none while parked (an idle server's threads sleep); the thread's
+    /// next call wakes it and it samples again.
+    #[test]
+    fn an_idle_probe_parks_until_the_next_call() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let probe = tokio::spawn(probe());
+            let parked = || IS_PARKED.with(Cell::get);
+            let samples = || SAMPLES.with(Cell::get);
+            for _ in 0..2_000 {
+                if parked() {
+                    break;
+                }
+                tokio::time::sleep(PERIOD).await;
+            }
+            assert!(parked(), "the idle probe parked");
+            assert_eq!(
+                samples(),
+                u64::from(IDLE_SAMPLES),
+                "samples before it parked"
+            );
+            assert_eq!(current(), 0, "a parked probe's thread reads no delay");
+            tokio::time::sleep(PERIOD * 4).await;
+            assert_eq!(samples(), u64::from(IDLE_SAMPLES), "no sample while parked");
+            call_started();
+            for _ in 0..2_000 {
+                if samples() > u64::from(IDLE_SAMPLES) {
+                    break;
+                }
+                tokio::time::sleep(PERIOD).await;
+            }
+            assert!(samples() > u64::from(IDLE_SAMPLES), "a call woke the probe");
+            assert!(!parked());
+            probe.abort();
         });
     }
 }

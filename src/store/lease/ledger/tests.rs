@@ -374,3 +374,139 @@ fn give_back_and_changed_limits() {
     assert_eq!(returns.len(), 2);
     assert_eq!(returns[1].cost, -1);
 }
+
+/// What [`steady`] counted over its measured span.
+#[derive(Debug, Default)]
+struct Churn {
+    /// Requests answered from the lease.
+    local: u64,
+    /// Requests that asked Redis for tokens (new lease or renewal).
+    asks: u64,
+    /// Requests sent to Redis with no ask while another was asking or no lease was held:
+    /// each a script call a lease should have saved.
+    plain: u64,
+    /// Leases that ended with tokens unspent (expired before they were used).
+    expired: u64,
+}
+
+/// Drives one hot bucket on a virtual clock: `per_ms(ms)` requests of cost 1 in each
+/// millisecond, spread evenly, every ask answered by Redis `rtt` later (plenty left), the
+/// sweeper every lifetime. Counts what happened after the first `warmup_ms`.
+fn steady(per_ms: impl Fn(u64) -> u64, rtt: Duration, warmup_ms: u64, total_ms: u64) -> Churn {
+    let start = Instant::now();
+    let p = params(Algorithm::TokenBucket, 1_000_000);
+    let s = sizing();
+    let mut entry = Entry::new(start);
+    let mut churn = Churn::default();
+    let mut pending: Vec<(Instant, Instant, u64)> = Vec::new();
+    let mut next_sweep = start + LIFETIME;
+    let mut id = 0;
+    for ms in 0..total_ms {
+        let n = per_ms(ms);
+        for i in 0..n {
+            let now = start + Duration::from_micros(ms * 1_000 + i * 1_000 / n);
+            let measured = ms >= warmup_ms;
+            let mut returns = Vec::new();
+            // Answers due by now land first, then the sweeper runs if due.
+            pending.retain(|&(sent, due, augment)| {
+                if due > now {
+                    return true;
+                }
+                id += 1;
+                entry.answered(
+                    &key(),
+                    &op(p, 1),
+                    augment,
+                    &result(900_000, None),
+                    true,
+                    (sent, due),
+                    id,
+                    &s,
+                    &mut returns,
+                );
+                false
+            });
+            if now >= next_sweep {
+                entry.sweep(&key(), now, LIFETIME, &mut returns);
+                next_sweep += LIFETIME;
+            }
+            match entry.route(&key(), &op(p, 1), now, &s, &mut returns) {
+                Route::Local(_) => churn.local += u64::from(measured),
+                Route::Remote { augment: 0 } => {
+                    churn.plain += u64::from(measured);
+                    // Its answer only tells what Redis has left.
+                    entry.answered(
+                        &key(),
+                        &op(p, 1),
+                        0,
+                        &result(900_000, None),
+                        true,
+                        (now, now + rtt),
+                        0,
+                        &s,
+                        &mut returns,
+                    );
+                }
+                Route::Remote { augment } => {
+                    churn.asks += u64::from(measured);
+                    pending.push((now, now + rtt, augment));
+                }
+                Route::Bypass => panic!("a leasable bucket is never bypassed"),
+            }
+            if measured {
+                churn.expired += returns.len() as u64;
+            }
+        }
+    }
+    churn
+}
+
+/// Under steady demand a hot bucket's lease is renewed before it runs out or expires: after
+/// the first lease, no request goes to Redis without an ask and no lease ends unspent (a
+/// renewal that added a whole lease on top of the half left made a lease the demand could
+/// not spend within its lifetime, so every other lease expired and the requests during the
+/// next ask went to Redis one by one).
+#[test]
+fn steady_demand_keeps_one_lease_renewed() {
+    for per_ms in [4, 20, 100] {
+        for rtt in [Duration::from_micros(200), Duration::from_millis(5)] {
+            let churn = steady(|_| per_ms, rtt, 200, 2_200);
+            assert_eq!(
+                (churn.plain, churn.expired),
+                (0, 0),
+                "{per_ms} requests a ms, {rtt:?} round trip: {churn:?}"
+            );
+            assert!(churn.local > churn.asks * 10, "{churn:?}");
+        }
+    }
+}
+
+/// A lease whose demand slows (requests held up elsewhere) is renewed in the last quarter of
+/// its lifetime rather than left to expire while requests still come: no request goes to
+/// Redis without an ask, no lease ends unspent.
+#[test]
+fn a_slowed_lease_is_renewed_before_it_expires() {
+    // 20 requests a ms, slowed to 2 a ms for 30 ms out of every 60.
+    let churn = steady(
+        |ms| if ms % 60 < 30 { 20 } else { 2 },
+        Duration::from_micros(500),
+        200,
+        2_200,
+    );
+    assert_eq!((churn.plain, churn.expired), (0, 0), "{churn:?}");
+}
+
+/// A renewal slower than a quarter of the lease's lifetime (a busy host's round trip) does
+/// not leave a gap: the lease it renews is spent until it lands, so no request goes to Redis
+/// without an ask and no lease ends unspent.
+#[test]
+fn a_slow_renewal_leaves_no_gap() {
+    for rtt in [30, 40] {
+        let churn = steady(|_| 20, Duration::from_millis(rtt), 200, 2_200);
+        assert_eq!(
+            (churn.plain, churn.expired),
+            (0, 0),
+            "{rtt} ms round trip: {churn:?}"
+        );
+    }
+}
