@@ -6,7 +6,7 @@ usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next 
        [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
                                                # on a quiet Redis: per capture, ROUNDS rounds of
                                                # CALLS calls of each script; prints µs per call
-       [APPLY_LUA=FILE[:FILE...]] script_cost.py ir CALLS CAPTURE...
+       [APPLY_LUA=FILE[:FILE...]] [IR_PARTS=1] script_cost.py ir CALLS CAPTURE...
                                                # a redis-server of its own under valgrind's
                                                # callgrind: per capture, the instructions Redis
                                                # executes per call of each script (any load)
@@ -23,7 +23,10 @@ runs (on a shared 2-core VM, by 2x between rounds), its instructions do not. It 
 redis-server under callgrind with counting off, and for each capture and script sends 200
 calls, then counts (every instruction of the server, reading the command and writing the reply
 included) over CALLS more, pipelined as `replay` sends them. Several apply.lua files (APPLY_LUA,
-colon-separated) are measured in turn, for an A/B of a change to the script.
+colon-separated) are measured in turn, for an A/B of a change to the script. With IR_PARTS=1
+it first counts the parts every call of a 4-bucket request pays, each as a script of its own
+on 4 string keys (PARTS below): an empty script (EVALSHA itself: the command read, KEYS and
+ARGV built, the reply written), then the same plus TIME, four GETs, one MGET, four SET … PX.
 """
 import glob
 import json
@@ -179,6 +182,35 @@ def send(conn, command, calls):
         left -= batch
 
 
+# The parts of a token-bucket call, each measured as a script of its own (IR_PARTS=1).
+PARTS = [
+    ("EVALSHA, empty script", "return 1"),
+    ("+ TIME", "redis.call('TIME') return 1"),
+    ("+ 4 x GET", "for i = 1, #KEYS do redis.call('GET', KEYS[i]) end return 1"),
+    ("+ 4 x GET (pcall)", "for i = 1, #KEYS do redis.pcall('GET', KEYS[i]) end return 1"),
+    ("+ 1 x MGET of 4", "redis.call('MGET', unpack(KEYS)) return 1"),
+    ("+ 4 x SET ... PX", "for i = 1, #KEYS do "
+     "redis.call('SET', KEYS[i], '1764198123456789', 'PX', '1000000') end return 1"),
+    ("+ 4 x SET", "for i = 1, #KEYS do redis.call('SET', KEYS[i], '1764198123456789') end "
+     "return 1"),
+]
+
+
+def count_calls(conn, control, scratch, command, calls):
+    """Instructions the server executes per call of `command`, after 200 uncounted calls."""
+    send(conn, command, 200)
+    control("-z")
+    control("-i", "on")
+    send(conn, command, calls)
+    control("-i", "off")
+    control("-d")
+    dumps = sorted(glob.glob(f"{scratch}/cg.out*"), key=os.path.getmtime)
+    total = next(int(line.split()[1]) for line in open(dumps[-1]) if line.startswith("totals:"))
+    for dump in dumps:
+        os.remove(dump)
+    return round(total / calls)
+
+
 def instructions(calls, captures):
     scratch = tempfile.mkdtemp()
     probe = socket.socket()
@@ -204,6 +236,15 @@ def instructions(calls, captures):
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.2)
+        if os.environ.get("IR_PARTS"):
+            keys = [b"part:%d" % i for i in range(4)]
+            for name, source in PARTS:
+                sha = conn.call("SCRIPT", "LOAD", source).decode()
+                for key in keys:
+                    conn.call("SET", key, "1764198123456789")
+                command = encode(["EVALSHA", sha, "4"] + keys)
+                print(json.dumps({"part": name, "ir": count_calls(conn, control, scratch,
+                                                                  command, calls)}), flush=True)
         files = os.environ.get("APPLY_LUA", "lua/apply.lua").split(":")
         shas = [conn.call("SCRIPT", "LOAD", open(f).read()).decode() for f in files]
         shas.append(conn.call("SCRIPT", "LOAD", open("bench/gcra_min.lua").read()).decode())
@@ -218,18 +259,7 @@ def instructions(calls, captures):
                 k, a = (min_keys, min_argv) if name == "bench/gcra_min.lua" else (keys, argv)
                 conn.call("FLUSHALL")
                 command = encode(["EVALSHA", sha, str(len(k))] + k + a)
-                send(conn, command, 200)
-                control("-z")
-                control("-i", "on")
-                send(conn, command, calls)
-                control("-i", "off")
-                control("-d")
-                dumps = sorted(glob.glob(f"{scratch}/cg.out*"), key=os.path.getmtime)
-                total = next(int(line.split()[1]) for line in open(dumps[-1])
-                             if line.startswith("totals:"))
-                for dump in dumps:
-                    os.remove(dump)
-                row[name] = round(total / calls)
+                row[name] = count_calls(conn, control, scratch, command, calls)
             print(json.dumps(row), flush=True)
     finally:
         server.terminate()
