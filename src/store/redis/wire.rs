@@ -15,13 +15,13 @@
 //! runs in a task of its own on the runtime that opened it (each thread's pool opens its own,
 //! see `ThreadPools`); a call that gives up (its deadline) leaves its place in the queue, so
 //! the replies after it still reach their callers. A call's deadline ([`Conn::until`]) is kept
-//! by the connection's task on one timer for every call it carries (see [`Task`]), not by a
-//! timer per call. The setup is redis-rs's, for what the
-//! store's URLs can say: TCP (`TCP_NODELAY`), TLS with the same rustls settings
-//! ([`super::tls::client_config`]), a unix socket, `AUTH [user] password` (retried without
-//! the user on a Redis older than 6, which knows no users), `SELECT db`; RESP2 throughout. A
-//! transport failure fails every call waiting on the connection and every later one, with an
-//! I/O error (the store retires the connection and calls it an outage, as before).
+//! by the connection's task on one timer for every call it carries, not by a timer per call.
+//! The setup is redis-rs's, for what the store's URLs can say: TCP (`TCP_NODELAY`), TLS with
+//! the same rustls settings ([`super::tls::client_config`]), a unix socket, `AUTH [user]
+//! password` (retried without the user on a Redis older than 6, which knows no users),
+//! `SELECT db`; RESP2 throughout. A transport failure fails every call waiting on the
+//! connection and every later one, with an I/O error (the store retires the connection and
+//! calls it an outage, as before).
 //!
 //! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
 //! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
