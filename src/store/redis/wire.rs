@@ -943,6 +943,34 @@ mod tests {
         assert!(!conn.is_closed());
     }
 
+    /// A call with a sooner deadline than the calls before it fails at its own deadline: the
+    /// connection's timer, set for the later one, is set sooner.
+    #[tokio::test]
+    async fn a_sooner_deadline_sets_the_timer_sooner() {
+        let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let mut patient = conn.clone();
+        patient.until(Instant::now() + Duration::from_secs(3600));
+        let patient = tokio::spawn(async move { patient.request(echo("a")).await });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let mut hurried = conn.clone();
+        hurried.until(Instant::now() + Duration::from_millis(50));
+        let hurried = tokio::spawn(async move { hurried.request(echo("b")).await });
+        read.await.unwrap();
+        // Bounded, so that a timer left at the later deadline fails the test.
+        let error = tokio::time::timeout(Duration::from_secs(60), hurried)
+            .await
+            .expect("the sooner deadline was not kept")
+            .unwrap()
+            .unwrap_err();
+        assert!(is_late(&error), "{error}");
+        go.send(()).unwrap();
+        assert_eq!(patient.await.unwrap().unwrap(), b"$1\r\na\r\n");
+    }
+
     /// A connection to a loopback port, and the socket its peer accepted (the test plays
     /// Redis on it).
     async fn connected() -> (Conn, TcpStream) {
