@@ -572,15 +572,20 @@ impl Task {
         next
     }
 
-    /// Keeps the timer at the earliest deadline of the waiting calls (`soonest`: of those
-    /// written since the last look) and fails the calls past theirs when it fires. Returns
-    /// whether it did something (the timer, set again, must be polled again).
-    fn watch_deadlines(&mut self, cx: &mut Context<'_>, soonest: Option<Instant>) -> bool {
+    /// Sets the timer sooner if `soonest` (the earliest deadline of the calls written since
+    /// the last look) is before it, or sets it if it is not set.
+    fn note(&mut self, soonest: Option<Instant>) {
         if let Some(at) = soonest
             && self.armed.is_none_or(|armed| at < armed)
         {
             self.arm(at);
         }
+    }
+
+    /// Fails the calls past their deadline once the timer fires, and sets it again for the
+    /// earliest deadline left. Returns whether it fired (the timer, set again, must be polled
+    /// again).
+    fn watch_deadlines(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(timer) = &mut self.timer else {
             return false;
         };
@@ -622,6 +627,7 @@ impl Task {
                 }
                 state.soonest.take()
             };
+            self.note(soonest);
             while self.written < self.writing.len() {
                 match self.stream.poll_write(cx, &self.writing[self.written..]) {
                     Poll::Ready(Ok(0)) => {
@@ -670,11 +676,12 @@ impl Task {
                 Poll::Ready(Err(e)) => return Err(Closed::of(&e)),
                 Poll::Pending => {}
             }
-            // After the read: a reply that came by the time the timer fired is its call's.
-            if self.watch_deadlines(cx, soonest) {
-                progress = true;
-            }
             if !progress {
+                // Only once the socket has no more to give: a reply that came by the time
+                // the timer fired is its call's, however many reads it took to reach it.
+                if self.watch_deadlines(cx) {
+                    continue;
+                }
                 return Ok(());
             }
         }
