@@ -6,6 +6,10 @@ usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next 
        [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
                                                # on a quiet Redis: per capture, ROUNDS rounds of
                                                # CALLS calls of each script; prints µs per call
+       [APPLY_LUA=FILE[:FILE...]] [IR_PARTS=1] script_cost.py ir CALLS CAPTURE...
+                                               # a redis-server of its own under valgrind's
+                                               # callgrind: per capture, the instructions Redis
+                                               # executes per call of each script (any load)
 
 Both scripts run through the same harness: one connection, pipelined in batches of 100, and
 Redis's own time per call from `INFO commandstats` (cmdstat_evalsha usec / calls), zeroed with
@@ -13,11 +17,25 @@ CONFIG RESETSTAT before each round. apply.lua gets the request's own keys and AR
 (every call after the first finds its buckets present, as in the bench); gcra_min.lua gets the
 same keys under a different prefix, an interval of 4 µs and a tolerance large enough that
 every call admits (what it computes does not depend on the limit: it has no finer ticks).
+
+`ir` counts instead of timing: Redis's time per call moves with whatever else the machine
+runs (on a shared 2-core VM, by 2x between rounds), its instructions do not. It starts
+redis-server under callgrind with counting off, and for each capture and script sends 200
+calls, then counts (every instruction of the server, reading the command and writing the reply
+included) over CALLS more, pipelined as `replay` sends them. Several apply.lua files (APPLY_LUA,
+colon-separated) are measured in turn, for an A/B of a change to the script. With IR_PARTS=1
+it first counts the parts every call of a 4-bucket request pays, each as a script of its own
+on 4 string keys (PARTS below): an empty script (EVALSHA itself: the command read, KEYS and
+ARGV built, the reply written), then the same plus TIME, four GETs, one MGET, four SET … PX.
 """
+import glob
 import json
 import os
 import socket
+import subprocess
 import sys
+import tempfile
+import time
 
 
 def encode(args):
@@ -154,8 +172,104 @@ def replay(port, calls, rounds, captures):
         print(json.dumps({"buckets": len(keys), "apply": apply_us, "minimal": min_us}))
 
 
+def send(conn, command, calls):
+    left = calls
+    while left:
+        batch = min(left, 100)
+        conn.sock.sendall(command * batch)
+        for _ in range(batch):
+            conn.reply()
+        left -= batch
+
+
+# The parts of a token-bucket call, each measured as a script of its own (IR_PARTS=1).
+PARTS = [
+    ("EVALSHA, empty script", "return 1"),
+    ("+ TIME", "redis.call('TIME') return 1"),
+    ("+ 4 x GET", "for i = 1, #KEYS do redis.call('GET', KEYS[i]) end return 1"),
+    ("+ 4 x GET (pcall)", "for i = 1, #KEYS do redis.pcall('GET', KEYS[i]) end return 1"),
+    ("+ 1 x MGET of 4", "redis.call('MGET', unpack(KEYS)) return 1"),
+    ("+ 4 x SET ... PX", "for i = 1, #KEYS do "
+     "redis.call('SET', KEYS[i], '1764198123456789', 'PX', '1000000') end return 1"),
+    ("+ 4 x SET", "for i = 1, #KEYS do redis.call('SET', KEYS[i], '1764198123456789') end "
+     "return 1"),
+]
+
+
+def count_calls(conn, control, scratch, command, calls):
+    """Instructions the server executes per call of `command`, after 200 uncounted calls."""
+    send(conn, command, 200)
+    control("-z")
+    control("-i", "on")
+    send(conn, command, calls)
+    control("-i", "off")
+    control("-d")
+    dumps = sorted(glob.glob(f"{scratch}/cg.out*"), key=os.path.getmtime)
+    total = next(int(line.split()[1]) for line in open(dumps[-1]) if line.startswith("totals:"))
+    for dump in dumps:
+        os.remove(dump)
+    return round(total / calls)
+
+
+def instructions(calls, captures):
+    scratch = tempfile.mkdtemp()
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+         f"--callgrind-out-file={scratch}/cg.out",
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    control = lambda *args: subprocess.run(["callgrind_control", *args, str(server.pid)],
+                                           check=True, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                conn = Conn(port)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        if os.environ.get("IR_PARTS"):
+            keys = [b"part:%d" % i for i in range(4)]
+            for name, source in PARTS:
+                sha = conn.call("SCRIPT", "LOAD", source).decode()
+                for key in keys:
+                    conn.call("SET", key, "1764198123456789")
+                command = encode(["EVALSHA", sha, "4"] + keys)
+                print(json.dumps({"part": name, "ir": count_calls(conn, control, scratch,
+                                                                  command, calls)}), flush=True)
+        files = os.environ.get("APPLY_LUA", "lua/apply.lua").split(":")
+        shas = [conn.call("SCRIPT", "LOAD", open(f).read()).decode() for f in files]
+        shas.append(conn.call("SCRIPT", "LOAD", open("bench/gcra_min.lua").read()).decode())
+        for path in captures:
+            cap = json.load(open(path))
+            keys = [bytes.fromhex(k) for k in cap["keys"]]
+            argv = [bytes.fromhex(a) for a in cap["argv"]]
+            min_keys = [b"min:" + k for k in keys]
+            min_argv = [b"4", b"3600000000000000"] * len(keys)
+            row = {"buckets": len(keys)}
+            for name, sha in zip(files + ["bench/gcra_min.lua"], shas):
+                k, a = (min_keys, min_argv) if name == "bench/gcra_min.lua" else (keys, argv)
+                conn.call("FLUSHALL")
+                command = encode(["EVALSHA", sha, str(len(k))] + k + a)
+                row[name] = count_calls(conn, control, scratch, command, calls)
+            print(json.dumps(row), flush=True)
+    finally:
+        server.terminate()
+        server.wait()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "capture":
         capture(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    elif sys.argv[1] == "ir":
+        instructions(int(sys.argv[2]), sys.argv[3:])
     else:
         replay(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])

@@ -13,7 +13,11 @@
 #   - CPU µs/req: the server's user and system time (/proc/<pid>/stat) over the timed run only,
 #     per request h2load completed.
 #   - Syscalls per request: a separate run of STRACE_REQUESTS requests (after a warm-up) under
-#     `strace -f -c`; strace slows the server, so these are counts, never timed.
+#     `strace -f -c`; strace slows the server, so these are counts, never timed, and what
+#     happens per unit of time rather than per request (a timer's firing, the host probe's
+#     wake-ups: most of `write`, the runtimes' eventfd) is inflated by the slowdown.
+#     `AB_SYSCALLS=1 bench/cpu_ab.sh` (perf trace, far less intrusive) counts them per OK
+#     answer at nearly full speed.
 #   - Redis µs/req: the time Redis spent in all commands (INFO commandstats) per request, and
 #     the commands used.
 #   - errors / shed: floodgate's non-OK answers (its /metrics) plus h2load's failures, and of
@@ -154,12 +158,13 @@ print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {red
 PY
 }
 
-# syscalls SERVER STORE BODY : prints writev, recvfrom, epoll_wait, futex per request, from a
-# separate strace -f -c run of STRACE_REQUESTS requests. writev and recvfrom include the
-# server's traffic to Redis on the Redis rows.
+# syscalls SERVER STORE BODY : prints writev, recvfrom, sendto, write, epoll_wait, futex per
+# request, from a separate strace -f -c run of STRACE_REQUESTS requests. recvfrom includes
+# the server's reads from Redis on the Redis rows, sendto is its writes to Redis (the gRPC
+# sockets are written with writev), write is mostly the runtimes' wake-up eventfd.
 syscalls() {
     local server=$1 store=$2 body=$3
-    command -v strace >/dev/null || { echo "- - - -"; return; }
+    command -v strace >/dev/null || { echo "- - - - - -"; return; }
     start "$server" "$store"
     h2 -n 2000 --data "$body" >/dev/null 2>&1
     strace -f -c -p "$SRV_PID" -o "$WORK/strace.txt" 2>/dev/null &
@@ -171,8 +176,9 @@ syscalls() {
     kill -INT "$sp"; wait "$sp" || true
     stop
     awk -v n="$STRACE_REQUESTS" '
-        $NF ~ /^(writev|recvfrom|epoll_wait|futex)$/ { c[$NF] = ($4 ~ /^[0-9]+$/ ? $4 : $3) }
-        END { printf "%.3f %.3f %.3f %.3f\n", c["writev"] / n, c["recvfrom"] / n,
+        $NF ~ /^(writev|recvfrom|sendto|write|epoll_wait|futex)$/ { c[$NF] = ($4 ~ /^[0-9]+$/ ? $4 : $3) }
+        END { printf "%.3f %.3f %.3f %.3f %.3f %.3f\n", c["writev"] / n, c["recvfrom"] / n,
+              c["sendto"] / n, c["write"] / n,
               c["epoll_wait"] / n, c["futex"] / n }' "$WORK/strace.txt"
 }
 
@@ -184,17 +190,17 @@ SERVERS=(floodgate)
 [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
 
 echo
-echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | epoll_wait/req | futex/req |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for row in "${ROWS[@]}"; do
     IFS='|' read -r name store body <<<"$row"
     for server in "${SERVERS[@]}"; do
-        read -r w r e f < <(syscalls "$server" "$store" "$body")
+        read -r w r st wr e f < <(syscalls "$server" "$store" "$body")
         for _ in $(seq "$REPEAT"); do
             read -r rps user sys cs errors redis cmds < <(throughput "$server" "$store" "$body")
             total=$(python3 -c "print(f'{$user + $sys:.1f}')")
             [ "$store" = redis ] || cmds=""
-            echo "| $name | $server | $rps | $user | $sys | $total | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $e | $f |"
+            echo "| $name | $server | $rps | $user | $sys | $total | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $st | $wr | $e | $f |"
         done
     done
 done

@@ -123,6 +123,8 @@ impl Drop for Counted {
 struct Lent {
     conn: wire::Conn,
     broken: Arc<AtomicBool>,
+    /// The call's timeout, which its deadline error names ([`classify_on`]).
+    timeout: Duration,
 }
 
 /// bb8 manager for [`Connection`]s. Cheap to clone: every thread's pool has its own.
@@ -433,6 +435,7 @@ impl RedisStore {
             return Ok(Lent {
                 conn: pooled.inner.clone(),
                 broken: pooled.broken.clone(),
+                timeout: self.command_timeout,
             });
         }
         Err(StoreError::Unavailable(
@@ -465,23 +468,21 @@ impl RedisStore {
     /// a transport failure does: a connection that stopped answering (a peer gone without a
     /// reset, a network partition) is not lent again, and its replacement is looked up anew
     /// (through the sentinels, or the name resolved again).
+    ///
+    /// The deadline is the connection's to keep ([`wire::Conn::until`]: one timer for all its
+    /// calls) once the connection is lent; only a checkout that has to wait for the pool
+    /// waits on a timer of its own (a lend from the thread's reused connection is ready at
+    /// once, and the timer is then never registered).
     async fn on_connection<T, Fut>(&self, work: impl FnOnce(Lent) -> Fut) -> Result<T, StoreError>
     where
         Fut: Future<Output = Result<T, StoreError>>,
     {
-        let mut in_flight = None;
-        let call = async {
-            let lent = self.lend().await?;
-            in_flight = Some(Arc::clone(&lent.broken));
-            work(lent).await
-        };
-        let outcome = tokio::time::timeout(self.command_timeout, call).await;
-        outcome.unwrap_or_else(|_| {
-            if let Some(broken) = in_flight {
-                broken.store(true, Ordering::Relaxed);
-            }
-            Err(late(self.command_timeout))
-        })
+        let deadline = tokio::time::Instant::now() + self.command_timeout;
+        let mut lent = tokio::time::timeout_at(deadline, self.lend())
+            .await
+            .unwrap_or_else(|_| Err(late(self.command_timeout)))?;
+        lent.conn.until(deadline);
+        work(lent).await
     }
 }
 
@@ -523,8 +524,13 @@ fn late(timeout: Duration) -> StoreError {
 }
 
 /// [`classify`], and retire the pooled connection (the pool replaces it) when the error says
-/// it is unusable ([`retires_connection`]).
+/// it is unusable ([`retires_connection`]). A call whose deadline passed is the outage
+/// [`late`] names, and retires its connection too.
 fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
+    if wire::is_late(&error) {
+        conn.broken.store(true, Ordering::Relaxed);
+        return late(conn.timeout);
+    }
     if retires_connection(&error) {
         conn.broken.store(true, Ordering::Relaxed);
     }

@@ -14,12 +14,14 @@
 //! in order, so the n-th reply belongs to the n-th call still waiting); the connection's I/O
 //! runs in a task of its own on the runtime that opened it (each thread's pool opens its own,
 //! see `ThreadPools`); a call that gives up (its deadline) leaves its place in the queue, so
-//! the replies after it still reach their callers. The setup is redis-rs's, for what the
-//! store's URLs can say: TCP (`TCP_NODELAY`), TLS with the same rustls settings
-//! ([`super::tls::client_config`]), a unix socket, `AUTH [user] password` (retried without
-//! the user on a Redis older than 6, which knows no users), `SELECT db`; RESP2 throughout. A
-//! transport failure fails every call waiting on the connection and every later one, with an
-//! I/O error (the store retires the connection and calls it an outage, as before).
+//! the replies after it still reach their callers. A call's deadline ([`Conn::until`]) is kept
+//! by the connection's task on one timer for every call it carries, not by a timer per call.
+//! The setup is redis-rs's, for what the store's URLs can say: TCP (`TCP_NODELAY`), TLS with
+//! the same rustls settings ([`super::tls::client_config`]), a unix socket, `AUTH [user]
+//! password` (retried without the user on a Redis older than 6, which knows no users),
+//! `SELECT db`; RESP2 throughout. A transport failure fails every call waiting on the
+//! connection and every later one, with an I/O error (the store retires the connection and
+//! calls it an outage, as before).
 //!
 //! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
 //! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
@@ -43,6 +45,7 @@ use redis::{
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
@@ -76,6 +79,24 @@ impl Closed {
     }
 }
 
+/// What a call that ran out of its deadline fails with (see [`is_late`]).
+const LATE: &str = "the call's deadline passed before Redis answered";
+
+/// Whether `error` is a call's deadline passing ([`Conn::until`]): the store answers it as the
+/// call's timeout.
+pub fn is_late(error: &RedisError) -> bool {
+    error.is_timeout() && error.to_string().contains(LATE)
+}
+
+/// A call written and not yet answered.
+struct Waiting {
+    /// Where its reply goes; taken when its deadline passes (the reply, when it comes, is
+    /// then dropped: the call keeps its place in the order of replies).
+    reply: Option<oneshot::Sender<Result<Frame, Closed>>>,
+    /// When it gives up, if it has a deadline.
+    deadline: Option<Instant>,
+}
+
 /// What the callers and the connection's task share. Only the connection's own thread
 /// touches it in practice (the lock is never contended); it is a mutex because the store's
 /// futures must be `Send`.
@@ -83,7 +104,10 @@ struct State {
     /// Commands written by callers, not yet taken by the task.
     out: Vec<u8>,
     /// The callers waiting for a reply, in the order their commands were written.
-    waiting: VecDeque<oneshot::Sender<Result<Frame, Closed>>>,
+    waiting: VecDeque<Waiting>,
+    /// The earliest deadline of the calls written since the task last looked: it sets the
+    /// task's timer sooner if it is set later than that (or not at all).
+    soonest: Option<Instant>,
     /// Wakes the task; taken by the first caller that writes after the task last ran, so a
     /// pass's calls cost one wake-up.
     task: Option<Waker>,
@@ -118,6 +142,8 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 pub struct Conn {
     handle: Arc<Handle>,
     db: i64,
+    /// When the calls sent through this handle give up ([`Conn::until`]); `None`: never.
+    deadline: Option<Instant>,
 }
 
 /// Closes the connection when the last [`Conn`] goes.
@@ -145,6 +171,17 @@ impl Conn {
         self.handle.0.closed.load(Ordering::Acquire)
     }
 
+    /// Every call sent through this handle from now on (redis-rs's commands through
+    /// [`ConnectionLike`] included) fails at `deadline` if Redis has not answered it by then,
+    /// with an error [`is_late`] recognises. The connection's task keeps the deadlines of all
+    /// its calls on one timer: a timer per call, registered in tokio's timer wheel as the call
+    /// waits and removed as it is answered, cost instructions on every call and, whenever it
+    /// was the wheel's earliest, a write to the runtime's wake-up `eventfd` (about one call in
+    /// five under load, docs/performance.md).
+    pub fn until(&mut self, deadline: Instant) {
+        self.deadline = Some(deadline);
+    }
+
     /// Sends the command `write` appends to the connection's output buffer (whole RESP2
     /// commands, exactly one) and returns its reply's frame.
     pub async fn request(&self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
@@ -164,7 +201,15 @@ impl Conn {
                 drop(state);
                 std::panic::resume_unwind(panic);
             }
-            state.waiting.push_back(sender);
+            state.waiting.push_back(Waiting {
+                reply: Some(sender),
+                deadline: self.deadline,
+            });
+            if let Some(deadline) = self.deadline
+                && state.soonest.is_none_or(|soonest| deadline < soonest)
+            {
+                state.soonest = Some(deadline);
+            }
             if let Some(task) = state.task.take() {
                 task.wake();
             }
@@ -278,6 +323,7 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
     let shared = shared(State {
         out: Vec::with_capacity(4096),
         waiting: VecDeque::new(),
+        soonest: None,
         task: None,
         closed: None,
     });
@@ -285,6 +331,7 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
     let conn = Conn {
         handle: Arc::new(Handle(shared)),
         db: info.redis_settings().db(),
+        deadline: None,
     };
     set_up(&conn, info).await?;
     Ok(conn)
@@ -406,10 +453,20 @@ impl Stream {
 }
 
 /// The connection's task: writes what callers buffered, reads replies and hands each to the
-/// caller waiting longest. Ends when the connection fails or its last handle is dropped.
+/// caller waiting longest, and fails the calls whose deadline passed. Ends when the connection
+/// fails or its last handle is dropped.
+///
+/// The deadlines are kept on one timer, set to the earliest deadline of a waiting call and not
+/// moved as calls are answered: when it fires, the calls past their deadline fail and it is
+/// set to the earliest deadline left. Under load it fires about once per deadline's length,
+/// where a timer per call was registered and removed for every call.
 struct Task {
     stream: Stream,
     shared: Shared,
+    /// Fires at `armed`, the earliest deadline of a call waiting when it was set (made when
+    /// first needed).
+    timer: Option<Pin<Box<Sleep>>>,
+    armed: Option<Instant>,
     /// Commands being written; `written` of them are out.
     writing: Vec<u8>,
     written: usize,
@@ -454,6 +511,8 @@ impl Task {
         Task {
             stream,
             shared,
+            timer: None,
+            armed: None,
             writing: Vec::with_capacity(4096),
             written: 0,
             flush: false,
@@ -473,8 +532,71 @@ impl Task {
             (closed, std::mem::take(&mut state.waiting))
         };
         for caller in waiting {
-            let _ = caller.send(Err(closed.clone()));
+            if let Some(reply) = caller.reply {
+                let _ = reply.send(Err(closed.clone()));
+            }
         }
+    }
+
+    /// Sets the timer to fire at `at`.
+    fn arm(&mut self, at: Instant) {
+        match &mut self.timer {
+            Some(timer) => timer.as_mut().reset(at),
+            None => self.timer = Some(Box::pin(tokio::time::sleep_until(at))),
+        }
+        self.armed = Some(at);
+    }
+
+    /// Fails the waiting calls whose deadline is `now` or past, and returns the earliest
+    /// deadline of those still waiting.
+    fn expire(&self, now: Instant) -> Option<Instant> {
+        let late = Closed::new(io::ErrorKind::TimedOut, LATE);
+        let mut state = lock(&self.shared);
+        let mut next: Option<Instant> = None;
+        for call in &mut state.waiting {
+            let Some(deadline) = call.deadline else {
+                continue;
+            };
+            if call.reply.as_ref().is_none_or(|reply| reply.is_closed()) {
+                // Answered by its deadline already, or its caller gave up: nothing to fail.
+                continue;
+            }
+            if deadline <= now {
+                if let Some(reply) = call.reply.take() {
+                    let _ = reply.send(Err(late.clone()));
+                }
+            } else if next.is_none_or(|next| deadline < next) {
+                next = Some(deadline);
+            }
+        }
+        next
+    }
+
+    /// Sets the timer sooner if `soonest` (the earliest deadline of the calls written since
+    /// the last look) is before it, or sets it if it is not set.
+    fn note(&mut self, soonest: Option<Instant>) {
+        if let Some(at) = soonest
+            && self.armed.is_none_or(|armed| at < armed)
+        {
+            self.arm(at);
+        }
+    }
+
+    /// Fails the calls past their deadline once the timer fires, and sets it again for the
+    /// earliest deadline left. Returns whether it fired (the timer, set again, must be polled
+    /// again).
+    fn watch_deadlines(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(timer) = &mut self.timer else {
+            return false;
+        };
+        if self.armed.is_none() || timer.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        self.armed = None;
+        if let Some(next) = self.expire(Instant::now()) {
+            self.arm(next);
+        }
+        true
     }
 
     /// Works until the socket has nothing more to give or take; an error closes the
@@ -482,7 +604,7 @@ impl Task {
     fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), Closed> {
         loop {
             let mut progress = false;
-            {
+            let soonest = {
                 let mut state = lock(&self.shared);
                 if let Some(closed) = &state.closed {
                     return Err(closed.clone());
@@ -503,7 +625,9 @@ impl Task {
                 {
                     state.task = Some(cx.waker().clone());
                 }
-            }
+                state.soonest.take()
+            };
+            self.note(soonest);
             while self.written < self.writing.len() {
                 match self.stream.poll_write(cx, &self.writing[self.written..]) {
                     Poll::Ready(Ok(0)) => {
@@ -553,6 +677,11 @@ impl Task {
                 Poll::Pending => {}
             }
             if !progress {
+                // Only once the socket has no more to give: a reply that came by the time
+                // the timer fired is its call's, however many reads it took to reach it.
+                if self.watch_deadlines(cx) {
+                    continue;
+                }
                 return Ok(());
             }
         }
@@ -568,7 +697,9 @@ impl Task {
                 .pop_front()
                 .ok_or_else(|| unasked(&frame))?;
             // A caller that gave up (its deadline) is gone: its reply is dropped.
-            let _ = caller.send(Ok(frame));
+            if let Some(reply) = caller.reply {
+                let _ = reply.send(Ok(frame));
+            }
         }
         if self.start == self.end {
             self.start = 0;
@@ -788,6 +919,65 @@ mod tests {
         assert!(!conn.is_closed());
     }
 
+    /// A call whose deadline passes before its reply fails with the deadline's error, kept by
+    /// the connection's task (no timer of the caller's own), and keeps its place: the call
+    /// after it, without a deadline, still gets its own reply, not the late call's.
+    #[tokio::test]
+    async fn a_late_call_fails_at_its_deadline_and_keeps_its_place() {
+        let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let mut late = conn.clone();
+        late.until(Instant::now() + Duration::from_millis(50));
+        let late = tokio::spawn(async move { late.request(echo("a")).await });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let next = tokio::spawn({
+            let conn = conn.clone();
+            async move { conn.request(echo("b")).await }
+        });
+        read.await.unwrap();
+        // Bounded, so that a deadline nobody keeps fails the test instead of hanging it.
+        let error = tokio::time::timeout(Duration::from_secs(60), late)
+            .await
+            .expect("the late call never failed")
+            .unwrap()
+            .unwrap_err();
+        assert!(is_late(&error), "{error}");
+        go.send(()).unwrap();
+        assert_eq!(next.await.unwrap().unwrap(), b"$1\r\nb\r\n");
+        assert!(!conn.is_closed());
+    }
+
+    /// A call with a sooner deadline than the calls before it fails at its own deadline: the
+    /// connection's timer, set for the later one, is set sooner.
+    #[tokio::test]
+    async fn a_sooner_deadline_sets_the_timer_sooner() {
+        let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let mut patient = conn.clone();
+        patient.until(Instant::now() + Duration::from_secs(3600));
+        let patient = tokio::spawn(async move { patient.request(echo("a")).await });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let mut hurried = conn.clone();
+        hurried.until(Instant::now() + Duration::from_millis(50));
+        let hurried = tokio::spawn(async move { hurried.request(echo("b")).await });
+        read.await.unwrap();
+        // Bounded, so that a timer left at the later deadline fails the test.
+        let error = tokio::time::timeout(Duration::from_secs(60), hurried)
+            .await
+            .expect("the sooner deadline was not kept")
+            .unwrap()
+            .unwrap_err();
+        assert!(is_late(&error), "{error}");
+        go.send(()).unwrap();
+        assert_eq!(patient.await.unwrap().unwrap(), b"$1\r\na\r\n");
+    }
+
     /// A connection to a loopback port, and the socket its peer accepted (the test plays
     /// Redis on it).
     async fn connected() -> (Conn, TcpStream) {
@@ -979,11 +1169,15 @@ mod tests {
         let shared = shared(State {
             out: command,
             waiting: VecDeque::new(),
+            soonest: None,
             task: None,
             closed: None,
         });
         let (sender, mut reply) = oneshot::channel();
-        lock(&shared).waiting.push_back(sender);
+        lock(&shared).waiting.push_back(Waiting {
+            reply: Some(sender),
+            deadline: None,
+        });
         let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
         let frame = std::future::poll_fn(|cx| {
             task.drive(cx).unwrap();
