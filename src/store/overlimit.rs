@@ -12,8 +12,13 @@
 //! Bounded by entry count (moka evicts the least useful entries past it, counted in
 //! `floodgate_local_cache_evictions_total`); each entry expires at its own `until`. Its size is
 //! published as `floodgate_local_cache_entries` at every metrics exposition.
+//!
+//! Most of the time nothing is over limit, and every request would still look each of its
+//! buckets up: the cache also keeps the latest `until` of any entry it ever held, and while
+//! that has passed it answers "unknown" without a lookup (exact: no entry can deny then).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
@@ -61,6 +66,11 @@ impl Expiry<BucketKey, KnownEmpty> for UntilExpiry {
 /// Buckets known to deny, for a while.
 pub struct OverLimitCache {
     entries: Cache<BucketKey, KnownEmpty>,
+    /// When the cache was made: [`OverLimitCache::latest`] counts from it.
+    epoch: Instant,
+    /// The latest `until` of any entry ever inserted, in ns since `epoch` (only grows): once
+    /// it has passed, no entry can deny, and [`OverLimitCache::answer`] needs no lookup.
+    latest: AtomicU64,
 }
 
 impl OverLimitCache {
@@ -80,7 +90,14 @@ impl OverLimitCache {
         }
         OverLimitCache {
             entries: builder.build(),
+            epoch: Instant::now(),
+            latest: AtomicU64::new(0),
         }
+    }
+
+    /// `at` in ns since the cache was made (0 before it; saturating far in the future).
+    fn since_epoch(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// How many buckets it holds, once pending evictions have run (moka applies its bound
@@ -100,6 +117,10 @@ impl OverLimitCache {
     /// store call. A request with any other bucket goes to Redis: its status would otherwise
     /// carry numbers nobody measured.
     pub fn answer(&self, ops: &[BucketOp], now: Instant) -> Option<Applied> {
+        // Every entry's `until` has passed (or none was ever held): none can deny.
+        if self.since_epoch(now) >= self.latest.load(Ordering::Relaxed) {
+            return None;
+        }
         let buckets = ops
             .iter()
             .map(|op| {
@@ -156,6 +177,10 @@ impl OverLimitCache {
                 .get(&op.key)
                 .filter(|k| k.until >= until)
                 .map_or(op.cost, |k| k.min_cost.min(op.cost));
+            // Relaxed: a lookup on another thread that does not see it yet goes to Redis,
+            // which answers what the entry would have (the cache only ever saves a call).
+            self.latest
+                .fetch_max(self.since_epoch(until), Ordering::Relaxed);
             self.entries.insert(
                 op.key.clone(),
                 KnownEmpty {
@@ -306,6 +331,25 @@ mod tests {
         assert!(!applied.committed);
         assert_eq!(applied.buckets[0].retry_after_us, Some(5_000));
         assert_eq!(applied.buckets[0].view.reset_us, 60_000_000);
+    }
+
+    /// The lookup skipped once every denial's retry time has passed keeps every denial that
+    /// has not: a shorter denial learned after a longer one, and the longer one after the
+    /// shorter one's time.
+    #[test]
+    fn every_denial_is_kept_until_its_own_retry_time() {
+        let cache = OverLimitCache::new(100, None);
+        let sent = Instant::now();
+        cache.learn(&[op(b"long", 1)], &denied(10_000), sent);
+        cache.learn(&[op(b"short", 1)], &denied(1_000), sent);
+        let between = sent + Duration::from_micros(5_000);
+        assert!(cache.answer(&[op(b"short", 1)], sent).is_some());
+        assert!(cache.answer(&[op(b"short", 1)], between).is_none());
+        assert!(cache.answer(&[op(b"long", 1)], between).is_some());
+        let after = sent + Duration::from_micros(10_000);
+        assert!(cache.answer(&[op(b"long", 1)], after).is_none());
+        cache.learn(&[op(b"again", 1)], &denied(1_000), after);
+        assert!(cache.answer(&[op(b"again", 1)], after).is_some());
     }
 
     /// A cost that can never pass (no retry time) teaches nothing.
