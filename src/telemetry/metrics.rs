@@ -45,7 +45,7 @@
 //! | `floodgate_local_cache_evictions_total` | — | entries the local over-limit cache dropped to stay within `--local-cache-size` |
 //! | `floodgate_redis_calls_bound` | — | calls to Redis the adaptive bound (`--redis-shedding`) allows in flight now; 0 without Redis or with shedding off |
 //! | `floodgate_redis_calls_waiting` | — | calls waiting in front of Redis for a place under that bound |
-//! | `floodgate_host_delay_seconds` | — | how long a ready task waits for its runtime thread (the host's scheduling delay, smoothed), on the thread where it is longest: rising while Redis's latency does not, the host's CPU is the bottleneck |
+//! | `floodgate_host_delay_seconds` | — | how long a ready task waits for its runtime thread (the host's scheduling delay, smoothed), on the thread where it is longest (0 while no thread calls Redis: the probes are parked): rising while Redis's latency does not, the host's CPU is the bottleneck |
 //! | `floodgate_requests_in_flight` | — | ShouldRateLimit calls being answered now, and gRPC streams waiting for their body (at most `--max-in-flight`) |
 //! | `floodgate_connections_open` | port | connections open now (`grpc`, `http`, and `prometheus` / `debug` when the reference's ports are on) |
 //! | `floodgate_connections_refused_total` | port | connections closed at once because the port's bound was reached and every connection had a call in flight |

@@ -161,7 +161,8 @@ impl StoreMetrics {
         registry.register(
             "floodgate_host_delay_seconds",
             "How long a ready task waits for its runtime thread, smoothed, on the thread where \
-             it is longest (the host's CPU, not Redis, delaying answers)",
+             it is longest (the host's CPU, not Redis, delaying answers); 0 while no thread \
+             calls Redis (the probes are parked)",
             self.host_delay.clone(),
         );
     }
