@@ -582,6 +582,20 @@ impl Task {
         }
     }
 
+    /// Fails the calls past their deadline if the timer's time has come by the clock (its
+    /// poll cannot tell while the task keeps reading: once the task's budget is spent it
+    /// answers pending, and the runtime does not fire it meanwhile), and sets the timer for
+    /// the earliest deadline left.
+    fn expire_overdue(&mut self) {
+        let now = Instant::now();
+        if self.armed.is_some_and(|at| at <= now) {
+            self.armed = None;
+            if let Some(next) = self.expire(now) {
+                self.arm(next);
+            }
+        }
+    }
+
     /// Fails the calls past their deadline once the timer fires, and sets it again for the
     /// earliest deadline left. Returns whether it fired (the timer, set again, must be polled
     /// again).
@@ -671,14 +685,20 @@ impl Task {
                     }
                     self.end += n;
                     progress = true;
-                    self.hand_out()?;
+                    if !self.hand_out()? {
+                        // Bytes that complete no reply: a socket may deliver such bytes
+                        // without end (a reply that never ends) and never run dry, so the
+                        // deadlines are kept here too.
+                        self.expire_overdue();
+                    }
                 }
                 Poll::Ready(Err(e)) => return Err(Closed::of(&e)),
                 Poll::Pending => {}
             }
             if !progress {
-                // Only once the socket has no more to give: a reply that came by the time
-                // the timer fired is its call's, however many reads it took to reach it.
+                // Once the socket has no more to give (or bytes came that complete no reply,
+                // above): a reply that came by the time the timer fired is its call's,
+                // however many reads of whole replies it took to reach it.
                 if self.watch_deadlines(cx) {
                     continue;
                 }
@@ -687,8 +707,9 @@ impl Task {
         }
     }
 
-    /// Hands every whole reply read so far to its caller.
-    fn hand_out(&mut self) -> Result<(), Closed> {
+    /// Hands every whole reply read so far to its caller; returns whether there was one.
+    fn hand_out(&mut self) -> Result<bool, Closed> {
+        let mut any = false;
         while let Some(len) = frame_len(&self.read[self.start..self.end])? {
             let frame = self.read[self.start..self.start + len].to_vec();
             self.start += len;
@@ -700,6 +721,7 @@ impl Task {
             if let Some(reply) = caller.reply {
                 let _ = reply.send(Ok(frame));
             }
+            any = true;
         }
         if self.start == self.end {
             self.start = 0;
@@ -709,7 +731,7 @@ impl Task {
                 self.read = vec![0; READ_BUFFER];
             }
         }
-        Ok(())
+        Ok(any)
     }
 }
 
@@ -976,6 +998,52 @@ mod tests {
         assert!(is_late(&error), "{error}");
         go.send(()).unwrap();
         assert_eq!(patient.await.unwrap().unwrap(), b"$1\r\na\r\n");
+    }
+
+    /// A call past its deadline fails while its socket keeps delivering the bytes of a reply
+    /// that never ends (a peer streaming an endless array): every read of the connection's
+    /// task makes progress and the socket never runs dry, yet the deadline is kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_call_fails_while_its_socket_keeps_delivering() {
+        use redis::IntoConnectionInfo;
+        use std::io::Write;
+        use std::sync::atomic::AtomicU64;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let info = format!("redis://{}/", listener.local_addr().unwrap())
+            .into_connection_info()
+            .unwrap();
+        let sent = Arc::new(AtomicU64::new(0));
+        // The peer floods until the connection is dropped: an array of more elements than
+        // will ever come, then elements.
+        let peer = std::thread::spawn({
+            let sent = Arc::clone(&sent);
+            move || {
+                let (mut socket, _) = listener.accept().unwrap();
+                let _ = socket.write_all(format!("*{}\r\n", i64::MAX).as_bytes());
+                let chunk = b":1\r\n".repeat(16 * 1024);
+                while socket.write_all(&chunk).is_ok() {
+                    sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            }
+        });
+        let tls = super::super::tls::client_config(&Default::default()).unwrap();
+        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        // The flood is under way.
+        while sent.load(Ordering::Relaxed) < 8 * 1024 * 1024 {
+            tokio::task::yield_now().await;
+        }
+        let mut late = conn.clone();
+        late.until(Instant::now());
+        // Awaited here, not in a task of its own: woken by the connection's task, a task
+        // would wait on that thread for the reading task's turn to end.
+        // Bounded, so that a deadline nobody keeps fails the test instead of hanging it.
+        let error = tokio::time::timeout(Duration::from_secs(60), late.request(echo("a")))
+            .await
+            .expect("the late call never failed")
+            .unwrap_err();
+        assert!(is_late(&error), "{error}");
+        drop((late, conn));
+        peer.join().unwrap();
     }
 
     /// A connection to a loopback port, and the socket its peer accepted (the test plays
