@@ -510,3 +510,60 @@ fn a_slow_renewal_leaves_no_gap() {
         );
     }
 }
+
+/// A token bucket's lease is kept past its lifetime only while its renewal is in flight:
+/// once that call fails (abandoned), the next request ends it, its rest returned, and asks
+/// anew — a renewal that never lands does not keep the lease, or stop the asks, for good.
+#[test]
+fn a_lease_kept_for_its_renewal_ends_once_the_renewal_fails() {
+    let now = Instant::now();
+    let p = params(Algorithm::TokenBucket, 1000);
+    let mut entry = Entry::new(now);
+    warm(&mut entry, p, now, 5, 990);
+    let mut returns = Vec::new();
+    // A lease taken, then spent until a request asks for its renewal (then in flight).
+    let mut asked = false;
+    for _ in 0..1000 {
+        match entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns) {
+            Route::Remote { augment } if augment > 0 && entry.lease.is_some() => {
+                asked = true;
+                break;
+            }
+            Route::Remote { augment } if augment > 0 => {
+                // The first lease: granted.
+                entry.answered(
+                    &key(),
+                    &op(p, 1),
+                    augment,
+                    &result(980, None),
+                    true,
+                    (now, now),
+                    1,
+                    &sizing(),
+                    &mut returns,
+                );
+            }
+            Route::Local(_) => {}
+            other => panic!("expected the lease spent, then a renewal asked for: {other:?}"),
+        }
+    }
+    assert!(asked, "no renewal was asked for");
+    // Past its lifetime (within the next, so the demand before is still known).
+    let later = now + LIFETIME * 3 / 2;
+    assert!(
+        matches!(
+            entry.route(&key(), &op(p, 1), later, &sizing(), &mut returns),
+            Route::Local(_)
+        ),
+        "past its lifetime, the lease is spent while its renewal is in flight"
+    );
+    assert!(returns.is_empty());
+    entry.abandon();
+    let route = entry.route(&key(), &op(p, 1), later, &sizing(), &mut returns);
+    assert!(
+        matches!(route, Route::Remote { augment } if augment > 0),
+        "{route:?}"
+    );
+    assert_eq!(returns.len(), 1, "the lease's rest is returned");
+    assert!(entry.lease.is_none());
+}
