@@ -142,14 +142,7 @@ def usec_per_call(conn):
 
 def run(conn, sha, keys, argv, calls):
     conn.call("CONFIG", "RESETSTAT")
-    command = encode(["EVALSHA", sha, str(len(keys))] + keys + argv)
-    left = calls
-    while left:
-        batch = min(left, 100)
-        conn.sock.sendall(command * batch)
-        for _ in range(batch):
-            conn.reply()
-        left -= batch
+    send(conn, encode(["EVALSHA", sha, str(len(keys))] + keys + argv), calls)
     return usec_per_call(conn)
 
 
@@ -173,6 +166,7 @@ def replay(port, calls, rounds, captures):
 
 
 def send(conn, command, calls):
+    """Sends `command` `calls` times, pipelined by 100, and reads every reply."""
     left = calls
     while left:
         batch = min(left, 100)
