@@ -919,8 +919,7 @@ mod tests {
     #[tokio::test]
     async fn replies_reach_their_callers_in_order() {
         let (info, read, go) = peer(3, b"$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n").await;
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let conn = open(&info).await;
         let (first, second, third) = (conn.clone(), conn.clone(), conn.clone());
         let gave_up = tokio::spawn(async move { first.request(echo("a")).await });
         // Yield until the first command is queued before the others.
@@ -947,8 +946,7 @@ mod tests {
     #[tokio::test]
     async fn a_late_call_fails_at_its_deadline_and_keeps_its_place() {
         let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let conn = open(&info).await;
         let mut late = conn.clone();
         late.until(Instant::now() + Duration::from_millis(50));
         let late = tokio::spawn(async move { late.request(echo("a")).await });
@@ -977,8 +975,7 @@ mod tests {
     #[tokio::test]
     async fn a_sooner_deadline_sets_the_timer_sooner() {
         let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let conn = open(&info).await;
         let mut patient = conn.clone();
         patient.until(Instant::now() + Duration::from_secs(3600));
         let patient = tokio::spawn(async move { patient.request(echo("a")).await });
@@ -1026,8 +1023,7 @@ mod tests {
                 }
             }
         });
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let conn = open(&info).await;
         // The flood is under way.
         while sent.load(Ordering::Relaxed) < 8 * 1024 * 1024 {
             tokio::task::yield_now().await;
@@ -1054,12 +1050,14 @@ mod tests {
         let info = format!("redis://{}/", listener.local_addr().unwrap())
             .into_connection_info()
             .unwrap();
+        let (conn, accepted) = tokio::join!(open(&info), listener.accept());
+        (conn, accepted.unwrap().0)
+    }
+
+    /// A plain connection to `info` (the default TLS settings, unused without TLS).
+    async fn open(info: &ConnectionInfo) -> Conn {
         let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let (conn, accepted) = tokio::join!(
-            connect(&info, &tls, Duration::from_secs(10)),
-            listener.accept()
-        );
-        (conn.unwrap(), accepted.unwrap().0)
+        connect(info, &tls, Duration::from_secs(10)).await.unwrap()
     }
 
     /// A connection the peer closes fails the calls waiting on it and every later one, with
@@ -1165,8 +1163,7 @@ mod tests {
     #[tokio::test]
     async fn a_command_half_written_is_not_sent() {
         let info = echo_peer().await;
-        let tls = super::super::tls::client_config(&Default::default()).unwrap();
-        let conn = connect(&info, &tls, Duration::from_secs(10)).await.unwrap();
+        let conn = open(&info).await;
         let panicked = tokio::spawn({
             let conn = conn.clone();
             async move {
