@@ -43,6 +43,31 @@ fn result(remaining: u64, window: Option<i64>) -> BucketResult {
     }
 }
 
+/// Redis's committed answer at `now` to a one-token request on `p` that asked for `augment`
+/// more tokens (`answer`: what Redis reported), as lease `id`: what [`Entry::answered`]
+/// returns.
+fn granted(
+    entry: &mut Entry,
+    p: LimitParams,
+    augment: u64,
+    answer: &BucketResult,
+    now: Instant,
+    id: u64,
+    returns: &mut Vec<BucketOp>,
+) -> u64 {
+    entry.answered(
+        &key(),
+        &op(p, 1),
+        augment,
+        answer,
+        true,
+        (now, now),
+        id,
+        &sizing(),
+        returns,
+    )
+}
+
 /// Routes `n` requests of cost 1 at `now`, answering each remote one as Redis would
 /// with `remaining` left; returns the routes.
 fn warm(entry: &mut Entry, p: LimitParams, now: Instant, n: usize, remaining: u64) -> Vec<Route> {
@@ -51,15 +76,13 @@ fn warm(entry: &mut Entry, p: LimitParams, now: Instant, n: usize, remaining: u6
         .map(|_| {
             let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
             if let Route::Remote { augment } = route {
-                entry.answered(
-                    &key(),
-                    &op(p, 1),
+                granted(
+                    entry,
+                    p,
                     augment,
                     &result(remaining, None),
-                    true,
-                    (now, now),
+                    now,
                     1,
-                    &sizing(),
                     &mut returns,
                 );
             }
@@ -112,17 +135,7 @@ fn a_lease_is_asked_for_once_the_bucket_is_hot() {
     for _ in 0..5 {
         let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
         assert_eq!(route, Route::Remote { augment: 0 });
-        entry.answered(
-            &key(),
-            &op(p, 1),
-            0,
-            &result(990, None),
-            true,
-            (now, now),
-            1,
-            &sizing(),
-            &mut returns,
-        );
+        granted(&mut entry, p, 0, &result(990, None), now, 1, &mut returns);
     }
     // Demand 6 → wants 9.
     let route = entry.route(&key(), &op(p, 1), now, &sizing(), &mut returns);
@@ -150,15 +163,13 @@ fn acquire_spend_and_run_out() {
     let Route::Remote { augment } = r else {
         panic!("expected an ask, warmed with {w:?}, got {r:?}");
     };
-    let held = entry.answered(
-        &key(),
-        &op(p, 1),
+    let held = granted(
+        &mut entry,
+        p,
         augment,
         &result(980, None),
-        true,
-        (now, now),
+        now,
         7,
-        &sizing(),
         &mut returns,
     );
     assert_eq!(held, augment);
@@ -192,15 +203,13 @@ fn acquire_spend_and_run_out() {
         Route::Remote { augment: 0 }
     );
     // The renewal lands: added to the lease, which keeps its id.
-    let held = entry.answered(
-        &key(),
-        &op(p, 1),
+    let held = granted(
+        &mut entry,
+        p,
         renewal,
         &result(900, None),
-        true,
-        (now, now),
+        now,
         8,
-        &sizing(),
         &mut returns,
     );
     assert_eq!(held, renewal);
@@ -256,15 +265,13 @@ fn expiry_returns_the_rest() {
         else {
             panic!("expected an ask");
         };
-        entry.answered(
-            &key(),
-            &op(p, 1),
+        granted(
+            &mut entry,
+            p,
             augment,
             &result(980, window),
-            true,
-            (now, now),
+            now,
             1,
-            &sizing(),
             &mut returns,
         );
         assert!(matches!(
@@ -301,17 +308,7 @@ fn a_window_lease_ends_with_its_window() {
         },
         ..result(980, Some(7))
     };
-    entry.answered(
-        &key(),
-        &op(p, 1),
-        augment,
-        &ending,
-        true,
-        (now, now),
-        1,
-        &sizing(),
-        &mut returns,
-    );
+    granted(&mut entry, p, augment, &ending, now, 1, &mut returns);
     assert_eq!(
         entry.lease().map(|l| l.expires),
         Some(now + Duration::from_millis(10))
@@ -338,15 +335,13 @@ fn give_back_and_changed_limits() {
     else {
         panic!("expected an ask");
     };
-    entry.answered(
-        &key(),
-        &op(p, 1),
+    granted(
+        &mut entry,
+        p,
         augment,
         &result(980, None),
-        true,
-        (now, now),
+        now,
         3,
-        &sizing(),
         &mut returns,
     );
     let Route::Local(take) = entry.route(&key(), &op(p, 2), now, &sizing(), &mut returns) else {
@@ -531,15 +526,13 @@ fn a_lease_kept_for_its_renewal_ends_once_the_renewal_fails() {
             }
             Route::Remote { augment } if augment > 0 => {
                 // The first lease: granted.
-                entry.answered(
-                    &key(),
-                    &op(p, 1),
+                granted(
+                    &mut entry,
+                    p,
                     augment,
                     &result(980, None),
-                    true,
-                    (now, now),
+                    now,
                     1,
-                    &sizing(),
                     &mut returns,
                 );
             }
