@@ -185,6 +185,10 @@ PARTS = [
     ("+ 1 x MGET of 4", "redis.call('MGET', unpack(KEYS)) return 1"),
     ("+ 4 x SET ... PX", "for i = 1, #KEYS do "
      "redis.call('SET', KEYS[i], '1764198123456789', 'PX', '1000000') end return 1"),
+    ("+ 4 x SET ... PXAT", "for i = 1, #KEYS do "
+     "redis.call('SET', KEYS[i], '1764198123456789', 'PXAT', '4102444800000') end return 1"),
+    ("+ 4 x SET ... KEEPTTL", "for i = 1, #KEYS do "
+     "redis.call('SET', KEYS[i], '1764198123456789', 'KEEPTTL') end return 1"),
     ("+ 4 x SET", "for i = 1, #KEYS do redis.call('SET', KEYS[i], '1764198123456789') end "
      "return 1"),
 ]

@@ -28,6 +28,13 @@
 # request's own EVALSHA captured from the bench and replayed (bench/script_cost.py), and the
 # same for a limit counted in ticks finer than a µs (domains fine1 and fine4, floodgate only).
 #
+# SBS_PIN=1 pins the server to CPU 0 and Redis and h2load to CPU 1 (`taskset`): the server
+# then sees one CPU (floodgate serves gRPC on one thread, Limitador runs one worker), and its
+# CPU per request is its own work without Redis and the load generator taking turns on its
+# core (on a 2-core machine, unpinned, each request's cycles also pay for the caches those
+# two leave behind). SBS_ROWS picks rows by number (1 no store, 2 memory, 3 Redis with 1
+# descriptor, 4 with 4), SBS_SCRIPT_COST=0 skips the script-cost table.
+#
 # floodgate runs with leases off (FLOODGATE_LEASE_FRACTION=0, unless set): the load is one hot
 # bucket per descriptor, which leases would answer mostly without Redis, and the Redis rows
 # compare the per-request Redis path with Limitador's (bench/leases.sh measures leases).
@@ -70,7 +77,14 @@ for n in 1 4; do
 done
 python3 bench/grpc_body.py nobody 1 "$WORK/noop.bin"
 
+PIN_SERVER=() PIN_LOAD=()
+if [ "${SBS_PIN:-0}" = 1 ]; then
+    [ "$(nproc)" -ge 2 ] || { echo "SBS_PIN=1 needs 2 CPUs" >&2; exit 2; }
+    PIN_SERVER=(taskset -c 0) PIN_LOAD=(taskset -c 1)
+fi
+
 start_redis
+[ ${#PIN_LOAD[@]} -eq 0 ] || taskset -pc 1 "${PIDS[-1]}" >/dev/null
 
 # start SERVER STORE : starts floodgate or limitador on the store (none, memory, redis); sets
 # GRPC_PORT, HTTP_PORT, SRV_PID.
@@ -81,14 +95,14 @@ start() {
     if [ "$server" = floodgate ]; then
         local args=()
         [ "$store" = redis ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
-        RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+        RUST_LOG=warn "${PIN_SERVER[@]}" "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
             --http-addr "127.0.0.1:$HTTP_PORT" "${args[@]}" >"$WORK/server.log" 2>&1 &
         SRV_PID=$!
         until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
     else
         local args=(memory)
         [ "$store" = redis ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
-        "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
+        "${PIN_SERVER[@]}" "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
             "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
         SRV_PID=$!
         until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
@@ -98,7 +112,7 @@ start() {
 stop() { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
 
 h2() {
-    h2load "$@" -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers' \
+    "${PIN_LOAD[@]}" h2load "$@" -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers' \
         "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
 }
 
@@ -192,8 +206,9 @@ SERVERS=(floodgate)
 echo
 echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-for row in "${ROWS[@]}"; do
-    IFS='|' read -r name store body <<<"$row"
+for i in "${!ROWS[@]}"; do
+    [[ " ${SBS_ROWS:-1 2 3 4} " == *" $((i + 1)) "* ]] || continue
+    IFS='|' read -r name store body <<<"${ROWS[$i]}"
     for server in "${SERVERS[@]}"; do
         read -r w r st wr e f < <(syscalls "$server" "$store" "$body")
         for _ in $(seq "$REPEAT"); do
@@ -206,6 +221,11 @@ for row in "${ROWS[@]}"; do
 done
 
 # --- Script cost: apply.lua against the minimal GCRA script, same buckets ---------------
+if [ "${SBS_SCRIPT_COST:-1}" = 0 ]; then
+    echo
+    echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+    exit 0
+fi
 start floodgate redis
 for spec in one:1:capture-1 four:4:capture-4 fine1:1:fine-1 fine4:4:fine-4; do
     IFS=: read -r body n out <<<"$spec"
@@ -238,4 +258,4 @@ for i, line in enumerate(sys.stdin):
     limit = "10^6/second" if i < 2 else "10^9/hour (0.1 µs ticks)"
     print(f"| {limit} | {n} | {f(a)} | {f(m)} | {statistics.median(a) / statistics.median(m):.2f} |")'
 echo
-echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
