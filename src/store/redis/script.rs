@@ -231,6 +231,16 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
     out.extend_from_slice(script().get_hash().as_bytes());
     out.extend_from_slice(b"\r\n");
     bulk(out, number.of(ops.len() as u64));
+    write_keys(out, prefix, ops);
+    match now_us {
+        Some(now) => bulk(out, now.to_string().as_bytes()),
+        None => bulk(out, b""),
+    }
+    write_blob(out, ops);
+}
+
+/// The KEYS of `ops` ([`op_key`]), as RESP bulk strings.
+fn write_keys(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp]) {
     for op in ops {
         match &op.reference {
             Some(counter) => bulk(out, &counter.key()),
@@ -243,10 +253,10 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
             }
         }
     }
-    match now_us {
-        Some(now) => bulk(out, now.to_string().as_bytes()),
-        None => bulk(out, b""),
-    }
+}
+
+/// Every op's numbers ([`PackedOps`]), as one RESP bulk string.
+fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp]) {
     bulk_header(out, (ops.len() * OP_BYTES) as u64);
     for op in ops {
         for value in op_numbers(op) {
@@ -288,8 +298,11 @@ impl Number {
     }
 }
 
-/// Runs the script for `ops` on `conn` ([`write_command`]) and returns its reply's frame; the
-/// script's packed values are its bulk payload ([`payload`]). Like redis-rs's
+/// Runs the script for `ops` on `conn` and returns its reply's frame; the script's packed
+/// values are its bulk payload ([`payload`]). With Redis `TIME` (`now_us` `None`, production)
+/// the call is a [`wire::Conn::script_call`]: the calls written together on the connection go
+/// out as one `EVALSHA` (the script's batch convention), each still answered with its own
+/// reply; a fixed `now` (tests) is a command of its own ([`write_command`]). Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or `SCRIPT
 /// FLUSH`) loads the script and sends the call once more. Any other error reply becomes
 /// redis-rs's error for it, so the store classifies it as before.
@@ -299,7 +312,24 @@ pub async fn call(
     ops: &[BucketOp],
     now_us: Option<i64>,
 ) -> RedisResult<wire::Frame> {
-    let send = || conn.request(|out| write_command(out, prefix, ops, now_us));
+    let send = || async move {
+        match now_us {
+            None => {
+                conn.script_call(
+                    script().get_hash(),
+                    ops.len(),
+                    reply_len(ops.len()) * REPLY_VALUE_BYTES,
+                    |out| write_keys(out, prefix, ops),
+                    |out| write_blob(out, ops),
+                )
+                .await
+            }
+            Some(_) => {
+                conn.request(|out| write_command(out, prefix, ops, now_us))
+                    .await
+            }
+        }
+    };
     match checked(send().await?) {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script().load_async(&mut conn.clone()).await?;
