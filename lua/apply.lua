@@ -64,6 +64,12 @@ Batch    ARGV[2], ARGV[3], …: one blob per request, as many requests as the cl
          a window start), the index of the operation it names (from 1), and 0 in every other
          slot; it writes nothing. Blobs whose lengths do not divide into operations or whose
          operations do not match #KEYS are an error reply for the whole batch.
+         A token bucket key that several requests of a batch touch (a hot bucket: every
+         request of a descriptor) is read once, with the first GET, and written once, after
+         the last request: SET … PX with the last write's TTL, or DEL; its value is carried
+         between requests in a table. A window or counter operation on the same key first has
+         the write waiting for it done, so it reads and replaces exactly what calls one by one
+         leave. The end state and every reply are those of the calls one by one.
 
 Reply    one binary string of 2 + 5 * #KEYS little-endian doubles, each a whole number:
          committed (0/1), delay_us (when committed, the longest delay of an enforcing
@@ -116,8 +122,10 @@ Cost     Every EVALSHA runs this whole chunk, so each closure it creates, each c
          (window operations are evaluated after the token buckets), once per batch; a request
          allocates one table for its reply and writes, built at its size, and none per token
          bucket operation; whole µs (the common case) skip the tick arithmetic. A batch pays
-         the EVALSHA itself and TIME once for all its requests, and allocates one table for
-         its packed replies. bench/script_cost.py measures the Redis time per call against
+         the EVALSHA itself and TIME once for all its requests, a GET and a SET … PX once per
+         token bucket key instead of once per request touching it, and allocates three
+         tables (the packed replies, the token buckets' values and their writes) and one
+         closure. bench/script_cost.py measures the Redis time per call against
          bench/gcra_min.lua, and per request batched.
 
 The same key twice in one request (the planner sums costs per bucket, so it should not
@@ -207,6 +215,28 @@ local fixed, sliding, counter, pending
 local replies -- a batch's packed replies, in request order
 local first = 0 -- KEYS before the request being applied: the earlier requests' operations
 
+-- In a batch, each token bucket key is read once and written once: `bucket[key]` is its value
+-- as the requests so far left it (false: absent), read with the first GET; `unwritten[key]`
+-- is the TTL in ms of the write it waits for (0: a DEL), done once the last request is
+-- applied, or before any other operation reads or writes that key (`settle`), so a window or
+-- counter operation on it sees and overwrites exactly what calls one by one leave.
+local bucket, unwritten, settle
+if n_requests > 1 then
+  bucket, unwritten = {}, {}
+  settle = function(key)
+    local ttl_ms = unwritten[key]
+    if ttl_ms then
+      if ttl_ms == 0 then
+        rcall('DEL', key)
+      else
+        rcall('SET', key, bucket[key], 'PX', ttl_ms)
+      end
+      unwritten[key] = nil
+    end
+    bucket[key] = nil
+  end
+end
+
 for request = 1, n_requests do
   local blob = argv[request + 1]
   local n_ops = #blob / OP_BYTES
@@ -289,7 +319,19 @@ for request = 1, n_requests do
         end
         -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
         -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
-        local stored = rpcall('GET', key)
+        local stored
+        if bucket then
+          stored = bucket[key]
+          if stored == nil then
+            stored = rpcall('GET', key)
+            if type(stored) ~= 'string' then
+              stored = false
+            end
+            bucket[key] = stored
+          end
+        else
+          stored = rpcall('GET', key)
+        end
         local tat_us, tat_frac, tat_digits
         if type(stored) == 'string' then
           -- A whole-µs limit stores an integer, a limit in finer ticks a fraction: the shape
@@ -790,6 +832,9 @@ for request = 1, n_requests do
       local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
       local debited = windows[j + 8] or nil
       local key = keys[first + i]
+      if bucket then
+        settle(key) -- it reads what the earlier requests wrote
+      end
       local e, kind
       if expiry then
         e, kind = counter(rate, period, overdraft, key, now, cost), 3
@@ -859,7 +904,17 @@ for request = 1, n_requests do
           reply[5 * i + 2] = state.w
         end
         local key = keys[first + i]
-        if kind == 3 then
+        if bucket and kind ~= 0 then
+          settle(key) -- a token bucket's write waiting on this key goes first
+        end
+        if bucket and kind == 0 then
+          -- In a batch: written once, after the last request (`bucket`).
+          if ttl == 0 then
+            bucket[key], unwritten[key] = false, 0
+          else
+            bucket[key], unwritten[key] = state, format('%d', (ttl + 999) / 1000)
+          end
+        elseif kind == 3 then
           -- The reference's integer: INCRBY the change, EXPIRE its unit + jitter (its `burst`).
           local expiry = format('%d', max(state.expiry, 1))
           if ttl == 0 then
@@ -914,5 +969,8 @@ for request = 1, n_requests do
   end
   replies[request] = pack(reply_format, spread(reply, 1, reply_end))
   first = first + n_ops
+end
+for key in pairs(unwritten) do
+  settle(key)
 end
 return table.concat(replies)

@@ -1861,3 +1861,54 @@ fn batch_matches_calls_one_by_one() {
         panic!("{e}");
     }
 }
+
+/// In a batch, a token bucket's write held back for the batch's end (each hot key is written
+/// once) still comes before a window operation of a later request, or of the same request
+/// after it, that reads or replaces the same key: the same state as calls one by one.
+#[test]
+fn batch_keeps_the_order_of_writes_to_one_key() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let mut conn = rt.block_on(async {
+        let mut conn = server.connection().await;
+        script::script().load_async(&mut conn).await.unwrap();
+        conn
+    });
+    let bucket = |cost| OpSpec {
+        key: 0,
+        change: None,
+        cost,
+        enforce: true,
+        debited_in: None,
+    };
+    let window = |algorithm| OpSpec {
+        change: Some((algorithm, 10, 0, false)),
+        ..bucket(1)
+    };
+    let request = |ops: Vec<OpSpec>| BatchRequest {
+        step: Step {
+            dt: 0,
+            ops,
+            allow_repeat: true,
+        },
+        counters: Vec::new(),
+        malformed: None,
+    };
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let case = BatchCase {
+            pool: vec![params(Algorithm::TokenBucket, 10, 60, 10); POOL],
+            counters: vec![params(Algorithm::FixedWindow, 5, 60, 0); 2],
+            before: Vec::new(),
+            dt: 0,
+            batch: vec![
+                request(vec![bucket(1)]),
+                request(vec![bucket(1), window(algorithm)]),
+                request(vec![bucket(2)]),
+                request(vec![window(algorithm), bucket(1)]),
+                request(vec![bucket(-1)]),
+            ],
+        };
+        rt.block_on(run_batch_case(&mut conn, &case))
+            .unwrap_or_else(|e| panic!("{algorithm:?}: {e}"));
+    }
+}
