@@ -1149,6 +1149,115 @@ mod tests {
         assert!(!conn.is_closed());
     }
 
+    /// A script call ([`Conn::script_call`]) whose keys and blob are `word`'s letters.
+    fn script_call<'a>(
+        conn: &'a Conn,
+        word: &'static str,
+        reply_bytes: usize,
+    ) -> impl Future<Output = RedisResult<Frame>> + 'a {
+        conn.script_call(
+            "sha",
+            1,
+            reply_bytes,
+            move |out| out.extend_from_slice(format!("$1\r\n{word}\r\n").as_bytes()),
+            move |out| out.extend_from_slice(format!("$1\r\n{word}\r\n").as_bytes()),
+        )
+    }
+
+    /// Script calls written together go out as one command, and its reply is split among
+    /// them by their reply sizes, each part a bulk string of its own.
+    #[tokio::test]
+    async fn merged_script_calls_get_their_own_parts() {
+        let (info, read, go) = peer(1, b"$6\r\nabcdef\r\n").await;
+        let conn = open(&info).await;
+        let calls = async {
+            tokio::join!(
+                script_call(&conn, "a", 2),
+                script_call(&conn, "b", 3),
+                script_call(&conn, "c", 1)
+            )
+        };
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        // Bounded, so that calls sent apart (the peer answers one command) fail the test.
+        let ((a, b, c), ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("the calls were not merged into one command");
+        assert_eq!(a.unwrap(), b"$2\r\nab\r\n");
+        assert_eq!(b.unwrap(), b"$3\r\ncde\r\n");
+        assert_eq!(c.unwrap(), b"$1\r\nf\r\n");
+    }
+
+    /// An error reply to a merged script call reaches every call in it, as it came.
+    #[tokio::test]
+    async fn an_error_for_a_merged_call_reaches_every_call() {
+        let (info, read, go) = peer(1, b"-NOSCRIPT No matching script\r\n").await;
+        let conn = open(&info).await;
+        let calls = async { tokio::join!(script_call(&conn, "a", 8), script_call(&conn, "b", 8)) };
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        let ((a, b), ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("the calls were not merged into one command");
+        for frame in [a.unwrap(), b.unwrap()] {
+            assert_eq!(frame, b"-NOSCRIPT No matching script\r\n");
+        }
+    }
+
+    /// The merged calls' command is `EVALSHA sha K keys… "" blob_1 … blob_N`, and one call
+    /// alone is exactly its own `EVALSHA sha k keys… "" blob`; the first caller of a merged
+    /// call is marked as sharing the reply with the others.
+    #[test]
+    fn merged_calls_are_one_evalsha() {
+        let mut state = State {
+            out: Vec::new(),
+            merging: Merging::default(),
+            waiting: VecDeque::new(),
+            soonest: None,
+            task: None,
+            closed: None,
+        };
+        for (calls, expected) in [
+            (&[("k1", "b1")][..], &["k1", "", "b1"][..]),
+            (
+                &[("k1", "b1"), ("k2", "b2"), ("k3", "b3")][..],
+                &["k1", "k2", "k3", "", "b1", "b2", "b3"][..],
+            ),
+        ] {
+            for (key, blob) in calls {
+                let m = &mut state.merging;
+                m.sha = "sha";
+                m.keys
+                    .extend_from_slice(format!("$2\r\n{key}\r\n").as_bytes());
+                m.key_count += 1;
+                m.blobs
+                    .extend_from_slice(format!("$2\r\n{blob}\r\n").as_bytes());
+                m.calls += 1;
+                state.waiting.push_back(Waiting {
+                    reply: None,
+                    deadline: None,
+                    shares: 0,
+                    part: 8,
+                });
+            }
+            state.write_merged();
+            let mut command = redis::cmd("EVALSHA");
+            command.arg("sha").arg(calls.len()).arg(expected);
+            assert_eq!(state.out, command.get_packed_command());
+            let shares = if calls.len() > 1 { calls.len() } else { 0 };
+            assert_eq!(state.waiting[0].shares, shares);
+            assert_eq!(state.merging.calls, 0);
+            state.out.clear();
+            state.waiting.clear();
+        }
+    }
+
     /// A call whose deadline passes before its reply fails with the deadline's error, kept by
     /// the connection's task (no timer of the caller's own), and keeps its place: the call
     /// after it, without a deadline, still gets its own reply, not the late call's.
