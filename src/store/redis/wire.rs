@@ -123,8 +123,8 @@ struct Merging {
 
 /// The most calls merged into one script call. Redis runs a script to its end before it
 /// serves anything else, so a merged call's size is how long it holds Redis (and the calls
-/// behind it) at once; 64 token-bucket requests of 4 buckets is some 10,000 instructions of
-/// Redis per request, a few hundred µs in all.
+/// behind it) at once: 64 requests of 4 token buckets are some 7 million instructions of
+/// Redis (about 110,000 per request merged, docs/performance.md), milliseconds at most.
 pub const MERGE_CALLS: usize = 64;
 
 /// The most keys in one merged script call.
