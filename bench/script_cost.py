@@ -6,10 +6,14 @@ usage: script_cost.py capture PORT KEYS OUT    # MONITOR: save floodgate's next 
        [APPLY_LUA=FILE] script_cost.py replay PORT CALLS ROUNDS CAPTURE...
                                                # on a quiet Redis: per capture, ROUNDS rounds of
                                                # CALLS calls of each script; prints µs per call
-       [APPLY_LUA=FILE[:FILE...]] [IR_PARTS=1] script_cost.py ir CALLS CAPTURE...
+       [APPLY_LUA=FILE[:FILE...]] [IR_PARTS=1] [IR_BATCH="8 32"] script_cost.py ir CALLS
+                                               CAPTURE...
                                                # a redis-server of its own under valgrind's
                                                # callgrind: per capture, the instructions Redis
                                                # executes per call of each script (any load)
+       script_cost.py synth BUCKETS OUT        # write a capture without floodgate: a request
+                                               # of BUCKETS token buckets as the bench's load
+                                               # sends them (10^6 per second, burst 10^6, cost 1)
 
 Both scripts run through the same harness: one connection, pipelined in batches of 100, and
 Redis's own time per call from `INFO commandstats` (cmdstat_evalsha usec / calls), zeroed with
@@ -27,6 +31,9 @@ colon-separated) are measured in turn, for an A/B of a change to the script. Wit
 it first counts the parts every call of a 4-bucket request pays, each as a script of its own
 on 4 string keys (PARTS below): an empty script (EVALSHA itself: the command read, KEYS and
 ARGV built, the reply written), then the same plus TIME, four GETs, one MGET, four SET … PX.
+With IR_BATCH (batch sizes, e.g. "8 32") it also counts apply.lua's batch convention: N copies
+of the captured request in one EVALSHA (the same keys N times, one blob per request: what
+floodgate's connection sends when N such requests are ready together), per *request*.
 """
 import glob
 import json
@@ -258,14 +265,42 @@ def instructions(calls, captures):
                 conn.call("FLUSHALL")
                 command = encode(["EVALSHA", sha, str(len(k))] + k + a)
                 row[name] = count_calls(conn, control, scratch, command, calls)
+                if name == "bench/gcra_min.lua":
+                    continue
+                for n in os.environ.get("IR_BATCH", "").split():
+                    n = int(n)
+                    conn.call("FLUSHALL")
+                    args = ["EVALSHA", sha, str(n * len(k))] + k * n + a[:1] + a[1:] * n
+                    try:
+                        conn.call(*args)
+                    except RuntimeError as e:  # a script without the batch convention
+                        row[f"{name} batched {n}, per request"] = str(e)
+                        continue
+                    command = encode(args)
+                    batches = max(calls // n, 20)
+                    row[f"{name} batched {n}, per request"] = round(
+                        count_calls(conn, control, scratch, command, batches) / n)
             print(json.dumps(row), flush=True)
     finally:
         server.terminate()
         server.wait()
 
 
+def synth(buckets, out):
+    """A capture of one request of `buckets` token buckets, each 10^6 per second with the
+    default burst (= the rate) and cost 1, as floodgate encodes it (lua/apply.lua's header):
+    flags 4 (token bucket, enforcing), interval 1 tick of 1 µs, scale 1, cost 1, burst 10^6,
+    no wait; its keys shaped like the bench's."""
+    import struct
+    keys = [b"floodgate:bench:k%d=v%d|tb1" % (i, i) for i in range(buckets)]
+    blob = b"".join(struct.pack("<dddddd", 4, 1, 1, 1, 1_000_000, 0) for _ in range(buckets))
+    json.dump({"keys": [k.hex() for k in keys], "argv": ["", blob.hex()]}, open(out, "w"))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "capture":
+    if sys.argv[1] == "synth":
+        synth(int(sys.argv[2]), sys.argv[3])
+    elif sys.argv[1] == "capture":
         capture(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
     elif sys.argv[1] == "ir":
         instructions(int(sys.argv[2]), sys.argv[3:])

@@ -19,6 +19,9 @@
 //! reply  one binary string of little-endian f64s, each a whole number: committed,
 //!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never),
 //!        window (-1 = None)
+//! batch  several requests in one call: every request's KEYS, then now, then one binary
+//!        string per request; the reply is theirs concatenated, and a request the script
+//!        refuses answers committed -1, its error's code and the op it names (see refused)
 //! ```
 //!
 //! Both directions are binary and the token bucket's constants come computed: the script's
@@ -197,6 +200,27 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
     cmd
 }
 
+/// One script call for several requests (`lua/apply.lua`'s batch convention): `EVALSHA <sha>
+/// <K> KEYS… now blob_1 … blob_N`, the requests' keys concatenated and one packed blob per
+/// request. Its reply is the requests' replies concatenated, request j's [`reply_len`] of its
+/// own op count; each part [`decode`]s alone. One request is exactly [`command`].
+pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64>) -> Cmd {
+    let ops: usize = requests.iter().map(|ops| ops.len()).sum();
+    let mut cmd = Cmd::new();
+    cmd.arg("EVALSHA").arg(script().get_hash()).arg(ops);
+    for op in requests.iter().flat_map(|ops| ops.iter()) {
+        cmd.arg(FullKey(prefix, op));
+    }
+    match now_us {
+        Some(now) => cmd.arg(now),
+        None => cmd.arg(""),
+    };
+    for ops in requests {
+        cmd.arg(PackedOps(ops));
+    }
+    cmd
+}
+
 /// Writes the script call for `ops` as [`command`] builds it, but as RESP straight into
 /// `out` (a connection's output buffer, [`wire::Conn::request`]): no `Cmd`, no second copy.
 pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) {
@@ -207,6 +231,16 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
     out.extend_from_slice(script().get_hash().as_bytes());
     out.extend_from_slice(b"\r\n");
     bulk(out, number.of(ops.len() as u64));
+    write_keys(out, prefix, ops);
+    match now_us {
+        Some(now) => bulk(out, now.to_string().as_bytes()),
+        None => bulk(out, b""),
+    }
+    write_blob(out, ops);
+}
+
+/// The KEYS of `ops` ([`op_key`]), as RESP bulk strings.
+fn write_keys(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp]) {
     for op in ops {
         match &op.reference {
             Some(counter) => bulk(out, &counter.key()),
@@ -219,10 +253,10 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
             }
         }
     }
-    match now_us {
-        Some(now) => bulk(out, now.to_string().as_bytes()),
-        None => bulk(out, b""),
-    }
+}
+
+/// Every op's numbers ([`PackedOps`]), as one RESP bulk string.
+fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp]) {
     bulk_header(out, (ops.len() * OP_BYTES) as u64);
     for op in ops {
         for value in op_numbers(op) {
@@ -264,8 +298,11 @@ impl Number {
     }
 }
 
-/// Runs the script for `ops` on `conn` ([`write_command`]) and returns its reply's frame; the
-/// script's packed values are its bulk payload ([`payload`]). Like redis-rs's
+/// Runs the script for `ops` on `conn` and returns its reply's frame; the script's packed
+/// values are its bulk payload ([`payload`]). With Redis `TIME` (`now_us` `None`, production)
+/// the call is a [`wire::Conn::script_call`]: the calls written together on the connection go
+/// out as one `EVALSHA` (the script's batch convention), each still answered with its own
+/// reply; a fixed `now` (tests) is a command of its own ([`write_command`]). Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or `SCRIPT
 /// FLUSH`) loads the script and sends the call once more. Any other error reply becomes
 /// redis-rs's error for it, so the store classifies it as before.
@@ -275,7 +312,24 @@ pub async fn call(
     ops: &[BucketOp],
     now_us: Option<i64>,
 ) -> RedisResult<wire::Frame> {
-    let send = || conn.request(|out| write_command(out, prefix, ops, now_us));
+    let send = || async move {
+        match now_us {
+            None => {
+                conn.script_call(
+                    script().get_hash(),
+                    ops.len(),
+                    reply_len(ops.len()) * REPLY_VALUE_BYTES,
+                    |out| write_keys(out, prefix, ops),
+                    |out| write_blob(out, ops),
+                )
+                .await
+            }
+            Some(_) => {
+                conn.request(|out| write_command(out, prefix, ops, now_us))
+                    .await
+            }
+        }
+    };
     match checked(send().await?) {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script().load_async(&mut conn.clone()).await?;
@@ -346,6 +400,9 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         u64::try_from(value)
             .map_err(|_| malformed(format!("{name} of operation {i} is negative ({value})")))
     };
+    if value(0) == -1 {
+        return Err(refused(value(1), value(2)));
+    }
     let committed = flag(value(0), "committed")?;
     let delay_us = u64::try_from(value(1))
         .ok()
@@ -389,6 +446,21 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         from_local_cache: false,
         delay_us,
     })
+}
+
+/// The error of a request the script refused in a batch (its reply's `committed` is -1, then
+/// the error's `code` and the operation it names, from 1): what the script says of it alone.
+fn refused(code: i64, operation: i64) -> StoreError {
+    let what = match code {
+        1 => "malformed arguments",
+        2 => "unknown algorithm",
+        3 => "a counter that is not a fixed window",
+        4 => "a counter key without a window start",
+        _ => "an unknown error",
+    };
+    StoreError::Failed(format!(
+        "apply.lua refused the request: {what} for operation {operation} (code {code})"
+    ))
 }
 
 #[cfg(test)]
@@ -571,6 +643,56 @@ mod tests {
             packed.extend_from_slice(&command(b"fg:", ops, now).get_packed_command());
             assert_eq!(written, packed, "{} ops, now {now:?}", ops.len());
         }
+    }
+
+    /// A batch of one request is exactly that request's own call; a batch of several has
+    /// every request's keys in order, then `now`, then one packed blob per request.
+    #[test]
+    fn batch_command_layout() {
+        let first = [op(Algorithm::TokenBucket, 3, true), shared_counter_op()];
+        let second = [op(Algorithm::SlidingWindow, 1, false)];
+        for now in [None, Some(1_750_000_000_123_456)] {
+            assert_eq!(
+                batch_command(b"fg:", &[&first], now).get_packed_command(),
+                command(b"fg:", &first, now).get_packed_command()
+            );
+        }
+        let args: Vec<Vec<u8>> = batch_command(b"fg:", &[&first, &second], None)
+            .args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => bytes.to_vec(),
+                _ => panic!("only plain arguments in a script call"),
+            })
+            .collect();
+        let text: Vec<&[u8]> = vec![
+            b"EVALSHA",
+            script().get_hash().as_bytes(),
+            b"3",
+            b"fg:edge:ip=10.0.0.1|tb60",
+            b"rl_edge_ip_10.0.0.1_1700000100",
+            b"fg:edge:ip=10.0.0.1|sw60",
+            b"",
+        ];
+        assert_eq!(args[..7], text);
+        assert_eq!(args.len(), 9);
+        assert_eq!(args[7], words(&command(b"fg:", &first, None)).1);
+        assert_eq!(args[8], words(&command(b"fg:", &second, None)).1);
+    }
+
+    /// A request the script refused in a batch (committed -1, the error's code and the
+    /// operation) is `Failed` naming both, not a malformed reply.
+    #[test]
+    fn decode_refused_request() {
+        let reply = packed(&[-1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0]);
+        let err = decode(&reply, 1).unwrap_err();
+        assert!(!err.is_transient());
+        assert_eq!(
+            err.to_string(),
+            StoreError::Failed(
+                "apply.lua refused the request: unknown algorithm for operation 3 (code 2)".into()
+            )
+            .to_string()
+        );
     }
 
     /// The command runs the same script as `script()` (its SHA is what EVALSHA sends).

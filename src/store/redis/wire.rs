@@ -8,7 +8,9 @@
 //! goes"). Here a call writes its command straight into the connection's output buffer
 //! ([`Conn::request`]), the connection's task writes whatever is buffered in one write, and
 //! each reply is handed back as the RESP bytes it came as: the script's packed doubles are
-//! decoded from them in place ([`super::script::call`]).
+//! decoded from them in place ([`super::script::call`]). The script calls written together
+//! are merged into one `EVALSHA` as the task takes them ([`Conn::script_call`]), each caller
+//! still handed its own reply.
 //!
 //! What stays as it was: one connection carries many calls at once, in order (Redis answers
 //! in order, so the n-th reply belongs to the n-th call still waiting); the connection's I/O
@@ -95,7 +97,41 @@ struct Waiting {
     reply: Option<oneshot::Sender<Result<Frame, Closed>>>,
     /// When it gives up, if it has a deadline.
     deadline: Option<Instant>,
+    /// The first call of a merged script call ([`Conn::script_call`]): how many calls share
+    /// its reply, itself and the ones after it (0: a reply of its own).
+    shares: usize,
+    /// In a merged script call, this call's bytes of the reply's payload.
+    part: usize,
 }
+
+/// The script calls ([`Conn::script_call`]) written since the connection's task last took
+/// the output buffer, not yet in it: they go into it as one `EVALSHA` when the task takes it,
+/// when another command is written after them, or when they reach a cap ([`MERGE_CALLS`],
+/// [`MERGE_KEYS`], [`MERGE_BYTES`]). Their callers' [`Waiting`] entries are the last `calls`
+/// of the queue.
+#[derive(Default)]
+struct Merging {
+    /// The script's SHA1 (every call merged runs the same script).
+    sha: &'static str,
+    /// Every call's keys, RESP bulk strings, in order.
+    keys: Vec<u8>,
+    key_count: usize,
+    /// One RESP bulk string per call: its packed operations.
+    blobs: Vec<u8>,
+    calls: usize,
+}
+
+/// The most calls merged into one script call. Redis runs a script to its end before it
+/// serves anything else, so a merged call's size is how long it holds Redis (and the calls
+/// behind it) at once: 64 requests of 4 token buckets are some 7 million instructions of
+/// Redis (about 110,000 per request merged, docs/performance.md), milliseconds at most.
+pub const MERGE_CALLS: usize = 64;
+
+/// The most keys in one merged script call.
+pub const MERGE_KEYS: usize = 512;
+
+/// The most bytes of keys and operations in one merged script call.
+pub const MERGE_BYTES: usize = 64 * 1024;
 
 /// What the callers and the connection's task share. Only the connection's own thread
 /// touches it in practice (the lock is never contended); it is a mutex because the store's
@@ -103,6 +139,8 @@ struct Waiting {
 struct State {
     /// Commands written by callers, not yet taken by the task.
     out: Vec<u8>,
+    /// Script calls written after `out`'s commands, still merging into one.
+    merging: Merging,
     /// The callers waiting for a reply, in the order their commands were written.
     waiting: VecDeque<Waiting>,
     /// The earliest deadline of the calls written since the task last looked: it sets the
@@ -190,7 +228,9 @@ impl Conn {
             if let Some(closed) = &state.closed {
                 return Err(closed.error());
             }
-            let (sender, reply) = oneshot::channel();
+            // The script calls merging before it go first: the order of replies is the
+            // order of commands.
+            state.write_merged();
             let before = state.out.len();
             let written =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write(&mut state.out)));
@@ -201,25 +241,87 @@ impl Conn {
                 drop(state);
                 std::panic::resume_unwind(panic);
             }
-            state.waiting.push_back(Waiting {
-                reply: Some(sender),
-                deadline: self.deadline,
-            });
-            if let Some(deadline) = self.deadline
-                && state.soonest.is_none_or(|soonest| deadline < soonest)
-            {
-                state.soonest = Some(deadline);
-            }
-            if let Some(task) = state.task.take() {
-                task.wake();
-            }
-            reply
+            self.wait(&mut state, 0)
         };
-        match reply.await {
-            Ok(Ok(frame)) => Ok(frame),
-            Ok(Err(closed)) => Err(closed.error()),
-            Err(_) => Err(Closed::new(io::ErrorKind::BrokenPipe, "connection closed").error()),
+        answer(reply).await
+    }
+
+    /// Sends a call of the script `sha` with `keys` keys, which `write_keys` appends as RESP
+    /// bulk strings, and the one argument after `now` (empty: Redis `TIME`), which
+    /// `write_blob` appends as one RESP bulk string; returns its reply's frame, a bulk string
+    /// of `reply_bytes` bytes (or whatever else Redis answered, an error for instance).
+    ///
+    /// The script calls written together (before the connection's task takes them, with no
+    /// other command between them) are merged into one `EVALSHA` of every call's keys and
+    /// arguments, `lua/apply.lua`'s batch convention: `EVALSHA sha K keys… "" blob_1 …
+    /// blob_N`, whose reply is the calls' replies concatenated. Each call gets its own part
+    /// as a bulk string of its own, so it reads exactly what a call alone reads; any other
+    /// reply (an error, `NOSCRIPT` included) reaches every call merged, each then acting on
+    /// it as a call alone would. A call alone is sent exactly as it always was. A call past
+    /// its deadline fails alone; the others merged with it are answered.
+    pub async fn script_call(
+        &self,
+        sha: &'static str,
+        keys: usize,
+        reply_bytes: usize,
+        write_keys: impl FnOnce(&mut Vec<u8>),
+        write_blob: impl FnOnce(&mut Vec<u8>),
+    ) -> RedisResult<Frame> {
+        let reply = {
+            let mut guard = lock(&self.handle.0);
+            if let Some(closed) = &guard.closed {
+                return Err(closed.error());
+            }
+            let state = &mut *guard;
+            let merging = &state.merging;
+            if merging.calls > 0
+                && (merging.sha != sha
+                    || merging.calls >= MERGE_CALLS
+                    || merging.key_count + keys > MERGE_KEYS
+                    || merging.keys.len() + merging.blobs.len() >= MERGE_BYTES)
+            {
+                state.write_merged();
+            }
+            let merging = &mut state.merging;
+            let before = (merging.keys.len(), merging.blobs.len());
+            let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                write_keys(&mut merging.keys);
+                write_blob(&mut merging.blobs);
+            }));
+            if let Err(panic) = written {
+                // As in `request`: half a call is taken back.
+                merging.keys.truncate(before.0);
+                merging.blobs.truncate(before.1);
+                drop(guard);
+                std::panic::resume_unwind(panic);
+            }
+            merging.sha = sha;
+            merging.key_count += keys;
+            merging.calls += 1;
+            self.wait(state, reply_bytes)
+        };
+        answer(reply).await
+    }
+
+    /// Queues the caller of the command just written (`part`: its bytes of a merged script
+    /// call's reply) and wakes the task.
+    fn wait(&self, state: &mut State, part: usize) -> oneshot::Receiver<Result<Frame, Closed>> {
+        let (sender, reply) = oneshot::channel();
+        state.waiting.push_back(Waiting {
+            reply: Some(sender),
+            deadline: self.deadline,
+            shares: 0,
+            part,
+        });
+        if let Some(deadline) = self.deadline
+            && state.soonest.is_none_or(|soonest| deadline < soonest)
+        {
+            state.soonest = Some(deadline);
         }
+        if let Some(task) = state.task.take() {
+            task.wake();
+        }
+        reply
     }
 
     /// Sends a redis-rs command and parses its reply (server errors stay values, as
@@ -227,6 +329,54 @@ impl Conn {
     async fn command(&self, cmd: &Cmd) -> RedisResult<Value> {
         let frame = self.request(|out| cmd.write_packed_command(out)).await?;
         redis::parse_redis_value(&frame)
+    }
+}
+
+/// The reply a call's caller waits for.
+async fn answer(reply: oneshot::Receiver<Result<Frame, Closed>>) -> RedisResult<Frame> {
+    match reply.await {
+        Ok(Ok(frame)) => Ok(frame),
+        Ok(Err(closed)) => Err(closed.error()),
+        Err(_) => Err(Closed::new(io::ErrorKind::BrokenPipe, "connection closed").error()),
+    }
+}
+
+impl State {
+    /// Writes the script calls merging into `out` as one `EVALSHA` (one call: exactly its
+    /// own command), and marks their first caller as sharing the reply with the others.
+    fn write_merged(&mut self) {
+        use std::io::Write as _;
+        let merging = &mut self.merging;
+        if merging.calls == 0 {
+            return;
+        }
+        let out = &mut self.out;
+        // Writes into a Vec<u8>, which cannot fail.
+        let _ = write!(
+            out,
+            "*{}\r\n$7\r\nEVALSHA\r\n${}\r\n{}\r\n",
+            4 + merging.key_count + merging.calls,
+            merging.sha.len(),
+            merging.sha
+        );
+        let count = merging.key_count.to_string();
+        let _ = write!(out, "${}\r\n{count}\r\n", count.len());
+        out.extend_from_slice(&merging.keys);
+        out.extend_from_slice(b"$0\r\n\r\n");
+        out.extend_from_slice(&merging.blobs);
+        if merging.calls > 1
+            && let Some(first) = self.waiting.len().checked_sub(merging.calls)
+        {
+            self.waiting[first].shares = merging.calls;
+        }
+        merging.keys.clear();
+        merging.blobs.clear();
+        if merging.keys.capacity() + merging.blobs.capacity() > OUT_KEEP {
+            merging.keys = Vec::new();
+            merging.blobs = Vec::new();
+        }
+        merging.key_count = 0;
+        merging.calls = 0;
     }
 }
 
@@ -322,6 +472,7 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
     };
     let shared = shared(State {
         out: Vec::with_capacity(4096),
+        merging: Merging::default(),
         waiting: VecDeque::new(),
         soonest: None,
         task: None,
@@ -476,6 +627,8 @@ struct Task {
     read: Vec<u8>,
     start: usize,
     end: usize,
+    /// The callers of the merged script call being answered ([`share`]), kept for the next.
+    sharing: Vec<Waiting>,
 }
 
 impl Future for Task {
@@ -519,6 +672,7 @@ impl Task {
             read: vec![0; READ_BUFFER],
             start: 0,
             end: 0,
+            sharing: Vec::new(),
         }
     }
 
@@ -529,6 +683,8 @@ impl Task {
             let closed = state.closed.get_or_insert(closed).clone();
             self.shared.closed.store(true, Ordering::Release);
             state.task = None;
+            // Never written: their callers are among the waiting, failed below.
+            state.merging = Merging::default();
             (closed, std::mem::take(&mut state.waiting))
         };
         for caller in waiting {
@@ -624,7 +780,9 @@ impl Task {
                     return Err(closed.clone());
                 }
                 if self.written == self.writing.len() {
-                    // Everything taken before is out: take what callers wrote since.
+                    // Everything taken before is out: take what callers wrote since, the
+                    // script calls written together merged into one.
+                    state.write_merged();
                     self.writing.clear();
                     self.written = 0;
                     if self.writing.capacity() > OUT_KEEP {
@@ -707,19 +865,37 @@ impl Task {
         }
     }
 
-    /// Hands every whole reply read so far to its caller; returns whether there was one.
+    /// Hands every whole reply read so far to its caller (a merged script call's to each of
+    /// its callers, [`share`]); returns whether there was one.
     fn hand_out(&mut self) -> Result<bool, Closed> {
         let mut any = false;
         while let Some(len) = frame_len(&self.read[self.start..self.end])? {
-            let frame = self.read[self.start..self.start + len].to_vec();
+            let frame = &self.read[self.start..self.start + len];
             self.start += len;
-            let caller = lock(&self.shared)
-                .waiting
-                .pop_front()
-                .ok_or_else(|| unasked(&frame))?;
-            // A caller that gave up (its deadline) is gone: its reply is dropped.
-            if let Some(reply) = caller.reply {
-                let _ = reply.send(Ok(frame));
+            let caller = {
+                let mut state = lock(&self.shared);
+                let caller = state.waiting.pop_front().ok_or_else(|| unasked(frame))?;
+                if caller.shares > 1 {
+                    // Queued together, so all there.
+                    let more = caller.shares - 1;
+                    self.sharing.push(caller);
+                    for _ in 0..more {
+                        let next = state.waiting.pop_front().ok_or_else(|| unasked(frame))?;
+                        self.sharing.push(next);
+                    }
+                    None
+                } else {
+                    Some(caller)
+                }
+            };
+            match caller {
+                // A caller that gave up (its deadline) is gone: its reply is dropped.
+                Some(caller) => {
+                    if let Some(reply) = caller.reply {
+                        let _ = reply.send(Ok(frame.to_vec()));
+                    }
+                }
+                None => share(frame, &mut self.sharing),
             }
             any = true;
         }
@@ -732,6 +908,39 @@ impl Task {
             }
         }
         Ok(any)
+    }
+}
+
+/// Hands each caller of a merged script call its part of the reply `frame`: its
+/// [`Waiting::part`] bytes of the bulk string, in order, as a bulk string of its own. Any other
+/// reply (an error, or one whose length is not the parts' sum) goes to every caller as it
+/// is: each then reads it as the reply of a call alone.
+fn share(frame: &[u8], callers: &mut Vec<Waiting>) {
+    use std::io::Write as _;
+    let total: usize = callers.iter().map(|caller| caller.part).sum();
+    match bulk_payload(frame) {
+        Some(payload) if payload.len() == total => {
+            let mut at = 0;
+            for caller in callers.drain(..) {
+                let part = &payload[at..at + caller.part];
+                at += caller.part;
+                if let Some(reply) = caller.reply {
+                    let mut own = Vec::with_capacity(part.len() + 16);
+                    // Writes into a Vec<u8>, which cannot fail.
+                    let _ = write!(own, "${}\r\n", part.len());
+                    own.extend_from_slice(part);
+                    own.extend_from_slice(b"\r\n");
+                    let _ = reply.send(Ok(own));
+                }
+            }
+        }
+        _ => {
+            for caller in callers.drain(..) {
+                if let Some(reply) = caller.reply {
+                    let _ = reply.send(Ok(frame.to_vec()));
+                }
+            }
+        }
     }
 }
 
@@ -938,6 +1147,115 @@ mod tests {
         assert_eq!(b.await.unwrap().unwrap(), b"$1\r\nb\r\n");
         assert_eq!(c.await.unwrap().unwrap(), b"$1\r\nc\r\n");
         assert!(!conn.is_closed());
+    }
+
+    /// A script call ([`Conn::script_call`]) whose keys and blob are `word`'s letters.
+    fn script_call<'a>(
+        conn: &'a Conn,
+        word: &'static str,
+        reply_bytes: usize,
+    ) -> impl Future<Output = RedisResult<Frame>> + 'a {
+        conn.script_call(
+            "sha",
+            1,
+            reply_bytes,
+            move |out| out.extend_from_slice(format!("$1\r\n{word}\r\n").as_bytes()),
+            move |out| out.extend_from_slice(format!("$1\r\n{word}\r\n").as_bytes()),
+        )
+    }
+
+    /// Script calls written together go out as one command, and its reply is split among
+    /// them by their reply sizes, each part a bulk string of its own.
+    #[tokio::test]
+    async fn merged_script_calls_get_their_own_parts() {
+        let (info, read, go) = peer(1, b"$6\r\nabcdef\r\n").await;
+        let conn = open(&info).await;
+        let calls = async {
+            tokio::join!(
+                script_call(&conn, "a", 2),
+                script_call(&conn, "b", 3),
+                script_call(&conn, "c", 1)
+            )
+        };
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        // Bounded, so that calls sent apart (the peer answers one command) fail the test.
+        let ((a, b, c), ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("the calls were not merged into one command");
+        assert_eq!(a.unwrap(), b"$2\r\nab\r\n");
+        assert_eq!(b.unwrap(), b"$3\r\ncde\r\n");
+        assert_eq!(c.unwrap(), b"$1\r\nf\r\n");
+    }
+
+    /// An error reply to a merged script call reaches every call in it, as it came.
+    #[tokio::test]
+    async fn an_error_for_a_merged_call_reaches_every_call() {
+        let (info, read, go) = peer(1, b"-NOSCRIPT No matching script\r\n").await;
+        let conn = open(&info).await;
+        let calls = async { tokio::join!(script_call(&conn, "a", 8), script_call(&conn, "b", 8)) };
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        let ((a, b), ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("the calls were not merged into one command");
+        for frame in [a.unwrap(), b.unwrap()] {
+            assert_eq!(frame, b"-NOSCRIPT No matching script\r\n");
+        }
+    }
+
+    /// The merged calls' command is `EVALSHA sha K keys… "" blob_1 … blob_N`, and one call
+    /// alone is exactly its own `EVALSHA sha k keys… "" blob`; the first caller of a merged
+    /// call is marked as sharing the reply with the others.
+    #[test]
+    fn merged_calls_are_one_evalsha() {
+        let mut state = State {
+            out: Vec::new(),
+            merging: Merging::default(),
+            waiting: VecDeque::new(),
+            soonest: None,
+            task: None,
+            closed: None,
+        };
+        for (calls, expected) in [
+            (&[("k1", "b1")][..], &["k1", "", "b1"][..]),
+            (
+                &[("k1", "b1"), ("k2", "b2"), ("k3", "b3")][..],
+                &["k1", "k2", "k3", "", "b1", "b2", "b3"][..],
+            ),
+        ] {
+            for (key, blob) in calls {
+                let m = &mut state.merging;
+                m.sha = "sha";
+                m.keys
+                    .extend_from_slice(format!("$2\r\n{key}\r\n").as_bytes());
+                m.key_count += 1;
+                m.blobs
+                    .extend_from_slice(format!("$2\r\n{blob}\r\n").as_bytes());
+                m.calls += 1;
+                state.waiting.push_back(Waiting {
+                    reply: None,
+                    deadline: None,
+                    shares: 0,
+                    part: 8,
+                });
+            }
+            state.write_merged();
+            let mut command = redis::cmd("EVALSHA");
+            command.arg("sha").arg(calls.len()).arg(expected);
+            assert_eq!(state.out, command.get_packed_command());
+            let shares = if calls.len() > 1 { calls.len() } else { 0 };
+            assert_eq!(state.waiting[0].shares, shares);
+            assert_eq!(state.merging.calls, 0);
+            state.out.clear();
+            state.waiting.clear();
+        }
     }
 
     /// A call whose deadline passes before its reply fails with the deadline's error, kept by
@@ -1233,6 +1551,7 @@ mod tests {
         });
         let shared = shared(State {
             out: command,
+            merging: Merging::default(),
             waiting: VecDeque::new(),
             soonest: None,
             task: None,
@@ -1242,6 +1561,8 @@ mod tests {
         lock(&shared).waiting.push_back(Waiting {
             reply: Some(sender),
             deadline: None,
+            shares: 0,
+            part: 0,
         });
         let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
         let frame = std::future::poll_fn(|cx| {

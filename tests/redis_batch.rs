@@ -1,0 +1,216 @@
+//! The Redis store merges the script calls ready together on a connection into one `EVALSHA`
+//! (`lua/apply.lua`'s batch convention) and still answers each call as a call of its own: a
+//! real redis-server, the real store and its connection, Redis `TIME` as in production.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use floodgate::bucket::{BucketKey, BucketOp, KeyValue};
+use floodgate::limiter::{Algorithm, LimitParams};
+use floodgate::store::Store;
+use floodgate::store::redis::{RedisSettings, RedisStore, script, wire};
+use futures_util::future::join_all;
+use redis::IntoConnectionInfo;
+use support::redis::RedisServer;
+use support::redis_settings;
+
+/// A token bucket of `limit` a day with a burst of `limit`: it refills one token per
+/// 86,400 / `limit` s, far longer than any test takes, so what it admits is exactly `limit`.
+fn daily(name: &str, limit: u64) -> BucketOp {
+    let params = LimitParams {
+        algorithm: Algorithm::TokenBucket,
+        requests_per_period: limit,
+        period_us: 86_400_000_000,
+        burst: limit,
+        overdraft: false,
+        max_wait_us: 0,
+    };
+    BucketOp {
+        key: BucketKey::new(
+            "batch",
+            [(&b"k"[..], KeyValue::Value(name.as_bytes()))],
+            params.algorithm,
+            params.period_us,
+        ),
+        params,
+        cost: 1,
+        enforce: true,
+        reference: None,
+        debited_in: None,
+    }
+}
+
+/// `INFO <section>`'s `<prefix>…:` line's fields, e.g. `cmdstat_evalsha` → {calls: …}.
+async fn info_fields(redis: &RedisServer, section: &str, name: &str) -> HashMap<String, u64> {
+    let mut conn = redis.connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix(&format!("{name}:")))
+        .map(|fields| {
+            fields
+                .split(',')
+                .filter_map(|field| {
+                    let (key, value) = field.split_once('=')?;
+                    Some((key.to_owned(), value.parse().ok()?))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `EVALSHA` calls Redis counted since its stats were last reset.
+async fn evalsha_calls(redis: &RedisServer) -> u64 {
+    info_fields(redis, "commandstats", "cmdstat_evalsha")
+        .await
+        .get("calls")
+        .copied()
+        .unwrap_or(0)
+}
+
+async fn command(redis: &RedisServer, args: &[&str]) {
+    redis.command(args).await;
+}
+
+/// A store on `redis` with the production `TIME`, its script loaded and its thread's
+/// connection open (so the calls after this are written without waiting for a checkout).
+async fn store(redis: &RedisServer) -> RedisStore {
+    let store = RedisStore::new(&RedisSettings {
+        command_timeout: Duration::from_secs(30),
+        ..redis_settings(&redis.url())
+    })
+    .unwrap();
+    store.apply(&[]).await.unwrap();
+    command(redis, &["CONFIG", "RESETSTAT"]).await;
+    store
+}
+
+/// 1,000 requests on one bucket of 100, all ready at once on one connection: fewer `EVALSHA`s
+/// than requests reach Redis, and exactly 100 are admitted.
+#[tokio::test]
+async fn concurrent_calls_are_merged_and_exact() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let op = [daily("hot", 100)];
+    let answers = join_all((0..1000).map(|_| store.apply(&op))).await;
+    let admitted = answers
+        .iter()
+        .filter(|answer| answer.as_ref().unwrap().committed)
+        .count();
+    assert_eq!(admitted, 100);
+    let calls = evalsha_calls(&redis).await;
+    assert!(calls < 1000 / 2, "{calls} EVALSHAs for 1,000 requests");
+}
+
+/// A request of several buckets keeps its own answer in a merged call: every request's
+/// buckets, admitted or not, all or nothing per request, each request seeing the earlier ones.
+#[tokio::test]
+async fn merged_requests_are_all_or_nothing_each() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    // Requests alternate between (a, b) and (a, c): `a` allows 10, `b` and `c` 3 each, so
+    // 3 of each shape pass (6 in all) and the denied ones leave `a` at 10 - 6.
+    let both = [daily("a", 10), daily("b", 3)];
+    let other = [daily("a", 10), daily("c", 3)];
+    let answers = join_all((0..20).map(|i| store.apply(if i % 2 == 0 { &both } else { &other })))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect::<Vec<_>>();
+    let committed: Vec<bool> = answers.iter().map(|a| a.committed).collect();
+    let mut expected = vec![false; 20];
+    expected[..6].fill(true);
+    assert_eq!(committed, expected);
+    for (i, answer) in answers.iter().enumerate() {
+        let a = &answer.buckets[0];
+        let passed = committed[..=i].iter().filter(|c| **c).count();
+        assert_eq!(a.view.remaining, 10 - passed as u64, "request {i}");
+    }
+    assert!(evalsha_calls(&redis).await < 20);
+}
+
+/// A connection of the store's own kind to `redis`.
+async fn connection(redis: &RedisServer) -> wire::Conn {
+    let info = redis.url().into_connection_info().unwrap();
+    let tls = floodgate::store::redis::tls::client_config(&Default::default()).unwrap();
+    wire::connect(&info, &tls, Duration::from_secs(10))
+        .await
+        .unwrap()
+}
+
+/// In one merged call, a call whose deadline passes while Redis stalls fails alone, with the
+/// deadline's error; the calls merged with it are answered once Redis is back.
+#[tokio::test]
+async fn a_late_call_in_a_merged_call_fails_alone() {
+    let redis = RedisServer::start();
+    let conn = connection(&redis).await;
+    let op = [daily("late", 10)];
+    // Loaded, so the merged call is not answered NOSCRIPT.
+    script::call(&conn, b"fg:", &op, None).await.unwrap();
+    command(&redis, &["CONFIG", "RESETSTAT"]).await;
+    let mut late = conn.clone();
+    late.until(tokio::time::Instant::now() + Duration::from_millis(100));
+    redis.freeze();
+    let (late, patient) = tokio::join!(
+        async {
+            let answer = script::call(&late, b"fg:", &op, None).await;
+            redis.thaw();
+            answer
+        },
+        join_all((0..3).map(|_| script::call(&conn, b"fg:", &op, None))),
+    );
+    let error = late.unwrap_err();
+    assert!(wire::is_late(&error), "{error}");
+    for (i, frame) in patient.into_iter().enumerate() {
+        let applied = script::decode(script::payload(&frame.unwrap()), 1).unwrap();
+        assert!(applied.committed, "call {i}");
+    }
+    assert_eq!(
+        evalsha_calls(&redis).await,
+        1,
+        "the four calls were not merged"
+    );
+    // The late call's debit was applied (it was sent), the others' after it.
+    let applied = script::call(&conn, b"fg:", &op, None).await.unwrap();
+    let applied = script::decode(script::payload(&applied), 1).unwrap();
+    assert_eq!(applied.buckets[0].view.remaining, 10 - 6);
+}
+
+/// After `SCRIPT FLUSH`, merged calls answered `NOSCRIPT` load the script and are sent again:
+/// every call is answered, exactly the limit is admitted, and Redis saw fewer `NOSCRIPT`
+/// errors than calls (the merged calls shared them).
+#[tokio::test]
+async fn merged_calls_survive_script_flush() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let op = [daily("flushed", 100)];
+    let first = join_all((0..50).map(|_| store.apply(&op))).await;
+    assert!(
+        first
+            .iter()
+            .all(|answer| answer.as_ref().unwrap().committed)
+    );
+    command(&redis, &["SCRIPT", "FLUSH"]).await;
+    command(&redis, &["CONFIG", "RESETSTAT"]).await;
+    let second = join_all((0..200).map(|_| store.apply(&op))).await;
+    let admitted = second
+        .iter()
+        .filter(|answer| answer.as_ref().unwrap().committed)
+        .count();
+    assert_eq!(admitted, 50);
+    let noscript = info_fields(&redis, "errorstats", "errorstat_NOSCRIPT")
+        .await
+        .get("count")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        (1..200).contains(&noscript),
+        "{noscript} NOSCRIPT errors for 200 calls"
+    );
+}
