@@ -345,6 +345,12 @@ async fn busy_connections_are_not_evicted() {
         "2",
         "--grpc-request-timeout",
         "120",
+        // The idle connection must be closed by the eviction, not by an unanswered keepalive
+        // ping (20 s by default), however slowly a loaded machine runs this test.
+        "--grpc-idle-timeout",
+        "1800",
+        "--grpc-keepalive-interval",
+        "600",
     ]);
     let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await

@@ -591,7 +591,16 @@ async fn the_bound_on_calls_to_redis_is_on_metrics() {
 #[tokio::test]
 async fn the_hosts_delay_is_on_metrics() {
     let redis = RedisServer::start();
-    let (server, _dir) = serve(&["--redis-url", &redis.url(), "--grpc-threads", "2"]);
+    // A call must not fail for the 10 ms default deadline on a loaded machine: this is about
+    // the probe's metric.
+    let (server, _dir) = serve(&[
+        "--redis-url",
+        &redis.url(),
+        "--grpc-threads",
+        "2",
+        "--redis-timeout-ms",
+        "1000",
+    ]);
     let http = server.http;
     let mut client = RateLimitServiceClient::connect(format!("http://{}", server.grpc))
         .await

@@ -29,8 +29,9 @@ use crate::transport::tls::GrpcTls;
 use crate::transport::{Acceptor, CallsLayer, GrpcListener, Guarded, PortBound, TcpListeners};
 
 /// How long a gRPC connection may be quiet before the server pings it (unless
-/// `--grpc-keepalive-interval` says more often), and how long the answer may take: a dead peer
-/// is found within their sum, and a live one is never silent for the idle timeout.
+/// `--grpc-keepalive-interval` says otherwise), and how long the answer may take, each at most
+/// a third of the idle timeout: a dead peer is found within their sum, and a live one is never
+/// silent for the idle timeout.
 const GRPC_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 const GRPC_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 

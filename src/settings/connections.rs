@@ -40,9 +40,11 @@ pub struct GrpcConnectionSettings {
           value_parser = parse_age, requires = "grpc_max_connection_age")]
     pub grpc_max_connection_age_grace: Option<Duration>,
 
-    /// Send an HTTP/2 PING on each idle gRPC connection every this many seconds and close it
-    /// if the PING is not answered within 20 s: a peer that vanished without closing the
-    /// connection (a node lost, a NAT entry expired) is noticed. Off by default.
+    /// Send an HTTP/2 PING on each quiet gRPC connection every this many seconds and close
+    /// it if the PING is not answered within 10 s: a peer that vanished without closing the
+    /// connection (a node lost, a NAT entry expired) is noticed. Default 20 s; never more
+    /// than a third of `--grpc-idle-timeout` (nor the 10 s), so a live peer, which answers,
+    /// is never closed as silent.
     #[arg(long, env = "FLOODGATE_GRPC_KEEPALIVE_INTERVAL", value_name = "SECONDS",
           value_parser = parse_age)]
     pub grpc_keepalive_interval: Option<Duration>,
