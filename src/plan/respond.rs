@@ -10,7 +10,7 @@ impl<'c> Plan<'c> {
     ///   global quota mode) deny the request only when there is at least one and **every**
     ///   one is over; any other descriptor over denies it;
     /// - global shadow mode then makes the request OK, leaving the descriptors' verdicts.
-    pub(super) fn denies(&self, applied: &Applied) -> bool {
+    pub fn denies(&self, applied: &Applied) -> bool {
         self.over(applied) && !self.global_shadow
     }
 
