@@ -8,6 +8,7 @@
 #   IR_ROWS="none one four" IR_ROUNDS=2 bench/ir_ab.sh A B
 #   IR_TOP=25 bench/ir_ab.sh BIN                      # plus each run's top inclusive functions
 #   IR_KEEP=/tmp/cg bench/ir_ab.sh BIN                # keep callgrind's files (callgrind_annotate)
+#   IR_CACHE=1 bench/ir_ab.sh OLD_BIN NEW_BIN         # plus simulated cache misses per OK answer
 #
 # Each run starts one server under callgrind with instrumentation off (`--instr-atstart=no`),
 # sends IR_WARMUP requests, switches counting on (`callgrind_control -i on`), sends
@@ -22,25 +23,36 @@
 # row and binary the median. Any answer not OK marks the run: a binary that errs is broken,
 # not cheaper.
 #
-# Caveats: Ir counts user-space instructions only, not the kernel's time in syscalls nor
-# cache misses, branch mispredictions or stalls; and under valgrind the server is slow, so
-# more requests are ready per pass than at full speed (callgrind runs the threads one at a
-# time), which changes how many requests share a wake-up, a read and a write. A change that
-# saves instructions on the request path shows; one that saves syscalls, waits or cache
-# misses does not. Confirm a kept change with bench/cpu_ab.sh too.
+# IR_CACHE=1 runs callgrind's cache simulation too (`--cache-sim=yes`: a first-level data
+# cache (D1) and a last-level cache (LL) shaped like the host's; every data access of the
+# server's user space) and prints beside Ir the D1 and LL data misses (reads + writes) per
+# OK answer: what a request's state costs when it has gone cold while the request waited
+# (its futures, its plan, its h2 stream re-read when the reply comes). Simulated misses,
+# like Ir, hardly move with the machine's load. The simulation slows callgrind further.
+#
+# Caveats: Ir counts user-space instructions only, not the kernel's time in syscalls, branch
+# mispredictions or stalls; the simulated caches are one cache that every thread shares (as
+# callgrind runs the threads one at a time) and see no kernel or other process; and under
+# valgrind the server is slow, so more requests are ready per pass than at full speed, which
+# changes how many requests share a wake-up, a read and a write. A change that saves
+# instructions or (simulated) misses on the request path shows; one that saves syscalls or
+# waits does not. Confirm a kept change with bench/cpu_ab.sh too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
 need_h2load
 command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
     { echo "needs valgrind (callgrind, callgrind_control)" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,24p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,31p' "$0"; exit 2; }
 BINS=("$@")
 ROUNDS=${IR_ROUNDS:-2}
 REQUESTS=${IR_REQUESTS:-5000}
 WARMUP=${IR_WARMUP:-2000}
 ROWS=(${IR_ROWS:-one four})
 TOP=${IR_TOP:-0}
+CACHE=${IR_CACHE:-0}
+CACHE_ARGS=()
+[ "$CACHE" = 1 ] && CACHE_ARGS=(--cache-sim=yes)
 # h2load's load: IR_CLIENTS connections, IR_STREAMS requests in flight on each (the bench's
 # 16 × 8 by default).
 CLIENTS=${IR_CLIENTS:-16}
@@ -60,7 +72,8 @@ ok_answers() {
         END { print ok + 0 }'
 }
 
-# run BIN ROW LABEL : prints "ir_per_ok not_ok ir_total ok" for one fresh server.
+# run BIN ROW LABEL : prints "ir_per_ok not_ok ir_total ok d1_per_ok ll_per_ok" for one fresh
+# server (the last two "-" without IR_CACHE=1).
 run() {
     local bin=$1 row=$2 label=$3 grpc http pid
     grpc=$(free_port); http=$(free_port)
@@ -68,7 +81,8 @@ run() {
     local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
     [ "$row" = memory ] && store=() && body=one
     local out="$WORK/callgrind.$label"
-    RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+    RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no "${CACHE_ARGS[@]}" \
+        --callgrind-out-file="$out" \
         "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
         --http-addr "127.0.0.1:$http" "${store[@]}" "${EXTRA[@]}" \
         >"$WORK/server.$label.log" 2>&1 &
@@ -104,10 +118,24 @@ run() {
     failed=$(cat "$WORK/h2.warm" "$WORK/h2.out" |
         sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' |
         awk '{ bad += $1 + $2 } END { print bad + 0 }')
-    local ir
-    ir=$(awk '/^totals:/ { print $2; exit }' "$out")
+    local ir d1 ll
+    # The totals line lists the events in the order of the `events:` line (Ir first; with the
+    # cache simulation Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw).
+    read -r ir d1 ll < <(awk '
+        /^events:/ { for (i = 2; i <= NF; i++) name[i] = $i }
+        /^totals:/ {
+            for (i = 2; i <= NF; i++) v[name[i]] = $i
+            if ("D1mr" in v) print v["Ir"], v["D1mr"] + v["D1mw"], v["DLmr"] + v["DLmw"]
+            else print v["Ir"], "-", "-"
+            exit
+        }' "$out")
     local ok=$((ok1 - ok0))
     [ "$ok" -gt 0 ] || { echo "no OK answers in the counted window" >&2; exit 1; }
+    local d1_per=- ll_per=-
+    if [ "$d1" != - ]; then
+        d1_per=$(python3 -c "print(f'{$d1 / $ok:.0f}')")
+        ll_per=$(python3 -c "print(f'{$ll / $ok:.1f}')")
+    fi
     if [ "$TOP" -gt 0 ]; then
         {
             echo "== top $TOP inclusive: row $row, $bin =="
@@ -118,22 +146,41 @@ run() {
         } >>"$WORK/top"
     fi
     [ -n "${IR_KEEP:-}" ] && mkdir -p "$IR_KEEP" && cp "$out" "$IR_KEEP/"
-    echo "$(python3 -c "print(f'{$ir / $ok:.0f}')") $((not_ok + failed)) $ir $ok"
+    echo "$(python3 -c "print(f'{$ir / $ok:.0f}')") $((not_ok + failed)) $ir $ok $d1_per $ll_per"
 }
 
-echo "| round | row | binary | Ir per OK answer | not OK | Ir | OK answers |"
-echo "|---|---|---|---|---|---|---|"
+if [ "$CACHE" = 1 ]; then
+    echo "| round | row | binary | Ir per OK answer | not OK | Ir | OK answers | D1 misses per OK | LL misses per OK |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+else
+    echo "| round | row | binary | Ir per OK answer | not OK | Ir | OK answers |"
+    echo "|---|---|---|---|---|---|---|"
+fi
 for round in $(seq "$ROUNDS"); do
     for row in "${ROWS[@]}"; do
         for i in "${!BINS[@]}"; do
-            read -r per bad ir ok < <(run "${BINS[$i]}" "$row" "$round.$row.$i")
-            echo "| $round | $row | $i | $per | $bad | $ir | $ok |"
+            read -r per bad ir ok d1 ll < <(run "${BINS[$i]}" "$row" "$round.$row.$i")
+            if [ "$CACHE" = 1 ]; then
+                echo "| $round | $row | $i | $per | $bad | $ir | $ok | $d1 | $ll |"
+                echo "$row $i $d1 $bad" >>"$WORK/results.d1"
+                echo "$row $i $ll $bad" >>"$WORK/results.ll"
+            else
+                echo "| $round | $row | $i | $per | $bad | $ir | $ok |"
+            fi
             echo "$row $i $per $bad" >>"$WORK/results"
         done
     done
 done
 echo
 ab_summary "$WORK/results" "Ir per OK answer" 0 "${BINS[@]}"
+if [ "$CACHE" = 1 ]; then
+    echo
+    ab_summary "$WORK/results.d1" "D1 misses per OK answer" 0 "${BINS[@]}"
+    echo
+    ab_summary "$WORK/results.ll" "LL misses per OK answer" 1 "${BINS[@]}"
+fi
 [ -f "$WORK/top" ] && { echo; cat "$WORK/top"; }
 echo
-echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), valgrind $(valgrind --version), h2load $CLIENTS × $STREAMS, $REQUESTS requests counted after $WARMUP, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+SIM=""
+[ "$CACHE" = 1 ] && SIM=" with its cache simulation"
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), valgrind $(valgrind --version)$SIM, h2load $CLIENTS × $STREAMS, $REQUESTS requests counted after $WARMUP, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"

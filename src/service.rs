@@ -14,6 +14,7 @@
 //! admitted by [`crate::admission`] as soon as its stream opens, before its body has arrived,
 //! so streams that never send one count too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -297,7 +298,10 @@ impl Decider {
             // Nothing to count (unknown domain, no match, unlimited): no store access.
             Applied::nothing()
         } else {
-            let store_span = span.map(|span| span.store_call(self.store.name(), plan.ops.len()));
+            // Boxed: a span is some 300 bytes, which every request would otherwise keep, as
+            // part of its state, across the store's wait, traced or not.
+            let store_span =
+                span.map(|span| Box::new(span.store_call(self.store.name(), plan.ops.len())));
             let started = Instant::now();
             let applied = self.store.apply(&plan.ops).await;
             self.metrics
@@ -313,23 +317,34 @@ impl Decider {
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
         };
-        let applied = self.undo_if_quota_denies(&plan, applied).await?;
+        // The two rare steps (a quota-mode refund, a `max_wait` hold) are boxed where they
+        // happen: awaited inline, their futures would be part of every request's state.
+        let refunds = plan.refunds(&applied);
+        let applied = if refunds.is_empty() {
+            applied
+        } else {
+            Box::pin(self.undo_quota_denial(refunds, applied)).await?
+        };
+        // Only a configured domain has buckets, hence a delay. Held before the response is
+        // built, so that the response is not part of what a held request keeps meanwhile.
+        let shaped = applied.committed && applied.delay_us > 0 && !plan.denies(&applied);
+        let held = match plan.domain_label().filter(|_| shaped) {
+            Some(domain) => Some(Box::pin(self.hold(&plan, &applied, domain)).await),
+            None => None,
+        };
         let mut outcome = plan.respond(&applied, &self.options);
         if outcome.domain.is_none() {
             self.metrics
                 .record_domain_not_found(&request.domain, request.descriptors.len());
         }
-        let over = outcome.over;
-        // Only a configured domain has buckets, hence a delay.
-        let shaped = applied.committed && applied.delay_us > 0 && !over;
-        if let Some(domain) = outcome.domain.as_ref().filter(|_| shaped) {
-            let held = self.hold(&plan, &applied, domain).await;
+        if let Some(held) = held {
             outcome.response.response_headers_to_add.push(HeaderValue {
                 key: DELAYED_HEADER.to_string(),
                 value: held.as_micros().div_ceil(1_000).to_string(),
                 raw_value: Vec::new(),
             });
         }
+        let over = outcome.over;
         let result = if over {
             RequestResult::OverLimit
         } else {
@@ -386,16 +401,13 @@ impl Decider {
 
     /// Quota-mode buckets do not block the store's commit (only the request as a whole
     /// knows whether every quota-mode descriptor is over), so when quota mode denies a
-    /// committed request its debits are refunded here: a denied request debits nothing.
-    async fn undo_if_quota_denies(
+    /// committed request its debits are refunded here (`refunds`: [`Plan::refunds`], not
+    /// empty): a denied request debits nothing.
+    async fn undo_quota_denial(
         &self,
-        plan: &Plan<'_>,
+        refunds: Vec<(usize, BucketOp)>,
         mut applied: Applied,
     ) -> Result<Applied, RequestError> {
-        let refunds = plan.refunds(&applied);
-        if refunds.is_empty() {
-            return Ok(applied);
-        }
         let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
         let undone = self.store.apply(&ops).await.inspect_err(|e| {
             self.metrics.record_request(RequestResult::StoreError);
@@ -514,42 +526,50 @@ impl RlsService {
 
     /// Answers one call whose stream already holds a `--max-in-flight` place (taken by
     /// `crate::admission` as the stream opened, before its body arrived).
-    pub async fn answer_admitted(
+    pub fn answer_admitted(
         &self,
         request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        self.answer(request, true).await
+    ) -> impl Future<Output = Result<Response<RateLimitResponse>, Status>> + Send + '_ {
+        self.answer(request, true)
     }
 
     /// Answers one call, admitting it first unless `admitted`, and times it as the
     /// reference's interceptor does.
-    async fn answer(
+    ///
+    /// Not an `async fn` (nor is [`RlsService::answer_admitted`]): one keeps its arguments
+    /// apart from the body's own copy of them, so the request would be part of the call's
+    /// state twice while it waits for the store; the block below only borrows it.
+    // The manual form is the point: see above.
+    #[allow(clippy::manual_async_fn)]
+    fn answer(
         &self,
         request: Request<RateLimitRequest>,
         admitted: bool,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let started = Instant::now();
-        let answered = if admitted {
-            self.limiter
-                .answer_traced(
-                    request.get_ref(),
-                    EntryPoint::Grpc,
-                    Some(request.metadata().as_ref()),
-                )
-                .await
-        } else {
-            self.limiter
-                .should_rate_limit_from(
-                    request.get_ref(),
-                    EntryPoint::Grpc,
-                    request.metadata().as_ref(),
-                )
-                .await
-        };
-        // The reference's interceptor times every call that reaches the handler, errors
-        // included.
-        self.limiter.metrics().record_grpc_call(started.elapsed());
-        answered.map(Response::new).map_err(Status::from)
+    ) -> impl Future<Output = Result<Response<RateLimitResponse>, Status>> + Send + '_ {
+        async move {
+            let started = Instant::now();
+            let answered = if admitted {
+                self.limiter
+                    .answer_traced(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        Some(request.metadata().as_ref()),
+                    )
+                    .await
+            } else {
+                self.limiter
+                    .should_rate_limit_from(
+                        request.get_ref(),
+                        EntryPoint::Grpc,
+                        request.metadata().as_ref(),
+                    )
+                    .await
+            };
+            // The reference's interceptor times every call that reaches the handler, errors
+            // included.
+            self.limiter.metrics().record_grpc_call(started.elapsed());
+            answered.map(Response::new).map_err(Status::from)
+        }
     }
 }
 

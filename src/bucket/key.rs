@@ -80,28 +80,27 @@ impl BucketKey {
         algorithm: Algorithm,
         period_us: u64,
     ) -> BucketKey {
-        let mut out = Vec::with_capacity(64);
-        out.extend_from_slice(encoded_domain);
-        for (key, value) in entries {
-            out.push(b':');
-            push_component(&mut out, key);
-            out.push(b'=');
-            match value {
-                KeyValue::Value(v) => push_component(&mut out, v),
-                KeyValue::Shared(pattern) => {
-                    out.push(b'*');
-                    push_component(&mut out, pattern.as_bytes());
-                }
-            }
+        // Written into this thread's scratch buffer, then copied once into a box of exactly
+        // its length: one allocation per key, where a vector of a guessed capacity took a
+        // second one (its shrink to the key's length).
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<Vec<u8>> = const {
+                std::cell::RefCell::new(Vec::new())
+            };
         }
-        out.push(b'|');
-        out.extend_from_slice(match algorithm {
-            Algorithm::TokenBucket => b"tb",
-            Algorithm::FixedWindow => b"fw",
-            Algorithm::SlidingWindow => b"sw",
-        });
-        push_decimal(&mut out, period_us / 1_000_000);
-        BucketKey(out.into_boxed_slice())
+        SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut out) => {
+                out.clear();
+                encode_in_domain(&mut out, encoded_domain, entries, algorithm, period_us);
+                BucketKey(Box::from(&out[..]))
+            }
+            // Not reached (encoding does not nest), but never a panic.
+            Err(_) => {
+                let mut out = Vec::new();
+                encode_in_domain(&mut out, encoded_domain, entries, algorithm, period_us);
+                BucketKey(out.into_boxed_slice())
+            }
+        })
     }
 
     /// The key of a descriptor `limit` override of `rate` requests per period: marked, and
@@ -129,6 +128,36 @@ impl fmt::Debug for BucketKey {
 
 fn is_plain(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
+/// Writes the key of [`BucketKey::in_domain`] onto `out`.
+fn encode_in_domain<'a>(
+    out: &mut Vec<u8>,
+    encoded_domain: &[u8],
+    entries: impl IntoIterator<Item = (&'a [u8], KeyValue<'a>)>,
+    algorithm: Algorithm,
+    period_us: u64,
+) {
+    out.extend_from_slice(encoded_domain);
+    for (key, value) in entries {
+        out.push(b':');
+        push_component(out, key);
+        out.push(b'=');
+        match value {
+            KeyValue::Value(v) => push_component(out, v),
+            KeyValue::Shared(pattern) => {
+                out.push(b'*');
+                push_component(out, pattern.as_bytes());
+            }
+        }
+    }
+    out.push(b'|');
+    out.extend_from_slice(match algorithm {
+        Algorithm::TokenBucket => b"tb",
+        Algorithm::FixedWindow => b"fw",
+        Algorithm::SlidingWindow => b"sw",
+    });
+    push_decimal(out, period_us / 1_000_000);
 }
 
 fn push_component(out: &mut Vec<u8>, raw: &[u8]) {

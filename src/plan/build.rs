@@ -20,28 +20,64 @@ impl<'c> Plan<'c> {
         // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
         let request_hits = u64::from(request.hits_addend.max(1));
 
-        let mut matched = Vec::new();
-        let mut costs = Vec::with_capacity(request.descriptors.len());
+        // One vector each for the whole request, not one per descriptor: the entries (reused
+        // from one descriptor to the next) and the matched limits (a range per descriptor).
+        let mut entries = Vec::new();
+        let mut matched_limits = Vec::new();
+        let mut matched = Vec::with_capacity(request.descriptors.len());
         for (i, descriptor) in request.descriptors.iter().enumerate() {
-            costs.push(descriptor_cost(descriptor, request_hits));
-            matched.push(match domain {
-                Some(domain) => match_descriptor(i, descriptor, domain, options)?,
-                None => MatchedDescriptor::default(),
+            let start = matched_limits.len();
+            let metadata = match domain {
+                Some(domain) => {
+                    entries.clear();
+                    entries.extend(
+                        descriptor
+                            .entries
+                            .iter()
+                            .map(|e| (&e.key[..], &e.value[..])),
+                    );
+                    match_descriptor(
+                        i,
+                        descriptor,
+                        &entries,
+                        domain,
+                        options,
+                        &mut matched_limits,
+                    )?
+                }
+                None => None,
+            };
+            matched.push(MatchedDescriptor {
+                cost: descriptor_cost(descriptor, request_hits),
+                limits: matched_limits.len() - start,
+                metadata,
             });
         }
 
-        let replaced = replaced_names(&matched);
+        let replaced = replaced_names(&matched_limits);
 
         let mut ops = Ops::default();
-        let mut descriptors = Vec::with_capacity(matched.len());
-        for (matched, &cost) in matched.into_iter().zip(&costs) {
-            descriptors.push(ops.plan_descriptor(matched, cost, &replaced, options));
-        }
+        let mut limits = Vec::with_capacity(matched_limits.len());
+        let mut matched_limits = matched_limits.into_iter();
+        let descriptors = matched
+            .into_iter()
+            .map(|matched| PlannedDescriptor {
+                cost: matched.cost,
+                plan: ops.plan_descriptor(
+                    matched_limits.by_ref().take(matched.limits),
+                    matched.metadata,
+                    matched.cost,
+                    &replaced,
+                    options,
+                    &mut limits,
+                ),
+            })
+            .collect();
 
         Ok(Plan {
             domain: domain.map(|d| Arc::clone(d.metric_label())),
-            costs,
             descriptors,
+            limits,
             ops: ops.ops,
             metadata: options
                 .dynamic_metadata
@@ -52,11 +88,14 @@ impl<'c> Plan<'c> {
     }
 }
 
-/// What one descriptor matched, before `replaces` is applied: its limits (none for an
-/// unknown domain or no matching rule), and the `metadata:` of its rule.
-#[derive(Default)]
+/// What one descriptor matched, before `replaces` is applied.
 struct MatchedDescriptor<'c> {
-    limits: Vec<MatchedLimit<'c>>,
+    /// Its cost (see [`descriptor_cost`]).
+    cost: Cost,
+    /// How many limits it matched (none for an unknown domain or no matching rule): the next
+    /// ones of the request's matched limits, which are in request order.
+    limits: usize,
+    /// The `metadata:` of its rule.
     metadata: Option<&'c Metadata>,
 }
 
@@ -74,29 +113,25 @@ fn descriptor_cost(descriptor: &RateLimitDescriptor, request_hits: u64) -> Cost 
     }
 }
 
-/// The limits descriptor `i` of the request matches in `domain`: its `limit` override if it
-/// carries one (the reference applies an override whenever the domain is known, matched rule
-/// or not), else the limits of the rule its entries find, else none.
+/// The limits descriptor `i` of the request (its `entries` as raw bytes) matches in
+/// `domain`, pushed onto `limits`: its `limit` override if it carries one (the reference
+/// applies an override whenever the domain is known, matched rule or not), else the limits
+/// of the rule its entries find, else none. Returns the matched rule's `metadata:`.
 fn match_descriptor<'c>(
     i: usize,
     descriptor: &RateLimitDescriptor,
+    entries: &[(&[u8], &[u8])],
     domain: &'c Domain,
     options: &PlanOptions,
-) -> Result<MatchedDescriptor<'c>, InvalidRequest> {
-    let entries: Vec<(&[u8], &[u8])> = descriptor
-        .entries
-        .iter()
-        .map(|e| (&e.key[..], &e.value[..]))
-        .collect();
+    limits: &mut Vec<MatchedLimit<'c>>,
+) -> Result<Option<&'c Metadata>, InvalidRequest> {
     if let Some(limit) = &descriptor.limit {
-        Ok(MatchedDescriptor {
-            limits: vec![match_override(i, limit, domain, &entries, options)?],
-            metadata: None,
-        })
-    } else if let Some(found) = domain.find(&entries) {
-        Ok(match_rule(&found, domain, &entries, options))
+        limits.push(match_override(i, limit, domain, entries, options)?);
+        Ok(None)
+    } else if let Some(found) = domain.find(entries) {
+        Ok(match_rule(&found, domain, entries, options, limits))
     } else {
-        Ok(MatchedDescriptor::default())
+        Ok(None)
     }
 }
 
@@ -152,14 +187,15 @@ fn match_override<'c>(
     })
 }
 
-/// The limits of the rule `found` for `entries`, each with its bucket key, and the rule's
-/// `metadata:`.
+/// The limits of the rule `found` for `entries`, each with its bucket key, pushed onto
+/// `limits`; returns the rule's `metadata:`.
 fn match_rule<'c>(
     found: &Match<'c>,
     domain: &Domain,
     entries: &[(&[u8], &[u8])],
     options: &PlanOptions,
-) -> MatchedDescriptor<'c> {
+    limits: &mut Vec<MatchedLimit<'c>>,
+) -> Option<&'c Metadata> {
     let rule = found.rule;
     // The rule's path, or with request values where the rule opted in
     // (detailed_metric / value_to_metric).
@@ -170,7 +206,6 @@ fn match_rule<'c>(
         path: metric,
         series: (!detailed).then(|| rule.series.clone()),
     };
-    let mut limits = Vec::new();
     for limit in &rule.limits {
         let params = limit.params();
         // Only a rule the reference could express has a reference counter.
@@ -217,18 +252,14 @@ fn match_rule<'c>(
             reference,
         });
     }
-    MatchedDescriptor {
-        limits,
-        metadata: rule.metadata.as_ref(),
-    }
+    rule.metadata.as_ref()
 }
 
 /// `replaces`: the names of the limits that another matched limit replaces; a matched limit
 /// of such a name is dropped.
-fn replaced_names<'c>(matched: &[MatchedDescriptor<'c>]) -> Vec<&'c str> {
+fn replaced_names<'c>(matched: &[MatchedLimit<'c>]) -> Vec<&'c str> {
     matched
         .iter()
-        .flat_map(|matched| &matched.limits)
         .filter_map(|matched| match matched.source {
             LimitSource::Configured(limit) => Some(limit),
             LimitSource::Override(..) => None,
@@ -246,17 +277,20 @@ struct Ops {
 }
 
 impl Ops {
-    /// Folds one descriptor's matched limits, less the `replaced` ones, into the ops (its
-    /// `cost` added to each bucket it reaches), and says how the descriptor is answered.
+    /// Folds one descriptor's `matched` limits, less the `replaced` ones, into the ops (its
+    /// `cost` added to each bucket it reaches) and its planned limits onto `planned`, and
+    /// says how the descriptor is answered (`metadata`: its rule's).
     fn plan_descriptor<'c>(
         &mut self,
-        matched: MatchedDescriptor<'c>,
+        matched: impl Iterator<Item = MatchedLimit<'c>>,
+        metadata: Option<&'c Metadata>,
         cost: Cost,
         replaced: &[&str],
         options: &PlanOptions,
+        planned: &mut Vec<PlannedLimit<'c>>,
     ) -> DescriptorPlan<'c> {
         let ops = &mut self.ops;
-        let mut planned = Vec::new();
+        let start = planned.len();
         let mut unlimited_rule = None;
         for MatchedLimit {
             source,
@@ -265,7 +299,7 @@ impl Ops {
             quota,
             key,
             reference,
-        } in matched.limits
+        } in matched
         {
             let params = match source {
                 LimitSource::Configured(limit) => {
@@ -303,8 +337,8 @@ impl Ops {
                 quota,
             });
         }
-        match (planned.is_empty(), unlimited_rule) {
-            (false, _) => DescriptorPlan::Limited(planned, matched.metadata),
+        match (planned.len() == start, unlimited_rule) {
+            (false, _) => DescriptorPlan::Limited(start..planned.len(), metadata),
             (true, Some(rule)) => DescriptorPlan::Unlimited { rule },
             (true, None) => DescriptorPlan::Unmatched,
         }

@@ -14,6 +14,7 @@
 //! statuses (rate-limit headers, dynamic metadata).
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use prost_types::Duration;
@@ -178,8 +179,18 @@ enum DescriptorPlan<'c> {
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
     Unlimited { rule: MetricPath },
-    /// One or more limits, each backed by a bucket op, and the rule's `metadata:`.
-    Limited(Vec<PlannedLimit<'c>>, Option<&'c Metadata>),
+    /// One or more limits, each backed by a bucket op (`Plan::limits[range]`), and the rule's
+    /// `metadata:`.
+    Limited(Range<usize>, Option<&'c Metadata>),
+}
+
+/// One descriptor of the request, planned.
+#[derive(Debug)]
+struct PlannedDescriptor<'c> {
+    /// Its cost (signed, summed into ops).
+    cost: Cost,
+    /// How it is answered.
+    plan: DescriptorPlan<'c>,
 }
 
 /// What a request asks of the store, and how to answer it afterwards.
@@ -187,9 +198,11 @@ enum DescriptorPlan<'c> {
 pub struct Plan<'c> {
     /// The domain's metric label; `None` for an unknown domain (which has no tallies).
     domain: Option<Arc<str>>,
-    /// Each descriptor's cost (signed, summed into ops).
-    costs: Vec<Cost>,
-    descriptors: Vec<DescriptorPlan<'c>>,
+    /// The request's descriptors, in request order.
+    descriptors: Vec<PlannedDescriptor<'c>>,
+    /// Every descriptor's matched limits, in request order, in one vector per request rather
+    /// than one per descriptor (a descriptor's are a range, [`DescriptorPlan::Limited`]).
+    limits: Vec<PlannedLimit<'c>>,
     /// One op per distinct bucket, in first-seen order.
     pub ops: Vec<BucketOp>,
     /// The request as `dynamic_metadata` reports it, when that is enabled.
@@ -220,10 +233,14 @@ impl<'c> Plan<'c> {
     /// [`Plan::ops`] (empty for an unmatched or `unlimited` descriptor, or a bad index). The
     /// operator console shows them beside the store's answer.
     pub fn limits_of(&self, index: usize) -> Vec<PlannedLimitView<'c>> {
-        let Some(DescriptorPlan::Limited(limits, _)) = self.descriptors.get(index) else {
+        let Some(PlannedDescriptor {
+            plan: DescriptorPlan::Limited(limits, _),
+            ..
+        }) = self.descriptors.get(index)
+        else {
             return Vec::new();
         };
-        limits
+        self.limits[limits.clone()]
             .iter()
             .map(|limit| PlannedLimitView {
                 limit: match limit.source {
@@ -248,10 +265,10 @@ impl<'c> Plan<'c> {
     /// and there is no outcome to tally.
     pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64, Option<&RuleSeries>)> {
         let mut rules = Vec::new();
-        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
-            if let DescriptorPlan::Limited(limits, _) = descriptor {
-                let hits = u64::try_from(cost).unwrap_or(0);
-                rules.extend(limits.iter().map(|limit| {
+        for descriptor in &self.descriptors {
+            if let DescriptorPlan::Limited(limits, _) = &descriptor.plan {
+                let hits = u64::try_from(descriptor.cost).unwrap_or(0);
+                rules.extend(self.limits[limits.clone()].iter().map(|limit| {
                     let rule = &limit.rule;
                     (&rule.path, rule.detailed, hits, rule.series.as_ref())
                 }));
@@ -264,7 +281,10 @@ impl<'c> Plan<'c> {
     pub fn is_unlimited(&self, index: usize) -> bool {
         matches!(
             self.descriptors.get(index),
-            Some(DescriptorPlan::Unlimited { .. })
+            Some(PlannedDescriptor {
+                plan: DescriptorPlan::Unlimited { .. },
+                ..
+            })
         )
     }
 }

@@ -10,7 +10,7 @@ impl<'c> Plan<'c> {
     ///   global quota mode) deny the request only when there is at least one and **every**
     ///   one is over; any other descriptor over denies it;
     /// - global shadow mode then makes the request OK, leaving the descriptors' verdicts.
-    pub(super) fn denies(&self, applied: &Applied) -> bool {
+    pub fn denies(&self, applied: &Applied) -> bool {
         self.over(applied) && !self.global_shadow
     }
 
@@ -18,10 +18,11 @@ impl<'c> Plan<'c> {
     pub(super) fn over(&self, applied: &Applied) -> bool {
         let (mut rate_limited, mut quota_total, mut quota_over) = (false, 0usize, 0usize);
         for descriptor in &self.descriptors {
-            let (over, quota) = match descriptor {
+            let (over, quota) = match &descriptor.plan {
                 DescriptorPlan::Unlimited { .. } => continue,
                 DescriptorPlan::Unmatched => (false, self.global_quota),
                 DescriptorPlan::Limited(limits, _) => {
+                    let limits = &self.limits[limits.clone()];
                     let over = limits.iter().any(|limit| {
                         limit.enforce
                             && applied
@@ -75,12 +76,13 @@ impl<'c> Plan<'c> {
     pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome {
         let over = self.denies(applied);
         let mut tallies = Vec::new();
-        let mut reported = Vec::with_capacity(self.descriptors.len());
+        // What the rate-limit headers are made of: nothing to collect without them.
+        let mut reported = Vec::new();
         let mut admitted_metadata = std::collections::BTreeMap::new();
         let mut statuses = Vec::with_capacity(self.descriptors.len());
-        for (descriptor, &cost) in self.descriptors.iter().zip(&self.costs) {
-            let hits = u64::try_from(cost).unwrap_or(0);
-            statuses.push(match descriptor {
+        for descriptor in &self.descriptors {
+            let hits = u64::try_from(descriptor.cost).unwrap_or(0);
+            statuses.push(match &descriptor.plan {
                 DescriptorPlan::Unmatched => DescriptorStatus {
                     code: Code::Ok as i32,
                     ..Default::default()
@@ -106,8 +108,10 @@ impl<'c> Plan<'c> {
                         applied,
                         hits,
                         near_limit_ratio: options.near_limit_ratio,
+                        report: options.headers.is_some(),
                     };
-                    let (status, binding) = self.limited_status(limits, &context, &mut tallies);
+                    let (status, binding) =
+                        self.limited_status(&self.limits[limits.clone()], &context, &mut tallies);
                     reported.extend(binding);
                     // The reference reports the metadata of the descriptors it answered OK,
                     // the first value of a key winning.
@@ -149,7 +153,7 @@ impl<'c> Plan<'c> {
     /// mode denied it (quota mode and global shadow mode included); it reports the
     /// binding limit (the denying one that frees last, else the one with the fewest tokens
     /// left), as Envoy builds its headers from a single limit. Also returns what the
-    /// response headers need to know about that limit.
+    /// response headers need to know about that limit, when the response has them.
     pub(super) fn limited_status(
         &self,
         limits: &[PlannedLimit<'c>],
@@ -226,7 +230,7 @@ impl<'c> Plan<'c> {
         // Envoy reads only the seconds: round up so a client never retries early.
         let reset_s = reported_reset_us(&params, result.view.reset_us).div_ceil(1_000_000);
         let limit_remaining = u32::try_from(result.view.remaining).unwrap_or(u32::MAX);
-        let reported = Reported {
+        let reported = context.report.then(|| Reported {
             over,
             requests_per_unit,
             remaining: limit_remaining,
@@ -234,7 +238,7 @@ impl<'c> Plan<'c> {
             retry_after_us: result.retry_after_us,
             window_s: params.period_us / 1_000_000,
             name: name.clone(),
-        };
+        });
         let status = DescriptorStatus {
             code: if over { Code::OverLimit } else { Code::Ok } as i32,
             current_limit: Some(RateLimit {
@@ -249,7 +253,7 @@ impl<'c> Plan<'c> {
             }),
             quota: None,
         };
-        (status, Some(reported))
+        (status, reported)
     }
 }
 
@@ -259,6 +263,8 @@ pub(super) struct StatusContext<'a> {
     /// Hits the descriptor asked for.
     hits: u64,
     near_limit_ratio: f32,
+    /// The response carries rate-limit headers: the binding limit is reported for them.
+    report: bool,
 }
 
 /// Hits admitted above the near-limit threshold, counted as the reference does

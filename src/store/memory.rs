@@ -318,12 +318,18 @@ impl MemoryStore {
                 shard.map.remove(&op.key);
             } else {
                 let expires_at_us = now.saturating_add(i64::try_from(ttl_us).unwrap_or(i64::MAX));
-                if !shard.map.contains_key(&op.key) {
-                    evicted += shard.make_room(self.shard_capacity, now, ops);
-                }
                 let entry = Entry::new(state, expires_at_us);
-                shard.earliest_expiry_us = shard.earliest_expiry_us.min(entry.expires_at_us());
-                shard.map.insert(op.key.clone(), entry);
+                let expiry_us = entry.expires_at_us();
+                // A stored bucket is updated in place: its key is cloned (an allocation)
+                // only for a new one.
+                match shard.map.get_mut(&op.key) {
+                    Some(stored) => *stored = entry,
+                    None => {
+                        evicted += shard.make_room(self.shard_capacity, now, ops);
+                        shard.map.insert(op.key.clone(), entry);
+                    }
+                }
+                shard.earliest_expiry_us = shard.earliest_expiry_us.min(expiry_us);
             }
         }
         drop(guards);

@@ -131,8 +131,14 @@ tokio::task_local! {
 /// Runs `call` (one request's answer) with `deadline` as its client's deadline: the store
 /// calls it makes may wait for a place until shortly before it, and are shed at once past
 /// it. `None`: the client set none (they may wait up to the Redis deadline for a place).
-pub async fn within_deadline<F: Future>(deadline: Option<Instant>, call: F) -> F::Output {
-    CALL_DEADLINE.scope(deadline, call).await
+///
+/// Not an `async fn`: one would hold `call` twice (as its argument, then inside the scope it
+/// awaits), doubling the state every request keeps while it waits for the store.
+pub fn within_deadline<F: Future>(
+    deadline: Option<Instant>,
+    call: F,
+) -> impl Future<Output = F::Output> {
+    CALL_DEADLINE.scope(deadline, call)
 }
 
 /// The controller of one store, on the real clock.
