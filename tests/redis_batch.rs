@@ -214,3 +214,43 @@ async fn merged_calls_survive_script_flush() {
         "{noscript} NOSCRIPT errors for 200 calls"
     );
 }
+
+/// Redis at `maxmemory` under `noeviction` refuses a script's first write (`OOM`): alone, a
+/// request that writes nothing (a denied debit) is answered and only a request that writes
+/// fails. Merged into one call with a request that writes, the denied request is still
+/// answered (denied), not failed by the other's `OOM` — which the failure policy could turn
+/// into an admission.
+#[tokio::test]
+async fn an_oom_fails_only_the_merged_calls_that_write() {
+    let redis = RedisServer::start();
+    let conn = connection(&redis).await;
+    let spent = [daily("spent", 1)];
+    let fresh = [daily("fresh", 1)];
+    // `spent`'s only token is taken: its next debit is denied and writes nothing.
+    let first = script::call(&conn, b"fg:", &spent, None).await.unwrap();
+    assert!(
+        script::decode(script::payload(&first), 1)
+            .unwrap()
+            .committed
+    );
+    command(&redis, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
+    command(&redis, &["CONFIG", "SET", "maxmemory", "1"]).await;
+    command(&redis, &["CONFIG", "RESETSTAT"]).await;
+    let (denied, writer) = tokio::join!(
+        script::call(&conn, b"fg:", &spent, None),
+        script::call(&conn, b"fg:", &fresh, None),
+    );
+    let writer = writer.unwrap_err();
+    assert_eq!(writer.code(), Some("OOM"), "{writer}");
+    let denied = denied.expect("a request that writes nothing failed with the other's OOM");
+    let denied = script::decode(script::payload(&denied), 1).unwrap();
+    assert!(!denied.committed);
+    assert!(!denied.buckets[0].admitted);
+    let oom = info_fields(&redis, "errorstats", "errorstat_OOM")
+        .await
+        .get("count")
+        .copied()
+        .unwrap_or(0);
+    assert!(oom >= 1, "Redis refused no write");
+    command(&redis, &["CONFIG", "SET", "maxmemory", "0"]).await;
+}
