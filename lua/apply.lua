@@ -97,9 +97,10 @@ Storage  token bucket: a string, the theoretical arrival time as a decimal numbe
          clamped into it, so Redis TIME only measures how much of it is left
          (limiter::evaluate_counter). Written INCRBY by the change + EXPIRE burst seconds, as
          the reference writes it; a refund to 0 deletes the key; a key that is not a
-         non-negative integer is treated as absent and replaced (SET). The same counter twice
-         in one call (ambiguous names, an override): each op sees the count the earlier ones
-         leave, as the reference's sequential INCRBYs do.
+         non-negative integer is treated as absent and replaced (SET); one that INCRBY
+         refuses (a leading zero, more than 18 digits) is read as its count and replaced.
+         The same counter twice in one call (ambiguous names, an override): each op sees the
+         count the earlier ones leave, as the reference's sequential INCRBYs do.
          sliding window: a hash {w = window index, c = current count, p = previous count}.
          Every write sets a TTL of ceil(ttl_us / 1000) ms — rounded up, so a key never expires
          before its state is equivalent to absent; a ttl_us of 0 deletes the key instead.
@@ -808,7 +809,10 @@ for request = 1, n_requests do
           local v = rpcall('GET', key)
           if type(v) == 'table' or v then
             count = parse_uint(v)
-            replace = count == nil -- another type, or not an integer: overwritten with SET
+            -- Another type, or not an integer: overwritten with SET. So is a count INCRBY
+            -- refuses (a leading zero, more digits than an int64 surely has), read as the
+            -- count it shows: INCRBY's error would fail the call (in a batch, every request).
+            replace = count == nil or #v > 18 or (#v > 1 and find(v, '^0') ~= nil)
           end
         end
         local stored = nil

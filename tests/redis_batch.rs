@@ -254,3 +254,81 @@ async fn an_oom_fails_only_the_merged_calls_that_write() {
     assert!(oom >= 1, "Redis refused no write");
     command(&redis, &["CONFIG", "SET", "maxmemory", "0"]).await;
 }
+
+/// A reference counter of 10 an hour, named by the pods' `rl_` keys, debiting 1.
+fn counter(name: &str) -> BucketOp {
+    use floodgate::bucket::{ReferenceCounter, ReferenceKey};
+    let params = LimitParams {
+        algorithm: Algorithm::FixedWindow,
+        requests_per_period: 10,
+        period_us: 3_600_000_000,
+        burst: 0,
+        overdraft: false,
+        max_wait_us: 0,
+    };
+    let mut reference = ReferenceCounter::new(ReferenceKey::new(
+        b"rl_",
+        "batch",
+        [(&b"k"[..], name.as_bytes())],
+    ));
+    let now_secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    reference.stamp(now_secs, 3600, 0, 0);
+    BucketOp {
+        key: BucketKey::new(
+            "batch",
+            [(&b"k"[..], KeyValue::Value(name.as_bytes()))],
+            params.algorithm,
+            params.period_us,
+        ),
+        params,
+        cost: 1,
+        enforce: true,
+        reference: Some(reference),
+        debited_in: None,
+    }
+}
+
+/// A reference counter holding a count Redis's `INCRBY` refuses (`007`: a leading zero; or
+/// more digits than an int64) is read as its count and written back with `SET`, like any
+/// other value `INCRBY` cannot take: its request is answered, and a request merged with it
+/// is not failed by its error (nor loses its token bucket's debit).
+#[tokio::test]
+async fn a_counter_incrby_refuses_fails_no_request() {
+    let redis = RedisServer::start();
+    let conn = connection(&redis).await;
+    let bucket = [daily("beside", 10)];
+    let odd = [counter("odd")];
+    let key = String::from_utf8(odd[0].reference.as_ref().unwrap().key()).unwrap();
+    // Loaded, so the merged call is not answered NOSCRIPT.
+    script::call(&conn, b"fg:", &[], None).await.unwrap();
+    // (stored, cost, what the counter holds after): `007` has a leading zero, the other
+    // more digits than an int64; the count read is 7, and u32::MAX (capped) for the other.
+    for (stored, cost, after) in [("007", 1, "8"), ("123456789012345678901", -1, "4294967294")] {
+        command(&redis, &["SET", &key, stored]).await;
+        let mut odd = odd.clone();
+        odd[0].cost = cost;
+        let (beside, counted) = tokio::join!(
+            script::call(&conn, b"fg:", &bucket, None),
+            script::call(&conn, b"fg:", &odd, None),
+        );
+        let beside = beside.expect("a request failed with another's counter error");
+        assert!(
+            script::decode(script::payload(&beside), 1)
+                .unwrap()
+                .committed
+        );
+        let counted = counted.unwrap_or_else(|e| panic!("{stored}: {e}"));
+        let counted = script::decode(script::payload(&counted), 1).unwrap();
+        assert!(counted.committed, "{stored}");
+        let mut conn = redis.connection().await;
+        let now: Option<String> = redis::cmd("GET")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(now.as_deref(), Some(after), "{stored}");
+    }
+}
