@@ -1658,6 +1658,57 @@ async fn exec_then_state(
     Ok((replies, state, took_ms))
 }
 
+/// Runs `calls` (requests alone) in one MULTI/EXEC as [`exec_then_state`] does, but reads
+/// every key's PTTL and PERSISTs it after each call, and answers for each key the PTTL read
+/// after the last call that gave it one (or deleted it). Within a transaction a script judges
+/// expiry by its own start, in real time: a TTL of a few ms one call writes could run out
+/// before a later call reads the key (on a loaded machine), where the same requests in one
+/// batch (one script, one instant) still see it. The transaction's other commands see the
+/// time it started, so the PERSIST after a call always finds what the call wrote.
+async fn exec_alone_then_state(
+    conn: &mut MultiplexedConnection,
+    calls: Vec<redis::Cmd>,
+    keys: &[Vec<u8>],
+) -> Result<(Vec<Vec<u8>>, Vec<(i64, Option<Vec<u8>>)>, i64), String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    let n = calls.len();
+    for call in calls {
+        pipe.add_command(call);
+        for key in keys {
+            pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key);
+        }
+    }
+    for key in keys {
+        pipe.cmd("DUMP").arg(key);
+    }
+    let sent = Instant::now();
+    let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
+    let took_ms = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX) + 1;
+    let dumps = results.split_off(n * (1 + 2 * keys.len()));
+    let mut replies = Vec::with_capacity(n);
+    // Restored keys have no TTL; a key no call touched keeps what it had.
+    let mut pttls = vec![-1i64; keys.len()];
+    for call in results.chunks(1 + 2 * keys.len()) {
+        replies.push(redis::from_redis_value(call[0].clone()).map_err(|e| e.to_string())?);
+        for (k, pair) in call[1..].chunks(2).enumerate() {
+            let pttl: i64 = redis::from_redis_value(pair[0].clone()).map_err(|e| e.to_string())?;
+            if pttl != -1 {
+                pttls[k] = pttl;
+            }
+        }
+    }
+    let state = pttls
+        .into_iter()
+        .zip(dumps)
+        .map(|(pttl, dump)| {
+            let dump = redis::from_redis_value(dump).map_err(|e| e.to_string())?;
+            Ok((pttl, dump))
+        })
+        .collect::<Result<_, String>>()?;
+    Ok((replies, state, took_ms))
+}
+
 /// Puts back the `snapshot` (DUMPs without TTL) of `keys`, and nothing else.
 async fn restore(
     conn: &mut MultiplexedConnection,
@@ -1757,7 +1808,7 @@ async fn run_batch_case(conn: &mut MultiplexedConnection, case: &BatchCase) -> R
         .filter(|r| r.refused.is_none())
         .map(|r| batch_cmd(std::slice::from_ref(r), now))
         .collect();
-    let (alone, alone_state, alone_took) = exec_then_state(conn, alone, &all_keys).await?;
+    let (alone, alone_state, alone_took) = exec_alone_then_state(conn, alone, &all_keys).await?;
 
     // The batch's reply, split by the requests' op counts: each the reply of its call alone,
     // or a malformed request's marker.
@@ -1832,6 +1883,76 @@ async fn run_batch_case(conn: &mut MultiplexedConnection, case: &BatchCase) -> R
         }
     }
     Ok(())
+}
+
+/// The calls alone that a batch is compared with are judged at one instant too: a token
+/// bucket's TTL of 1 ms that one call writes is still there for the next call, however long
+/// Redis takes in between (here a script that spins 20 ms, as a loaded machine might).
+#[test]
+fn calls_alone_see_no_ttl_run_out_between_them() {
+    let server = RedisServer::start();
+    let rt = runtime();
+    rt.block_on(async {
+        let mut conn = server.connection().await;
+        script::script().load_async(&mut conn).await.unwrap();
+        // 1,000 a second: a debit of 1 is 1 ms of debt, a TTL of 1 ms.
+        let pool = vec![params(Algorithm::TokenBucket, 1000, 1, 1000)];
+        let keys = vec![key("0", Algorithm::TokenBucket, SECOND)];
+        let request = |cost| BatchRequest {
+            step: Step {
+                dt: 0,
+                ops: vec![OpSpec {
+                    key: 0,
+                    change: None,
+                    cost,
+                    enforce: true,
+                    debited_in: None,
+                }],
+                allow_repeat: false,
+            },
+            counters: Vec::new(),
+            malformed: None,
+        };
+        let case = BatchCase {
+            pool,
+            counters: Vec::new(),
+            before: Vec::new(),
+            dt: 0,
+            batch: vec![request(1), request(0)],
+        };
+        let now = START_US;
+        let batch: Vec<Encoded> = case
+            .batch
+            .iter()
+            .map(|r| batch_request_at(r, &case, &keys, now))
+            .collect();
+        let all_keys = vec![script::full_key(PREFIX, &keys[0])];
+        flush(&mut conn).await;
+        let (batched, _, _) = exec_then_state(&mut conn, vec![batch_cmd(&batch, now)], &all_keys)
+            .await
+            .unwrap();
+        flush(&mut conn).await;
+        let mut spin = redis::cmd("EVAL");
+        spin.arg(
+            "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] \
+             repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > 20000 \
+             return 'spun'",
+        )
+        .arg(0);
+        let alone = vec![
+            batch_cmd(&batch[..1], now),
+            spin,
+            batch_cmd(&batch[1..], now),
+        ];
+        let (alone, _, _) = exec_alone_then_state(&mut conn, alone, &all_keys)
+            .await
+            .unwrap();
+        let len = script::reply_len(1) * script::REPLY_VALUE_BYTES;
+        assert_eq!(batched[0].len(), 2 * len);
+        let check = script::decode(&alone[2], 1).unwrap();
+        assert_eq!(check.buckets[0].view.remaining, 999, "the debit expired");
+        assert_eq!(&batched[0][len..], alone[2].as_slice());
+    });
 }
 
 /// A batch of random requests (every algorithm, refunds, shadow, overdraft, max_wait,
