@@ -1672,6 +1672,10 @@ async fn exec_alone_then_state(
 ) -> Result<(Vec<Vec<u8>>, Vec<(i64, Option<Vec<u8>>)>, i64), String> {
     let mut pipe = redis::pipe();
     pipe.atomic();
+    // Each key's PTTL before the first call: -1 (restored without one) or -2 (absent).
+    for key in keys {
+        pipe.cmd("PTTL").arg(key);
+    }
     let n = calls.len();
     for call in calls {
         pipe.add_command(call);
@@ -1685,11 +1689,15 @@ async fn exec_alone_then_state(
     let sent = Instant::now();
     let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
     let took_ms = i64::try_from(sent.elapsed().as_millis()).unwrap_or(i64::MAX) + 1;
-    let dumps = results.split_off(n * (1 + 2 * keys.len()));
+    let dumps = results.split_off(keys.len() + n * (1 + 2 * keys.len()));
+    let calls = results.split_off(keys.len());
     let mut replies = Vec::with_capacity(n);
-    // Restored keys have no TTL; a key no call touched keeps what it had.
-    let mut pttls = vec![-1i64; keys.len()];
-    for call in results.chunks(1 + 2 * keys.len()) {
+    // A key no call touched since keeps what it had (-1 after our PERSIST).
+    let mut pttls = results
+        .into_iter()
+        .map(|pttl| redis::from_redis_value::<i64>(pttl).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    for call in calls.chunks(1 + 2 * keys.len()) {
         replies.push(redis::from_redis_value(call[0].clone()).map_err(|e| e.to_string())?);
         for (k, pair) in call[1..].chunks(2).enumerate() {
             let pttl: i64 = redis::from_redis_value(pair[0].clone()).map_err(|e| e.to_string())?;
@@ -1952,6 +1960,12 @@ fn calls_alone_see_no_ttl_run_out_between_them() {
         let check = script::decode(&alone[2], 1).unwrap();
         assert_eq!(check.buckets[0].view.remaining, 999, "the debit expired");
         assert_eq!(&batched[0][len..], alone[2].as_slice());
+        // With no call at all (a batch of malformed requests only), the state is as it was.
+        flush(&mut conn).await;
+        let (_, state, _) = exec_alone_then_state(&mut conn, Vec::new(), &all_keys)
+            .await
+            .unwrap();
+        assert_eq!(state, vec![(-2, None)]);
     });
 }
 
