@@ -1191,6 +1191,96 @@ mod tests {
         assert_eq!(c.unwrap(), b"$1\r\nf\r\n");
     }
 
+    /// A command written between script calls keeps its place: the calls before it go out
+    /// (merged) before it, the ones after it merge apart, and every reply reaches its caller.
+    #[tokio::test]
+    async fn a_command_between_script_calls_keeps_its_place() {
+        let (info, read, go) = peer(3, b"$2\r\nxx\r\n$5\r\nhello\r\n$4\r\nyyyz\r\n").await;
+        let conn = open(&info).await;
+        let calls = async {
+            tokio::join!(
+                script_call(&conn, "a", 2),
+                conn.request(echo("hello")),
+                script_call(&conn, "b", 3),
+                script_call(&conn, "c", 1)
+            )
+        };
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        // Bounded, so that commands sent otherwise than as three fail the test.
+        let ((a, echoed, b, c), ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("not three commands: a, the ECHO, then b and c merged");
+        assert_eq!(a.unwrap(), b"$2\r\nxx\r\n");
+        assert_eq!(echoed.unwrap(), b"$5\r\nhello\r\n");
+        assert_eq!(b.unwrap(), b"$3\r\nyyy\r\n");
+        assert_eq!(c.unwrap(), b"$1\r\nz\r\n");
+    }
+
+    /// A merged call's caller that gave up before the reply (its future dropped, as a
+    /// deadline or a client that left drops it) keeps its part: the calls after it get their
+    /// own bytes, not its.
+    #[tokio::test]
+    async fn a_dropped_call_in_a_merged_call_keeps_its_part() {
+        use futures_util::FutureExt as _;
+        let (info, read, go) = peer(1, b"$6\r\nabcdef\r\n").await;
+        let conn = open(&info).await;
+        let mut a = Box::pin(script_call(&conn, "a", 2));
+        assert!((&mut a).now_or_never().is_none());
+        // Written, then dropped before the connection's task ever ran.
+        assert!(script_call(&conn, "b", 3).now_or_never().is_none());
+        let mut c = Box::pin(script_call(&conn, "c", 1));
+        assert!((&mut c).now_or_never().is_none());
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        let ((a, c), ()) = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(async { tokio::join!(a, c) }, go)
+        })
+        .await
+        .expect("the calls were not merged into one command");
+        assert_eq!(a.unwrap(), b"$2\r\nab\r\n");
+        assert_eq!(c.unwrap(), b"$1\r\nf\r\n");
+    }
+
+    /// More script calls than [`MERGE_CALLS`] written together go out as two commands: the
+    /// first [`MERGE_CALLS`] merged, the next one in a command of its own; each caller gets
+    /// its own byte of the first reply, the last one the second reply.
+    #[tokio::test]
+    async fn calls_past_the_cap_start_another_command() {
+        let mut replies = format!("${MERGE_CALLS}\r\n").into_bytes();
+        replies.extend((0..MERGE_CALLS).map(|i| b'A' + (i % 26) as u8));
+        replies.extend_from_slice(b"\r\n$1\r\nZ\r\n");
+        let (info, read, go) = peer(2, Vec::leak(replies)).await;
+        let conn = open(&info).await;
+        let calls =
+            futures_util::future::join_all((0..=MERGE_CALLS).map(|_| script_call(&conn, "k", 1)));
+        let go = async {
+            read.await.unwrap();
+            go.send(()).unwrap();
+        };
+        let (answers, ()) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
+                .await
+                .expect("not two commands");
+        for (i, answer) in answers.into_iter().enumerate() {
+            let expected = if i < MERGE_CALLS {
+                b'A' + (i % 26) as u8
+            } else {
+                b'Z'
+            };
+            assert_eq!(
+                answer.unwrap(),
+                [b'$', b'1', b'\r', b'\n', expected, b'\r', b'\n'],
+                "call {i}"
+            );
+        }
+    }
+
     /// An error reply to a merged script call reaches every call in it, as it came.
     #[tokio::test]
     async fn an_error_for_a_merged_call_reaches_every_call() {
