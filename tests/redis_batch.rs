@@ -332,3 +332,55 @@ async fn a_counter_incrby_refuses_fails_no_request() {
         assert_eq!(now.as_deref(), Some(after), "{stored}");
     }
 }
+
+/// A master demoted to a replica (a failover) answers a script's first write `READONLY`:
+/// alone, a request that writes nothing (a denied debit) is still answered and only a
+/// request that writes fails. Merged with a request that writes, the denied request is still
+/// answered (denied), not failed by the other's `READONLY`.
+#[tokio::test]
+async fn a_readonly_fails_only_the_merged_calls_that_write() {
+    use support::redis::sentinel::poll;
+    let master = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&master);
+    let spent = [daily("spent", 1)];
+    let fresh = [daily("fresh", 1)];
+    // `spent`'s only token is taken on the master: its next debit is denied, writing nothing.
+    let on_master = connection(&master).await;
+    let first = script::call(&on_master, b"fg:", &spent, None)
+        .await
+        .unwrap();
+    assert!(
+        script::decode(script::payload(&first), 1)
+            .unwrap()
+            .committed
+    );
+    let key = script::full_key(b"fg:", &spent[0].key);
+    let mut replica_admin = replica.connection().await;
+    poll("the replica has the spent bucket", || {
+        let mut conn = replica_admin.clone();
+        let key = key.clone();
+        async move {
+            redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async::<i64>(&mut conn)
+                .await
+                .is_ok_and(|n| n == 1)
+        }
+    })
+    .await;
+    let conn = connection(&replica).await;
+    script::script()
+        .load_async(&mut replica_admin)
+        .await
+        .unwrap();
+    let (denied, writer) = tokio::join!(
+        script::call(&conn, b"fg:", &spent, None),
+        script::call(&conn, b"fg:", &fresh, None),
+    );
+    let writer = writer.unwrap_err();
+    assert_eq!(writer.code(), Some("READONLY"), "{writer}");
+    let denied = denied.expect("a request that writes nothing failed with the other's READONLY");
+    let denied = script::decode(script::payload(&denied), 1).unwrap();
+    assert!(!denied.committed);
+    assert!(!denied.buckets[0].admitted);
+}

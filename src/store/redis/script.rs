@@ -304,10 +304,11 @@ impl Number {
 /// out as one `EVALSHA` (the script's batch convention), each still answered with its own
 /// reply; a fixed `now` (tests) is a command of its own ([`write_command`]). Like redis-rs's
 /// `ScriptInvocation`, a `NOSCRIPT` answer (after a Redis restart, failover or `SCRIPT
-/// FLUSH`) loads the script and sends the call once more; an `OOM` answer sends it once more
-/// alone, not merged (a merged call's `OOM` is the first write's, perhaps another request's:
-/// nothing was written, and a request that writes nothing is answered alone). Any other
-/// error reply becomes redis-rs's error for it, so the store classifies it as before.
+/// FLUSH`) loads the script and sends the call once more; an `OOM` or `READONLY` answer
+/// sends it once more alone, not merged (a merged call's is the first write's, perhaps
+/// another request's: nothing was written, and a request that writes nothing is answered
+/// alone). Any other error reply becomes redis-rs's error for it, so the store classifies it
+/// as before.
 pub async fn call(
     conn: &wire::Conn,
     prefix: &[u8],
@@ -340,11 +341,12 @@ pub async fn call(
         reply => reply,
     };
     match reply {
-        // `OOM` (`maxmemory` under `noeviction`) refuses a script's first write, so nothing
-        // was written; merged, it also failed the requests that write nothing (a denied
-        // debit, a check), which alone are answered. Sent again alone, each request gets
-        // what a call of its own gets: its answer, or the `OOM` of its own write.
-        Err(e) if now_us.is_none() && e.code() == Some("OOM") => checked(
+        // `OOM` (`maxmemory` under `noeviction`) and `READONLY` (a master demoted by a
+        // failover) refuse a script's first write, so nothing was written; merged, they
+        // also failed the requests that write nothing (a denied debit, a check), which
+        // alone are answered. Sent again alone, each request gets what a call of its own
+        // gets: its answer, or the error of its own write.
+        Err(e) if now_us.is_none() && matches!(e.code(), Some("OOM" | "READONLY")) => checked(
             conn.request(|out| write_command(out, prefix, ops, now_us))
                 .await?,
         ),
