@@ -16,6 +16,11 @@ capacity the queue grows and every command's latency grows with it, as a saturat
 does; a command whose client gave up (its deadline passed) still takes its turn, as Redis
 runs a command nobody waits for. Each client connection has its own connection to the real
 Redis, so replies keep their order. Standard library only.
+
+`--per-request`: an `EVALSHA` of lua/apply.lua that carries several requests (the calls a
+connection had ready together, merged: docs/redis.md) takes one turn per request, so the
+capacity is CAPACITY requests a second whatever the merging. Without it the capacity is in
+commands, and merging lifts the requests a second it serves (up to 64 per command).
 """
 
 import argparse
@@ -74,10 +79,34 @@ class Framer:
         return end
 
 
-class Capped:
-    """The FIFO of commands, released at `capacity` per second."""
+def requests_in(command):
+    """How many requests a command carries: an `EVALSHA`'s ARGV after `now` (one blob per
+    request merged, lua/apply.lua's batch convention), else 1."""
+    parts = []
+    at = command.find(b"\r\n") + 2
+    # The command name, the SHA and the key count are the first three bulk strings.
+    for _ in range(3):
+        header_end = command.find(b"\r\n", at)
+        if command[at:at + 1] != b"$" or header_end < 0:
+            return 1
+        length = int(command[at + 1:header_end])
+        parts.append(command[header_end + 2:header_end + 2 + length])
+        at = header_end + 2 + length + 2
+    if len(parts) < 3 or parts[0].upper() != b"EVALSHA":
+        return 1
+    try:
+        count, keys = int(command[1:command.find(b"\r\n")]), int(parts[2])
+    except ValueError:
+        return 1
+    return max(count - 3 - keys - 1, 1)
 
-    def __init__(self, capacity, upstream):
+
+class Capped:
+    """The FIFO of commands, released at `capacity` per second (per request merged, with
+    `per_request`)."""
+
+    def __init__(self, capacity, upstream, per_request=False):
+        self.per_request = per_request
         self.service = 1.0 / capacity
         self.upstream = upstream
         # (writer to the real Redis, command bytes), oldest first.
@@ -88,7 +117,8 @@ class Capped:
         self.forwarded = 0
 
     def push(self, writer, command):
-        self.queue.append((writer, command))
+        turns = requests_in(command) if self.per_request else 1
+        self.queue.append((writer, command, turns))
         self.ready.set()
 
     async def release(self):
@@ -103,14 +133,15 @@ class Capped:
             now = loop.time()
             # Every command whose turn ended by now goes out in this round (timers fire on
             # whole milliseconds; the schedule, not the wake-ups, sets the pace).
-            while self.queue and self.busy_until + self.service <= now:
-                self.busy_until += self.service
-                writer, command = self.queue.popleft()
+            while self.queue and self.busy_until + self.service * self.queue[0][2] <= now:
+                writer, command, turns = self.queue.popleft()
+                self.busy_until += self.service * turns
                 if not writer.is_closing():
                     writer.write(command)
                 self.forwarded += 1
             if self.queue:
-                await asyncio.sleep(max(self.busy_until + self.service - now, 0.0))
+                turns = self.queue[0][2]
+                await asyncio.sleep(max(self.busy_until + self.service * turns - now, 0.0))
 
     async def client(self, reader, writer):
         """One client connection: its own connection to the real Redis, its commands into
@@ -160,10 +191,12 @@ async def main():
     parser.add_argument("--upstream-port", type=int, required=True, help="the real redis-server's port")
     parser.add_argument("--upstream-host", default="127.0.0.1")
     parser.add_argument("--capacity", type=float, required=True, help="commands per second")
+    parser.add_argument("--per-request", action="store_true",
+                        help="an EVALSHA of several merged requests takes one turn per request")
     args = parser.parse_args()
     if args.capacity <= 0:
         parser.error(f"--capacity must be positive, got {args.capacity}")
-    capped = Capped(args.capacity, (args.upstream_host, args.upstream_port))
+    capped = Capped(args.capacity, (args.upstream_host, args.upstream_port), args.per_request)
     server = await asyncio.start_server(capped.client, "127.0.0.1", args.port)
     releaser = asyncio.create_task(capped.release())
     stop = asyncio.Event()

@@ -37,9 +37,11 @@
 #    policy, floodgate_local_decisions_total), p50 and p99 in ms of the OK answers alone. The
 #    goal: from 1.5x on, OK/s decided by Redis >= 0.9x the peak, their p99 within the Redis
 #    deadline (10 ms) plus the queue wait their deadline allows, the rest answered at once.
-#    The cap counts commands: floodgate sends one script call per request here, Limitador
-#    two (MGET, then EVALSHA), so through the stand-in Limitador's capacity is half as many
-#    requests.
+#    The cap counts requests (`capped_redis.py --per-request`: an EVALSHA carrying several
+#    merged requests takes one turn per request), so the store's capacity in requests is
+#    fixed whatever floodgate merges; OVL_CAPPED_UNIT=commands counts commands instead, where
+#    merging lifts the requests served. Limitador sends two commands per request (MGET,
+#    then EVALSHA), so through the stand-in its capacity is half as many requests.
 # 2. Closed loop (h2load, the rows of the issue): 128, 512 and 1,024 calls in flight, 1 and 4
 #    descriptors, Redis, floodgate; OK/s from floodgate_requests_total{result="ok"} (h2load
 #    cannot see gRPC status in trailers), not OK beside it; then 128 again 2 s after the
@@ -64,6 +66,9 @@ LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 RATES=${OVL_RATES:-"20000 50000 100000 150000 300000"}
 CAPACITY=${OVL_CAPACITY:-1000}
+CAPPED_UNIT=${OVL_CAPPED_UNIT:-requests}
+CAPPED_FLAGS=()
+[ "$CAPPED_UNIT" = requests ] && CAPPED_FLAGS=(--per-request)
 LOADS=${OVL_LOADS:-"0.5 1 1.5 3 10"}
 CAPPED_TIMEOUT_MS=${OVL_CAPPED_TIMEOUT_MS:-20}
 SECONDS_PER_RUN=${OVL_SECONDS:-10}
@@ -173,7 +178,7 @@ if [[ " $PARTS " == *" capped "* ]]; then
     deadline_text="$CAPPED_TIMEOUT_MS ms"
     [ "$CAPPED_TIMEOUT_MS" = none ] && deadline_text=none
     echo
-    echo "## Open loop past the store's capacity: Redis capped at $CAPACITY commands/s (bench/capped_redis.py), 1 descriptor, $KEYS keys uniform, client deadline: $deadline_text, ${SECONDS_PER_RUN} s per row"
+    echo "## Open loop past the store's capacity: Redis capped at $CAPACITY $CAPPED_UNIT/s (bench/capped_redis.py), 1 descriptor, $KEYS keys uniform, client deadline: $deadline_text, ${SECONDS_PER_RUN} s per row"
     echo
     echo "| server | load | offered/s | sent/s | OK/s | not OK/s (shed) | of OK, decided locally/s | p50 OK ms | p99 OK ms |"
     echo "|---|---|---|---|---|---|---|---|---|"
@@ -187,7 +192,7 @@ if [[ " $PARTS " == *" capped "* ]]; then
             # A fresh stand-in per row: what one row left queued in it does not slow the next.
             CAPPED_PORT=$(free_port)
             python3 bench/capped_redis.py --port "$CAPPED_PORT" --upstream-port "$REDIS_PORT" \
-                --capacity "$CAPACITY" 2>>"$WORK/capped.log" &
+                --capacity "$CAPACITY" "${CAPPED_FLAGS[@]}" 2>>"$WORK/capped.log" &
             CAPPED_PID=$!
             PIDS+=("$CAPPED_PID")
             until redis-cli -p "$CAPPED_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
