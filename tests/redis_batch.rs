@@ -28,6 +28,15 @@ fn daily(name: &str, limit: u64) -> BucketOp {
         overdraft: false,
         max_wait_us: 0,
     };
+    debit(name, params, None)
+}
+
+/// A debit of 1 of the bucket `name` under `params` (a reference counter's when `reference`).
+fn debit(
+    name: &str,
+    params: LimitParams,
+    reference: Option<floodgate::bucket::ReferenceCounter>,
+) -> BucketOp {
     BucketOp {
         key: BucketKey::new(
             "batch",
@@ -38,7 +47,7 @@ fn daily(name: &str, limit: u64) -> BucketOp {
         params,
         cost: 1,
         enforce: true,
-        reference: None,
+        reference,
         debited_in: None,
     }
 }
@@ -276,19 +285,7 @@ fn counter(name: &str) -> BucketOp {
         .unwrap()
         .as_secs();
     reference.stamp(now_secs, 3600, 0, 0);
-    BucketOp {
-        key: BucketKey::new(
-            "batch",
-            [(&b"k"[..], KeyValue::Value(name.as_bytes()))],
-            params.algorithm,
-            params.period_us,
-        ),
-        params,
-        cost: 1,
-        enforce: true,
-        reference: Some(reference),
-        debited_in: None,
-    }
+    debit(name, params, Some(reference))
 }
 
 /// A reference counter holding a count Redis's `INCRBY` refuses (`007`: a leading zero; or
