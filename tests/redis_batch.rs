@@ -224,6 +224,38 @@ async fn merged_calls_survive_script_flush() {
     );
 }
 
+/// The calls that meet `NOSCRIPT` together (after `SCRIPT FLUSH`, as after a restart or a
+/// failover) load the script once between them, not each its own `SCRIPT LOAD`.
+#[tokio::test]
+async fn calls_that_meet_noscript_together_load_the_script_once() {
+    let redis = RedisServer::start();
+    let store = store(&redis).await;
+    let op = [daily("reloaded", 1_000)];
+    let first = join_all((0..50).map(|_| store.apply(&op))).await;
+    assert!(first.iter().all(|answer| answer.is_ok()));
+    command(&redis, &["SCRIPT", "FLUSH"]).await;
+    command(&redis, &["CONFIG", "RESETSTAT"]).await;
+    let second = join_all((0..200).map(|_| store.apply(&op))).await;
+    assert!(second.iter().all(|answer| answer.is_ok()));
+    let noscript = info_fields(&redis, "errorstats", "errorstat_NOSCRIPT")
+        .await
+        .get("count")
+        .copied()
+        .unwrap_or(0);
+    let loads = info_fields(&redis, "commandstats", "cmdstat_script|load")
+        .await
+        .get("calls")
+        .copied()
+        .unwrap_or(0);
+    assert!(noscript >= 1, "no call met NOSCRIPT");
+    // One per wave of calls that met it together; a load another test's call made on its
+    // own server in between can add one more.
+    assert!(
+        (1..=3).contains(&loads),
+        "{loads} SCRIPT LOADs for {noscript} NOSCRIPT answers"
+    );
+}
+
 /// Redis at `maxmemory` under `noeviction` refuses a script's first write (`OOM`): alone, a
 /// request that writes nothing (a denied debit) is answered and only a request that writes
 /// fails. Merged into one call with a request that writes, the denied request is still

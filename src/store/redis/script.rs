@@ -29,6 +29,7 @@
 //! (docs/performance.md measures it against a minimal GCRA script).
 
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::io::Write;
 
@@ -333,12 +334,19 @@ pub async fn call(
             }
         }
     };
-    let reply = match checked(send().await?) {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script().load_async(&mut conn.clone()).await?;
-            checked(send().await?)
+    // After `NOSCRIPT`, loaded (once between the calls that met it together) and sent again;
+    // twice at most, for a load another call made on another server (two stores, a
+    // failover in between) that left this one's without it.
+    let mut loads = 0;
+    let reply = loop {
+        let seen = LOADS.load(Ordering::Acquire);
+        match checked(send().await?) {
+            Err(e) if is_noscript(&e) && loads < 2 => {
+                load_once(conn, seen).await?;
+                loads += 1;
+            }
+            reply => break reply,
         }
-        reply => reply,
     };
     match reply {
         // `OOM` (`maxmemory` under `noeviction`) and `READONLY` (a master demoted by a
@@ -461,6 +469,29 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         from_local_cache: false,
         delay_us,
     })
+}
+
+/// Script loads after `NOSCRIPT` so far, and the turn to make one: the calls that met
+/// `NOSCRIPT` together (a restart, a failover, `SCRIPT FLUSH`: up to 64 merged into one
+/// `EVALSHA`, on every connection of every thread) load the script once between them rather
+/// than each sending its ~40 KB, which after a failover would be a burst of loads from every
+/// replica.
+static LOADS: AtomicU64 = AtomicU64::new(0);
+static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// Loads the script unless a load has completed since `seen` (the count read before the
+/// call that met `NOSCRIPT` was sent).
+async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<()> {
+    let _turn = LOADING.lock().await;
+    if LOADS.load(Ordering::Acquire) == seen {
+        script().load_async(&mut conn.clone()).await?;
+        LOADS.fetch_add(1, Ordering::Release);
+    }
+    Ok(())
 }
 
 /// The error of a request the script refused in a batch (its reply's `committed` is -1, then
