@@ -52,6 +52,16 @@ fn debit(
     }
 }
 
+/// `INFO <section>`'s `<name>:` line's `field`, e.g. `cmdstat_evalsha`'s `calls` (0 when
+/// absent: nothing counted since the stats were last reset).
+async fn stat(redis: &RedisServer, section: &str, name: &str, field: &str) -> u64 {
+    info_fields(redis, section, name)
+        .await
+        .get(field)
+        .copied()
+        .unwrap_or(0)
+}
+
 /// `INFO <section>`'s `<prefix>…:` line's fields, e.g. `cmdstat_evalsha` → {calls: …}.
 async fn info_fields(redis: &RedisServer, section: &str, name: &str) -> HashMap<String, u64> {
     let mut conn = redis.connection().await;
@@ -76,11 +86,7 @@ async fn info_fields(redis: &RedisServer, section: &str, name: &str) -> HashMap<
 
 /// `EVALSHA` calls Redis counted since its stats were last reset.
 async fn evalsha_calls(redis: &RedisServer) -> u64 {
-    info_fields(redis, "commandstats", "cmdstat_evalsha")
-        .await
-        .get("calls")
-        .copied()
-        .unwrap_or(0)
+    stat(redis, "commandstats", "cmdstat_evalsha", "calls").await
 }
 
 async fn command(redis: &RedisServer, args: &[&str]) {
@@ -213,11 +219,7 @@ async fn merged_calls_survive_script_flush() {
         .filter(|answer| answer.as_ref().unwrap().committed)
         .count();
     assert_eq!(admitted, 50);
-    let noscript = info_fields(&redis, "errorstats", "errorstat_NOSCRIPT")
-        .await
-        .get("count")
-        .copied()
-        .unwrap_or(0);
+    let noscript = stat(&redis, "errorstats", "errorstat_NOSCRIPT", "count").await;
     assert!(
         (1..200).contains(&noscript),
         "{noscript} NOSCRIPT errors for 200 calls"
@@ -237,16 +239,8 @@ async fn calls_that_meet_noscript_together_load_the_script_once() {
     command(&redis, &["CONFIG", "RESETSTAT"]).await;
     let second = join_all((0..200).map(|_| store.apply(&op))).await;
     assert!(second.iter().all(|answer| answer.is_ok()));
-    let noscript = info_fields(&redis, "errorstats", "errorstat_NOSCRIPT")
-        .await
-        .get("count")
-        .copied()
-        .unwrap_or(0);
-    let loads = info_fields(&redis, "commandstats", "cmdstat_script|load")
-        .await
-        .get("calls")
-        .copied()
-        .unwrap_or(0);
+    let noscript = stat(&redis, "errorstats", "errorstat_NOSCRIPT", "count").await;
+    let loads = stat(&redis, "commandstats", "cmdstat_script|load", "calls").await;
     assert!(noscript >= 1, "no call met NOSCRIPT");
     // One per wave of calls that met it together; a load another test's call made on its
     // own server in between can add one more.
@@ -287,11 +281,7 @@ async fn an_oom_fails_only_the_merged_calls_that_write() {
     let denied = script::decode(script::payload(&denied), 1).unwrap();
     assert!(!denied.committed);
     assert!(!denied.buckets[0].admitted);
-    let oom = info_fields(&redis, "errorstats", "errorstat_OOM")
-        .await
-        .get("count")
-        .copied()
-        .unwrap_or(0);
+    let oom = stat(&redis, "errorstats", "errorstat_OOM", "count").await;
     assert!(oom >= 1, "Redis refused no write");
     command(&redis, &["CONFIG", "SET", "maxmemory", "0"]).await;
 }
