@@ -46,6 +46,39 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Runs `cases` random cases of `strategy` against a fresh redis-server with the script
+/// loaded, each by `run` on its own clone of one connection; panics with proptest's report
+/// of the first case that fails.
+fn check_against_redis<S: Strategy>(
+    cases: u32,
+    strategy: S,
+    run: impl Fn(
+        MultiplexedConnection,
+        S::Value,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>>,
+) {
+    let server = RedisServer::start();
+    let rt = runtime();
+    let conn = rt.block_on(async {
+        let mut conn = server.connection().await;
+        // Transactions send EVALSHA without the NOSCRIPT fallback: load the script first.
+        script::script().load_async(&mut conn).await.unwrap();
+        conn
+    });
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&strategy, |case| {
+        rt.block_on(run(conn.clone(), case))
+            .map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
 fn params(algorithm: Algorithm, rate: u64, period_s: u64, burst: u64) -> LimitParams {
     LimitParams {
         algorithm,
@@ -521,27 +554,9 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
 /// the memory store (the Rust specification) does, step after step.
 #[test]
 fn script_matches_memory_store() {
-    let server = RedisServer::start();
-    let rt = runtime();
-    let conn = rt.block_on(async {
-        let mut conn = server.connection().await;
-        // Transactions send EVALSHA without the NOSCRIPT fallback: load the script first.
-        script::script().load_async(&mut conn).await.unwrap();
-        conn
+    check_against_redis(150, case(), |mut conn, case| {
+        Box::pin(async move { run_case(&mut conn, &case).await })
     });
-    let mut runner = TestRunner::new(Config {
-        cases: 150,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&case(), |case| {
-        let mut conn = conn.clone();
-        rt.block_on(run_case(&mut conn, &case))
-            .map_err(TestCaseError::fail)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1321,26 +1336,9 @@ async fn run_counter_case(
 /// does.
 #[test]
 fn script_matches_counter_spec() {
-    let server = RedisServer::start();
-    let rt = runtime();
-    let conn = rt.block_on(async {
-        let mut conn = server.connection().await;
-        script::script().load_async(&mut conn).await.unwrap();
-        conn
+    check_against_redis(120, counter_case(), |mut conn, (pool, steps)| {
+        Box::pin(async move { run_counter_case(&mut conn, &pool, &steps).await })
     });
-    let mut runner = TestRunner::new(Config {
-        cases: 120,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&counter_case(), |(pool, steps)| {
-        let mut conn = conn.clone();
-        rt.block_on(run_counter_case(&mut conn, &pool, &steps))
-            .map_err(TestCaseError::fail)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 /// A counter seeded as a reference pod writes it (its key text, a plain integer) is read as
@@ -1975,26 +1973,9 @@ fn calls_alone_see_no_ttl_run_out_between_them() {
 /// the same state; a malformed request gets its marker and writes nothing.
 #[test]
 fn batch_matches_calls_one_by_one() {
-    let server = RedisServer::start();
-    let rt = runtime();
-    let conn = rt.block_on(async {
-        let mut conn = server.connection().await;
-        script::script().load_async(&mut conn).await.unwrap();
-        conn
+    check_against_redis(150, batch_case(), |mut conn, case| {
+        Box::pin(async move { run_batch_case(&mut conn, &case).await })
     });
-    let mut runner = TestRunner::new(Config {
-        cases: 150,
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&batch_case(), |case| {
-        let mut conn = conn.clone();
-        rt.block_on(run_batch_case(&mut conn, &case))
-            .map_err(TestCaseError::fail)
-    });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 /// In a batch, a token bucket's write held back for the batch's end (each hot key is written
