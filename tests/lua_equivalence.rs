@@ -481,15 +481,18 @@ fn compare_state(
     }
 }
 
+/// The key of each limit of a case's pool, named by its index.
+fn pool_keys(pool: &[LimitParams]) -> Vec<BucketKey> {
+    pool.iter()
+        .enumerate()
+        .map(|(i, p)| key(&i.to_string(), p.algorithm, p.period_us))
+        .collect()
+}
+
 /// Drives one case through both stores; `Err` describes the first divergence.
 async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), String> {
     flush(conn).await;
-    let keys: Vec<BucketKey> = case
-        .pool
-        .iter()
-        .enumerate()
-        .map(|(i, p)| key(&i.to_string(), p.algorithm, p.period_us))
-        .collect();
+    let keys = pool_keys(&case.pool);
     let redis_keys: Vec<Vec<u8>> = keys.iter().map(|k| script::full_key(PREFIX, k)).collect();
     let clock = Arc::new(ManualClock::new(START_US + case.start));
     let memory = MemoryStore::new(clock.clone());
@@ -1740,12 +1743,7 @@ async fn restore(
 /// call and the same requests as calls of their own from that same state, at the same `now`.
 async fn run_batch_case(conn: &mut MultiplexedConnection, case: &BatchCase) -> Result<(), String> {
     flush(conn).await;
-    let keys: Vec<BucketKey> = case
-        .pool
-        .iter()
-        .enumerate()
-        .map(|(i, p)| key(&i.to_string(), p.algorithm, p.period_us))
-        .collect();
+    let keys = pool_keys(&case.pool);
     let start = START_US + 30 * 1_000_000 + 400_000;
     let before: Vec<Encoded> = case
         .before
