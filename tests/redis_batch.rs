@@ -235,6 +235,29 @@ async fn merged_calls_survive_script_flush() {
     );
 }
 
+/// `spent` (a denied debit, which writes nothing) and `fresh` (a debit that writes), merged
+/// into one call that Redis refuses with `code` at its first write: only `fresh` fails with
+/// it, `spent` is answered denied.
+async fn only_the_writer_fails(
+    conn: &wire::Conn,
+    spent: &[BucketOp],
+    fresh: &[BucketOp],
+    code: &str,
+) {
+    let (denied, writer) = tokio::join!(
+        script::call(conn, b"fg:", spent, None),
+        script::call(conn, b"fg:", fresh, None),
+    );
+    let writer = writer.unwrap_err();
+    assert_eq!(writer.code(), Some(code), "{writer}");
+    let denied = denied.unwrap_or_else(|e| {
+        panic!("a request that writes nothing failed with the other's {code}: {e}")
+    });
+    let denied = script::decode(script::payload(&denied), 1).unwrap();
+    assert!(!denied.committed);
+    assert!(!denied.buckets[0].admitted);
+}
+
 /// Redis at `maxmemory` under `noeviction` refuses a script's first write (`OOM`): alone, a
 /// request that writes nothing (a denied debit) is answered and only a request that writes
 /// fails. Merged into one call with a request that writes, the denied request is still
@@ -256,16 +279,7 @@ async fn an_oom_fails_only_the_merged_calls_that_write() {
     command(&redis, &["CONFIG", "SET", "maxmemory-policy", "noeviction"]).await;
     command(&redis, &["CONFIG", "SET", "maxmemory", "1"]).await;
     command(&redis, &["CONFIG", "RESETSTAT"]).await;
-    let (denied, writer) = tokio::join!(
-        script::call(&conn, b"fg:", &spent, None),
-        script::call(&conn, b"fg:", &fresh, None),
-    );
-    let writer = writer.unwrap_err();
-    assert_eq!(writer.code(), Some("OOM"), "{writer}");
-    let denied = denied.expect("a request that writes nothing failed with the other's OOM");
-    let denied = script::decode(script::payload(&denied), 1).unwrap();
-    assert!(!denied.committed);
-    assert!(!denied.buckets[0].admitted);
+    only_the_writer_fails(&conn, &spent, &fresh, "OOM").await;
     let oom = stat(&redis, "errorstats", "errorstat_OOM", "count").await;
     assert!(oom >= 1, "Redis refused no write");
     command(&redis, &["CONFIG", "SET", "maxmemory", "0"]).await;
@@ -377,14 +391,5 @@ async fn a_readonly_fails_only_the_merged_calls_that_write() {
         .load_async(&mut replica_admin)
         .await
         .unwrap();
-    let (denied, writer) = tokio::join!(
-        script::call(&conn, b"fg:", &spent, None),
-        script::call(&conn, b"fg:", &fresh, None),
-    );
-    let writer = writer.unwrap_err();
-    assert_eq!(writer.code(), Some("READONLY"), "{writer}");
-    let denied = denied.expect("a request that writes nothing failed with the other's READONLY");
-    let denied = script::decode(script::payload(&denied), 1).unwrap();
-    assert!(!denied.committed);
-    assert!(!denied.buckets[0].admitted);
+    only_the_writer_fails(&conn, &spent, &fresh, "READONLY").await;
 }
