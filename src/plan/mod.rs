@@ -32,6 +32,7 @@ use crate::telemetry::metrics::RuleSeries;
 mod build;
 pub mod headers;
 mod respond;
+mod stated;
 #[cfg(test)]
 mod tests;
 mod validate;

@@ -452,6 +452,80 @@ fn ietf_headers_are_structured_fields() {
     );
 }
 
+/// A burst above the rate and a multiplied unit are stated so that limit, remaining and
+/// reset agree: 10/minute with burst 50 says 10 per minute with at most 10 remaining; 3 per
+/// 5 minutes says 3 per hour (the shortest unit holding the period), in the status Envoy
+/// reads and in floodgate's own headers alike.
+#[test]
+fn burst_and_multiplier_are_stated_consistently() {
+    const STATED: &str = r#"
+domain: s
+descriptors:
+  - key: burst
+    rate_limit: {unit: minute, requests_per_unit: 10, burst: 50, name: edge}
+  - key: five
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+    let config = Config::from_sources(
+        &[("s.yaml".to_string(), STATED.to_string())],
+        &Defaults::default(),
+    )
+    .unwrap();
+    let mut options = with_headers();
+    if let Some(h) = options.headers.as_mut() {
+        h.ietf = true;
+    }
+    let mut req = request(vec![descriptor("burst", "x")]);
+    req.domain = "s".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    // 49 tokens left, full again in 6 s: ten or more are there now.
+    let response = plan
+        .respond(&answer(&plan, true, 49, 6_000_000), &options)
+        .response;
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (10, 2));
+    assert_eq!(status.limit_remaining, 10);
+    assert_eq!(status.duration_until_reset.unwrap().seconds, 0);
+    assert_eq!(
+        header_pairs(&response),
+        pairs(&[
+            ("RateLimit-Limit", "10"),
+            ("RateLimit-Remaining", "10"),
+            ("RateLimit-Reset", "0"),
+            ("RateLimit-Policy", "\"edge\";q=10;w=60"),
+            ("RateLimit", "\"edge\";r=10;t=0"),
+        ])
+    );
+    // 4 left: full in 276 s, but ten are back in 36 s.
+    let response = plan
+        .respond(&answer(&plan, true, 4, 276_000_000), &options)
+        .response;
+    assert_eq!(response.statuses[0].limit_remaining, 4);
+    assert_eq!(
+        response.statuses[0].duration_until_reset.unwrap().seconds,
+        36
+    );
+    let mut req = request(vec![descriptor("five", "x")]);
+    req.domain = "s".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    let response = plan
+        .respond(&answer(&plan, true, 2, 135_000_000), &options)
+        .response;
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (3, 3));
+    assert_eq!(status.limit_remaining, 2);
+    assert_eq!(status.duration_until_reset.unwrap().seconds, 135);
+    assert_eq!(
+        header_pairs(&response)[3..],
+        pairs(&[
+            ("RateLimit-Policy", "\"default\";q=3;w=3600"),
+            ("RateLimit", "\"default\";r=2;t=135"),
+        ])
+    );
+}
+
 /// Near-limit hits follow the reference: only the part above ⌊capacity × ratio⌋ counts.
 #[test]
 fn near_limit_counts_hits_above_threshold() {
