@@ -10,8 +10,9 @@
 //!
 //! Here the plan's types and what it tells about itself; `validate` (a request's bounds),
 //! `build` (matching, costs, one operation per bucket) and `respond` (statuses, refunds,
-//! tallies) each hold one step; [`headers`] writes what a response carries besides its
-//! statuses (rate-limit headers, dynamic metadata).
+//! tallies) each hold one step; `stated` says what a status states of a limit (quota, unit,
+//! remaining, reset) so that the headers built from it agree; [`headers`] writes what a
+//! response carries besides its statuses (rate-limit headers, dynamic metadata).
 
 use std::collections::HashMap;
 use std::ops::Range;
