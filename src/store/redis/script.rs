@@ -30,6 +30,9 @@
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use std::io::Write;
 
@@ -316,33 +319,37 @@ pub async fn call(
     ops: &[BucketOp],
     now_us: Option<i64>,
 ) -> RedisResult<wire::Frame> {
+    let reply_bytes = reply_len(ops.len()) * REPLY_VALUE_BYTES;
     let send = || async move {
         match now_us {
             None => {
                 conn.script_call(
                     script().get_hash(),
                     ops.len(),
-                    reply_len(ops.len()) * REPLY_VALUE_BYTES,
+                    reply_bytes,
                     |out| write_keys(out, prefix, ops),
                     |out| write_blob(out, ops),
                 )
                 .await
             }
             Some(_) => {
-                conn.request(|out| write_command(out, prefix, ops, now_us))
+                conn.request_sized(reply_bytes, |out| write_command(out, prefix, ops, now_us))
                     .await
             }
         }
     };
     // After `NOSCRIPT`, loaded (once between the calls that met it together) and sent again;
     // twice at most, for a load another call made on another server (two stores, a
-    // failover in between) that left this one's without it.
+    // failover in between) that left this one's without it. A load the bounds refuse
+    // ([`load_once`]) leaves the call with its `NOSCRIPT`, an outage (`errors::classify`).
     let mut loads = 0;
     let reply = loop {
         let seen = LOADS.load(Ordering::Acquire);
         match checked(send().await?) {
             Err(e) if is_noscript(&e) && loads < 2 => {
-                load_once(conn, seen).await?;
+                if !load_once(conn, seen).await? {
+                    break Err(e);
+                }
                 loads += 1;
             }
             reply => break reply,
@@ -355,7 +362,7 @@ pub async fn call(
         // alone are answered. Sent again alone, each request gets what a call of its own
         // gets: its answer, or the error of its own write.
         Err(e) if now_us.is_none() && matches!(e.code(), Some("OOM" | "READONLY")) => checked(
-            conn.request(|out| write_command(out, prefix, ops, now_us))
+            conn.request_sized(reply_bytes, |out| write_command(out, prefix, ops, now_us))
                 .await?,
         ),
         reply => reply,
@@ -475,23 +482,96 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
 /// `NOSCRIPT` together (a restart, a failover, `SCRIPT FLUSH`: up to 64 merged into one
 /// `EVALSHA`, on every connection of every thread) load the script once between them rather
 /// than each sending its ~40 KB, which after a failover would be a burst of loads from every
-/// replica.
+/// replica. The turn holds the process's loads of the current second ([`LoadWindow`]).
 static LOADS: AtomicU64 = AtomicU64::new(0);
-static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static LOADING: tokio::sync::Mutex<LoadWindow> = tokio::sync::Mutex::const_new(LoadWindow {
+    start: None,
+    loads: 0,
+    logged: None,
+});
+
+/// Loads the bounds refused so far ([`load_once`]).
+static REFUSED_LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// The most script loads the process makes in one second, all connections together. One
+/// `NOSCRIPT` event (a restart, a failover, `SCRIPT FLUSH`) takes one load between every
+/// call that meets it; a Redis that forgets the script again at once (or a peer that
+/// answers `NOSCRIPT` to everything) gets this many ~40 KB loads a second, and each
+/// connection at most one a second ([`wire::SCRIPT_LOAD_EVERY`]).
+pub const MAX_LOADS_PER_SECOND: u32 = 4;
+
+/// Script loads so far: made, and refused by the bounds ([`MAX_LOADS_PER_SECOND`],
+/// [`wire::SCRIPT_LOAD_EVERY`]). Each load is logged (info), refusals at most once a second
+/// (warn).
+pub fn load_counts() -> (u64, u64) {
+    (
+        LOADS.load(Ordering::Relaxed),
+        REFUSED_LOADS.load(Ordering::Relaxed),
+    )
+}
+
+/// The process's script loads in the current second.
+struct LoadWindow {
+    /// When the current second started.
+    start: Option<Instant>,
+    /// Loads made in it.
+    loads: u32,
+    /// When a refusal was last logged.
+    logged: Option<Instant>,
+}
+
+impl LoadWindow {
+    /// Whether a load may be made at `now` under [`MAX_LOADS_PER_SECOND`].
+    fn has_room(&mut self, now: Instant) -> bool {
+        if self
+            .start
+            .is_none_or(|start| now >= start + Duration::from_secs(1))
+        {
+            self.start = Some(now);
+            self.loads = 0;
+        }
+        self.loads < MAX_LOADS_PER_SECOND
+    }
+}
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Loads the script unless a load has completed since `seen` (the count read before the
-/// call that met `NOSCRIPT` was sent).
-async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<()> {
-    let _turn = LOADING.lock().await;
-    if LOADS.load(Ordering::Acquire) == seen {
-        script().load_async(&mut conn.clone()).await?;
-        LOADS.fetch_add(1, Ordering::Release);
+/// call that met `NOSCRIPT` was sent); returns whether the call may be sent again: `false`
+/// when the bounds refuse the load (this connection loaded within
+/// [`wire::SCRIPT_LOAD_EVERY`], or the process made [`MAX_LOADS_PER_SECOND`] this second).
+async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<bool> {
+    let mut window = LOADING.lock().await;
+    if LOADS.load(Ordering::Acquire) != seen {
+        return Ok(true);
     }
-    Ok(())
+    let now = Instant::now();
+    if !(window.has_room(now) && conn.may_load_script(now)) {
+        let refused = REFUSED_LOADS.fetch_add(1, Ordering::Relaxed) + 1;
+        if window
+            .logged
+            .is_none_or(|logged| now >= logged + Duration::from_secs(1))
+        {
+            window.logged = Some(now);
+            tracing::warn!(
+                refused,
+                "Redis keeps losing floodgate's script: script loads are bounded \
+                 (one per connection a second, {MAX_LOADS_PER_SECOND} a second in all), \
+                 the calls meeting NOSCRIPT fail as an outage"
+            );
+        }
+        return Ok(false);
+    }
+    window.loads += 1;
+    script().load_async(&mut conn.clone()).await?;
+    let loads = LOADS.fetch_add(1, Ordering::Release) + 1;
+    tracing::info!(
+        loads,
+        "Redis did not have floodgate's script (a restart, failover or SCRIPT FLUSH): loaded it"
+    );
+    Ok(true)
 }
 
 /// The error of a request the script refused in a batch (its reply's `committed` is -1, then
