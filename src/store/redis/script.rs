@@ -482,56 +482,23 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
 /// `NOSCRIPT` together (a restart, a failover, `SCRIPT FLUSH`: up to 64 merged into one
 /// `EVALSHA`, on every connection of every thread) load the script once between them rather
 /// than each sending its ~40 KB, which after a failover would be a burst of loads from every
-/// replica. The turn holds the process's loads of the current second ([`LoadWindow`]).
+/// replica. One load is in flight at a time in the process; the turn holds when a refusal
+/// was last logged.
 static LOADS: AtomicU64 = AtomicU64::new(0);
-static LOADING: tokio::sync::Mutex<LoadWindow> = tokio::sync::Mutex::const_new(LoadWindow {
-    start: None,
-    loads: 0,
-    logged: None,
-});
+static LOADING: tokio::sync::Mutex<Option<Instant>> = tokio::sync::Mutex::const_new(None);
 
-/// Loads the bounds refused so far ([`load_once`]).
+/// Loads refused so far: the connection had made [`wire::SCRIPT_LOADS`] within
+/// [`wire::SCRIPT_LOAD_WINDOW`] ([`load_once`]).
 static REFUSED_LOADS: AtomicU64 = AtomicU64::new(0);
 
-/// The most script loads the process makes in one second, all connections together. One
-/// `NOSCRIPT` event (a restart, a failover, `SCRIPT FLUSH`) takes one load between every
-/// call that meets it; a Redis that forgets the script again at once (or a peer that
-/// answers `NOSCRIPT` to everything) gets this many ~40 KB loads a second, and each
-/// connection at most one a second ([`wire::SCRIPT_LOAD_EVERY`]).
-pub const MAX_LOADS_PER_SECOND: u32 = 4;
-
-/// Script loads so far: made, and refused by the bounds ([`MAX_LOADS_PER_SECOND`],
-/// [`wire::SCRIPT_LOAD_EVERY`]). Each load is logged (info), refusals at most once a second
-/// (warn).
+/// Script loads so far: made, and refused by the bound per connection
+/// ([`wire::SCRIPT_LOADS`] in any [`wire::SCRIPT_LOAD_WINDOW`]). Each load is logged (info),
+/// refusals at most once a second (warn).
 pub fn load_counts() -> (u64, u64) {
     (
         LOADS.load(Ordering::Relaxed),
         REFUSED_LOADS.load(Ordering::Relaxed),
     )
-}
-
-/// The process's script loads in the current second.
-struct LoadWindow {
-    /// When the current second started.
-    start: Option<Instant>,
-    /// Loads made in it.
-    loads: u32,
-    /// When a refusal was last logged.
-    logged: Option<Instant>,
-}
-
-impl LoadWindow {
-    /// Whether a load may be made at `now` under [`MAX_LOADS_PER_SECOND`].
-    fn has_room(&mut self, now: Instant) -> bool {
-        if self
-            .start
-            .is_none_or(|start| now >= start + Duration::from_secs(1))
-        {
-            self.start = Some(now);
-            self.loads = 0;
-        }
-        self.loads < MAX_LOADS_PER_SECOND
-    }
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {
@@ -540,31 +507,27 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 
 /// Loads the script unless a load has completed since `seen` (the count read before the
 /// call that met `NOSCRIPT` was sent); returns whether the call may be sent again: `false`
-/// when the bounds refuse the load (this connection loaded within
-/// [`wire::SCRIPT_LOAD_EVERY`], or the process made [`MAX_LOADS_PER_SECOND`] this second).
+/// when the connection may not load now ([`wire::Conn::may_load_script`]: a Redis that
+/// keeps forgetting the script, or a peer answering `NOSCRIPT` to everything).
 async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<bool> {
-    let mut window = LOADING.lock().await;
+    let mut logged = LOADING.lock().await;
     if LOADS.load(Ordering::Acquire) != seen {
         return Ok(true);
     }
     let now = Instant::now();
-    if !(window.has_room(now) && conn.may_load_script(now)) {
+    if !conn.may_load_script(now) {
         let refused = REFUSED_LOADS.fetch_add(1, Ordering::Relaxed) + 1;
-        if window
-            .logged
-            .is_none_or(|logged| now >= logged + Duration::from_secs(1))
-        {
-            window.logged = Some(now);
+        if logged.is_none_or(|at| now >= at + Duration::from_secs(1)) {
+            *logged = Some(now);
             tracing::warn!(
                 refused,
-                "Redis keeps losing floodgate's script: script loads are bounded \
-                 (one per connection a second, {MAX_LOADS_PER_SECOND} a second in all), \
-                 the calls meeting NOSCRIPT fail as an outage"
+                "Redis keeps losing floodgate's script: a connection loads it at most {} \
+                 times a second, the calls meeting NOSCRIPT meanwhile fail as an outage",
+                wire::SCRIPT_LOADS
             );
         }
         return Ok(false);
     }
-    window.loads += 1;
     script().load_async(&mut conn.clone()).await?;
     let loads = LOADS.fetch_add(1, Ordering::Release) + 1;
     tracing::info!(

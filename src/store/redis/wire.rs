@@ -25,6 +25,13 @@
 //! connection and every later one, with an I/O error (the store retires the connection and
 //! calls it an outage, as before).
 //!
+//! What a peer cannot do, whether a broken Redis or a man in the middle of a plaintext link:
+//! make a connection hold more than one capped reply ([`MAX_REPLY`], or a script call's own
+//! larger reply), refused at its header when it cannot fit; make it parse a byte twice (the
+//! framing, `wire/frame.rs`, resumes where it stopped); or keep it reading after a call on it
+//! missed its deadline: the connection then retires, takes no new call and closes once no
+//! call waits on it (docs/redis.md, "What a connection reads, and for how long").
+//!
 //! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
 //! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
 //! encoding and parsing: [`Conn`] is a redis-rs [`ConnectionLike`].
@@ -175,8 +182,8 @@ struct State {
     /// their deadlines), and once none is left waiting the connection closes (the store
     /// marks it broken at the same time, and its pool replaces it).
     retiring: bool,
-    /// When a script was last loaded on it ([`Conn::may_load_script`]).
-    script_loaded: Option<Instant>,
+    /// When scripts were last loaded on it ([`Conn::may_load_script`]).
+    script_loads: [Option<Instant>; SCRIPT_LOADS],
 }
 
 /// What a connection's handles and its task share: the state, and whether it is closed,
@@ -246,19 +253,20 @@ impl Conn {
         self.deadline = Some(deadline);
     }
 
-    /// Whether a script may be loaded over this connection now, and if so, notes that one
-    /// is: at most one load per [`SCRIPT_LOAD_EVERY`] per connection. A Redis that forgets
-    /// scripts as fast as they are loaded (or a peer answering `NOSCRIPT` to everything)
-    /// would otherwise draw a load of the whole script for every call.
+    /// Whether a script may be loaded over this connection at `now`, and if so, notes that
+    /// one is: at most [`SCRIPT_LOADS`] loads in any [`SCRIPT_LOAD_WINDOW`] per connection. A
+    /// Redis that forgets scripts as fast as they are loaded (or a peer answering `NOSCRIPT`
+    /// to everything) would otherwise draw a load of the whole script for every call.
     pub fn may_load_script(&self, now: Instant) -> bool {
         let mut state = lock(&self.handle.0);
-        if state
-            .script_loaded
-            .is_some_and(|last| now < last + SCRIPT_LOAD_EVERY)
-        {
+        // The oldest load noted (a slot never used is older than any).
+        let Some(oldest) = state.script_loads.iter_mut().min() else {
+            return false;
+        };
+        if oldest.is_some_and(|at| now < at + SCRIPT_LOAD_WINDOW) {
             return false;
         }
-        state.script_loaded = Some(now);
+        *oldest = Some(now);
         true
     }
 
@@ -546,7 +554,7 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
         task: None,
         closed: None,
         retiring: false,
-        script_loaded: None,
+        script_loads: [None; SCRIPT_LOADS],
     });
     tokio::spawn(Task::new(stream, Arc::clone(&shared)));
     let conn = Conn {
@@ -630,14 +638,14 @@ const READ_BUFFER: usize = 16 * 1024;
 /// goes back rather than staying with the connection.
 const OUT_KEEP: usize = 256 * 1024;
 
-/// The most bytes a reply may take, unless its call expects a longer one ([`reply_cap`]).
-/// What floodgate asks Redis for is answered in far less, the largest being a merged script
-/// call's ([`LARGEST_MERGED_REPLY`], 21,514 bytes); `SCRIPT LOAD` answers a 40-byte SHA1,
-/// RLQS's share script at most 100 integers, an error a line of a few hundred bytes. A
-/// longer reply comes from a peer that is not a sane Redis (or from a man in the middle):
-/// it is refused as soon as its headers say so, and the connection closes. The read buffer
-/// holds one reply and one read past it, so it never grows past twice this (or twice the
-/// largest reply a waiting call expects).
+/// The most bytes a reply may take, unless its call expects a longer one (a script call's
+/// own reply, when larger). What floodgate asks Redis for is answered in far less, the
+/// largest being a merged script call's ([`LARGEST_MERGED_REPLY`]: 21,504 bytes of
+/// payload); `SCRIPT LOAD` answers a 40-byte SHA1, RLQS's share script at most 100
+/// integers, an error a line of a few hundred bytes. A longer reply comes from a peer that
+/// is not a sane Redis (or from a man in the middle): it is refused as soon as its headers
+/// say so, and the connection closes. The read buffer holds one reply and one read past it,
+/// so it never grows past twice this (or twice the largest reply a waiting call expects).
 pub const MAX_REPLY: usize = 32 * 1024;
 
 /// The framing of a bulk-string reply around its payload: `$`, up to 20 digits, two CR LFs.
@@ -648,6 +656,9 @@ const BULK_FRAMING: usize = 25;
 /// get (2 · 64 + 5 · 512) · 8 = 21,504 bytes, in a bulk string.
 pub const LARGEST_MERGED_REPLY: usize = (2 * MERGE_CALLS + 5 * MERGE_KEYS) * 8 + BULK_FRAMING;
 
+// Every merged script call's reply fits in the cap every reply has.
+const _: () = assert!(LARGEST_MERGED_REPLY <= MAX_REPLY);
+
 /// The most bytes the reply of a call expecting a bulk string of `payload` bytes may take:
 /// [`MAX_REPLY`], or the bulk string framed if that is longer (a script call alone of more
 /// keys than a merged call holds).
@@ -655,8 +666,14 @@ fn reply_cap(payload: usize) -> usize {
     MAX_REPLY.max(payload.saturating_add(BULK_FRAMING))
 }
 
-/// How often one connection may load a script ([`Conn::may_load_script`]).
-pub const SCRIPT_LOAD_EVERY: Duration = Duration::from_secs(1);
+/// The most script loads one connection makes in any [`SCRIPT_LOAD_WINDOW`]
+/// ([`Conn::may_load_script`]): the first call's load and one after a `SCRIPT FLUSH` fit in
+/// the same second; a Redis that keeps forgetting the script gets two ~40 KB loads a second
+/// per connection.
+pub const SCRIPT_LOADS: usize = 2;
+
+/// The span [`SCRIPT_LOADS`] counts loads in.
+pub const SCRIPT_LOAD_WINDOW: Duration = Duration::from_secs(1);
 
 /// The connection's socket.
 enum Stream {
@@ -1331,7 +1348,7 @@ mod tests {
             task: None,
             closed: None,
             retiring: false,
-            script_loaded: None,
+            script_loads: [None; SCRIPT_LOADS],
         };
         for (calls, expected) in [
             (&[("k1", "b1")][..], &["k1", "", "b1"][..]),
@@ -1451,15 +1468,18 @@ mod tests {
         }
     }
 
-    /// A connection may load a script once per [`SCRIPT_LOAD_EVERY`].
+    /// A connection may load a script [`SCRIPT_LOADS`] times in any [`SCRIPT_LOAD_WINDOW`].
     #[tokio::test]
-    async fn script_loads_are_spaced() {
+    async fn script_loads_are_bounded_per_connection() {
         let (conn, _socket) = connected().await;
-        let now = Instant::now();
+        let (now, half) = (Instant::now(), SCRIPT_LOAD_WINDOW / 2);
         assert!(conn.may_load_script(now));
-        assert!(!conn.may_load_script(now));
-        assert!(!conn.may_load_script(now + SCRIPT_LOAD_EVERY / 2));
-        assert!(conn.may_load_script(now + SCRIPT_LOAD_EVERY));
+        assert!(conn.may_load_script(now + half));
+        assert!(!conn.may_load_script(now + half));
+        assert!(!conn.may_load_script(now + SCRIPT_LOAD_WINDOW - Duration::from_millis(1)));
+        assert!(conn.may_load_script(now + SCRIPT_LOAD_WINDOW));
+        assert!(!conn.may_load_script(now + SCRIPT_LOAD_WINDOW));
+        assert!(conn.may_load_script(now + SCRIPT_LOAD_WINDOW + half));
     }
 
     /// A call with a sooner deadline than the calls before it fails at its own deadline: the
@@ -1538,8 +1558,8 @@ mod tests {
         }
     }
 
-    /// The reply a merged script call can get at most fits in [`MAX_REPLY`]:
-    /// [`LARGEST_MERGED_REPLY`] is `lua/apply.lua`'s reply format at the merge caps.
+    /// [`LARGEST_MERGED_REPLY`] (which fits in [`MAX_REPLY`], checked at compile time) is
+    /// `lua/apply.lua`'s reply format at the merge caps.
     #[test]
     fn the_largest_merged_reply_fits_the_cap() {
         use super::super::script::{REPLY_VALUE_BYTES, reply_len};
@@ -1547,7 +1567,6 @@ mod tests {
             + (reply_len(MERGE_KEYS) - reply_len(0)) * REPLY_VALUE_BYTES;
         let framed = format!("${payload}\r\n").len() + payload + 2;
         assert!(framed <= LARGEST_MERGED_REPLY, "{framed}");
-        assert!(LARGEST_MERGED_REPLY <= MAX_REPLY);
         assert_eq!(reply_cap(0), MAX_REPLY);
         assert_eq!(reply_cap(1 << 20), (1 << 20) + BULK_FRAMING);
     }
@@ -1749,7 +1768,7 @@ mod tests {
             task: None,
             closed: None,
             retiring: false,
-            script_loaded: None,
+            script_loads: [None; SCRIPT_LOADS],
         });
         let (sender, mut reply) = oneshot::channel();
         lock(&shared).waiting.push_back(Waiting {
