@@ -491,7 +491,8 @@ fn grpc_tls_component_agrees() {
 }
 
 /// Seconds the shipped Envoy's health check on floodgate takes to see a NOT_SERVING answer:
-/// its interval plus its timeout.
+/// its longest interval (`no_traffic_interval`, 60 s unless set, times the check after the
+/// first one at Envoy's start) plus its timeout.
 fn envoy_health_check_seconds() -> f64 {
     let envoy = yaml("deploy/envoy/envoy.yaml");
     let check = &array_at(&envoy, "/static_resources/clusters")
@@ -499,13 +500,17 @@ fn envoy_health_check_seconds() -> f64 {
         .find_map(|cluster| cluster["health_checks"].as_array())
         .expect("a cluster with health checks")[0];
     assert!(check["grpc_health_check"].is_object(), "{check}");
-    let seconds = |pointer: &str| -> f64 {
-        let text = str_at(check, pointer);
+    let seconds = |pointer: &str, default: &str| -> f64 {
+        let text = check
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or(default);
         text.strip_suffix('s')
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| panic!("{pointer}: {text}"))
     };
-    seconds("/interval") + seconds("/timeout")
+    let interval = seconds("/interval", "no interval");
+    interval.max(seconds("/no_traffic_interval", "60s")) + seconds("/timeout", "no timeout")
 }
 
 /// The Envoy bootstrap calls floodgate's Service on its gRPC port over HTTP/2, in a domain the
