@@ -19,10 +19,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::time::Instant as TokioInstant;
-
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
+use tokio::time::Instant as TokioInstant;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
