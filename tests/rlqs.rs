@@ -746,6 +746,43 @@ async fn sigterm_expires_every_assignment() {
     assert_eq!(exit.code(), Some(0), "{log}");
 }
 
+/// During the drain period after SIGTERM a stream is still answered (a new bucket gets its
+/// assignment) and expires nothing; its assignments get a time to live of 0 only once the
+/// drain is over (here cut short by a second signal), then the server exits 0.
+#[tokio::test]
+async fn streams_are_served_through_the_drain_and_expire_after_it() {
+    // Far longer than the test: only the second signal ends it.
+    let (server, _dir) = start(&["--drain-period", "600"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let first = envoy.report("edge", &[(&[("tenant", "a")], 1, 0, 0)]).await;
+    assert!(ttl_secs(assignment(&first)) > 0.0);
+    server.sigterm();
+    let http = server.http;
+    support::eventually("health turns NOT_SERVING", || async {
+        support::http::call(http, "GET", "/healthcheck", None)
+            .await
+            .status
+            == 503
+    })
+    .await;
+    let during = envoy.report("edge", &[(&[("tenant", "b")], 1, 0, 0)]).await;
+    assert!(ttl_secs(assignment(&during)) > 0.0, "{during:?}");
+    server.signal("INT");
+    let expired = envoy.next().await.unwrap().expect("no expiry sent");
+    assert_eq!(expired.bucket_action.len(), 2, "{expired:?}");
+    for action in &expired.bucket_action {
+        let Some(Action::QuotaAssignmentAction(assignment)) = &action.bucket_action else {
+            panic!("not an assignment: {action:?}");
+        };
+        assert_eq!(ttl_secs(assignment), 0.0);
+    }
+    assert!(matches!(envoy.next().await, Ok(None)));
+    let (exit, log) = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}
+
 /// A reload that changes a limit re-assigns its buckets without waiting for a report.
 #[tokio::test]
 async fn a_reload_reassigns_the_changed_buckets() {

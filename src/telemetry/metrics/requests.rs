@@ -95,8 +95,9 @@ impl RequestMetrics {
         registry.register(
             "floodgate_shaped_requests",
             "Requests a max_wait limit held for their tokens instead of refusing, by domain and \
-             how the wait ended (served: answered OK when the tokens arrived; released: answered \
-             OK early by shutdown; cancelled: the client left, the tokens were refunded)",
+             how the wait ended (served: answered OK when the tokens arrived; refused: shutdown \
+             cuts the connections before their turn, the tokens were refunded; cancelled: the \
+             client left, the tokens were refunded)",
             requests.shaped.clone(),
         );
         registry.register(
