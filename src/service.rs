@@ -106,7 +106,13 @@ pub struct Decider {
     /// `max_wait` limit holds is served at its turn only if that comes before the cut
     /// ([`Decider::shutting_down`]).
     cut: watch::Sender<Option<TokioInstant>>,
+    /// Requests with keys or values over `--max-value-bytes` or ignored `limit` overrides
+    /// (which a client may send on every request) are logged at most this often.
+    fixups: notice::Notice,
 }
+
+/// How often requests the planner stood in for are logged: at most once per 10 s.
+const FIXUPS_NOTICE_US: i64 = 10_000_000;
 
 /// Which entry point a request came through, for its span's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +144,7 @@ impl Decider {
             clock: Arc::new(SystemClock),
             traces: None,
             cut: watch::Sender::new(None),
+            fixups: notice::Notice::every_us(FIXUPS_NOTICE_US),
         }
     }
 
@@ -193,6 +200,26 @@ impl Decider {
                 now_secs,
                 counters.expiry_jitter_max_secs,
                 jitter_roll,
+            );
+        }
+    }
+
+    /// Counts what the planner stood in for in `request` (keys and values over
+    /// `--max-value-bytes`, known by their digest; `limit` overrides without a unit, ignored)
+    /// and logs it at a bounded rate: never the bytes themselves, which a client chose.
+    fn report_fixups(&self, request: &RateLimitRequest, plan: &Plan<'_>) {
+        let (oversized, ignored) = (plan.oversized_values(), plan.ignored_overrides());
+        self.metrics.record_request_fixups(oversized, ignored);
+        if let Some(requests) = self.fixups.occurred(self.clock.now_us()) {
+            tracing::warn!(
+                domain = %request.domain,
+                oversized_values = oversized,
+                ignored_overrides = ignored,
+                requests_since_last_logged = requests,
+                "request limited with descriptor keys or values over --max-value-bytes \
+                 (matched in full, counted under their digest) or a limit override without a \
+                 unit (ignored); floodgate_oversized_values_total and \
+                 floodgate_ignored_overrides_total count them"
             );
         }
     }
@@ -299,6 +326,9 @@ impl Decider {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
+        if plan.oversized_values() > 0 || plan.ignored_overrides() > 0 {
+            self.report_fixups(request, &plan);
+        }
         // Once, before any store call: a refund must name the counter its debit did.
         self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
@@ -683,5 +713,6 @@ fn jitter_roll() -> u64 {
     })
 }
 
+mod notice;
 #[cfg(test)]
 mod tests;

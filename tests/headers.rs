@@ -40,8 +40,11 @@ fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
-fn client(hits: u64) -> floodgate::proto::rls::RateLimitRequest {
-    request("web", vec![with_hits(descriptor(&[("client", "a")]), hits)])
+/// `hits` implicit hits (request-level `hits_addend`), all or nothing.
+fn client(hits: u32) -> floodgate::proto::rls::RateLimitRequest {
+    let mut request = request("web", vec![descriptor(&[("client", "a")])]);
+    request.hits_addend = hits;
+    request
 }
 
 fn metric(text: &str, line: &str) {
@@ -112,7 +115,11 @@ async fn token_bucket_retry_after_and_custom_names() {
         ..options()
     };
     let server = TestServer::with(LIMITS).options(options).start().await;
-    let tokens = || request("web", vec![with_hits(descriptor(&[("tokens", "t")]), 4)]);
+    let tokens = || {
+        let mut request = request("web", vec![descriptor(&[("tokens", "t")])]);
+        request.hits_addend = 4;
+        request
+    };
     let full = server.ask(tokens()).await;
     assert_eq!(
         headers(&full),

@@ -170,7 +170,8 @@ async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
     .await;
     // Three more tokens would be 60 s away (45 s without the third's): beyond 40 s, refused,
     // with when to retry.
-    let heavy = request("s", vec![with_hits(descriptor(&[("k", "v")]), 3)]);
+    let mut heavy = simple("s", "k", "v");
+    heavy.hits_addend = 3;
     let refused = client.should_rate_limit(heavy).await.unwrap().into_inner();
     assert_eq!(refused.overall_code, Code::OverLimit as i32, "{refused:?}");
     assert_eq!(delayed_ms(&refused), None);

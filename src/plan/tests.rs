@@ -242,6 +242,38 @@ fn descriptor_hits_addend_and_negative_hits() {
     assert_eq!(plan.ops.iter().map(|o| o.cost).collect::<Vec<_>>(), [0, -7]);
 }
 
+/// Only an explicit descriptor hits_addend above 0 is a charge, debited with overdraft (and
+/// never shaped): checks, refunds and implicit hits stay all or nothing; a bucket a charge
+/// reaches is charged whole.
+#[test]
+fn explicit_hits_addend_is_a_charge() {
+    let config = config();
+    let with_hits = |value, hits, negative| RateLimitDescriptor {
+        hits_addend: hits,
+        is_negative_hits: negative,
+        ..descriptor("a", value)
+    };
+    let mut req = request(vec![
+        with_hits("charge", Some(37), false),
+        with_hits("check", Some(0), false),
+        with_hits("refund", Some(2), true),
+        with_hits("implicit", None, false),
+        with_hits("both", None, false),
+        with_hits("both", Some(1), false),
+    ]);
+    req.hits_addend = 3;
+    let plan = Plan::build(&req, &config, &options()).unwrap();
+    let ops: Vec<_> = plan
+        .ops
+        .iter()
+        .map(|o| (o.cost, o.params.overdraft))
+        .collect();
+    assert_eq!(
+        ops,
+        [(37, true), (0, false), (-2, false), (3, false), (4, true)]
+    );
+}
+
 /// Shadow rules and global shadow mode produce non-enforcing ops.
 #[test]
 fn shadow_ops_do_not_enforce() {
@@ -733,4 +765,80 @@ fn empty_descriptor_is_unmatched() {
         .response;
     assert_eq!(response.statuses[0].code, OK);
     assert!(response.statuses[0].current_limit.is_none());
+}
+
+/// A key or value over `max_value_len` is matched in full and known by its digest from then
+/// on: the bucket key, the reference counter's name and the metric path are short whatever
+/// its length, two long values are two buckets, and the plan counts them.
+#[test]
+fn oversized_values_are_matched_in_full_and_known_by_digest() {
+    const LONG: &str = r#"
+domain: r
+descriptors:
+  - key: ip
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"#;
+    let config = Config::from_sources(
+        &[("r.yaml".to_string(), LONG.to_string())],
+        &Defaults::default(),
+    )
+    .unwrap();
+    let options = PlanOptions {
+        reference_counters: Some(ReferenceCounters {
+            prefix: Arc::from(&b"rl_"[..]),
+            expiry_jitter_max_secs: 0,
+        }),
+        limits: RequestLimits {
+            max_value_len: 16,
+            ..RequestLimits::default()
+        },
+        ..options()
+    };
+    let long_ip = "1".repeat(17);
+    let mut req = request(vec![
+        descriptor("ip", &long_ip),
+        descriptor("ip", &"2".repeat(1000)),
+        descriptor("path", &format!("/api/{}", "x".repeat(1000))),
+        descriptor("ip", &"3".repeat(16)),
+    ]);
+    req.domain = "r".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    assert_eq!(plan.oversized_values(), 3);
+    assert_eq!(
+        plan.ops.len(),
+        4,
+        "every value its own bucket, the wildcard matched"
+    );
+    let digest = String::from_utf8(crate::bucket::value_digest(long_ip.as_bytes())).unwrap();
+    let reference = plan.ops[0].reference.as_ref().unwrap().base.as_bytes();
+    assert_eq!(reference, format!("rl_r_ip_{digest}_").as_bytes());
+    assert!(plan.ops.iter().all(|op| op.key.as_bytes().len() < 100));
+    assert_eq!(&*plan.limits_of(0)[0].rule, format!("r.ip_{digest}"));
+    assert_eq!(
+        &*plan.limits_of(3)[0].rule,
+        format!("r.ip_{}", "3".repeat(16))
+    );
+}
+
+/// A descriptor `limit` override whose unit is none (UNKNOWN) is ignored, counted, and the
+/// descriptor is limited by its configured rule instead of the request being refused.
+#[test]
+fn override_without_a_unit_is_ignored() {
+    let config = config();
+    let mut unknown = descriptor("a", "x");
+    unknown.limit = Some(
+        crate::proto::common::rate_limit_descriptor::RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        },
+    );
+    let plan = Plan::build(&request(vec![unknown]), &config, &options()).unwrap();
+    assert_eq!(plan.ignored_overrides(), 1);
+    let limits = plan.limits_of(0);
+    assert_eq!(limits.len(), 1);
+    assert_eq!(limits[0].limit.map(|l| l.requests_per_unit), Some(3));
 }
