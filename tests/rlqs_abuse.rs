@@ -46,12 +46,11 @@ async fn metric(server: &Floodgate, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// 30 streams × 1,000 bucket ids of 1 KiB values, each id matching a limit (share rows
-/// too): past the replica's subscription bound the flooding streams end with
-/// RESOURCE_EXHAUSTED, RSS grows by less than 96 MiB (the bound: 8 MiB; the same flood
-/// unbounded took hundreds), an Envoy subscribed before the flood is still answered, and
-/// once the streams have ended and their assignments expired every byte charged is given
-/// back.
+/// A flood of 30 streams × 1,000 bucket ids of 1 KiB values, each matching a limit (share
+/// rows too), stays within the subscription bound: the flooding streams end with
+/// RESOURCE_EXHAUSTED, RSS grows by less than 96 MiB (the bound charges 8 MiB), an Envoy
+/// subscribed before the flood keeps its share, and once the streams have ended and their
+/// assignments expired every byte charged is given back.
 #[tokio::test]
 async fn a_flood_of_bucket_ids_is_bounded_and_given_back() {
     let (server, _dir) = start(&[

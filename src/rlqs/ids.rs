@@ -137,9 +137,10 @@ impl BucketIds {
         }
         held.buckets = held.buckets.saturating_sub(1);
         held.bytes = held.bytes.saturating_sub(freed);
-        if held.ids.is_empty() {
-            // The map's table, grown by a flood, goes too.
-            held.ids.shrink_to_fit();
+        // The map's table, grown by a flood, shrinks with it.
+        if held.ids.capacity() > 64 && held.ids.len() < held.ids.capacity() / 4 {
+            let keep = held.ids.len() * 2;
+            held.ids.shrink_to(keep);
         }
         self.metrics.bucket_bytes(held.bytes);
     }
