@@ -11,6 +11,7 @@ use std::time::Duration;
 use floodgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use support::h2raw::rss_bytes;
 use support::process::Floodgate;
+use support::redis::RedisServer;
 use support::rlqs::{Envoy, Usage, granted, reports};
 use tokio::time::Instant;
 use tonic::Code;
@@ -147,15 +148,18 @@ async fn a_flood_of_bucket_ids_is_bounded_and_given_back() {
 /// `assert`s that an Envoy newly reporting on a bucket whose whole rate another Envoy held
 /// until its stream ended (`end` ends it) is granted nothing before that Envoy's last
 /// assignment expired, and then the whole rate: the fill rates in force never sum past the
-/// limit. Re-evaluation is off, so the holder's assignment never shrinks before it goes.
-async fn rows_outlive_the_stream(end: impl AsyncFnOnce(Envoy)) {
+/// limit. Re-evaluation is off, so the holder's assignment never shrinks before it goes. The
+/// server runs with `flags` beside those.
+async fn rows_outlive_the_stream(flags: &[&str], end: impl AsyncFnOnce(Envoy)) {
     const TTL: Duration = Duration::from_secs(3);
-    let (server, _dir) = start(&[
+    let mut args = vec![
         "--rlqs-assignment-ttl",
         "3",
         "--rlqs-reassess-interval",
         "86400",
-    ]);
+    ];
+    args.extend_from_slice(flags);
+    let (server, _dir) = start(&args);
     let tenant: &[(&str, &str)] = &[("tenant", "a")];
     let mut holder = Envoy::open(&server).await.unwrap();
     let mut newcomer = Envoy::open(&server).await.unwrap();
@@ -188,13 +192,21 @@ async fn rows_outlive_the_stream(end: impl AsyncFnOnce(Envoy)) {
 /// A stream the client resets keeps its rows until its assignments expire.
 #[tokio::test]
 async fn a_reset_streams_rows_outlive_its_assignments() {
-    rows_outlive_the_stream(async |holder| drop(holder)).await;
+    rows_outlive_the_stream(&[], async |holder| drop(holder)).await;
+}
+
+/// The same with the share table in Redis: the row stays there too.
+#[tokio::test]
+async fn a_reset_streams_rows_outlive_its_assignments_in_redis() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    rows_outlive_the_stream(&["--redis-url", url.as_str()], async |holder| drop(holder)).await;
 }
 
 /// A stream floodgate ends with an error keeps its rows until its assignments expire.
 #[tokio::test]
 async fn an_errored_streams_rows_outlive_its_assignments() {
-    rows_outlive_the_stream(async |mut holder| {
+    rows_outlive_the_stream(&[], async |mut holder| {
         let tenant: &[(&str, &str)] = &[("tenant", "a")];
         let status = holder.refused(reports("other", &[(tenant, 1, 0, 1)])).await;
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
