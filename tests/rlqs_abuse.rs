@@ -301,3 +301,32 @@ async fn an_oversize_message_is_resource_exhausted() {
     );
     server.stop().await;
 }
+
+/// 40 streams reporting the same 10 bucket ids of 4 KiB values are charged each id's bytes
+/// once: the bytes charged stay under what one copy per stream would take (40 × 10 × 4 KiB).
+#[tokio::test]
+async fn identical_bucket_ids_are_stored_once() {
+    let (server, _dir) = start(&[]);
+    let value = "v".repeat(4096);
+    let paths: Vec<String> = (0..10).map(|i| format!("{i}/{value}")).collect();
+    let ids: Vec<[(&str, &str); 2]> = paths
+        .iter()
+        .map(|path| [("tenant", "b"), ("path", path.as_str())])
+        .collect();
+    let usages: Vec<Usage<'_>> = ids.iter().map(|id| (&id[..], 1, 0, 0)).collect();
+    let mut streams = Vec::new();
+    for _ in 0..40 {
+        let mut envoy = Envoy::open(&server).await.unwrap();
+        envoy.report("edge", &usages).await;
+        streams.push(envoy);
+    }
+    assert_eq!(metric(&server, "floodgate_rlqs_buckets").await, 400.0);
+    let charged = metric(&server, "floodgate_rlqs_bucket_bytes").await;
+    // 400 subscriptions at 1 KiB each, and the 10 ids once: about 0.45 MB.
+    assert!(charged < 600_000.0, "{charged} bytes charged");
+    assert!(
+        charged > 400.0 * 1024.0 + 10.0 * 4096.0,
+        "{charged} bytes charged"
+    );
+    server.stop().await;
+}
