@@ -42,6 +42,7 @@ pub mod limits;
 pub mod load;
 pub mod process;
 pub mod redis;
+pub mod rlqs;
 pub mod scenarios;
 pub mod tls;
 pub mod volume;
