@@ -1,0 +1,72 @@
+//! The x-ratelimit headers the real Envoy builds from floodgate's answers agree with each
+//! other: what remains never exceeds the quota the limit header states, and the reset never
+//! lies past the window it states.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use support::TestServer;
+use support::envoy::{Bootstrap, Envoy, Response, ratelimit_filter};
+
+const LIMITS: &str = r#"
+domain: edge
+descriptors:
+  - key: plan
+    value: burst
+    rate_limit: {unit: minute, requests_per_unit: 10, burst: 50}
+  - key: plan
+    value: five-minutes
+    rate_limit: {unit: minute, requests_per_unit: 3, unit_multiplier: 5}
+"#;
+
+const RATE_LIMITS: &str = "
+- actions: [{request_headers: {header_name: x-plan, descriptor_key: plan}}]
+";
+
+/// The quota, the windows (seconds) and the reset of a response's x-ratelimit headers
+/// (draft 03: `x-ratelimit-limit: 10, 10;w=60`).
+fn stated(response: &Response) -> (u64, Vec<u64>, u64, u64) {
+    let header = |name: &str| {
+        response
+            .header(name)
+            .unwrap_or_else(|| panic!("no {name}: {response:?}"))
+            .to_string()
+    };
+    let limit = header("x-ratelimit-limit");
+    let quota = limit.split(',').next().unwrap().trim().parse().unwrap();
+    let windows = limit
+        .split(';')
+        .filter_map(|part| part.trim().strip_prefix("w="))
+        .map(|w| w.split(',').next().unwrap().trim().parse().unwrap())
+        .collect();
+    let remaining = header("x-ratelimit-remaining").parse().unwrap();
+    let reset = header("x-ratelimit-reset").parse().unwrap();
+    (quota, windows, remaining, reset)
+}
+
+/// For a token bucket of 10/min with burst 50, and for 3 per 5 minutes (`unit_multiplier:
+/// 5`), every response Envoy sends, admitted or refused, states a remaining count no larger
+/// than its quota and a reset no later than its window.
+#[tokio::test]
+async fn remaining_and_reset_agree_with_the_stated_limit() {
+    let server = TestServer::start(LIMITS).await;
+    let envoy = Envoy::start(&Bootstrap::rls(
+        &[server.grpc_addr],
+        ratelimit_filter("edge"),
+        RATE_LIMITS,
+    ))
+    .await;
+    for (plan, requests) in [("burst", 3), ("five-minutes", 4)] {
+        for n in 1..=requests {
+            let response = envoy.get("/", &[("x-plan", plan)]).await;
+            let (quota, windows, remaining, reset) = stated(&response);
+            let what = format!("{plan} request {n}: {:?}", response.headers);
+            assert!(remaining <= quota, "remaining above the quota: {what}");
+            assert!(!windows.is_empty(), "no window: {what}");
+            let window = windows.iter().max().unwrap();
+            assert!(reset <= *window, "reset past the window: {what}");
+        }
+    }
+    drop(envoy);
+    server.stop().await;
+}
