@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 use support::certs::Pki;
-use support::envoy::validate;
+use support::envoy::{documented_yaml, validate};
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -54,24 +54,6 @@ fn router() -> Value {
     })
 }
 
-/// Every fenced ```yaml block of a Markdown file: (line of the fence, text).
-fn yaml_blocks(path: &str) -> Vec<(usize, String)> {
-    let mut blocks = Vec::new();
-    let mut open: Option<(usize, String)> = None;
-    for (n, line) in read(path).lines().enumerate() {
-        match &mut open {
-            None if line.trim_start() == "```yaml" => open = Some((n + 1, String::new())),
-            None => {}
-            Some(_) if line.trim_start().starts_with("```") => blocks.push(open.take().unwrap()),
-            Some((_, text)) => {
-                text.push_str(line);
-                text.push('\n');
-            }
-        }
-    }
-    blocks
-}
-
 /// The Markdown files that document floodgate.
 fn documents() -> Vec<String> {
     let mut docs = vec!["README.md".to_string(), "deploy/README.md".to_string()];
@@ -102,7 +84,7 @@ fn documented_configs_load() {
     let pki = Pki::generate();
     let mut checked = Vec::new();
     for doc in documents() {
-        for (line, text) in yaml_blocks(&doc) {
+        for (line, text) in documented_yaml(&doc) {
             let what = format!("the block at {doc}:{line}");
             let block = parse(&text, &what);
             let config = if block.get("static_resources").is_some() {

@@ -201,6 +201,27 @@ impl Bootstrap {
     }
 }
 
+/// Every fenced ```yaml block of the project's Markdown file `path` (relative to the
+/// repository): (line of the fence, text).
+pub fn documented_yaml(path: &str) -> Vec<(usize, String)> {
+    let full = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let text = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut blocks = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (n, line) in text.lines().enumerate() {
+        match &mut open {
+            None if line.trim_start() == "```yaml" => open = Some((n + 1, String::new())),
+            None => {}
+            Some(_) if line.trim_start().starts_with("```") => blocks.push(open.take().unwrap()),
+            Some((_, block)) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    }
+    blocks
+}
+
 /// YAML text as a JSON value, for the parts of a bootstrap that read best as Envoy's docs
 /// write them.
 pub fn yaml(text: &str) -> Value {
