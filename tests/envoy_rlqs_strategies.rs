@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use support::envoy::{Bootstrap, Envoy, Response, yaml};
 use support::eventually;
@@ -21,6 +23,9 @@ descriptors:
   - key: tenant
     value: acme
     rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tenant
+    value: shared
+    rate_limit: {unit: second, requests_per_unit: 10}
 "#;
 
 /// The RLQS filter for domain `edge`: every request with an `x-tenant` header goes into the
@@ -70,10 +75,16 @@ async fn start(before: &str) -> (Floodgate, Envoy, tempfile::TempDir) {
     let path = dir.path().join("limits.yaml");
     std::fs::write(&path, LIMITS).unwrap();
     let server = Floodgate::start(&["--config", path.to_str().unwrap()]);
+    let envoy = envoy_on(&server, before).await;
+    (server, envoy, dir)
+}
+
+/// An Envoy in front of `server` whose RLQS filter applies `before` until the first
+/// assignment.
+async fn envoy_on(server: &Floodgate, before: &str) -> Envoy {
     let mut bootstrap = Bootstrap::new(&[server.grpc]);
     bootstrap.http_filter("envoy.filters.http.rate_limit_quota", rlqs_filter(before));
-    let envoy = Envoy::start(&bootstrap).await;
-    (server, envoy, dir)
+    Envoy::start(&bootstrap).await
 }
 
 async fn tenant(envoy: &Envoy, name: &str) -> Response {
@@ -128,5 +139,47 @@ async fn a_limit_is_a_token_bucket_envoy_enforces() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 429, 429, 429, 429]);
     drop(envoy);
+    server.stop().await;
+}
+
+/// Admitted requests of a client sending 20 a second to `envoy` for `run`.
+async fn admitted_at_20_a_second(envoy: &Envoy, run: Duration) -> u64 {
+    let started = tokio::time::Instant::now();
+    let mut pace = tokio::time::interval(Duration::from_millis(50));
+    let mut admitted = 0;
+    while started.elapsed() < run {
+        pace.tick().await;
+        if tenant(envoy, "shared").await.status == 200 {
+            admitted += 1;
+        }
+    }
+    admitted
+}
+
+/// Two Envoys on one bucket of 10 a second, each asked for twice that, share it: together
+/// they admit about the limit over 10 s (never more than the limit plus one full bucket
+/// each, as assignments start), and neither is starved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_envoys_share_one_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    std::fs::write(&path, LIMITS).unwrap();
+    let server = Floodgate::start(&["--config", path.to_str().unwrap()]);
+    let first = envoy_on(&server, "DENY_ALL").await;
+    let second = envoy_on(&server, "DENY_ALL").await;
+    let run = Duration::from_secs(10);
+    let (a, b) = tokio::join!(
+        admitted_at_20_a_second(&first, run),
+        admitted_at_20_a_second(&second, run)
+    );
+    let seconds = run.as_secs();
+    eprintln!("admitted {a} + {b} in {seconds} s");
+    assert!(a + b <= 10 * seconds + 2 * 10, "{a} + {b} past the limit");
+    assert!(
+        a + b >= 10 * seconds / 2,
+        "{a} + {b}: the bucket went unused"
+    );
+    assert!(a >= 10 && b >= 10, "{a} + {b}: one Envoy starved");
+    drop((first, second));
     server.stop().await;
 }
