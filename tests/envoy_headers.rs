@@ -17,6 +17,9 @@ descriptors:
   - key: plan
     value: five-minutes
     rate_limit: {unit: minute, requests_per_unit: 3, unit_multiplier: 5}
+  - key: plan
+    value: sliding
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
 "#;
 
 const RATE_LIMITS: &str = "
@@ -49,6 +52,19 @@ fn stated(response: &Response) -> (u64, Vec<u64>, u64, u64) {
 /// than its quota and a reset no later than its window.
 #[tokio::test]
 async fn remaining_and_reset_agree_with_the_stated_limit() {
+    agree(&[("burst", 3), ("five-minutes", 4)]).await;
+}
+
+/// For a sliding window of 5 a minute, likewise: the reset Envoy states stays within the
+/// minute it states.
+#[tokio::test]
+async fn a_sliding_windows_reset_stays_within_its_window() {
+    agree(&[("sliding", 2)]).await;
+}
+
+/// Sends `requests` requests of each plan through Envoy and checks each response's headers
+/// agree with each other.
+async fn agree(plans: &[(&str, u32)]) {
     let server = TestServer::start(LIMITS).await;
     let envoy = Envoy::start(&Bootstrap::rls(
         &[server.grpc_addr],
@@ -56,7 +72,7 @@ async fn remaining_and_reset_agree_with_the_stated_limit() {
         RATE_LIMITS,
     ))
     .await;
-    for (plan, requests) in [("burst", 3), ("five-minutes", 4)] {
+    for &(plan, requests) in plans {
         for n in 1..=requests {
             let response = envoy.get("/", &[("x-plan", plan)]).await;
             let (quota, windows, remaining, reset) = stated(&response);
@@ -65,6 +81,50 @@ async fn remaining_and_reset_agree_with_the_stated_limit() {
             assert!(!windows.is_empty(), "no window: {what}");
             let window = windows.iter().max().unwrap();
             assert!(reset <= *window, "reset past the window: {what}");
+        }
+    }
+    drop(envoy);
+    server.stop().await;
+}
+
+/// For a plain limit of 5 a minute (burst = rate), every algorithm's headers through Envoy
+/// state the limit and its minute and the remaining count after each request, with a reset
+/// to come (its bound: `remaining_and_reset_agree_with_the_stated_limit`).
+#[tokio::test]
+async fn headers_per_algorithm() {
+    let limits = r#"
+domain: edge
+descriptors:
+  - key: algorithm
+    value: token_bucket
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: token_bucket}
+  - key: algorithm
+    value: fixed_window
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+  - key: algorithm
+    value: sliding_window
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+"#;
+    let server = TestServer::start(limits).await;
+    let envoy = Envoy::start(&Bootstrap::rls(
+        &[server.grpc_addr],
+        ratelimit_filter("edge"),
+        "- actions: [{request_headers: {header_name: x-algorithm, descriptor_key: algorithm}}]",
+    ))
+    .await;
+    for algorithm in ["token_bucket", "fixed_window", "sliding_window"] {
+        for remaining in [4, 3, 2] {
+            let response = envoy.get("/", &[("x-algorithm", algorithm)]).await;
+            let what = format!("{algorithm}: {:?}", response.headers);
+            assert_eq!(response.status, 200, "{what}");
+            assert_eq!(
+                response.header("x-ratelimit-limit"),
+                Some("5, 5;w=60"),
+                "{what}"
+            );
+            let (_, _, left, reset) = stated(&response);
+            assert_eq!(left, remaining, "{what}");
+            assert!(reset >= 1, "{what}");
         }
     }
     drop(envoy);
