@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::envoy::{Bootstrap, Envoy, Response, yaml};
-use support::eventually;
+use support::http::metric;
 use support::process::Floodgate;
+use support::{eventually, eventually_within};
 
 const LIMITS: &str = r#"
 domain: edge
@@ -182,4 +183,50 @@ async fn two_envoys_share_one_bucket() {
     assert!(a >= 10 && b >= 10, "{a} + {b}: one Envoy starved");
     drop((first, second));
     server.stop().await;
+}
+
+/// floodgate restarted under Envoy's RLQS stream (SIGTERM, then a new process on the same
+/// address): Envoy opens a stream to the new one, reports, and enforces its assignment again
+/// (DENY_ALL for a limit of 0, after the expired assignment's fallback let requests through).
+#[tokio::test]
+async fn a_restarted_server_is_reported_to_and_enforced_again() {
+    let (server, envoy, dir) = start("ALLOW_ALL").await;
+    eventually("Envoy applies DENY_ALL", || async {
+        tenant(&envoy, "free").await.status == 429
+    })
+    .await;
+    let address = server.grpc.to_string();
+    server.stop().await;
+    let limits = dir.path().join("limits.yaml");
+    let restarted = Floodgate::start_with_env(
+        &[
+            "--config",
+            limits.to_str().unwrap(),
+            "--grpc-addr",
+            &address,
+            "--http-addr",
+            "127.0.0.1:0",
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    eventually_within(
+        "the restarted server assigns DENY_ALL again",
+        Duration::from_secs(60),
+        || async {
+            metric(
+                restarted.http,
+                r#"floodgate_rlqs_assignments_total{strategy="deny_all"}"#,
+            )
+            .await
+            .unwrap_or(0.0)
+                > 0.0
+        },
+    )
+    .await;
+    eventually("Envoy enforces DENY_ALL again", || async {
+        tenant(&envoy, "free").await.status == 429
+    })
+    .await;
+    drop(envoy);
+    restarted.stop().await;
 }
