@@ -20,7 +20,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::eventually_within;
-use super::http::call_with;
 
 /// Where `scripts/install-test-tools.sh` links Envoy's binary.
 pub fn binary() -> PathBuf {
@@ -355,18 +354,51 @@ impl Envoy {
 
     /// `GET path` through the front listener with `headers` (besides Host).
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Response {
-        let response = call_with(self.front, "GET", path, headers, None).await;
-        let headers = response
-            .headers
-            .lines()
-            .skip(1)
+        let headers: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(name, value)| (*name, value.as_bytes()))
+            .collect();
+        self.get_bytes(path, &headers).await
+    }
+
+    /// `GET path` through the front listener with header values given as raw bytes (any
+    /// byte HTTP/1.1 lets through, UTF-8 or not), on a connection of its own.
+    pub async fn get_bytes(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
+            self.front
+        )
+        .into_bytes();
+        for (name, value) in headers {
+            request.extend_from_slice(name.as_bytes());
+            request.extend_from_slice(b": ");
+            request.extend_from_slice(value);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"\r\n");
+        let mut stream = tokio::net::TcpStream::connect(self.front).await.unwrap();
+        stream.write_all(&request).await.unwrap();
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.unwrap();
+        let text = String::from_utf8_lossy(&raw);
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("no HTTP response from Envoy: {text:?}"));
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|line| line.split(' ').nth(1))
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no status from Envoy: {head:?}"));
+        let headers = lines
             .filter_map(|line| line.split_once(':'))
             .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
             .collect();
         Response {
-            status: response.status,
+            status,
             headers,
-            body: response.body,
+            body: body.to_string(),
         }
     }
 
