@@ -51,3 +51,38 @@ async fn a_long_header_value_is_still_limited() {
     drop(envoy);
     server.stop().await;
 }
+
+/// Per-IP, per-key and per-IP-and-key descriptors: the key's value goes into two of them.
+const KEY_TWICE: &str = "
+- actions: [{remote_address: {}}]
+- actions: [{request_headers: {header_name: x-api-key, descriptor_key: api_key}}]
+- actions:
+    - remote_address: {}
+    - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+";
+
+/// The same client once over its per-IP limit stays over it whatever its `x-api-key` holds:
+/// bytes that are not UTF-8 (Envoy passes header bytes as they come), or 40,000 bytes, which
+/// Envoy's default header limit (60 KiB) lets through and which, sent in two descriptors,
+/// make a request larger than floodgate's default gRPC message cap (64 KiB). Each gets 429
+/// and Envoy counts no RLS error.
+#[tokio::test]
+async fn any_header_value_is_still_limited() {
+    let server = TestServer::start(LIMITS).await;
+    let bootstrap = Bootstrap::rls(&[server.grpc_addr], ratelimit_filter("edge"), KEY_TWICE);
+    let envoy = Envoy::start(&bootstrap).await;
+    for _ in 0..3 {
+        assert_eq!(envoy.get("/", &[]).await.status, 200);
+    }
+    let long = "k".repeat(40_000);
+    let not_utf8: &[u8] = b"caf\xe9-\xff";
+    let mut seen = Vec::new();
+    for (what, value) in [("not UTF-8", not_utf8), ("40,000 bytes", long.as_bytes())] {
+        let response = envoy.get_bytes("/", &[("x-api-key", value)]).await;
+        seen.push((what, response.status));
+    }
+    assert_eq!(seen, [("not UTF-8", 429), ("40,000 bytes", 429)]);
+    assert_eq!(envoy.ratelimit_stat("error").await, 0);
+    drop(envoy);
+    server.stop().await;
+}
