@@ -104,7 +104,7 @@ impl Bootstrap {
                     "name": "front", "domains": ["*"],
                     "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]
                 }]
-            }), vec![])]}]
+            }))]}]
         });
         let backend = json!({
             "name": "backend",
@@ -117,7 +117,7 @@ impl Bootstrap {
                     "routes": [{"match": {"prefix": "/"},
                                 "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}]
                 }]
-            }), vec![])]}]
+            }))]}]
         });
         let json = json!({
             "static_resources": {
@@ -235,11 +235,12 @@ fn named<'a>(list: &'a mut Value, name: &str) -> &'a mut Value {
         .unwrap_or_else(|| panic!("no {name} in the bootstrap"))
 }
 
-fn hcm(prefix: &str, route_config: Value, mut filters: Vec<Value>) -> Value {
-    filters.push(json!({
+/// An HTTP connection manager with `route_config` and the router as its only filter.
+fn hcm(prefix: &str, route_config: Value) -> Value {
+    let router = json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
-    }));
+    });
     json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -247,7 +248,7 @@ fn hcm(prefix: &str, route_config: Value, mut filters: Vec<Value>) -> Value {
             "stat_prefix": prefix,
             "use_remote_address": true,
             "route_config": route_config,
-            "http_filters": filters
+            "http_filters": [router]
         }
     })
 }
@@ -285,18 +286,16 @@ impl Envoy {
     /// its front listener bound.
     pub async fn start(bootstrap: &Bootstrap) -> Envoy {
         let dir = tempfile::tempdir().unwrap();
-        let mut json = bootstrap.json.clone();
+        let mut own = Bootstrap {
+            json: bootstrap.json.clone(),
+        };
         let pipe = dir.path().join("backend.sock");
         let pipe = json!({"path": pipe.to_str().unwrap()});
-        {
-            let mut b = Bootstrap { json };
-            b.listener("backend")["address"]["pipe"] = pipe.clone();
-            b.cluster("backend")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-                ["address"]["pipe"] = pipe;
-            json = b.json;
-        }
+        own.listener("backend")["address"]["pipe"] = pipe.clone();
+        own.cluster("backend")["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
+            ["address"]["pipe"] = pipe;
         let config = dir.path().join("envoy.json");
-        std::fs::write(&config, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+        std::fs::write(&config, serde_json::to_string_pretty(&own.json).unwrap()).unwrap();
         let admin_path = dir.path().join("admin.txt");
         let log = std::fs::File::create(dir.path().join("envoy.log")).unwrap();
         let child = Command::new(binary())
