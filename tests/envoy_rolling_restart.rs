@@ -31,9 +31,29 @@ const MAX_REQUESTS: u64 = 20_000;
 /// (the shipped health check runs every 5 s).
 const RESTART: Duration = Duration::from_secs(90);
 
-/// A replica on `grpc` (an address, or port 0) sharing `redis`.
+/// The default of `--drain-period` as `floodgate serve --help` states it, if the binary has
+/// one: the test harness starts its servers with no drain unless told, and a rolling
+/// restart is under test as floodgate ships.
+fn default_drain_period() -> Option<String> {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_floodgate"))
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let after = &help[help.find("FLOODGATE_DRAIN_PERIOD")?..];
+    let default = &after[after.find("[default: ")? + "[default: ".len()..];
+    Some(default[..default.find(']')?].to_string())
+}
+
+/// A replica on `grpc` (an address, or port 0) sharing `redis`, with floodgate's default
+/// drain period.
 fn replica(limits: &str, redis: &RedisServer, grpc: &str) -> Floodgate {
     let redis_url = redis.url();
+    let drain = default_drain_period();
+    let mut env = vec![("RUST_LOG", "info")];
+    if let Some(drain) = &drain {
+        env.push(("FLOODGATE_DRAIN_PERIOD", drain.as_str()));
+    }
     Floodgate::start_with_env(
         &[
             "--config",
@@ -48,7 +68,7 @@ fn replica(limits: &str, redis: &RedisServer, grpc: &str) -> Floodgate {
             "--http-addr",
             "127.0.0.1:0",
         ],
-        &[("RUST_LOG", "info")],
+        &env,
     )
 }
 
