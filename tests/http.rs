@@ -236,27 +236,6 @@ async fn json_refuses_cross_site_writes() {
     server.stop().await;
 }
 
-/// A client that sends no `Origin` (curl, scripts, the reference's own tests) is answered as
-/// the reference answers it whatever its `Content-Type`, or none: 200 within the limit, 429
-/// over it (`curl -d` declares `application/x-www-form-urlencoded`).
-#[tokio::test]
-async fn json_without_origin_takes_any_content_type() {
-    let server = TestServer::start(LIMITS).await;
-    let addr = server.http_addr;
-    let form = [("Content-Type", "application/x-www-form-urlencoded")];
-    let request = body("client", "curl");
-    for (headers, status) in [
-        (&[][..], 200),
-        (&form[..], 200),
-        (&[][..], 429),
-        (&form[..], 429),
-    ] {
-        let response = call_with(addr, "POST", "/json", headers, Some(&request)).await;
-        assert_eq!(response.status, status, "{headers:?}: {}", response.body);
-    }
-    server.stop().await;
-}
-
 /// A hitsAddend that is not an unsigned 64-bit integer is a 400, never a guessed value.
 #[tokio::test]
 async fn json_bad_hits_addend_is_400() {
