@@ -36,6 +36,7 @@ use tonic::transport::Channel;
 
 pub mod certs;
 pub mod configmap;
+pub mod envoy;
 pub mod h2raw;
 pub mod http;
 pub mod limits;
