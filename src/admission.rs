@@ -18,17 +18,29 @@
 //! stream opens, and set around the call ([`crate::store::shed::within_deadline`]): a store
 //! call waits for a place in front of Redis only while it can still be answered by then.
 //!
+//! Every call's request body is charged, as its bytes arrive, against the replica's budget
+//! of request bytes in flight (`--max-in-flight-bytes`, [`budget`]): the message cap is
+//! large enough for whatever Envoy builds from the largest headers it accepts, and the budget
+//! keeps the sum of such bodies within the pod's memory.
+//!
 //! Why a codec: tonic's prost codec answers `INTERNAL` for bytes that are not the request
 //! message, which says "server defect" for what is a client's malformed request.
+
+mod budget;
+
+pub use budget::{BodyBudget, ChargedBody, Held};
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use futures_util::future::Either;
+use prost::Message;
 use tonic::Status;
 use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::codegen::{Body, StdError};
@@ -47,13 +59,14 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 #[derive(Clone)]
 pub struct AdmissionLayer {
     rls: RlsService,
+    budget: Arc<BodyBudget>,
 }
 
 impl AdmissionLayer {
-    /// Admits calls into the places of `rls`'s decider, and answers its ShouldRateLimit
-    /// calls.
-    pub fn new(rls: RlsService) -> AdmissionLayer {
-        AdmissionLayer { rls }
+    /// Admits calls into the places of `rls`'s decider, charges their request bytes to
+    /// `budget`, and answers `rls`'s ShouldRateLimit calls.
+    pub fn new(rls: RlsService, budget: Arc<BodyBudget>) -> AdmissionLayer {
+        AdmissionLayer { rls, budget }
     }
 }
 
@@ -64,6 +77,7 @@ impl<S> Layer<S> for AdmissionLayer {
         Admit {
             inner,
             rls: self.rls.clone(),
+            budget: Arc::clone(&self.budget),
         }
     }
 }
@@ -82,18 +96,19 @@ impl<S> Layer<S> for AdmissionLayer {
 pub struct Admit<S> {
     inner: S,
     rls: RlsService,
+    budget: Arc<BodyBudget>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 impl<S, B> Service<http::Request<B>> for Admit<S>
 where
-    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+    S: Service<http::Request<ChargedBody<B>>, Response = http::Response<tonic::body::Body>>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Body + Send + 'static,
+    B: Body + Send + Unpin + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -116,11 +131,14 @@ where
         // body is decoded: the store calls it makes wait for a place only while they can
         // still be answered before it (crate::store::shed).
         let deadline = grpc_timeout(request.headers()).map(|timeout| Instant::now() + timeout);
+        let budget = Arc::clone(&self.budget);
+        let request = request.map(|body| ChargedBody::new(body, budget));
         if request.uri().path() == SHOULD_RATE_LIMIT {
             // Built here and wrapped by `map`, not awaited in an async block: the block would
             // keep the request (captured) beside the call that holds it, and the whole box
             // is copied as it is made.
-            let call = within_deadline(deadline, should_rate_limit(self.rls.clone(), request));
+            let (rls, budget) = (self.rls.clone(), Arc::clone(&self.budget));
+            let call = within_deadline(deadline, should_rate_limit(rls, budget, request));
             return Box::pin(call.map(move |response| {
                 drop(admitted);
                 Ok(response)
@@ -139,7 +157,12 @@ where
 
 /// Answers a ShouldRateLimit call as tonic's generated service would (same codec, same
 /// message bound, same `Grpc::unary`), and counts a request that [`RequestCodec`] refused
-/// before the handler saw it as the handler counts its own invalid requests.
+/// before the handler saw it as the handler counts its own invalid requests, and one whose
+/// bytes `budget` refused as an overload.
+///
+/// The body's charge ends once the message is decoded; the decoded request, whose entries
+/// are slices of the body's buffer, is charged again (its encoded length) until it is
+/// answered.
 ///
 /// Not an `async fn`, which would keep `request` twice (its argument, then the body's own copy)
 /// in every call's state.
@@ -147,6 +170,7 @@ where
 #[allow(clippy::manual_async_fn)]
 fn should_rate_limit<B>(
     rls: RlsService,
+    budget: Arc<BodyBudget>,
     request: http::Request<B>,
 ) -> impl Future<Output = http::Response<tonic::body::Body>> + Send
 where
@@ -155,19 +179,34 @@ where
 {
     async move {
         let reached = AtomicBool::new(false);
-        let handler = Handler(|request| {
+        let handler = Handler(|request: tonic::Request<RateLimitRequest>| {
             reached.store(true, Ordering::Relaxed);
-            rls.answer_admitted(request)
+            match budget.hold(request.get_ref().encoded_len()) {
+                Ok(held) => Either::Left(rls.answer_admitted(request).map(move |answer| {
+                    drop(held);
+                    answer
+                })),
+                Err(refused) => {
+                    rls.decider()
+                        .metrics()
+                        .record_request(RequestResult::Overloaded);
+                    Either::Right(std::future::ready(Err(refused)))
+                }
+            }
         });
         let mut grpc = tonic::server::Grpc::new(RequestCodec::default())
             .apply_max_message_size_config(rls.max_decoding_message_size(), None);
         let response = grpc.unary(handler, request).await;
-        if !reached.load(Ordering::Relaxed)
-            && grpc_status(&response) == Some(tonic::Code::InvalidArgument)
-        {
-            rls.decider()
-                .metrics()
-                .record_request(RequestResult::Invalid);
+        if !reached.load(Ordering::Relaxed) {
+            // Refused before the handler: undecodable, or over the bytes budget.
+            let refused = match grpc_status(&response) {
+                Some(tonic::Code::InvalidArgument) => Some(RequestResult::Invalid),
+                Some(tonic::Code::ResourceExhausted) => Some(RequestResult::Overloaded),
+                _ => None,
+            };
+            if let Some(result) = refused {
+                rls.decider().metrics().record_request(result);
+            }
         }
         response
     }
@@ -300,8 +339,6 @@ mod tests {
     /// a dependency update may move them a little, a regression much more.
     #[tokio::test]
     async fn a_call_keeps_a_small_state_across_the_store_wait() {
-        use std::sync::Arc;
-
         use arc_swap::ArcSwap;
 
         use crate::clock::SystemClock;
@@ -317,8 +354,9 @@ mod tests {
             PlanOptions::default(),
             Metrics::shared(),
         ));
-        let mut admit = AdmissionLayer::new(RlsService::new(Arc::clone(&decider))).layer(
-            tower::service_fn(|_: http::Request<tonic::body::Body>| async {
+        let rls = RlsService::new(Arc::clone(&decider));
+        let mut admit = AdmissionLayer::new(rls, BodyBudget::new(1 << 20)).layer(
+            tower::service_fn(|_: http::Request<ChargedBody<tonic::body::Body>>| async {
                 Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
             }),
         );

@@ -275,11 +275,20 @@ pub struct ServeSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_in_flight: u32,
 
-    /// Largest gRPC request accepted, in bytes; a larger one is refused (OUT_OF_RANGE) before
-    /// it is decoded. RLS requests are a few hundred bytes.
-    #[arg(long, env = "FLOODGATE_GRPC_MAX_MESSAGE_BYTES", default_value_t = 64 * 1024,
+    /// Largest gRPC request message accepted, in bytes; a larger one is refused
+    /// (OUT_OF_RANGE) before it is decoded. The default holds 16 copies of a 60 KiB header
+    /// (Envoy's default `max_request_headers_kb`), so no descriptors Envoy builds from
+    /// headers it accepted are refused; --max-in-flight-bytes bounds what calls hold together.
+    #[arg(long, env = "FLOODGATE_GRPC_MAX_MESSAGE_BYTES", default_value_t = 1024 * 1024,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub grpc_max_message_bytes: u32,
+
+    /// Request bytes in flight on the gRPC port, all calls together (bodies as they arrive,
+    /// and ShouldRateLimit requests until answered); a call that would go over is refused at
+    /// once with RESOURCE_EXHAUSTED, never queued.
+    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT_BYTES", default_value_t = 64 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight_bytes: u64,
 
     /// Most buckets the memory store holds (also the fallback store of --on-store-error
     /// local); beyond it, expired buckets are dropped first, then the earliest-expiring
@@ -433,6 +442,7 @@ impl fmt::Debug for ServeSettings {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)
             .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .field("grpc_threads", &self.grpc_threads)
             .field("memory_max_buckets", &self.memory_max_buckets)
             .field("max_descriptors", &self.max_descriptors)

@@ -48,6 +48,8 @@ impl RunOptions {
             drain_period: settings.drain_period,
             grace: settings.shutdown_grace,
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
+            max_in_flight_bytes: usize::try_from(settings.max_in_flight_bytes)
+                .unwrap_or(usize::MAX),
             json_endpoint: settings.json_endpoint,
             tls: components.tls.clone(),
             limits_health: components.limits_loaded.as_ref().map(|tx| tx.subscribe()),

@@ -19,7 +19,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
 use super::{RunOptions, ServerError, stopped};
-use crate::admission::AdmissionLayer;
+use crate::admission::{AdmissionLayer, BodyBudget};
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
@@ -59,15 +59,16 @@ pub(super) fn router(
         .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
-    // RLS requests are a few hundred bytes; tonic's 4 MiB default would let one hostile
-    // message make the server allocate and decode megabytes.
+    // One message may be as large as what Envoy builds from its largest headers; what all
+    // calls hold together is bounded by the bytes budget below (crate::admission).
     let rls_service = RlsService::new(decider.clone())
         .with_max_decoding_message_size(options.grpc_max_message_bytes);
     // ShouldRateLimit calls are answered by the admission layer itself (crate::admission);
     // the generated service answers the path's other methods (UNIMPLEMENTED).
     let rls = RateLimitServiceServer::new(rls_service.clone())
         .max_decoding_message_size(options.grpc_max_message_bytes);
-    // Usage reports are as small as RLS requests: the same bound.
+    // Usage reports: the same bound, and the same budget (the body is charged by the
+    // admission layer whatever the service).
     let rlqs = options.rlqs.clone().map(|rlqs| {
         RateLimitQuotaServiceServer::new(crate::rlqs::RlqsService::new(rlqs, peer_ip))
             .max_decoding_message_size(options.grpc_max_message_bytes)
@@ -96,7 +97,10 @@ pub(super) fn router(
         // Outermost: a call counts on its connection (busy: never evicted at the
         // connection bound) from its HEADERS, refused by admission or not.
         .layer(CallsLayer)
-        .layer(AdmissionLayer::new(rls_service))
+        .layer(AdmissionLayer::new(
+            rls_service,
+            BodyBudget::new(options.max_in_flight_bytes),
+        ))
         .add_service(rls)
         .add_optional_service(rlqs)
         .add_service(health)

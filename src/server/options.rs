@@ -21,9 +21,13 @@ pub struct RunOptions {
     pub drain_period: Duration,
     /// How long in-flight requests may take to finish once the listeners have closed.
     pub grace: Duration,
-    /// Largest ShouldRateLimit request accepted, in bytes (encoded protobuf); a larger one is
+    /// Largest gRPC request message accepted, in bytes (encoded protobuf); a larger one is
     /// refused by tonic before it is decoded.
     pub grpc_max_message_bytes: usize,
+    /// Request bytes in flight on the gRPC port, all calls together
+    /// (`--max-in-flight-bytes`); a call whose bytes would go over is refused with
+    /// `RESOURCE_EXHAUSTED` (crate::admission).
+    pub max_in_flight_bytes: usize,
     /// Whether the admin HTTP server answers `POST /json` (404 when not).
     pub json_endpoint: bool,
     /// TLS on the gRPC port; `None`: plaintext.

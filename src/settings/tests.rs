@@ -25,7 +25,9 @@ fn serve_defaults() {
     assert_eq!(s.on_store_error, FailurePolicy::Error);
     assert!(s.watch_config);
     assert_eq!(s.max_in_flight, 10_000);
-    assert_eq!(s.grpc_max_message_bytes, 65_536);
+    // 16 copies of Envoy's largest default header (60 KiB), within a 64 MiB bytes budget.
+    assert_eq!(s.grpc_max_message_bytes, 1_048_576);
+    assert_eq!(s.max_in_flight_bytes, 67_108_864);
     assert_eq!(s.grpc_threads, 0);
     assert!(s.grpc_thread_count() >= 1);
     assert_eq!(s.memory_max_buckets, 1_000_000);
@@ -76,6 +78,22 @@ fn max_in_flight_is_positive() {
     };
     assert_eq!(s.max_in_flight, 2);
     assert!(parse(&["serve", "--config", "x", "--max-in-flight", "0"]).is_err());
+}
+
+/// `--max-in-flight-bytes` takes a positive count of bytes.
+#[test]
+fn max_in_flight_bytes_is_positive() {
+    let bytes = |value: &str| {
+        parse(&["serve", "--config", "x", "--max-in-flight-bytes", value]).map(|cli| {
+            match cli.command {
+                Command::Serve(s) => s.max_in_flight_bytes,
+                _ => panic!("not serve"),
+            }
+        })
+    };
+    assert_eq!(bytes("8388608").unwrap(), 8_388_608);
+    assert!(bytes("0").is_err());
+    assert!(bytes("-1").is_err());
 }
 
 /// Leases are on at a tenth by default, off at 0, and a fraction outside [0, 0.5] is
