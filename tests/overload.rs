@@ -157,6 +157,63 @@ async fn oversized_grpc_request_is_refused() {
     server.stop().await;
 }
 
+/// Requests waiting for the store keep their bytes charged to --max-in-flight-bytes (their
+/// entries are slices of the request's buffer): with two 50 KiB requests held and a budget of
+/// 128 KiB, a 40 KiB request is refused with RESOURCE_EXHAUSTED, counted as overloaded; once
+/// they are answered it is answered too.
+#[tokio::test]
+async fn requests_held_by_the_store_keep_their_bytes_charged() {
+    let (store, mut arrivals) = HeldStore::new();
+    let metrics = Metrics::shared();
+    let server = TestServer::with(LIMITS)
+        .store(store.clone(), metrics.clone())
+        .tuning(Tuning {
+            max_in_flight_bytes: Some(128 * 1024),
+            ..Tuning::default()
+        })
+        .start()
+        .await;
+    let held: Vec<_> = (0..2)
+        .map(|i| {
+            let addr = server.grpc_addr;
+            let value = format!("{i}{}", "v".repeat(50 * 1024));
+            tokio::spawn(async move {
+                let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+                    .await
+                    .unwrap();
+                client.should_rate_limit(simple("d", "k", &value)).await
+            })
+        })
+        .collect();
+    arrivals.recv().await.unwrap();
+    arrivals.recv().await.unwrap();
+    let medium = simple("d", "k", &"m".repeat(40 * 1024));
+    let refused = server.ask_err(medium.clone()).await;
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("--max-in-flight-bytes"),
+        "{refused:?}"
+    );
+    assert!(
+        metrics
+            .encode()
+            .contains(r#"floodgate_requests_total{result="overloaded"} 1"#),
+        "{}",
+        metrics.encode()
+    );
+    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    for request in held {
+        let response = request.await.unwrap().expect("held request answered");
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    assert_eq!(server.ask(medium).await.overall_code, Code::Ok as i32);
+    server.stop().await;
+}
+
 /// Limits of the spawned-binary tests: `k` is generous, `once` admits one hit per hour.
 const FLOOD_LIMITS: &str = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000}\n  - key: once\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
 

@@ -282,11 +282,11 @@ async fn silent_streams_and_one_peer_cannot_hold_every_slot() {
 #[tokio::test]
 async fn an_oversize_message_is_resource_exhausted() {
     let (server, _dir) = start(&[]);
-    // A gRPC message header announcing 1 MiB, past the 64 KiB bound.
+    // A gRPC message header announcing 16 MiB, past the 1 MiB bound.
     let status = support::h2raw::grpc_status_of(
         server.grpc,
         "/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas",
-        &[0, 0, 0x10, 0, 0, 0, 0, 0, 0],
+        &[0, 1, 0, 0, 0, 0, 0, 0, 0],
         false,
     )
     .await;
