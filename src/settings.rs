@@ -286,7 +286,7 @@ pub struct ServeSettings {
     /// Request bytes in flight on the gRPC port, all calls together (bodies as they arrive,
     /// and ShouldRateLimit requests until answered); a call that would go over is refused at
     /// once with RESOURCE_EXHAUSTED, never queued.
-    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT_BYTES", default_value_t = 64 * 1024 * 1024,
+    #[arg(long, env = "FLOODGATE_MAX_IN_FLIGHT_BYTES", default_value_t = 32 * 1024 * 1024,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_in_flight_bytes: u64,
 

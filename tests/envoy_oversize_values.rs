@@ -64,8 +64,8 @@ const KEY_TWICE: &str = "
 /// The same client once over its per-IP limit stays over it whatever its `x-api-key` holds:
 /// bytes that are not UTF-8 (Envoy passes header bytes as they come), or 40,000 bytes, which
 /// Envoy's default header limit (60 KiB) lets through and which, sent in two descriptors,
-/// make a request larger than floodgate's default gRPC message cap (64 KiB). Each gets 429
-/// and Envoy counts no RLS error.
+/// make a request of about 80 KB (past a 64 KiB message cap, within the 1 MiB default). Each
+/// gets 429 and Envoy counts no RLS error.
 #[tokio::test]
 async fn any_header_value_is_still_limited() {
     let server = TestServer::start(LIMITS).await;

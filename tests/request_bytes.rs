@@ -11,6 +11,9 @@ use std::net::SocketAddr;
 use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_response::Code;
 use prost::Message;
+use support::h2raw::rss_bytes;
+use support::http::metric;
+use support::process::Floodgate;
 use support::*;
 
 /// One descriptor per API key, and one per client address and API key.
@@ -162,4 +165,60 @@ async fn request_bytes_past_the_budget_are_refused_and_given_back() {
     })
     .await;
     server.stop().await;
+}
+
+/// The binary at its defaults (`--max-in-flight-bytes` 32 MiB) under 700 streams each
+/// holding 60 KiB of an unfinished body (42 MB sent): those past the budget are refused,
+/// counted as overloaded, and RSS grows by less than 160 MiB (five times the budget; measured
+/// about 3.3 times: the streams' own state, tonic's growing decode buffers, allocator
+/// slack); once the streams close their bytes are given back and a call is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unfinished_bodies_keep_memory_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let limits = dir.path().join("limits.yaml");
+    std::fs::write(&limits, support::limits::D_K_100_PER_MINUTE).unwrap();
+    let server = Floodgate::start(&["--config", limits.to_str().unwrap()]);
+    let legit = || async {
+        let mut client =
+            floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient::connect(
+                format!("http://{}", server.grpc),
+            )
+            .await
+            .unwrap();
+        client
+            .should_rate_limit(simple("d", "k", "v"))
+            .await
+            .map(|r| r.into_inner().overall_code)
+    };
+    assert_eq!(legit().await.unwrap(), Code::Ok as i32);
+    let before = rss_bytes(server.child.id());
+    let mut senders = Vec::new();
+    let mut responses = Vec::new();
+    for _ in 0..7 {
+        let mut sender = Sender::connect(server.grpc).await;
+        for _ in 0..100 {
+            responses.push(sender.send_part(60 * 1024).await);
+        }
+        senders.push(sender);
+    }
+    let overloaded = r#"floodgate_requests_total{result="overloaded"}"#;
+    // 32 MiB holds 546 such bodies: the other 154 are refused.
+    eventually("the bodies past the budget refused", || async {
+        metric(server.http, overloaded).await.unwrap_or(0.0) >= 150.0
+    })
+    .await;
+    let after = rss_bytes(server.child.id());
+    let grown = after.saturating_sub(before);
+    eprintln!("RSS {before} -> {after} bytes");
+    assert!(grown < 160 << 20, "RSS grew by {grown} bytes");
+    drop(responses);
+    drop(senders);
+    eventually("closed streams give their bytes back", || async {
+        legit().await.is_ok_and(|code| code == Code::Ok as i32)
+    })
+    .await;
+    let (exit, log) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
 }

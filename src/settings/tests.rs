@@ -25,9 +25,9 @@ fn serve_defaults() {
     assert_eq!(s.on_store_error, FailurePolicy::Error);
     assert!(s.watch_config);
     assert_eq!(s.max_in_flight, 10_000);
-    // 16 copies of Envoy's largest default header (60 KiB), within a 64 MiB bytes budget.
+    // 16 copies of Envoy's largest default header (60 KiB), within a 32 MiB bytes budget.
     assert_eq!(s.grpc_max_message_bytes, 1_048_576);
-    assert_eq!(s.max_in_flight_bytes, 67_108_864);
+    assert_eq!(s.max_in_flight_bytes, 33_554_432);
     assert_eq!(s.grpc_threads, 0);
     assert!(s.grpc_thread_count() >= 1);
     assert_eq!(s.memory_max_buckets, 1_000_000);

@@ -241,7 +241,7 @@ impl Setup {
                 drain_period: Duration::ZERO,
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: self.tuning.grpc_max_message_bytes.unwrap_or(1024 * 1024),
-                max_in_flight_bytes: self.tuning.max_in_flight_bytes.unwrap_or(64 * 1024 * 1024),
+                max_in_flight_bytes: self.tuning.max_in_flight_bytes.unwrap_or(32 * 1024 * 1024),
                 json_endpoint: !self.tuning.no_json_endpoint,
                 tls,
                 limits_health: None,
@@ -425,7 +425,7 @@ pub struct Tuning {
     pub max_in_flight: Option<usize>,
     /// `--grpc-max-message-bytes`; `None`: its default, 1 MiB.
     pub grpc_max_message_bytes: Option<usize>,
-    /// `--max-in-flight-bytes`; `None`: its default, 64 MiB.
+    /// `--max-in-flight-bytes`; `None`: its default, 32 MiB.
     pub max_in_flight_bytes: Option<usize>,
     /// `--no-http`: `http_addr` is then an address nothing listens on.
     pub no_http: bool,
