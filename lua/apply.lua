@@ -17,13 +17,20 @@ ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Re
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
 ARGV[2]  the operations' numbers, packed: per operation i in order, six little-endian IEEE
          754 doubles (48 bytes), each a whole number:
-         flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter:
+         flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter
+                              + 32 * set:
                               algorithm 0 token_bucket, 1 fixed_window, 2 sliding_window;
                               enforce: enforcing (else shadow: evaluated, never blocks the
                               request); overdraft: a debit always applies, into debt beyond
                               the capacity, and never blocks the request; counter: a fixed
                               window shared with reference pods (see Storage), fixed_window
-                              only
+                              only; set: the operator's set (store::Store::set): the stored
+                              state is not read but taken as absent (a full bucket), so the
+                              operation writes what a full bucket holds after its cost,
+                              whatever the key held, in this one atomic call; a set of cost
+                              0 deletes the key (a full bucket), its reply the full view
+                              with window -1. The server sends set operations
+                              non-enforcing, within the capacity, in calls of their own
          then for a token bucket its GCRA constants, which depend on the limit only and which
          the server computes (limiter::Ticks) so that Redis does not on every call:
          interval             T, ticks per token, >= 1 (0: the rate is 0, nothing passes)
@@ -278,11 +285,15 @@ for request = 1, n_requests do
     flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
     -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
     if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-      or max_wait % 1 ~= 0 or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
+      or max_wait % 1 ~= 0 or flags < 0 or flags >= 64 or rate < 0 or period < 0 or burst < 0
       or max_wait < 0
     then
       failed, failed_at = 1, i
       break
+    end
+    local set -- the operator's set: the stored state is taken as absent
+    if flags >= 32 then
+      set, flags = true, flags - 32
     end
     local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
     if flags >= 16 then
@@ -309,6 +320,10 @@ for request = 1, n_requests do
         -- Rate 0: nothing passes; there is nothing to refill or refund.
         admitted, remaining, reset = cost <= 0, 0, 0
         retry = admitted and 0 or -1
+        if set and cost == 0 then
+          local w = reply_end + 5 * (i - 1)
+          writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 0, 0, 0, '', 0
+        end
       else
         local tolerance = burst * interval
         local digits = 0 -- scale = 10^digits
@@ -321,7 +336,9 @@ for request = 1, n_requests do
         -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
         -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
         local stored
-        if bucket then
+        if set then
+          stored = false
+        elseif bucket then
           stored = bucket[key]
           if stored == nil then
             stored = rpcall('GET', key)
@@ -385,7 +402,10 @@ for request = 1, n_requests do
           remaining = floor((tolerance - debt) / interval)
         end
         local new_debt, shaped -- the debt to store, if any; the delay of a shaped debit
-        if cost == 0 then
+        if cost == 0 and set then
+          -- A full bucket, stored as what it is: no key (ttl 0 deletes).
+          new_debt, admitted, retry = 0, true, 0
+        elseif cost == 0 then
           admitted = debt <= tolerance
           retry = admitted and 0 or floor((debt - tolerance + scale - 1) / scale)
         elseif cost > 0 then
@@ -476,6 +496,7 @@ for request = 1, n_requests do
       windows[n + 5], windows[n + 6], windows[n + 7], windows[n + 8] = cost, overdraft, enforce, expiry or false
       -- 1 + the window a refund's debit was counted in, or false: the current window.
       windows[n + 9] = max_wait > 0 and max_wait - 1
+      windows[n + 10] = set or false
     end
     if admitted ~= nil then
       -- An overdraft operation never blocks the request (bucket::settle).
@@ -489,9 +510,9 @@ for request = 1, n_requests do
   end
 
   ------------------------------------------------------------------------------------------
-  -- Phase 1, window operations (9 slots each in `windows`: index, algorithm, rate, period,
+  -- Phase 1, window operations (10 slots each in `windows`: index, algorithm, rate, period,
   -- cost, overdraft, enforce, a counter's expiry or false, the window a refund's debit was
-  -- counted in or false), in their order. Their algorithms are closures, built here once per
+  -- counted in or false, set), in their order. Their algorithms are closures, built here once per
   -- batch, so only a batch that has a window operation pays for them.
   ------------------------------------------------------------------------------------------
   if windows and not failed then
@@ -779,14 +800,23 @@ for request = 1, n_requests do
         return f
       end
 
-      function fixed(rate, period, overdraft, key, now, cost, debited)
+      -- `set`: the stored state is taken as absent (the flag's header note).
+      function fixed(rate, period, overdraft, key, now, cost, debited, set)
         local p = { rate = rate, period = period, overdraft = overdraft }
-        return flat(fixed_window(p, read_window(key, false), now, cost, debited))
+        local stored = nil
+        if not set then
+          stored = read_window(key, false)
+        end
+        return flat(fixed_window(p, stored, now, cost, debited))
       end
 
-      function sliding(rate, period, overdraft, key, now, cost, debited)
+      function sliding(rate, period, overdraft, key, now, cost, debited, set)
         local p = { rate = rate, period = period, overdraft = overdraft }
-        return flat(sliding_window(p, read_window(key, true), now, cost, debited))
+        local stored = nil
+        if not set then
+          stored = read_window(key, true)
+        end
+        return flat(sliding_window(p, stored, now, cost, debited))
       end
 
       ----------------------------------------------------------------------------------------
@@ -794,7 +824,7 @@ for request = 1, n_requests do
       -- integer and whose window is named by the key. `pending[key]` is the count an earlier op
       -- of this call leaves (if the call commits). Returns nil for a key without a window start.
       ----------------------------------------------------------------------------------------
-      function counter(rate, period, overdraft, key, now, cost)
+      function counter(rate, period, overdraft, key, now, cost, set)
         local start_s = match(key, '_(%d+)$')
         if not start_s then
           return nil
@@ -805,7 +835,10 @@ for request = 1, n_requests do
         local start = index * window
         local at = min(max(now, start), start + window - 1, MAX_NOW)
         local count, replace = pending[key], false
-        if count == nil then
+        if set then
+          -- Whatever the key holds is replaced (SET), not changed by INCRBY.
+          count, replace = nil, true
+        elseif count == nil then
           local v = rpcall('GET', key)
           if type(v) == 'table' or v then
             count = parse_uint(v)
@@ -831,26 +864,31 @@ for request = 1, n_requests do
     end
 
     pending = {} -- reference counters: the count an earlier op of this request leaves
-    for j = 1, #windows, 9 do
+    for j = 1, #windows, 10 do
       local i, algorithm, rate, period = windows[j], windows[j + 1], windows[j + 2], windows[j + 3]
       local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
-      local debited = windows[j + 8] or nil
+      local debited, set = windows[j + 8] or nil, windows[j + 9]
       local key = keys[first + i]
       if bucket then
         settle(key) -- it reads what the earlier requests wrote
       end
       local e, kind
       if expiry then
-        e, kind = counter(rate, period, overdraft, key, now, cost), 3
+        e, kind = counter(rate, period, overdraft, key, now, cost, set), 3
         if not e then
           failed, failed_at = 4, i
           break
         end
         e.expiry = expiry
       elseif algorithm == 1 then
-        e, kind = fixed(rate, period, overdraft, key, now, cost, debited), 1
+        e, kind = fixed(rate, period, overdraft, key, now, cost, debited, set), 1
       else
-        e, kind = sliding(rate, period, overdraft, key, now, cost, debited), 2
+        e, kind = sliding(rate, period, overdraft, key, now, cost, debited, set), 2
+      end
+      if set and cost == 0 then
+        -- A full bucket: the key deleted, written as a token bucket's deletion is (no window
+        -- in the reply), the view the current one (of an absent state).
+        e[5], e[6], e[7], kind = e[3], e[4], 0, 0
       end
       local admitted = e[1]
       -- A state to write: written if the call commits and the operation was admitted or is an

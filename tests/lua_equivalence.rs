@@ -255,6 +255,8 @@ struct Step {
     ops: Vec<OpSpec>,
     /// Keep a repeated key (the planner never sends one; both stores must still agree).
     allow_repeat: bool,
+    /// The operator's set (`Store::set`, the script's set flag) instead of a request.
+    set: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -392,11 +394,13 @@ fn step() -> impl Strategy<Value = Step> {
         dt(),
         prop::collection::vec(op_spec(), 1..=5),
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(dt, ops, allow_repeat)| Step {
+        .prop_map(|(dt, ops, allow_repeat, set)| Step {
             dt,
             ops,
             allow_repeat,
+            set,
         })
 }
 
@@ -501,11 +505,17 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
         clock.advance(step.dt);
         let now = clock.now_us();
         let ops = ops_of(step, &case.pool, &keys, now);
-        let expected = memory.apply(&ops).await.map_err(|e| e.to_string())?;
+        let (expected, command) = if step.set {
+            let expected = memory.set(&ops).await;
+            (expected, script::set_command(PREFIX, &ops, Some(now)))
+        } else {
+            let expected = memory.apply(&ops).await;
+            (expected, script::command(PREFIX, &ops, Some(now)))
+        };
+        let expected = expected.map_err(|e| e.to_string())?;
 
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .add_command(script::command(PREFIX, &ops, Some(now)));
+        pipe.atomic().add_command(command);
         for key in &redis_keys {
             pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
         }
@@ -1378,6 +1388,55 @@ async fn counter_is_the_reference_integer() {
     assert!(!exists, "a full refund leaves the counter");
 }
 
+/// The operator's set of a counter shared with reference pods replaces the reference's
+/// integer whatever it holds (SET with the stamped EXPIRE, never an INCRBY on a count that
+/// moved), answering what the specification answers for an absent counter; a set of cost 0
+/// deletes it.
+#[tokio::test]
+async fn set_replaces_the_reference_integer() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let _: String = script::script().load_async(&mut conn).await.unwrap();
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let start = pod / 60 * 60;
+    let key = format!("rl_eq_k_v_{start}");
+    let start_us = i64::try_from(start).unwrap() * 1_000_000;
+    let set = |conn: &mut MultiplexedConnection, cost| {
+        let ops = vec![counter_op("v", p, cost, false, pod, 67)];
+        let mut conn = conn.clone();
+        async move {
+            let reply: Vec<u8> = script::set_command(PREFIX, &ops, Some(NOW))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let expected = settle(
+                &ops,
+                &[limiter::evaluate_counter(&p, start_us, None, NOW, cost)],
+            )
+            .0;
+            (script::decode(&reply, 1).unwrap(), expected)
+        }
+    };
+    for held in ["4", "0", "junk"] {
+        let () = conn.set(&key, held).await.unwrap();
+        let (got, expected) = set(&mut conn, 3).await;
+        assert_eq!(got, expected, "over {held:?}");
+        assert_eq!(got.buckets[0].view.remaining, 2);
+        let now_held: String = conn.get(&key).await.unwrap();
+        assert_eq!(now_held, "3", "over {held:?}");
+        let ttl: i64 = conn.ttl(&key).await.unwrap();
+        assert!((66..=67).contains(&ttl), "TTL {ttl}");
+    }
+    let (got, _) = set(&mut conn, 0).await;
+    assert_eq!(
+        (got.buckets[0].view.remaining, got.buckets[0].window),
+        (5, None)
+    );
+    let exists: bool = conn.exists(&key).await.unwrap();
+    assert!(!exists, "a set to the full capacity leaves no counter");
+}
+
 /// The refund of a counter's debit (`BucketOp::undo`) names the counter the debit named (the
 /// key carries the pod's window): given after the store's clock has moved into the next
 /// window, it lowers the debit's counter, never the next window's, in the script and in the
@@ -1913,6 +1972,7 @@ fn calls_alone_see_no_ttl_run_out_between_them() {
                     debited_in: None,
                 }],
                 allow_repeat: false,
+                set: false,
             },
             counters: Vec::new(),
             malformed: None,
@@ -2004,6 +2064,7 @@ fn batch_keeps_the_order_of_writes_to_one_key() {
             dt: 0,
             ops,
             allow_repeat: true,
+            set: false,
         },
         counters: Vec::new(),
         malformed: None,

@@ -528,14 +528,13 @@ impl Store for LeaseStore {
         }
     }
 
-    /// Forgets this replica's leases of the buckets (their tokens are not returned: the reset
-    /// gives the bucket its full capacity, and a return would only be clamped away), then
-    /// resets them in Redis.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+    /// Forgets this replica's leases of the buckets (their tokens are not returned: the set
+    /// decides what the bucket holds), then sets them in Redis.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         for op in ops {
             self.shard(&op.key).remove(&op.key);
         }
-        self.inner.reset(ops).await
+        self.inner.set(ops).await
     }
 
     fn stored_key(&self, key: &BucketKey) -> Vec<u8> {

@@ -280,6 +280,11 @@ impl MemoryStore {
     }
 
     fn apply_now(&self, ops: &[BucketOp]) -> Applied {
+        self.run(ops, Action::Apply)
+    }
+
+    /// Reads, evaluates, settles and writes `ops` under their shards' locks, doing `action`.
+    fn run(&self, ops: &[BucketOp], action: Action) -> Applied {
         let now = self.clock.now_us();
         let shard_ids: Vec<usize> = ops.iter().map(|op| self.shard_of(&op.key)).collect();
         let mut order = shard_ids.clone();
@@ -295,10 +300,13 @@ impl MemoryStore {
             .zip(&shard_ids)
             .map(|(op, &shard)| {
                 let map = &guards[guard_index(shard)].1.map;
-                let state = map
-                    .get(&op.key)
-                    .filter(|e| e.expires_at_us() > now)
-                    .map(Entry::state);
+                let state = match action {
+                    Action::Apply => map
+                        .get(&op.key)
+                        .filter(|e| e.expires_at_us() > now)
+                        .map(Entry::state),
+                    Action::Set => None,
+                };
                 limiter::evaluate_refund_of(&op.params, state.as_ref(), now, op.cost, op.debited_in)
             })
             .collect();
@@ -310,10 +318,17 @@ impl MemoryStore {
             .zip(&evaluations)
             .zip(shard_ids.iter().zip(writes))
         {
+            let shard = &mut guards[guard_index(shard)].1;
+            // A set that debits nothing leaves a full bucket: no state at all.
+            if action == Action::Set && op.cost == 0 {
+                if applied.committed {
+                    shard.map.remove(&op.key);
+                }
+                continue;
+            }
             let Some((state, ttl_us)) = evaluation.next.filter(|_| write) else {
                 continue;
             };
-            let shard = &mut guards[guard_index(shard)].1;
             if ttl_us == 0 {
                 shard.map.remove(&op.key);
             } else {
@@ -343,6 +358,15 @@ impl MemoryStore {
     }
 }
 
+/// What [`MemoryStore::run`] does with the stored states it reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// Evaluates the ops against them ([`Store::apply`]).
+    Apply,
+    /// Replaces them ([`Store::set`]): each op is evaluated against a full bucket.
+    Set,
+}
+
 /// A poisoned shard only means another request panicked mid-update of plain data; the map
 /// itself is still valid, so keep serving rather than failing every later request.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -355,13 +379,9 @@ impl Store for MemoryStore {
         Ok(self.apply_now(ops))
     }
 
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
-        for op in ops {
-            lock(&self.shards[self.shard_of(&op.key)])
-                .map
-                .remove(&op.key);
-        }
-        Ok(())
+    /// Under the same shard locks as a request: nothing lands between reading and writing.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        Ok(self.run(ops, Action::Set))
     }
 
     fn name(&self) -> &'static str {

@@ -11,7 +11,7 @@
 //! ```text
 //! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
 //! ARGV   now_us ("" = Redis TIME), then one binary string: per op, six little-endian f64s
-//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter), then
+//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter + 32·set), then
 //!        token bucket: interval, scale, cost, burst, wait (its GCRA constants in ticks,
 //!                      limiter::Ticks; interval 0 = rate 0)
 //!        windows:      requests_per_period, period_us, cost, burst (a reference counter:
@@ -62,6 +62,17 @@ pub const OP_BYTES: usize = 48;
 const ENFORCE: u8 = 4;
 const OVERDRAFT: u8 = 8;
 const COUNTER: u8 = 16;
+const SET: u8 = 32;
+
+/// What a script call does with the buckets' stored states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Evaluates each op against its bucket's state ([`crate::store::Store::apply`]).
+    Apply,
+    /// Replaces each bucket's state with what a full bucket holds after the op's debit,
+    /// whatever it held ([`crate::store::Store::set`]): the set flag on every op.
+    Set,
+}
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
@@ -116,13 +127,13 @@ impl ToRedisArgs for FullKey<'_> {
 /// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (six little-endian
 /// `f64`s per op; a token bucket's are its [`limiter::Ticks`]), written straight into the
 /// command's buffer.
-struct PackedOps<'a>(&'a [BucketOp]);
+struct PackedOps<'a>(&'a [BucketOp], Action);
 
 impl ToRedisArgs for PackedOps<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
         for op in self.0 {
-            for number in op_numbers(op) {
+            for number in op_numbers(op, self.1) {
                 // Writes into the command's Vec<u8>, which cannot fail.
                 let _ = arg.write_all(&number.to_le_bytes());
             }
@@ -131,7 +142,7 @@ impl ToRedisArgs for PackedOps<'_> {
 }
 
 /// The six numbers of one op in ARGV\[2\] (see [`PackedOps`]).
-fn op_numbers(op: &BucketOp) -> [f64; 6] {
+fn op_numbers(op: &BucketOp, action: Action) -> [f64; 6] {
     let params = &op.params;
     let flags = match params.algorithm {
         Algorithm::TokenBucket => 0,
@@ -139,7 +150,8 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
         Algorithm::SlidingWindow => 2,
     } | if op.enforce { ENFORCE } else { 0 }
         | if params.overdraft { OVERDRAFT } else { 0 }
-        | if op.reference.is_some() { COUNTER } else { 0 };
+        | if op.reference.is_some() { COUNTER } else { 0 }
+        | if action == Action::Set { SET } else { 0 };
     // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
     // double, exactly as the script's tonumber rounded the decimal string it once got.
     match (params.algorithm, &op.reference) {
@@ -184,6 +196,17 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
 /// decodes each op with one `struct.unpack` instead of parsing a decimal string per value.
 /// Everything is written once into the command's single buffer, with no per-value allocation.
 pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
+    command_doing(prefix, ops, now_us, Action::Apply)
+}
+
+/// The script call that sets `ops`' buckets ([`Action::Set`]), built as [`command`] builds
+/// an ordinary one.
+pub fn set_command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
+    command_doing(prefix, ops, now_us, Action::Set)
+}
+
+/// [`command`] or [`set_command`].
+pub fn command_doing(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>, action: Action) -> Cmd {
     let bytes: usize = ops
         .iter()
         .map(|op| prefix.len() + op.key.as_bytes().len() + 20 + OP_BYTES)
@@ -197,7 +220,7 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
-    cmd.arg(PackedOps(ops));
+    cmd.arg(PackedOps(ops, action));
     cmd
 }
 
@@ -217,14 +240,20 @@ pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64
         None => cmd.arg(""),
     };
     for ops in requests {
-        cmd.arg(PackedOps(ops));
+        cmd.arg(PackedOps(ops, Action::Apply));
     }
     cmd
 }
 
 /// Writes the script call for `ops` as [`command`] builds it, but as RESP straight into
 /// `out` (a connection's output buffer, [`wire::Conn::request`]): no `Cmd`, no second copy.
-pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) {
+pub fn write_command(
+    out: &mut Vec<u8>,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+    action: Action,
+) {
     let mut number = Number::default();
     out.push(b'*');
     out.extend_from_slice(number.of(5 + ops.len() as u64));
@@ -237,7 +266,7 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
         Some(now) => bulk(out, now.to_string().as_bytes()),
         None => bulk(out, b""),
     }
-    write_blob(out, ops);
+    write_blob(out, ops, action);
 }
 
 /// The KEYS of `ops` ([`op_key`]), as RESP bulk strings.
@@ -257,10 +286,10 @@ fn write_keys(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp]) {
 }
 
 /// Every op's numbers ([`PackedOps`]), as one RESP bulk string.
-fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp]) {
+fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp], action: Action) {
     bulk_header(out, (ops.len() * OP_BYTES) as u64);
     for op in ops {
-        for value in op_numbers(op) {
+        for value in op_numbers(op, action) {
             out.extend_from_slice(&value.to_le_bytes());
         }
     }
@@ -316,6 +345,27 @@ pub async fn call(
     ops: &[BucketOp],
     now_us: Option<i64>,
 ) -> RedisResult<wire::Frame> {
+    call_doing(conn, prefix, ops, now_us, Action::Apply).await
+}
+
+/// [`call`] for a set of `ops`' buckets ([`Action::Set`]).
+pub async fn call_set(
+    conn: &wire::Conn,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+) -> RedisResult<wire::Frame> {
+    call_doing(conn, prefix, ops, now_us, Action::Set).await
+}
+
+/// [`call`] or [`call_set`].
+pub async fn call_doing(
+    conn: &wire::Conn,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+    action: Action,
+) -> RedisResult<wire::Frame> {
     let send = || async move {
         match now_us {
             None => {
@@ -324,12 +374,12 @@ pub async fn call(
                     ops.len(),
                     reply_len(ops.len()) * REPLY_VALUE_BYTES,
                     |out| write_keys(out, prefix, ops),
-                    |out| write_blob(out, ops),
+                    |out| write_blob(out, ops, action),
                 )
                 .await
             }
             Some(_) => {
-                conn.request(|out| write_command(out, prefix, ops, now_us))
+                conn.request(|out| write_command(out, prefix, ops, now_us, action))
                     .await
             }
         }
@@ -355,7 +405,7 @@ pub async fn call(
         // alone are answered. Sent again alone, each request gets what a call of its own
         // gets: its answer, or the error of its own write.
         Err(e) if now_us.is_none() && matches!(e.code(), Some("OOM" | "READONLY")) => checked(
-            conn.request(|out| write_command(out, prefix, ops, now_us))
+            conn.request(|out| write_command(out, prefix, ops, now_us, action))
                 .await?,
         ),
         reply => reply,
@@ -684,7 +734,7 @@ mod tests {
             (&[][..], None),
         ] {
             let mut written = b"leftover".to_vec();
-            write_command(&mut written, b"fg:", ops, now);
+            write_command(&mut written, b"fg:", ops, now, Action::Apply);
             let mut packed = b"leftover".to_vec();
             packed.extend_from_slice(&command(b"fg:", ops, now).get_packed_command());
             assert_eq!(written, packed, "{} ops, now {now:?}", ops.len());
