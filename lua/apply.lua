@@ -15,8 +15,8 @@ KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes; for
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
-ARGV[2]  the operations' numbers, packed: per operation i in order, six little-endian IEEE
-         754 doubles (48 bytes), each a whole number:
+ARGV[2]  the operations' numbers, packed: per operation i in order, seven little-endian IEEE
+         754 doubles (56 bytes), each a whole number:
          flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter
                               + 32 * set:
                               algorithm 0 token_bucket, 1 fixed_window, 2 sliding_window;
@@ -52,6 +52,12 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
                               is gone (limiter::evaluate_refund_of); 0 = the current window
                               (a client's refund, every debit and check); ignored by a counter,
                               whose key names its window
+         then for both:
+         debited_at           a refund of this server's own debit (bucket::BucketOp::debited_at):
+                              1 + the time (µs) the store evaluated the debit at; the refund
+                              is dropped (answered as a check, admitted, writing nothing) when
+                              the bucket's set marker (below) says it was set at or after that
+                              time. 0 = none (every debit, check, set and client's refund)
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
@@ -59,7 +65,7 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
 
 Batch    ARGV[2], ARGV[3], …: one blob per request, as many requests as the client had ready
          to write together (floodgate's connection merges them: docs/redis.md). KEYS are the
-         requests' keys concatenated; request j owns #ARGV[j + 1] / 48 of them, in order. The
+         requests' keys concatenated; request j owns #ARGV[j + 1] / 56 of them, in order. The
          requests are applied in order, each all or nothing on its own and each seeing what
          the earlier ones wrote: exactly what the same calls made one by one compute when
          they all read the same `now` — a batch reads TIME once, and its requests are decided
@@ -78,9 +84,10 @@ Batch    ARGV[2], ARGV[3], …: one blob per request, as many requests as the cl
          the write waiting for it done, so it reads and replaces exactly what calls one by one
          leave. The end state and every reply are those of the calls one by one.
 
-Reply    one binary string of 2 + 5 * #KEYS little-endian doubles, each a whole number:
+Reply    one binary string of 3 + 5 * #KEYS little-endian doubles, each a whole number:
          committed (0/1), delay_us (when committed, the longest delay of an enforcing
-         operation admitted with one, else 0), then per operation: admitted (0/1), remaining,
+         operation admitted with one, else 0), now (the µs the call evaluated at, which a
+         refund of its debits names: debited_at), then per operation: admitted (0/1), remaining,
          reset_us, retry_after_us (-1 = never), window (the index of the window a window
          operation's state was written in, -1 when nothing was written and for a token
          bucket: bucket::BucketResult::window). As `bucket::settle`: the view is the
@@ -111,6 +118,15 @@ Storage  token bucket: a string, the theoretical arrival time as a decimal numbe
          sliding window: a hash {w = window index, c = current count, p = previous count}.
          Every write sets a TTL of ceil(ttl_us / 1000) ms — rounded up, so a key never expires
          before its state is equivalent to absent; a ttl_us of 0 deletes the key instead.
+         set marker: a committed set operation (flag 32) also writes, beside its key, the
+         string "<now>:<until>" (µs), with PX of ceil((until - now) / 1000) ms: the set's time,
+         remembered until `until` = now + limiter::set_memory_us (a token bucket: ceil(burst
+         * interval / scale) + 60 s, the longest max_wait; a window or counter: 2 periods;
+         none at rate 0), judged against the call's `now`, not the PX. Its name keeps the
+         key's hash slot: "{" .. key .. "}~set" for a key with no brace, key .. "~set" for a
+         key with a hash tag; a key with a brace but no hash tag (a reference counter named
+         by a value with braces) has none, and its refunds are never dropped. Bucket keys
+         always hold `|` and counters end with digits, so no marker is any bucket's key.
          A key holding another type, another algorithm's shape (a fixed window hash with a `p`
          field, a sliding one without), or anything that does not parse as the integers above
          is treated as absent, like the Rust treats implausible state; a write replaces it.
@@ -146,7 +162,8 @@ local MAX_PERIOD = 68719476736000 -- 2^36 ms in µs, limiter::MAX_PERIOD_US
 local MAX_DEBT = 1125899906842624 -- 2^50 ticks, limiter::MAX_DEBT_TICKS
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
 local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
-local OP_FORMAT, OP_BYTES = '<dddddd', 48 -- one operation's numbers in ARGV[2]
+local OP_FORMAT, OP_BYTES = '<ddddddd', 56 -- one operation's numbers in ARGV[2]
+local MAX_WAIT = 60000000 -- limiter::MAX_WAIT_US
 
 -- Locals, not globals: every use of a global is a table lookup.
 local floor, min, max = math.floor, math.min, math.max
@@ -220,6 +237,7 @@ end
 -- batch of token buckets never pays for them), and the reference counters' counts an
 -- earlier operation of the request being applied leaves.
 local fixed, sliding, counter, pending
+local marker_of -- a key's set marker name (see Storage), built at the first call that needs it
 local replies -- a batch's packed replies, in request order
 local first = 0 -- KEYS before the request being applied: the earlier requests' operations
 
@@ -254,7 +272,7 @@ for request = 1, n_requests do
   local failed, failed_at
   -- Phase 1: read and evaluate everything before writing anything, token buckets first (here,
   -- inline) and window operations after them (below). Each operation's answer goes straight
-  -- into the reply (slots 1 to 2 + 5 * n_ops), with its current view; operation i, if it
+  -- into the reply (slots 1 to 3 + 5 * n_ops), with its current view; operation i, if it
   -- writes when the call commits, leaves its write in the 5 slots from the reply's end
   -- + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token bucket,
   -- 1 fixed window, 2 sliding window, 3 reference counter). Phase 2 writes in operation order,
@@ -264,15 +282,16 @@ for request = 1, n_requests do
   -- every power of two, which cost a 4-bucket call more than a bucket's whole evaluation.
   local reply
   if n_ops == 1 then
-    reply = { 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+    reply = { 0, 0, now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
   else
     reply = {
-      0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+      0, 0, now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
       nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-      nil, nil, nil, nil, nil,
+      nil, nil, nil, nil, nil, nil,
     }
   end
-  local reply_end = 2 + 5 * n_ops
+  local reply_end = 3 + 5 * n_ops
+  local marked -- set operations: index and marker memory in µs, pairs (only with a set)
   local writes = reply -- the writes, after the reply
   local windows -- the window operations, evaluated after the token buckets (below)
   local committed = true
@@ -281,12 +300,12 @@ for request = 1, n_requests do
   for i = 1, n_ops do
     -- (rate, period, max_wait) of a window are (interval, scale, wait) of a token bucket,
     -- and its `debited_in` comes in the slot of `wait`.
-    local flags, rate, period, cost, burst, max_wait
-    flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
+    local flags, rate, period, cost, burst, max_wait, debited_at
+    flags, rate, period, cost, burst, max_wait, debited_at, pos = unpack(OP_FORMAT, blob, pos)
     -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
     if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-      or max_wait % 1 ~= 0 or flags < 0 or flags >= 64 or rate < 0 or period < 0 or burst < 0
-      or max_wait < 0
+      or max_wait % 1 ~= 0 or debited_at % 1 ~= 0 or flags < 0 or flags >= 64 or rate < 0
+      or period < 0 or burst < 0 or max_wait < 0 or debited_at < 0
     then
       failed, failed_at = 1, i
       break
@@ -303,6 +322,58 @@ for request = 1, n_requests do
     local enforce = flags % 8 >= 4
     local overdraft = flags >= 8
     local key = keys[first + i]
+    -- This operation's set marker (see Storage), for a set or a refund of this server's own
+    -- debit; the function naming it is built at a call's first such operation.
+    local marker
+    if set or (cost < 0 and debited_at > 0) then
+      if not marker_of then
+        marker_of = function(k)
+          local open = find(k, '{', 1, true)
+          if not open then
+            if find(k, '}', 1, true) then
+              return nil
+            end
+            return '{' .. k .. '}~set'
+          end
+          local close = find(k, '}', open + 1, true)
+          if close and close > open + 1 then
+            return k .. '~set' -- its hash tag, hence its slot, kept
+          end
+          return nil
+        end
+      end
+      marker = marker_of(key)
+    end
+    if set and marker then
+      -- How long the set is remembered (limiter::set_memory_us); written in phase 2.
+      local memory
+      if algorithm == 0 and not expiry then
+        memory = 0
+        if rate > 0 then
+          memory = floor((burst * rate + period - 1) / period) + MAX_WAIT
+        end
+      else
+        memory = 2 * min(max(period, 1000), MAX_PERIOD)
+      end
+      if memory > 0 then
+        if not marked then
+          marked = {}
+        end
+        marked[#marked + 1], marked[#marked + 2] = marker, memory
+      end
+    end
+    -- A refund of a debit made at or before a set of the bucket its marker remembers: the
+    -- debit is no longer there, so the refund is answered as a check, writing nothing.
+    local dropped = false
+    if marker and not set then
+      local v = rpcall('GET', marker)
+      if type(v) == 'string' then
+        local at, untl = match(v, '^(%d+):(%d+)$')
+        if at and now < tonumber(untl) and tonumber(at) >= debited_at - 1 then
+          cost, dropped = 0, true
+        end
+      end
+    end
     -- This operation's answer: admitted, retry_after_us (-1 = never) and the current view.
     local admitted, retry, remaining, reset
     if algorithm == 0 and not expiry then
@@ -497,22 +568,26 @@ for request = 1, n_requests do
       -- 1 + the window a refund's debit was counted in, or false: the current window.
       windows[n + 9] = max_wait > 0 and max_wait - 1
       windows[n + 10] = set or false
+      windows[n + 11] = dropped
+    end
+    if dropped and admitted ~= nil then
+      admitted, retry = true, 0 -- a dropped refund, answered as a check that never denies
     end
     if admitted ~= nil then
       -- An overdraft operation never blocks the request (bucket::settle).
       if enforce and not overdraft and not admitted then
         committed = false
       end
-      local r = 5 * i - 3
+      local r = 5 * i - 2
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, remaining, reset, retry
       reply[r + 5] = -1 -- a token bucket has no window
     end
   end
 
   ------------------------------------------------------------------------------------------
-  -- Phase 1, window operations (10 slots each in `windows`: index, algorithm, rate, period,
+  -- Phase 1, window operations (11 slots each in `windows`: index, algorithm, rate, period,
   -- cost, overdraft, enforce, a counter's expiry or false, the window a refund's debit was
-  -- counted in or false, set), in their order. Their algorithms are closures, built here once per
+  -- counted in or false, set, a dropped refund), in their order. Their algorithms are closures, built here once per
   -- batch, so only a batch that has a window operation pays for them.
   ------------------------------------------------------------------------------------------
   if windows and not failed then
@@ -864,10 +939,10 @@ for request = 1, n_requests do
     end
 
     pending = {} -- reference counters: the count an earlier op of this request leaves
-    for j = 1, #windows, 10 do
+    for j = 1, #windows, 11 do
       local i, algorithm, rate, period = windows[j], windows[j + 1], windows[j + 2], windows[j + 3]
       local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
-      local debited, set = windows[j + 8] or nil, windows[j + 9]
+      local debited, set, dropped = windows[j + 8] or nil, windows[j + 9], windows[j + 10]
       local key = keys[first + i]
       if bucket then
         settle(key) -- it reads what the earlier requests wrote
@@ -891,6 +966,9 @@ for request = 1, n_requests do
         e[5], e[6], e[7], kind = e[3], e[4], 0, 0
       end
       local admitted = e[1]
+      if dropped then
+        admitted, e[2] = true, 0 -- a dropped refund, answered as a check that never denies
+      end
       -- A state to write: written if the call commits and the operation was admitted or is an
       -- overdraft debit (bucket::settle); otherwise the committed view is the current one.
       if e[7] and (admitted or overdraft) then
@@ -901,7 +979,7 @@ for request = 1, n_requests do
       if enforce and not overdraft and not admitted then
         committed = false
       end
-      local r = 5 * i - 3
+      local r = 5 * i - 2
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, e[3], e[4], e[2]
       reply[r + 5] = -1 -- the window, once written (phase 2)
     end
@@ -941,9 +1019,9 @@ for request = 1, n_requests do
       if ttl then
         -- The committed view (without a write, the current one is the committed one), and a
         -- window's index, which a refund of this debit names.
-        reply[5 * i - 1], reply[5 * i] = writes[w + 1], writes[w + 2]
+        reply[5 * i], reply[5 * i + 1] = writes[w + 1], writes[w + 2]
         if kind ~= 0 then
-          reply[5 * i + 2] = state.w
+          reply[5 * i + 3] = state.w
         end
         local key = keys[first + i]
         if bucket and kind ~= 0 then
@@ -988,18 +1066,25 @@ for request = 1, n_requests do
         end
       end
     end
+    -- The sets' markers: when each bucket was set, and until when that is remembered.
+    if marked then
+      for j = 1, #marked, 2 do
+        local memory = marked[j + 1]
+        rcall('SET', marked[j], format('%d:%d', now, now + memory), 'PX', format('%d', (memory + 999) / 1000))
+      end
+    end
   end
 
   -- The reply, packed: a constant format up to 4 operations (string.rep makes a new string).
   local reply_format
   if n_ops == 1 then
-    reply_format = '<ddddddd'
+    reply_format = '<dddddddd'
   elseif n_ops == 2 then
-    reply_format = '<dddddddddddd'
+    reply_format = '<ddddddddddddd'
   elseif n_ops == 3 then
-    reply_format = '<ddddddddddddddddd'
+    reply_format = '<dddddddddddddddddd'
   elseif n_ops == 4 then
-    reply_format = '<dddddddddddddddddddddd'
+    reply_format = '<ddddddddddddddddddddddd'
   else
     reply_format = '<' .. string.rep('d', reply_end)
   end

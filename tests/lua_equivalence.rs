@@ -107,6 +107,7 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
         enforce,
         reference: None,
         debited_in: None,
+        debited_at: None,
     }
 }
 
@@ -180,7 +181,16 @@ fn spec(ops: &[BucketOp], states: &[Option<State>], now: i64) -> Applied {
         .zip(states)
         .map(|(op, state)| limiter::evaluate(&op.params, state.as_ref(), now, op.cost))
         .collect();
-    settle(ops, &evaluations).0
+    at(settle(ops, &evaluations).0, now)
+}
+
+/// `applied` as a store answers it at `now`: each result names the time it was evaluated at
+/// (clamped as the script clamps it), which a refund of its debit carries.
+fn at(mut applied: Applied, now: i64) -> Applied {
+    for result in &mut applied.buckets {
+        result.at_us = Some(now.clamp(0, limiter::MAX_NOW_US));
+    }
+    applied
 }
 
 /// The state a Redis key holds, decoded the way the script reads it (`None` if absent).
@@ -246,6 +256,9 @@ struct OpSpec {
     cost: i64,
     enforce: bool,
     debited_in: Option<i64>,
+    /// For a refund: the time of the debit it gives back (`BucketOp::debited_at`), as an
+    /// offset from now; a set since then drops it.
+    debited_at: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -367,14 +380,18 @@ fn op_spec() -> impl Strategy<Value = OpSpec> {
         cost(),
         prop::bool::weighted(0.85),
         prop::option::weighted(0.4, -3i64..=1),
+        prop::option::weighted(0.4, -3_000_000i64..=1_000),
     )
-        .prop_map(|(key, change, cost, enforce, debited_in)| OpSpec {
-            key,
-            change,
-            cost,
-            enforce,
-            debited_in,
-        })
+        .prop_map(
+            |(key, change, cost, enforce, debited_in, debited_at)| OpSpec {
+                key,
+                change,
+                cost,
+                enforce,
+                debited_in,
+                debited_at,
+            },
+        )
 }
 
 /// Time steps from 0 µs to 2 h (two periods of the longest limit), sometimes a little back.
@@ -441,6 +458,7 @@ fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey], now: i64) -> Ve
             enforce: spec.enforce,
             reference: None,
             debited_in: spec.debited_in.map(|offset| now / period + offset),
+            debited_at: spec.debited_at.map(|offset| now + offset),
         });
     }
     ops
@@ -498,6 +516,11 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
     flush(conn).await;
     let keys = pool_keys(&case.pool);
     let redis_keys: Vec<Vec<u8>> = keys.iter().map(|k| script::full_key(PREFIX, k)).collect();
+    // The set marker of a key without braces (lua/apply.lua's header): `{key}~set`.
+    let markers: Vec<Vec<u8>> = redis_keys
+        .iter()
+        .map(|k| [b"{", k.as_slice(), b"}~set"].concat())
+        .collect();
     let clock = Arc::new(ManualClock::new(START_US + case.start));
     let memory = MemoryStore::new(clock.clone());
     let mut written: HashMap<usize, Write> = HashMap::new();
@@ -518,6 +541,10 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
         pipe.atomic().add_command(command);
         for key in &redis_keys {
             pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
+        }
+        // The sets' markers are judged by the script's `now`, not their PX: kept like the keys.
+        for marker in &markers {
+            pipe.cmd("PERSIST").arg(marker).ignore();
         }
         let sent = Instant::now();
         let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
@@ -1074,9 +1101,14 @@ async fn now_is_clamped_like_the_limiter() {
     }
 }
 
-/// Packs one op's numbers as `script::command` does: six little-endian f64s.
+/// Packs one op's first six numbers as `script::command` does, seven little-endian f64s: the
+/// seventh (`debited_at`) 0, none.
 fn packed(numbers: [f64; 6]) -> Vec<u8> {
-    numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    numbers
+        .iter()
+        .chain(&[0.0])
+        .flat_map(|n| n.to_le_bytes())
+        .collect()
 }
 
 /// A call that does not follow the KEYS/ARGV layout is an error reply, not a guess, and
@@ -1090,7 +1122,7 @@ async fn malformed_call_is_an_error() {
     let cases: [([f64; 6], &str); 12] = [
         ([4.0, 1.0, 0.0, 1.0, 1.0, 0.0], "malformed arguments"),
         ([3.0, 1.0, 1e6, 1.0, 1.0, 0.0], "unknown algorithm"),
-        ([32.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
+        ([64.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
         (
             [20.0, 1.0, 1e6, 1.0, 1.0, 0.0],
             "a counter must be a fixed window",
@@ -1120,17 +1152,23 @@ async fn malformed_call_is_an_error() {
     ));
     // A batch whose blobs do not divide into operations, or whose operations are not #KEYS.
     calls.push((
-        vec![Vec::new(), packed(good), packed(good)[..47].to_vec()],
-        "request 2 has 47 bytes of operations, not a multiple of 48",
+        vec![Vec::new(), packed(good), packed(good)[..55].to_vec()],
+        "request 2 has 55 bytes of operations, not a multiple of 56",
     ));
     calls.push((
         vec![Vec::new(), packed(good), packed(good)],
         "expected 2 keys for the operations of 2 requests, got 1",
     ));
     calls.push((
-        vec![Vec::new(), packed(good)[..47].to_vec()],
-        "expected 48 bytes of operations for 1 keys, got 47",
+        vec![Vec::new(), packed(good)[..55].to_vec()],
+        "expected 56 bytes of operations for 1 keys, got 55",
     ));
+    // A refund's `debited_at` (the seventh number) that is not a whole number ≥ 0.
+    for debited_at in [-1.0f64, 0.5] {
+        let mut blob = packed([4.0, 1.0, 1e6, -1.0, 1.0, 0.0]);
+        blob[48..].copy_from_slice(&debited_at.to_le_bytes());
+        calls.push((vec![Vec::new(), blob], "malformed arguments"));
+    }
     calls.push((vec![b"x".to_vec(), packed(good)], "now is not an integer"));
     for (args, message) in calls {
         let mut call = script::script().prepare_invoke();
@@ -1219,6 +1257,7 @@ fn counter_spec(
         evaluations.push(e);
     }
     let (applied, store) = settle(ops, &evaluations);
+    let applied = at(applied, now);
     let mut after = counts.clone();
     for ((op, e), stored) in ops.iter().zip(&evaluations).zip(store) {
         if let (true, Some((State::FixedWindow { count, .. }, ttl))) = (stored, e.next) {
@@ -1410,11 +1449,14 @@ async fn set_replaces_the_reference_integer() {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let expected = settle(
-                &ops,
-                &[limiter::evaluate_counter(&p, start_us, None, NOW, cost)],
-            )
-            .0;
+            let expected = at(
+                settle(
+                    &ops,
+                    &[limiter::evaluate_counter(&p, start_us, None, NOW, cost)],
+                )
+                .0,
+                NOW,
+            );
             (script::decode(&reply, 1).unwrap(), expected)
         }
     };
@@ -1970,6 +2012,7 @@ fn calls_alone_see_no_ttl_run_out_between_them() {
                     cost,
                     enforce: true,
                     debited_in: None,
+                    debited_at: None,
                 }],
                 allow_repeat: false,
                 set: false,
@@ -2054,6 +2097,7 @@ fn batch_keeps_the_order_of_writes_to_one_key() {
         cost,
         enforce: true,
         debited_in: None,
+        debited_at: None,
     };
     let window = |algorithm| OpSpec {
         change: Some((algorithm, 10, 0, false)),

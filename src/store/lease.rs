@@ -286,6 +286,7 @@ impl LeaseStore {
                                     &take.params,
                                     take.tokens,
                                     take.window,
+                                    take.debited_at,
                                 ))
                             });
                         view.remaining = view.remaining.saturating_add(take.tokens);
@@ -295,6 +296,7 @@ impl LeaseStore {
                         view,
                         retry_after_us: Some(0),
                         window: take.window,
+                        at_us: take.debited_at,
                     }
                 }
                 (Route::Remote { augment }, Some(mut result)) => {
@@ -338,6 +340,7 @@ impl LeaseStore {
                     },
                     retry_after_us: None,
                     window: None,
+                    at_us: None,
                 },
             };
             buckets.push(result);
@@ -381,6 +384,7 @@ impl Flight<'_> {
                             &take.params,
                             take.tokens,
                             take.window,
+                            take.debited_at,
                         )),
                     }
                     *route = Route::Bypass;

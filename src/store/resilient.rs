@@ -331,6 +331,7 @@ fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
                     },
                     retry_after_us: if admitted { Some(0) } else { None },
                     window: None,
+                    at_us: None,
                 }
             })
             .collect(),

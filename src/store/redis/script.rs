@@ -10,14 +10,16 @@
 //!
 //! ```text
 //! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
-//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, six little-endian f64s
+//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, seven little-endian f64s
 //!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter + 32·set), then
 //!        token bucket: interval, scale, cost, burst, wait (its GCRA constants in ticks,
 //!                      limiter::Ticks; interval 0 = rate 0)
 //!        windows:      requests_per_period, period_us, cost, burst (a reference counter:
 //!                      its EXPIRE, s), 1 + debited_in (0 = None)
+//!        then for both: 1 + debited_at (0 = None: not a refund of this server's debit)
 //! reply  one binary string of little-endian f64s, each a whole number: committed,
-//!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never),
+//!        delay_us, now_us (the script's time: each result's at_us), then per op: admitted,
+//!        remaining, reset_us, retry_after_us (-1 = never),
 //!        window (-1 = None)
 //! batch  several requests in one call: every request's KEYS, then now, then one binary
 //!        string per request; the reply is theirs concatenated, and a request the script
@@ -46,8 +48,11 @@ use crate::store::StoreError;
 /// The script's source.
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
-/// Reply values per op, after the leading `committed` and `delay_us`.
+/// Reply values per op, after the leading `committed`, `delay_us` and `now_us`.
 pub const REPLY_PER_OP: usize = 5;
+
+/// Reply values before the ops': `committed`, `delay_us`, `now_us`.
+pub const REPLY_HEADER: usize = 3;
 
 /// Bytes per reply value: a little-endian `f64`.
 pub const REPLY_VALUE_BYTES: usize = 8;
@@ -55,8 +60,8 @@ pub const REPLY_VALUE_BYTES: usize = 8;
 /// The script's raw reply: [`reply_len`] values packed as little-endian `f64`s.
 pub type Reply = Vec<u8>;
 
-/// Bytes per op in ARGV\[2\]: six little-endian `f64`s.
-pub const OP_BYTES: usize = 48;
+/// Bytes per op in ARGV\[2\]: seven little-endian `f64`s.
+pub const OP_BYTES: usize = 56;
 
 /// The flags value of an op: the algorithm in the low two bits, then one bit each.
 const ENFORCE: u8 = 4;
@@ -142,7 +147,7 @@ impl ToRedisArgs for PackedOps<'_> {
 }
 
 /// The six numbers of one op in ARGV\[2\] (see [`PackedOps`]).
-fn op_numbers(op: &BucketOp, action: Action) -> [f64; 6] {
+fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
     let params = &op.params;
     let flags = match params.algorithm {
         Algorithm::TokenBucket => 0,
@@ -152,6 +157,12 @@ fn op_numbers(op: &BucketOp, action: Action) -> [f64; 6] {
         | if params.overdraft { OVERDRAFT } else { 0 }
         | if op.reference.is_some() { COUNTER } else { 0 }
         | if action == Action::Set { SET } else { 0 };
+    // A refund of this server's own debit names the debit's time (plus one: 0 is none), so
+    // the script drops it when the bucket was set since.
+    let debited_at = op
+        .debited_at
+        .filter(|_| op.cost < 0)
+        .map_or(0, |at| at.clamp(0, limiter::MAX_NOW_US) + 1) as f64;
     // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
     // double, exactly as the script's tonumber rounded the decimal string it once got.
     match (params.algorithm, &op.reference) {
@@ -171,6 +182,7 @@ fn op_numbers(op: &BucketOp, action: Action) -> [f64; 6] {
                 op.cost as f64,
                 ticks.burst as f64,
                 ticks.wait as f64,
+                debited_at,
             ]
         }
         // A reference counter has no burst; its slot carries the counter's EXPIRE.
@@ -183,6 +195,7 @@ fn op_numbers(op: &BucketOp, action: Action) -> [f64; 6] {
             op.cost as f64,
             reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
             op.debited_in.map_or(0, |w| w.max(0) + 1) as f64,
+            debited_at,
         ],
     }
 }
@@ -434,7 +447,7 @@ pub fn payload(frame: &[u8]) -> &[u8] {
 
 /// Number of values the script answers for `ops` operations.
 pub fn reply_len(ops: usize) -> usize {
-    2 + REPLY_PER_OP * ops
+    REPLY_HEADER + REPLY_PER_OP * ops
 }
 
 /// Decodes the script's reply for `ops` operations. Anything the script cannot have produced
@@ -481,9 +494,11 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         .ok()
         .filter(|&d| d == 0 || committed)
         .ok_or_else(|| malformed(format!("delay_us is {} (committed: {committed})", value(1))))?;
+    let now_us = Some(value(2)).filter(|now| (0..=limiter::MAX_NOW_US).contains(now));
+    let now_us = now_us.ok_or_else(|| malformed(format!("now_us is {}", value(2))))?;
     let buckets = (0..ops)
         .map(|i| {
-            let base = 2 + i * REPLY_PER_OP;
+            let base = REPLY_HEADER + i * REPLY_PER_OP;
             let values: [i64; REPLY_PER_OP] = std::array::from_fn(|k| value(base + k));
             let admitted = flag(values[0], "admitted")?;
             let view = View {
@@ -510,6 +525,7 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
                 view,
                 retry_after_us,
                 window,
+                at_us: Some(now_us),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -779,7 +795,7 @@ mod tests {
     /// operation) is `Failed` naming both, not a malformed reply.
     #[test]
     fn decode_refused_request() {
-        let reply = packed(&[-1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0]);
+        let reply = packed(&[-1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let err = decode(&reply, 1).unwrap_err();
         assert!(!err.is_transient());
         assert_eq!(
@@ -811,6 +827,7 @@ mod tests {
         let reply = packed(&[
             0.0,
             0.0,
+            1_700_000_000_000_000.0,
             1.0,
             4.0,
             1_500.0,
@@ -843,6 +860,7 @@ mod tests {
                         },
                         retry_after_us: Some(0),
                         window: Some(28_333_333),
+                        at_us: Some(1_700_000_000_000_000),
                     },
                     BucketResult {
                         admitted: false,
@@ -852,6 +870,7 @@ mod tests {
                         },
                         retry_after_us: Some(59_000_000),
                         window: None,
+                        at_us: Some(1_700_000_000_000_000),
                     },
                     BucketResult {
                         admitted: false,
@@ -861,12 +880,13 @@ mod tests {
                         },
                         retry_after_us: None,
                         window: None,
+                        at_us: Some(1_700_000_000_000_000),
                     },
                 ],
             }
         );
         assert_eq!(
-            decode(&packed(&[1.0, 0.0]), 0).unwrap(),
+            decode(&packed(&[1.0, 0.0, 5.0]), 0).unwrap(),
             Applied {
                 committed: true,
                 buckets: vec![],
@@ -879,55 +899,81 @@ mod tests {
     /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
     #[test]
     fn decode_rejects_malformed_replies() {
-        let cases: [(&[f64], usize, &str); 13] = [
+        let cases: [(&[f64], usize, &str); 14] = [
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0],
                 1,
-                "48 bytes for 1 bucket operations, expected 7 values of 8",
+                "56 bytes for 1 bucket operations, expected 8 values of 8",
             ),
             (&[1.0], 1, "8 bytes"),
-            (&[2.0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "committed is 2"),
-            (&[1.0, 0.0, 3.0, 0.0, 0.0, 0.0, -1.0], 1, "admitted is 3"),
             (
-                &[1.0, 0.0, 1.0, -1.0, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, -5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "now_us is -5",
+            ),
+            (
+                &[2.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "committed is 2",
+            ),
+            (
+                &[1.0, 0.0, 5.0, 3.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "admitted is 3",
+            ),
+            (
+                &[1.0, 0.0, 5.0, 1.0, -1.0, 0.0, 0.0, -1.0],
                 1,
                 "remaining of operation 0 is negative",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 5.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 5.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is 5 while admitted is true",
             ),
             (
-                &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0, -1.0],
+                &[0.0, 0.0, 5.0, 0.0, 0.0, 0.0, -2.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is -2",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0, -2.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0, -2.0],
                 1,
                 "window of operation 0 is -2",
             ),
-            (&[1.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "delay_us is -1"),
             (
-                &[0.0, 5.0, 0.0, 0.0, 0.0, 7.0, -1.0],
+                &[1.0, -1.0, 5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "delay_us is -1",
+            ),
+            (
+                &[0.0, 5.0, 5.0, 0.0, 0.0, 0.0, 7.0, -1.0],
                 1,
                 "delay_us is 5 (committed: false)",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.5, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.5, 0.0, 0.0, -1.0],
                 1,
-                "value 3 is 0.5, not a whole number",
+                "value 4 is 0.5, not a whole number",
             ),
             (
-                &[1.0, 0.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
                 1,
-                "value 3 is NaN",
+                "value 4 is NaN",
             ),
             (
-                &[1.0, 0.0, 1.0, 1_152_921_504_606_846_976.0, 0.0, 0.0, -1.0],
+                &[
+                    1.0,
+                    0.0,
+                    5.0,
+                    1.0,
+                    1_152_921_504_606_846_976.0,
+                    0.0,
+                    0.0,
+                    -1.0,
+                ],
                 1,
-                "value 3 is 1152921504606847000, not a whole number",
+                "value 4 is 1152921504606847000, not a whole number",
             ),
         ];
         for (reply, ops, message) in cases {
