@@ -74,7 +74,10 @@ pub trait Store: Send + Sync + 'static {
     /// before the set, and overwritten, or after it; never in between. Returns one result per
     /// op, as [`Store::apply`] does. The ops are passed non-enforcing, without `overdraft`
     /// or `max_wait`, and with a cost within the bucket's capacity (the operator console
-    /// checks it), so every set commits. The operator console calls it (never the request
+    /// checks it), so every set commits. The store remembers the set beside each bucket for
+    /// as long as an older debit could be refunded ([`crate::limiter::set_memory_us`]), and
+    /// drops a refund of a debit made at or before it ([`BucketOp::debited_at`]): refunds
+    /// never cross a set. The operator console calls it (never the request
     /// path); a store that cannot set atomically fails, so the operator is told rather than
     /// answered with a bucket that is not what was asked.
     async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {

@@ -129,7 +129,7 @@ impl ToRedisArgs for FullKey<'_> {
     }
 }
 
-/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (six little-endian
+/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (seven little-endian
 /// `f64`s per op; a token bucket's are its [`limiter::Ticks`]), written straight into the
 /// command's buffer.
 struct PackedOps<'a>(&'a [BucketOp], Action);
@@ -146,7 +146,7 @@ impl ToRedisArgs for PackedOps<'_> {
     }
 }
 
-/// The six numbers of one op in ARGV\[2\] (see [`PackedOps`]).
+/// The seven numbers of one op in ARGV\[2\] (see [`PackedOps`]).
 fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
     let params = &op.params;
     let flags = match params.algorithm {
