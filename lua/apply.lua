@@ -291,7 +291,7 @@ for request = 1, n_requests do
     }
   end
   local reply_end = 3 + 5 * n_ops
-  local marked -- set operations: index and marker memory in µs, pairs (only with a set)
+  local marked -- the sets' markers to write: name and memory in µs, pairs (only with a set)
   local writes = reply -- the writes, after the reply
   local windows -- the window operations, evaluated after the token buckets (below)
   local committed = true
@@ -587,8 +587,9 @@ for request = 1, n_requests do
   ------------------------------------------------------------------------------------------
   -- Phase 1, window operations (11 slots each in `windows`: index, algorithm, rate, period,
   -- cost, overdraft, enforce, a counter's expiry or false, the window a refund's debit was
-  -- counted in or false, set, a dropped refund), in their order. Their algorithms are closures, built here once per
-  -- batch, so only a batch that has a window operation pays for them.
+  -- counted in or false, set, a dropped refund), in their order. Their algorithms are
+  -- closures, built here once per batch, so only a batch that has a window operation pays
+  -- for them.
   ------------------------------------------------------------------------------------------
   if windows and not failed then
     if not fixed then
