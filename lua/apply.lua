@@ -122,11 +122,12 @@ Storage  token bucket: a string, the theoretical arrival time as a decimal numbe
          string "<now>:<until>" (µs), with PX of ceil((until - now) / 1000) ms: the set's time,
          remembered until `until` = now + limiter::set_memory_us (a token bucket: ceil(burst
          * interval / scale) + 60 s, the longest max_wait; a window or counter: 2 periods;
-         none at rate 0), judged against the call's `now`, not the PX. Its name keeps the
-         key's hash slot: "{" .. key .. "}~set" for a key with no brace, key .. "~set" for a
-         key with a hash tag; a key with a brace but no hash tag (a reference counter named
-         by a value with braces) has none, and its refunds are never dropped. Bucket keys
-         always hold `|` and counters end with digits, so no marker is any bucket's key.
+         none at rate 0), judged against the call's `now`, not the PX. Its name starts with
+         the key (an ACL's `~<prefix>*` covers it) and keeps the key's hash slot: key .. "{"
+         .. key .. "}~set" for a key with no brace (the key its own hash tag), key .. "~set"
+         for a key with a hash tag; a key with a brace but no hash tag (a reference counter
+         named by a value with braces) has none, and its refunds are never dropped. Bucket
+         and counter keys end with digits, so no marker is any bucket's key.
          A key holding another type, another algorithm's shape (a fixed window hash with a `p`
          field, a sliding one without), or anything that does not parse as the integers above
          is treated as absent, like the Rust treats implausible state; a write replaces it.
@@ -333,7 +334,7 @@ for request = 1, n_requests do
             if find(k, '}', 1, true) then
               return nil
             end
-            return '{' .. k .. '}~set'
+            return k .. '{' .. k .. '}~set' -- the key itself as its hash tag
           end
           local close = find(k, '}', open + 1, true)
           if close and close > open + 1 then

@@ -516,10 +516,10 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
     flush(conn).await;
     let keys = pool_keys(&case.pool);
     let redis_keys: Vec<Vec<u8>> = keys.iter().map(|k| script::full_key(PREFIX, k)).collect();
-    // The set marker of a key without braces (lua/apply.lua's header): `{key}~set`.
+    // The set marker of a key without braces (lua/apply.lua's header): `key{key}~set`.
     let markers: Vec<Vec<u8>> = redis_keys
         .iter()
-        .map(|k| [b"{", k.as_slice(), b"}~set"].concat())
+        .map(|k| [k.as_slice(), b"{", k.as_slice(), b"}~set"].concat())
         .collect();
     let clock = Arc::new(ManualClock::new(START_US + case.start));
     let memory = MemoryStore::new(clock.clone());
@@ -1477,6 +1477,52 @@ async fn set_replaces_the_reference_integer() {
     );
     let exists: bool = conn.exists(&key).await.unwrap();
     assert!(!exists, "a set to the full capacity leaves no counter");
+}
+
+/// A set's marker lives under the bucket's own name and in its hash slot: an ACL user limited
+/// to the key prefix (`~fg:*`, as docs/redis.md asks) sets a bucket and has an older refund
+/// dropped, a hash-tagged key's marker keeps its tag, and both markers share their key's slot.
+#[tokio::test]
+async fn set_markers_live_under_the_key_prefix() {
+    use redis::cluster_routing::Slot;
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limited", "on", ">pw", "~fg:*", "+@all"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let client = redis::Client::open(format!("redis://limited:pw@{}", server.address())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = script::script().load_async(&mut conn).await.unwrap();
+    let p = params(Algorithm::TokenBucket, 10, 60, 10);
+    let debit = lua(&mut conn, &[op("acl", p, 3, true)], Some(NOW)).await;
+    assert!(debit.committed);
+    let reply: Vec<u8> = script::set_command(PREFIX, &[op("acl", p, 10, false)], Some(NOW + 1))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        script::decode(&reply, 1).unwrap().buckets[0].view.remaining,
+        0
+    );
+    let refund = op("acl", p, 3, true)
+        .undo(&debit.buckets[0], floodgate::bucket::Undo::Withdrawn)
+        .unwrap();
+    let refunded = lua(&mut conn, &[refund], Some(NOW + 2)).await;
+    assert_eq!(
+        refunded.buckets[0].view.remaining, 0,
+        "the refund was dropped"
+    );
+    let key = script::full_key(PREFIX, &key("acl", Algorithm::TokenBucket, p.period_us));
+    let marker = [key.as_slice(), b"{", key.as_slice(), b"}~set"].concat();
+    let exists: bool = admin.exists(&marker).await.unwrap();
+    assert!(exists, "the marker is {}", String::from_utf8_lossy(&marker));
+    assert_eq!(Slot::for_key(&marker), Slot::for_key(&key));
+    // A hash-tagged key's marker: the key, then `~set`.
+    let tagged = b"fg:{shop}:user=ann|tb60".to_vec();
+    let tagged_marker = [tagged.as_slice(), b"~set"].concat();
+    assert_eq!(Slot::for_key(&tagged_marker), Slot::for_key(&tagged));
 }
 
 /// The refund of a counter's debit (`BucketOp::undo`) names the counter the debit named (the
