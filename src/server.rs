@@ -12,16 +12,21 @@
 //! port serves is `grpc`'s, the HTTP ports `admin`'s; what health reports is [`health`]'s;
 //! which Redis (or two: per-second limits apart) is `remote`'s.
 //!
-//! Shutdown order: health turns NOT_SERVING (gRPC health and `/healthcheck`), requests a
-//! `max_wait` limit holds are answered OK at once, both servers stop accepting connections
-//! and drain in-flight requests, and after the grace period any straggler is cut off.
+//! Shutdown order, on the first SIGTERM or SIGINT: health turns NOT_SERVING (gRPC health and
+//! `/healthcheck`) while every call is still answered, on old and new connections alike, for
+//! the drain period, long enough for Envoy's health checker to take the replica out (a
+//! second signal ends it early); then both servers stop accepting, send GOAWAY on every
+//! connection and finish in-flight calls, RLQS streams get their last assignments (TTL 0),
+//! and after the grace period any straggler is cut off. A request a `max_wait` limit holds
+//! is served at its turn if that comes before the cut, else refunded and refused
+//! ([`Decider::shutting_down`]).
 
-use std::future::Future;
 use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -125,7 +130,7 @@ pub async fn serve(components: Components) -> Result<(), ServerError> {
         components.decider.clone(),
         RunOptions::from_components(&components),
         store_health,
-        shutdown_signal(),
+        stop_signals(),
     )
     .await;
     finish(&components).await;
@@ -267,17 +272,18 @@ async fn finish(components: &Components) {
 }
 
 /// Serves gRPC on `grpc` (a TCP listener or a [`GrpcListener`]) and admin HTTP on `http`
-/// (none: no admin HTTP at all) until `shutdown` completes, then drains: health goes
-/// NOT_SERVING, both servers stop accepting and finish in-flight requests, for at most
-/// `options.grace`. While `store_health` (if given) or `options.limits_health` (if given) says
-/// false, health reports NOT_SERVING.
+/// (none: no admin HTTP at all) until the first of `signals`, then shuts down: health goes
+/// NOT_SERVING while both servers keep answering every call for `options.drain_period` (or
+/// until the next of `signals`), then they stop accepting, send GOAWAY and finish in-flight
+/// requests, for at most `options.grace`. While `store_health` (if given) or
+/// `options.limits_health` (if given) says false, health reports NOT_SERVING.
 pub async fn run(
     grpc: impl Into<GrpcListener>,
     http: Option<TcpListener>,
     decider: Arc<Decider>,
     options: RunOptions,
     store_health: Option<watch::Receiver<bool>>,
-    shutdown: impl Future<Output = ()>,
+    signals: impl Stream<Item = ()>,
 ) -> Result<(), ServerError> {
     let grpc = grpc.into();
     let listening = Listening::of(&grpc, http.as_ref(), &options)?;
@@ -290,23 +296,41 @@ pub async fn run(
     let serving = health.serving.clone();
     let mut http_task = admin::spawn(http, decider.clone(), serving, &options, stop_rx);
     listening.log();
+    let mut signals = std::pin::pin!(signals);
 
+    // A stream that ends without a signal stops the server too: nothing can stop it later.
     tokio::select! {
-        () = shutdown => {}
+        _ = signals.next() => {}
         result = &mut grpc_task => return flatten(result),
         result = &mut http_task => return flatten(result),
     }
 
-    tracing::info!("shutting down: health NOT_SERVING, draining in-flight requests");
+    let (drain_period, grace) = (options.drain_period, options.grace);
+    tracing::info!(
+        ?drain_period,
+        ?grace,
+        "shutting down: health NOT_SERVING, every call still answered for the drain period"
+    );
     health.shutting_down().await;
-    // Requests a max_wait limit holds would keep the drain waiting: answer them now.
-    decider.release_waiting();
-    // RLQS streams last as long as their Envoy: each expires its assignments and ends now.
+    // Held requests learn when the connections will be cut, and whether their turn comes
+    // before that.
+    decider.shutting_down(tokio::time::Instant::now() + drain_period + grace);
+    tokio::select! {
+        () = tokio::time::sleep(drain_period) => {}
+        Some(()) = signals.next() => tracing::info!("drain period cut short"),
+        result = &mut grpc_task => return flatten(result),
+        result = &mut http_task => return flatten(result),
+    }
+
+    tracing::info!("drain period over: GOAWAY, finishing in-flight requests");
+    decider.shutting_down(tokio::time::Instant::now() + grace);
+    // RLQS streams last as long as their Envoy: each expires its assignments and ends now,
+    // once Envoy's health checker has moved new streams to other replicas.
     if let Some(rlqs) = &options.rlqs {
         rlqs.shut_down();
     }
     let _ = stop_tx.send(true);
-    drain(grpc_task, http_task, options.grace).await
+    drain(grpc_task, http_task, grace).await
 }
 
 /// What the server listens on, for the one log line saying so.
@@ -414,29 +438,39 @@ fn flatten(
     }
 }
 
-/// Registers SIGTERM (Kubernetes) and SIGINT (Ctrl-C) handlers now, and returns a future that
-/// completes on either. Registering before the listeners are announced means a signal sent as
-/// soon as the server says "listening" is never handled by the default action (killing us).
-fn shutdown_signal() -> impl Future<Output = ()> {
+/// Registers SIGTERM (Kubernetes) and SIGINT (Ctrl-C) handlers now, and returns the stream of
+/// either, one item per signal. Registering before the listeners are announced means a
+/// signal sent as soon as the server says "listening" is never handled by the default action
+/// (killing us); registered for good, a second signal during the drain ends the drain early
+/// instead of killing the process.
+fn stop_signals() -> impl Stream<Item = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let term = signal(SignalKind::terminate());
-    let int = signal(SignalKind::interrupt());
-    async move {
-        let wait = |name: &'static str, registered: io::Result<tokio::signal::unix::Signal>| async move {
-            match registered {
-                Ok(mut s) => {
-                    s.recv().await;
-                    tracing::info!("{name} received");
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for {name}");
-                    std::future::pending::<()>().await;
-                }
-            }
-        };
-        tokio::select! {
-            () = wait("SIGTERM", term) => {}
-            () = wait("SIGINT", int) => {}
+    let registered = |name: &'static str, kind: SignalKind| match signal(kind) {
+        Ok(signal) => Some((name, signal)),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for {name}");
+            None
         }
-    }
+    };
+    let term = registered("SIGTERM", SignalKind::terminate());
+    let int = registered("SIGINT", SignalKind::interrupt());
+    futures_util::stream::unfold((term, int), |(mut term, mut int)| async move {
+        let name = tokio::select! {
+            Some(name) = next_signal(&mut term) => name,
+            Some(name) = next_signal(&mut int) => name,
+            // Neither can be received: no signal will ever come (never a stop either).
+            else => std::future::pending::<&'static str>().await,
+        };
+        tracing::info!("{name} received");
+        Some(((), (term, int)))
+    })
+}
+
+/// The name of `signal` once it is next received; `None` if it cannot be (not registered).
+async fn next_signal(
+    signal: &mut Option<(&'static str, tokio::signal::unix::Signal)>,
+) -> Option<&'static str> {
+    let (name, signal) = signal.as_mut()?;
+    signal.recv().await?;
+    Some(*name)
 }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::watch;
+use tokio::time::Instant as TokioInstant;
 use tonic::{Request, Response, Status};
 
 use crate::bucket::{Applied, BucketOp};
@@ -69,6 +70,10 @@ impl From<RequestError> for Status {
 /// The response header of a request a `max_wait` limit held: how long, in ms (rounded up).
 pub const DELAYED_HEADER: &str = "x-ratelimit-delayed-ms";
 
+/// How long before shutdown's cut a held request's turn must come for it to be served: its
+/// answer still has to be written before the connections are closed.
+const ANSWER_MARGIN: Duration = Duration::from_millis(250);
+
 /// The largest `--max-in-flight` (tokio's semaphore bound, kept when the bound became one
 /// atomic count): no practical limit.
 pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
@@ -97,9 +102,17 @@ pub struct Decider {
     clock: Arc<dyn Clock>,
     /// Where request spans go; `None` (tracing off) costs the request path one branch.
     traces: Option<Arc<Traces>>,
-    /// True once shutdown begins: requests held by `max_wait` limits are answered at once.
-    released: watch::Sender<bool>,
+    /// When shutdown cuts every call off, once it has begun (`None` before): a request a
+    /// `max_wait` limit holds is served at its turn only if that comes before the cut
+    /// ([`Decider::shutting_down`]).
+    cut: watch::Sender<Option<TokioInstant>>,
+    /// Requests with keys or values over `--max-value-bytes` or ignored `limit` overrides
+    /// (which a client may send on every request) are logged at most this often.
+    fixups: notice::Notice,
 }
+
+/// How often requests the planner stood in for are logged: at most once per 10 s.
+const FIXUPS_NOTICE_US: i64 = 10_000_000;
 
 /// Which entry point a request came through, for its span's name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +143,8 @@ impl Decider {
             in_flight,
             clock: Arc::new(SystemClock),
             traces: None,
-            released: watch::Sender::new(false),
+            cut: watch::Sender::new(None),
+            fixups: notice::Notice::every_us(FIXUPS_NOTICE_US),
         }
     }
 
@@ -186,6 +200,26 @@ impl Decider {
                 now_secs,
                 counters.expiry_jitter_max_secs,
                 jitter_roll,
+            );
+        }
+    }
+
+    /// Counts what the planner stood in for in `request` (keys and values over
+    /// `--max-value-bytes`, known by their digest; `limit` overrides without a unit, ignored)
+    /// and logs it at a bounded rate: never the bytes themselves, which a client chose.
+    fn report_fixups(&self, request: &RateLimitRequest, plan: &Plan<'_>) {
+        let (oversized, ignored) = (plan.oversized_values(), plan.ignored_overrides());
+        self.metrics.record_request_fixups(oversized, ignored);
+        if let Some(requests) = self.fixups.occurred(self.clock.now_us()) {
+            tracing::warn!(
+                domain = %request.domain,
+                oversized_values = oversized,
+                ignored_overrides = ignored,
+                requests_since_last_logged = requests,
+                "request limited with descriptor keys or values over --max-value-bytes \
+                 (matched in full, counted under their digest) or a limit override without a \
+                 unit (ignored); floodgate_oversized_values_total and \
+                 floodgate_ignored_overrides_total count them"
             );
         }
     }
@@ -292,6 +326,9 @@ impl Decider {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
+        if plan.oversized_values() > 0 || plan.ignored_overrides() > 0 {
+            self.report_fixups(request, &plan);
+        }
         // Once, before any store call: a refund must name the counter its debit did.
         self.stamp_reference_counters(&mut plan.ops);
         let applied = if plan.ops.is_empty() {
@@ -328,9 +365,14 @@ impl Decider {
         // Only a configured domain has buckets, hence a delay. Held before the response is
         // built, so that the response is not part of what a held request keeps meanwhile.
         let shaped = applied.committed && applied.delay_us > 0 && !plan.denies(&applied);
-        let held = match plan.domain_label().filter(|_| shaped) {
+        let hold = match plan.domain_label().filter(|_| shaped) {
             Some(domain) => Some(Box::pin(self.hold(&plan, &applied, domain)).await),
             None => None,
+        };
+        let (applied, held) = match hold {
+            Some(Hold::Served(held)) => (applied, Some(held)),
+            Some(Hold::Refused(refused)) => (refused, None),
+            None => (applied, None),
         };
         let mut outcome = plan.respond(&applied, &self.options);
         if outcome.domain.is_none() {
@@ -361,14 +403,23 @@ impl Decider {
     }
 }
 
+/// How a request a `max_wait` limit held ends.
+enum Hold {
+    /// Its turn came: answered OK, after this long.
+    Served(Duration),
+    /// Shutdown cuts the connections off before its turn: its debits are given back and it
+    /// is answered from this, which denies it.
+    Refused(Applied),
+}
+
 impl Decider {
-    /// Holds a committed request for the delay its `max_wait` limits admitted it with, and
-    /// returns how long it was held: the whole delay, or less if shutdown began meanwhile
-    /// (see [`Decider::release_waiting`]). Its tokens are already debited, so later
-    /// requests queue behind it. If the caller drops the request while it waits (the client
-    /// cancelled or timed out), its debits are given back: the tokens go to the next request.
-    async fn hold(&self, plan: &Plan<'_>, applied: &Applied, domain: &Arc<str>) -> Duration {
-        let delay = Duration::from_micros(applied.delay_us);
+    /// Holds a committed request for the delay its `max_wait` limits admitted it with. Its
+    /// tokens are already debited, so later requests queue behind it. It is served at its
+    /// turn, never earlier: when shutdown will cut the connections off before that turn
+    /// (see [`Decider::shutting_down`]), its debits are given back and it is refused at
+    /// once instead. If the caller drops the request while it waits (the client cancelled
+    /// or timed out), its debits are given back too: the tokens go to the next request.
+    async fn hold(&self, plan: &Plan<'_>, applied: &Applied, domain: &Arc<str>) -> Hold {
         let mut waiting = Waiting {
             store: &self.store,
             metrics: &self.metrics,
@@ -378,25 +429,79 @@ impl Decider {
             answered: false,
             started: Instant::now(),
         };
-        let mut released = self.released.subscribe();
-        let end = tokio::select! {
-            () = tokio::time::sleep(delay) => ShapedEnd::Served,
-            _ = released.wait_for(|released| *released) => ShapedEnd::Released,
+        let due = TokioInstant::now() + Duration::from_micros(applied.delay_us);
+        let mut cut = self.cut.subscribe();
+        let end = loop {
+            if cut
+                .borrow_and_update()
+                .is_some_and(|cut| due + ANSWER_MARGIN > cut)
+            {
+                break ShapedEnd::Refused;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(due) => break ShapedEnd::Served,
+                // Only the decider's drop closes the channel; the turn still comes then.
+                Ok(()) = cut.changed() => {}
+            }
         };
-        let held = waiting.started.elapsed();
         waiting.answered = true;
+        let held = waiting.started.elapsed();
+        if end == ShapedEnd::Served {
+            self.metrics.record_shaped(domain, end, held);
+            // A sleep never ends early: served, this is at least the delay.
+            return Hold::Served(held);
+        }
+        let refused = self.refuse_held(plan, applied, due).await;
+        // Counted once the refund is done, so a reader of the metric sees it applied.
         self.metrics.record_shaped(domain, end, held);
-        // A sleep never ends early: served, this is at least the delay.
-        held
+        Hold::Refused(refused)
     }
 
-    /// Answers every request a `max_wait` limit holds at once, as OK, and every later one
-    /// without holding it: shutdown has begun. They are answered OK, not refused, because
-    /// their tokens are debited already and admitting them is what the limit decided; a
-    /// refusal would make their clients retry against another replica and spend the
-    /// tokens twice.
-    pub fn release_waiting(&self) {
-        self.released.send_replace(true);
+    /// Gives back the debits of a held request that shutdown refuses, and the answer that
+    /// refuses it: its `max_wait` limits report OVER_LIMIT, with the time until its turn as
+    /// the retry delay and the buckets as the refund left them. Refused even if the refund
+    /// fails: admitting it now would spend tokens that only its turn brings.
+    async fn refuse_held(&self, plan: &Plan<'_>, applied: &Applied, due: TokioInstant) -> Applied {
+        let refunds = plan.undo(applied);
+        let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
+        let mut refused = applied.clone();
+        refused.committed = false;
+        refused.delay_us = 0;
+        if !ops.is_empty() {
+            match self.store.apply(&ops).await {
+                Ok(undone) => {
+                    for ((index, _), result) in refunds.iter().zip(&undone.buckets) {
+                        if let Some(bucket) = refused.buckets.get_mut(*index) {
+                            bucket.view = result.view;
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(
+                    %error,
+                    "refund of a held request refused at shutdown failed: its tokens stay \
+                     debited until the buckets refill"
+                ),
+            }
+        }
+        let until_turn = due.saturating_duration_since(TokioInstant::now());
+        let retry_after_us = u64::try_from(until_turn.as_micros()).unwrap_or(u64::MAX);
+        for (op, bucket) in plan.ops.iter().zip(&mut refused.buckets) {
+            if op.enforce && op.params.max_wait_us > 0 && bucket.admitted {
+                bucket.admitted = false;
+                bucket.retry_after_us = Some(retry_after_us);
+            }
+        }
+        refused
+    }
+
+    /// Shutdown has begun and cuts every connection off at `cut` (moved earlier when an
+    /// operator cuts the drain short). A request a `max_wait` limit holds is still served
+    /// at its turn if that comes before the cut; otherwise its debits are given back and it
+    /// is refused at once (OVER_LIMIT), now or when it arrives. Never admitted early: its
+    /// tokens are ones only its turn brings, and spending them now would admit more than
+    /// the limit. A refusal rather than an RPC error, which Envoy would fail open.
+    pub fn shutting_down(&self, cut: TokioInstant) {
+        self.cut.send_replace(Some(cut));
     }
 
     /// Quota-mode buckets do not block the store's commit (only the request as a whole
@@ -608,5 +713,6 @@ fn jitter_roll() -> u64 {
     })
 }
 
+mod notice;
 #[cfg(test)]
 mod tests;

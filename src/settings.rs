@@ -259,7 +259,13 @@ pub struct ServeSettings {
     #[arg(long, env = "FLOODGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
-    /// On SIGTERM, how long in-flight requests may take to finish before exit.
+    /// On SIGTERM (or SIGINT), seconds health reports NOT_SERVING while every call, on old
+    /// and new connections, is still answered, so that Envoy's health checker takes the
+    /// replica out before it closes (docs/reliability.md); a second signal ends it early.
+    #[arg(long, env = "FLOODGATE_DRAIN_PERIOD", value_parser = parse_seconds, default_value = "15")]
+    pub drain_period: Duration,
+
+    /// After the drain period, how long in-flight requests may take to finish before exit.
     #[arg(long, env = "FLOODGATE_SHUTDOWN_GRACE", value_parser = parse_seconds, default_value = "10")]
     pub shutdown_grace: Duration,
 
@@ -423,6 +429,7 @@ impl fmt::Debug for ServeSettings {
             .field("shadow_mode", &self.shadow_mode)
             .field("health_requires_limits", &self.health_requires_limits)
             .field("log_format", &self.log_format)
+            .field("drain_period", &self.drain_period)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("max_in_flight", &self.max_in_flight)
             .field("grpc_max_message_bytes", &self.grpc_max_message_bytes)

@@ -322,9 +322,25 @@ fn kubernetes_objects_agree() {
         str_at(volume, "/configMap/name"),
         str_at(&k, "/configMapGenerator/0/name")
     );
+    // SIGKILL never cuts the drain or the grace (a preStop hook, if any, comes first), with
+    // 5 s to spare; readiness sees NOT_SERVING within the drain.
     let grace: u64 = flag("shutdown-grace").parse().unwrap();
-    let pre_stop = u64_at(container, "/lifecycle/preStop/sleep/seconds");
-    assert!(u64_at(pod, "/terminationGracePeriodSeconds") > pre_stop + grace);
+    let drain: u64 = flag("drain-period").parse().unwrap();
+    let pre_stop = container
+        .pointer("/lifecycle/preStop/sleep/seconds")
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    assert!(u64_at(pod, "/terminationGracePeriodSeconds") >= pre_stop + drain + grace + 5);
+    let readiness = u64_at(container, "/readinessProbe/periodSeconds")
+        * u64_at(container, "/readinessProbe/failureThreshold");
+    assert!(readiness <= drain, "readiness fails after {readiness} s");
+    // Twice what the shipped Envoy health check needs to take the replica out: one interval
+    // and one timeout (NOT_SERVING marks a host unhealthy at once).
+    let envoy_needs = envoy_health_check_seconds();
+    assert!(
+        drain as f64 >= 2.0 * envoy_needs,
+        "--drain-period={drain} is under twice Envoy's {envoy_needs} s"
+    );
 
     let redis_url = array_at(container, "/env")
         .iter()
@@ -472,6 +488,29 @@ fn grpc_tls_component_agrees() {
         u64_at(base_container, "/livenessProbe/tcpSocket/port"),
         service().grpc_port
     );
+}
+
+/// Seconds the shipped Envoy's health check on floodgate takes to see a NOT_SERVING answer:
+/// its longest interval (`no_traffic_interval`, 60 s unless set, times the check after the
+/// first one at Envoy's start) plus its timeout.
+fn envoy_health_check_seconds() -> f64 {
+    let envoy = yaml("deploy/envoy/envoy.yaml");
+    let check = &array_at(&envoy, "/static_resources/clusters")
+        .iter()
+        .find_map(|cluster| cluster["health_checks"].as_array())
+        .expect("a cluster with health checks")[0];
+    assert!(check["grpc_health_check"].is_object(), "{check}");
+    let seconds = |pointer: &str, default: &str| -> f64 {
+        let text = check
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or(default);
+        text.strip_suffix('s')
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{pointer}: {text}"))
+    };
+    let interval = seconds("/interval", "no interval");
+    interval.max(seconds("/no_traffic_interval", "60s")) + seconds("/timeout", "no timeout")
 }
 
 /// The Envoy bootstrap calls floodgate's Service on its gRPC port over HTTP/2, in a domain the

@@ -166,9 +166,10 @@ descriptors:
     server.stop().await;
 }
 
-/// A web page cannot write through /json: a body not declared `application/json` is 415 and a
-/// foreign `Origin` is 403, and neither drains the bucket; the same request from the admin
-/// port's own origin, or from a client that sends no Origin, is answered.
+/// A web page cannot write through /json: a browser's body (one with `Origin`) not declared
+/// `application/json` is 415 and a foreign `Origin` is 403, and neither drains the bucket; the
+/// same request from the admin port's own origin, or from a client that sends no Origin, is
+/// answered.
 #[tokio::test]
 async fn json_refuses_cross_site_writes() {
     let server = TestServer::start(LIMITS).await;
@@ -177,6 +178,7 @@ async fn json_refuses_cross_site_writes() {
                        "descriptors": [{"entries": [{"key": "client", "value": "x"}]}]})
     .to_string();
     let evil = ("Origin", "http://evil.example");
+    let own_origin = format!("http://{addr}");
     for (headers, status, says) in [
         (
             vec![("Content-Type", "text/plain"), evil],
@@ -185,7 +187,15 @@ async fn json_refuses_cross_site_writes() {
         ),
         (vec![evil], 415, "application/json"),
         (
-            vec![("Content-Type", "application/x-www-form-urlencoded")],
+            vec![("Content-Type", "application/x-www-form-urlencoded"), evil],
+            415,
+            "application/json",
+        ),
+        (
+            vec![
+                ("Content-Type", "application/x-www-form-urlencoded"),
+                ("Origin", own_origin.as_str()),
+            ],
             415,
             "application/json",
         ),
@@ -217,10 +227,9 @@ async fn json_refuses_cross_site_writes() {
     };
     assert_eq!(left(post_json(addr, &check).await), 2);
     // The console page's own origin (Origin = Host), and a client without Origin, write.
-    let own = format!("http://{addr}");
     let same_site = [
         ("Content-Type", "application/json"),
-        ("Origin", own.as_str()),
+        ("Origin", own_origin.as_str()),
     ];
     let response = call_with(
         addr,
@@ -233,6 +242,33 @@ async fn json_refuses_cross_site_writes() {
     assert_eq!(response.status, 200, "{}", response.body);
     assert_eq!(post_json(addr, &body("client", "x")).await.status, 200);
     assert_eq!(left(post_json(addr, &check).await), 0);
+    server.stop().await;
+}
+
+/// A client that sends no Origin is served whatever its Content-Type, or none, as the
+/// reference serves /json (its `TestJsonHandler` posts without one and expects 400, 200 and
+/// 429; `curl -d` declares a form).
+#[tokio::test]
+async fn json_serves_any_body_without_origin() {
+    let server = TestServer::start(LIMITS).await;
+    let addr = server.http_addr;
+    let post = |headers: &'static [(&'static str, &'static str)], body: String| async move {
+        call_with(addr, "POST", "/json", headers, Some(&body)).await
+    };
+    let bad = post(&[], "{not json".to_string()).await;
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let none = post(&[], body("client", "ref")).await;
+    assert_eq!(none.status, 200, "{}", none.body);
+    let form = post(
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        body("client", "ref"),
+    )
+    .await;
+    assert_eq!(form.status, 200, "{}", form.body);
+    let over = post(&[("Content-Type", "text/plain")], body("client", "ref")).await;
+    assert_eq!(over.status, 429, "{}", over.body);
+    let parsed: Value = serde_json::from_str(&over.body).unwrap();
+    assert_eq!(parsed["overallCode"], "OVER_LIMIT");
     server.stop().await;
 }
 

@@ -210,8 +210,9 @@ fn distinct(key: &str, tag: String) -> RateLimitRequest {
     )
 }
 
-/// Past each request cap the binary answers INVALID_ARGUMENT naming the flag to raise; at
-/// the cap it answers.
+/// Past each cap on what Envoy's configuration decides (descriptors, entries, domain) the
+/// binary answers INVALID_ARGUMENT naming the flag to raise; at the caps it answers; a key or
+/// value past `--max-value-bytes` (what a client decides) is answered, and counted.
 #[tokio::test]
 async fn request_caps_are_flags_and_name_themselves() {
     let (server, _dir) = serve(&[
@@ -243,10 +244,12 @@ async fn request_caps_are_flags_and_name_themselves() {
             request("d", vec![descriptor(&[("k", "v"), ("a", "b"), ("c", "d")])]),
             "--max-entries",
         ),
-        (simple("d", "k", "123456789"), "--max-value-bytes"),
-        (simple("d", "key-of-9b", "v"), "--max-value-bytes"),
         (simple("domain-9b", "k", "v"), "--max-value-bytes"),
     ];
+    for long in [simple("d", "k", "123456789"), simple("d", "key-of-9b", "v")] {
+        let response = client.should_rate_limit(long).await.unwrap();
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
     for (message, flag) in beyond {
         let refused = client.should_rate_limit(message).await.unwrap_err();
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
@@ -254,8 +257,20 @@ async fn request_caps_are_flags_and_name_themselves() {
     }
     assert_eq!(
         count(server.http, r#"floodgate_requests_total{result="invalid"}"#).await,
-        5
+        3
     );
+    assert_eq!(
+        count(server.http, "floodgate_oversized_values_total").await,
+        2
+    );
+    // Told to the operator at a bounded rate: one line for both, never the value.
+    let told = "over --max-value-bytes";
+    support::eventually("the oversized value logged", || async {
+        server.log_count(told) > 0
+    })
+    .await;
+    assert_eq!(server.log_count(told), 1);
+    assert_eq!(server.log_count("123456789"), 0);
     let (exit, _) = tokio::task::spawn_blocking(move || server.terminate())
         .await
         .unwrap();

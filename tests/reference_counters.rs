@@ -502,3 +502,58 @@ async fn a_shared_counter_is_never_leased() {
         "a hot limit of floodgate's own was not leased"
     );
 }
+
+/// Envoy Gateway's usage-based limit against the binary started as Envoy Gateway starts it
+/// (the reference's environment: fixed windows, the reference's counters in Redis): 100 tokens
+/// a minute, each request a `hits_addend: 0` check then a `hits_addend: 37` charge; exactly
+/// the first 3 checks pass, and the reference's counter holds every charge (111).
+#[tokio::test]
+async fn usage_charges_hold_as_the_reference_counts_them() {
+    const TOKENS: &str = r#"
+domain: envoy-gateway
+descriptors:
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 100}
+"#;
+    let redis = RedisServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = runtime_tree(tmp.path());
+    std::fs::write(tmp.path().join("ratelimit/config/eg.yaml"), TOKENS).unwrap();
+    let url = redis.address();
+    let server = Floodgate::start_with_env(
+        &["--redis-timeout-ms", DEADLINE_MS],
+        &reference_env(&root, &url, &[]),
+    );
+    let mut client = connect(&server).await;
+    let mut conn = redis.connection().await;
+    // The eight requests and the counter's name share one minute window.
+    support::eventually("a minute with 10 s left", || async { now_secs() % 60 < 50 }).await;
+    let minute = now_secs() / 60 * 60;
+    let usage = |hits| {
+        let mut check = descriptor(&[("tokens", "client")]);
+        check.hits_addend = Some(hits);
+        request("envoy-gateway", vec![check])
+    };
+    let mut admitted = Vec::new();
+    for _ in 0..8 {
+        let check = ask(&mut client, usage(0)).await;
+        admitted.push(check.overall_code == OK);
+        if check.overall_code == OK {
+            // Envoy ignores the answer to the charge it sends when the stream is done.
+            ask(&mut client, usage(37)).await;
+        }
+    }
+    assert_eq!(
+        admitted,
+        [true, true, true, false, false, false, false, false]
+    );
+    let held: String = conn
+        .get(format!("rl_envoy-gateway_tokens_client_{minute}"))
+        .await
+        .unwrap();
+    assert_eq!(held, "111");
+    let (exit, log) = tokio::task::spawn_blocking(move || server.terminate())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}

@@ -211,7 +211,7 @@ async fn reference_environment_gets_reference_answers() {
     let mut heavy = nested("gold");
     heavy.hits_addend = 3;
     assert_eq!(client.one(heavy).await, (OK, 1));
-    // A descriptor's own hits_addend wins: 2 more would exceed → denied.
+    // A descriptor's own hits_addend wins: a charge of 2 more does not fit → OVER_LIMIT.
     let too_many = request(
         "api",
         vec![with_hits(
@@ -1024,14 +1024,15 @@ async fn reference_example_environment() {
     assert_eq!(unlimited.statuses[0].limit_remaining, u32::MAX);
 
     // A request with a per-second and a per-hour limit goes to both Redis, once each...
-    let mixed = |baz_hits: u64| {
-        request(
-            "rl",
-            vec![
-                descriptor(&[("category", "account")]),
-                with_hits(descriptor(&[("foo", "f6"), ("baz", "any")]), baz_hits),
-            ],
-        )
+    // `baz_hits` implicit hits on the per-second limit: its descriptor that many times (one
+    // bucket, debited once with the summed cost), all or nothing.
+    let mixed = |baz_hits: usize| {
+        let mut descriptors = vec![descriptor(&[("category", "account")])];
+        descriptors.extend(std::iter::repeat_n(
+            descriptor(&[("foo", "f6"), ("baz", "any")]),
+            baz_hits,
+        ));
+        request("rl", descriptors)
     };
     let before = (lookups(&redis).await, lookups(&per_second).await);
     let both = client.ask(mixed(1)).await;

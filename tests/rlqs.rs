@@ -11,18 +11,19 @@ use std::time::Duration;
 use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use floodgate::proto::rlqs::rate_limit_quota_response::bucket_action::QuotaAssignmentAction;
 use floodgate::proto::rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use floodgate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use floodgate::proto::rlqs::{BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports};
-use floodgate::proto::types::TokenBucket;
-use floodgate::proto::types::rate_limit_strategy::{BlanketRule, Strategy};
+use floodgate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use floodgate::proto::types::rate_limit_strategy::BlanketRule;
 use floodgate::rlqs::share::{Ask, Table, reassess, settle};
 use support::certs::{Pki, arg};
 use support::process::Floodgate;
 use support::redis::sentinel::{MASTER_NAME, SentinelSetup, info_field};
 use support::redis::{RedisCluster, RedisServer};
+use support::rlqs::{
+    Envoy, Usage, assignment, blanket, bucket, granted, reports, token_bucket, ttl_secs,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Code, Streaming};
+use tonic::Code;
 
 const LIMITS: &str = "
 domain: edge
@@ -47,9 +48,6 @@ descriptors:
 /// that pair each report with its answer must see no assignment pushed in between.
 const NO_REASSESS: [&str; 2] = ["--rlqs-reassess-interval", "86400"];
 
-/// How long a test waits for one message before failing.
-const MESSAGE_DEADLINE: Duration = support::EVENTUALLY;
-
 /// Writes `yaml` as the limits file in `dir`; returns its path.
 fn limits_file(dir: &Path, yaml: &str) -> String {
     let path = dir.join("limits.yaml");
@@ -73,131 +71,6 @@ async fn on_two_replicas(flags: &[&str], scenario: impl AsyncFnOnce(&Floodgate, 
     scenario(&first, &second).await;
     first.stop().await;
     second.stop().await;
-}
-
-/// One Envoy's RLQS stream.
-struct Envoy {
-    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-    responses: Streaming<RateLimitQuotaResponse>,
-}
-
-/// One report: the bucket's entries, requests allowed, requests denied, seconds elapsed.
-type Usage<'a> = (&'a [(&'a str, &'a str)], u64, u64, i64);
-
-fn bucket(entries: &[(&str, &str)]) -> BucketId {
-    BucketId {
-        bucket: entries
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-    }
-}
-
-fn reports(domain: &str, usages: &[Usage<'_>]) -> RateLimitQuotaUsageReports {
-    RateLimitQuotaUsageReports {
-        domain: domain.to_owned(),
-        bucket_quota_usages: usages
-            .iter()
-            .map(|(entries, allowed, denied, elapsed)| BucketQuotaUsage {
-                bucket_id: Some(bucket(entries)),
-                time_elapsed: Some(prost_types::Duration {
-                    seconds: *elapsed,
-                    nanos: 0,
-                }),
-                num_requests_allowed: *allowed,
-                num_requests_denied: *denied,
-            })
-            .collect(),
-    }
-}
-
-impl Envoy {
-    /// Opens a stream to `server`; an error status if it is refused.
-    async fn open(server: &Floodgate) -> Result<Envoy, tonic::Status> {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", server.grpc))
-            .await
-            .unwrap();
-        let (reports, outbound) = mpsc::channel(16);
-        let responses = client
-            .stream_rate_limit_quotas(ReceiverStream::new(outbound))
-            .await?
-            .into_inner();
-        Ok(Envoy { reports, responses })
-    }
-
-    /// Sends one message as is.
-    async fn send(&self, message: RateLimitQuotaUsageReports) {
-        self.reports.send(message).await.unwrap();
-    }
-
-    /// The next message, or the status that ended the stream (`Ok(None)`: ended cleanly).
-    async fn next(&mut self) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
-        tokio::time::timeout(MESSAGE_DEADLINE, self.responses.message())
-            .await
-            .expect("no message from the server in time")
-    }
-
-    /// Reports `usages` in `domain` and returns the answer.
-    async fn report(&mut self, domain: &str, usages: &[Usage<'_>]) -> RateLimitQuotaResponse {
-        self.send(reports(domain, usages)).await;
-        self.next().await.unwrap().expect("stream ended")
-    }
-
-    /// The status that ends the stream after `message`.
-    async fn refused(&mut self, message: RateLimitQuotaUsageReports) -> tonic::Status {
-        self.send(message).await;
-        loop {
-            match self.next().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => panic!("stream ended without an error"),
-                Err(status) => return status,
-            }
-        }
-    }
-}
-
-/// The assignment of the only action of `response`.
-fn assignment(response: &RateLimitQuotaResponse) -> &QuotaAssignmentAction {
-    assert_eq!(response.bucket_action.len(), 1, "{response:?}");
-    match &response.bucket_action[0].bucket_action {
-        Some(Action::QuotaAssignmentAction(assignment)) => assignment,
-        other => panic!("not an assignment: {other:?}"),
-    }
-}
-
-fn token_bucket(assignment: &QuotaAssignmentAction) -> Option<&TokenBucket> {
-    match assignment.rate_limit_strategy.as_ref()?.strategy.as_ref()? {
-        Strategy::TokenBucket(bucket) => Some(bucket),
-        Strategy::BlanketRule(_) | Strategy::RequestsPerTimeUnit(_) => None,
-    }
-}
-
-fn blanket(assignment: &QuotaAssignmentAction) -> Option<BlanketRule> {
-    match assignment.rate_limit_strategy.as_ref()?.strategy.as_ref()? {
-        Strategy::BlanketRule(rule) => BlanketRule::try_from(*rule).ok(),
-        _ => None,
-    }
-}
-
-/// The fill rate a single-action response grants (tokens per fill; 0 when denied).
-fn granted(response: &RateLimitQuotaResponse) -> u64 {
-    let assignment = assignment(response);
-    match token_bucket(assignment) {
-        Some(bucket) => u64::from(bucket.tokens_per_fill.unwrap_or(1)),
-        None => {
-            assert_eq!(
-                blanket(assignment),
-                Some(BlanketRule::DenyAll),
-                "{response:?}"
-            );
-            0
-        }
-    }
-}
-
-fn ttl_secs(assignment: &QuotaAssignmentAction) -> f64 {
-    let ttl = assignment.assignment_time_to_live.unwrap();
-    ttl.seconds as f64 + f64::from(ttl.nanos) / 1e9
 }
 
 /// A matched limit is assigned as a token bucket with the limit's numbers (a lone Envoy
@@ -354,6 +227,7 @@ async fn shares_follow_a_sentinel_failover() {
         .await
         .unwrap();
     let nodes = setup.node_urls().join(",");
+    // Short assignments: an ended stream's rows last until its assignments expire.
     let store = [
         "--redis-sentinel",
         MASTER_NAME,
@@ -361,6 +235,8 @@ async fn shares_follow_a_sentinel_failover() {
         nodes.as_str(),
         NO_REASSESS[0],
         NO_REASSESS[1],
+        "--rlqs-assignment-ttl",
+        "2",
     ];
     let (first, _dir1) = start(&store);
     let (second, _dir2) = start(&store);
@@ -371,8 +247,8 @@ async fn shares_follow_a_sentinel_failover() {
         100
     );
     drop(envoy);
-    // Its row given back before the master goes: a release that fails leaves the row to its
-    // expiry, holding the rate meanwhile, as the Envoy may still hold its assignment.
+    // Its row given back (once its assignment has expired) before the master goes: a
+    // release that fails leaves the row to its expiry.
     no_share_tables(&setup.master).await;
 
     setup.master.stop();
@@ -746,6 +622,43 @@ async fn sigterm_expires_every_assignment() {
     assert_eq!(exit.code(), Some(0), "{log}");
 }
 
+/// During the drain period after SIGTERM a stream is still answered (a new bucket gets its
+/// assignment) and expires nothing; its assignments get a time to live of 0 only once the
+/// drain is over (here cut short by a second signal), then the server exits 0.
+#[tokio::test]
+async fn streams_are_served_through_the_drain_and_expire_after_it() {
+    // Far longer than the test: only the second signal ends it.
+    let (server, _dir) = start(&["--drain-period", "600"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let first = envoy.report("edge", &[(&[("tenant", "a")], 1, 0, 0)]).await;
+    assert!(ttl_secs(assignment(&first)) > 0.0);
+    server.sigterm();
+    let http = server.http;
+    support::eventually("health turns NOT_SERVING", || async {
+        support::http::call(http, "GET", "/healthcheck", None)
+            .await
+            .status
+            == 503
+    })
+    .await;
+    let during = envoy.report("edge", &[(&[("tenant", "b")], 1, 0, 0)]).await;
+    assert!(ttl_secs(assignment(&during)) > 0.0, "{during:?}");
+    server.signal("INT");
+    let expired = envoy.next().await.unwrap().expect("no expiry sent");
+    assert_eq!(expired.bucket_action.len(), 2, "{expired:?}");
+    for action in &expired.bucket_action {
+        let Some(Action::QuotaAssignmentAction(assignment)) = &action.bucket_action else {
+            panic!("not an assignment: {action:?}");
+        };
+        assert_eq!(ttl_secs(assignment), 0.0);
+    }
+    assert!(matches!(envoy.next().await, Ok(None)));
+    let (exit, log) = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{log}");
+}
+
 /// A reload that changes a limit re-assigns its buckets without waiting for a report.
 #[tokio::test]
 async fn a_reload_reassigns_the_changed_buckets() {
@@ -980,5 +893,33 @@ async fn an_rlqs_stream_keeps_its_connection_at_the_bound() {
         "the stream's connection made way"
     );
     envoy.report("edge", usage).await;
+    server.stop().await;
+}
+
+/// With the documented settings for an Envoy configured with a 1 s `reporting_interval`
+/// (`--rlqs-reporting-interval 1`, the time to live left at its default), an Envoy that
+/// reports every 5 s, as Envoy 1.40 does whatever its interval says, always holds a valid
+/// assignment: each one arrives before the one it follows has expired.
+#[tokio::test]
+async fn reports_every_5_s_never_outlive_their_assignment() {
+    let (server, _dir) = start(&["--rlqs-reporting-interval", "1"]);
+    let mut envoy = Envoy::open(&server).await.unwrap();
+    let tenant: &[(&str, &str)] = &[("tenant", "a")];
+    let mut valid_until: Option<tokio::time::Instant> = None;
+    for round in 0..3 {
+        if round > 0 {
+            // Envoy's fixed report period: the client's behaviour, not a wait for the server.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        let response = envoy.report("edge", &[(tenant, 5, 0, 5)]).await;
+        let now = tokio::time::Instant::now();
+        if let Some(until) = valid_until {
+            assert!(now < until, "round {round}: the assignment lapsed");
+        }
+        let ttl = ttl_secs(assignment(&response));
+        // A report may be lost, and the next one still extends the assignment.
+        assert!(ttl >= 15.0, "round {round}: a {ttl} s assignment");
+        valid_until = Some(now + Duration::from_secs_f64(ttl));
+    }
     server.stop().await;
 }

@@ -306,7 +306,8 @@ async fn hits_addend_rules(backend: Backend) {
     server.stop().await;
 }
 
-/// A descriptor `limit` override replaces the configured limit (in a known domain only).
+/// A descriptor `limit` override replaces the configured limit (in a known domain only); one
+/// whose unit is none is ignored and counted, and the configured limit applies.
 async fn limit_override_replaces_configured_limit(backend: Backend) {
     let server = TestServer::with(LIMITS).on(backend).start().await;
     let overridden = || {
@@ -359,13 +360,18 @@ async fn limit_override_replaces_configured_limit(backend: Backend) {
         "test",
         vec![with_override(descriptor(&[("tb", "x")]), 5, 0)],
     );
-    let status = server.ask_err(bad_unit).await;
-    assert_eq!(status.code(), GrpcCode::InvalidArgument);
-    assert!(
-        status.message().contains("descriptors[0].limit.unit"),
-        "{}",
-        status.message()
+    // An override without a unit is ignored, not refused (Envoy would fail the request
+    // open): the configured limit (7 a minute, burst 3) still counts it.
+    let ignored = server.ask(bad_unit).await;
+    assert_eq!(
+        only(&ignored)
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit),
+        Some(7)
     );
+    assert_eq!(remaining(&ignored), 1);
+    assert_eq!(server.metric("floodgate_ignored_overrides_total"), 1);
     server.stop().await;
 }
 
@@ -587,9 +593,8 @@ async fn malformed_requests_are_invalid_argument(backend: Backend) {
             "request has 65 descriptors; at most 64 are allowed (--max-descriptors)",
         ),
         (
-            request("test", vec![descriptor(&[("tb", &"v".repeat(4097))])]),
-            "descriptors[0].entries[0].value is 4097 bytes long; at most 4096 are allowed \
-             (--max-value-bytes)",
+            simple(&"d".repeat(4097), "tb", "x"),
+            "rate limit domain is 4097 bytes long; at most 4096 are allowed (--max-value-bytes)",
         ),
     ];
     for (request, message) in cases {
@@ -598,6 +603,62 @@ async fn malformed_requests_are_invalid_argument(backend: Backend) {
         assert_eq!(status.message(), message);
     }
     assert_eq!(server.bucket_count().await, 0);
+    server.stop().await;
+}
+
+/// A descriptor value longer than `--max-value-bytes` (a client's header) is still limited:
+/// matched in full (a wildcard rule finds it), counted in a bucket of its own known by a
+/// digest, and counted in `floodgate_oversized_values_total`; no metric path holds its bytes.
+async fn oversized_values_are_limited(backend: Backend) {
+    const LONG: &str = r#"
+domain: long
+descriptors:
+  - key: api_key
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#;
+    let server = TestServer::with(LONG).on(backend).start().await;
+    let key = "k".repeat(5_000);
+    let codes = async |value: &str, n: usize| {
+        let mut codes = Vec::new();
+        for _ in 0..n {
+            codes.push(
+                server
+                    .ask(simple("long", "api_key", value))
+                    .await
+                    .overall_code,
+            );
+        }
+        codes
+    };
+    assert_eq!(codes(&key, 3).await, [OK, OK, OVER]);
+    // Another long value is another client: a bucket of its own.
+    assert_eq!(codes(&"j".repeat(5_000), 1).await, [OK]);
+    let path = format!("/api/{}", "p".repeat(5_000));
+    let first = server.ask(simple("long", "path", &path)).await;
+    assert_eq!(first.overall_code, OK);
+    assert!(
+        first.statuses[0].current_limit.is_some(),
+        "the wildcard rule matched"
+    );
+    assert_eq!(
+        server.ask(simple("long", "path", &path)).await.overall_code,
+        OVER
+    );
+    assert_eq!(server.metric("floodgate_oversized_values_total"), 6);
+    assert_eq!(server.bucket_count().await, 3);
+    let exposition = server.metrics.encode();
+    assert!(
+        exposition.contains("long.api_key_#"),
+        "the detailed path names the digest"
+    );
+    assert!(
+        !exposition.contains(&"k".repeat(64)),
+        "a metric holds the long value"
+    );
     server.stop().await;
 }
 
@@ -760,14 +821,133 @@ async fn token_quota_pattern(backend: Backend) {
     assert_eq!(ask("metered", 0).await.overall_code, OK);
     server.advance_ms(600);
     assert_eq!(remaining(&ask("metered", 0).await), 1);
-
-    // Without overdraft (the reason for the option): the charge that does not fit is denied
-    // and debits nothing, so its 70 tokens escape and every later check still passes.
-    assert_eq!(ask("tokens", 60).await.overall_code, OK);
-    assert_eq!(ask("tokens", 70).await.overall_code, OVER);
-    let check = ask("tokens", 0).await;
-    assert_eq!((check.overall_code, remaining(&check)), (OK, 40));
     server.stop().await;
+}
+
+/// Without `overdraft` in the limit (Envoy Gateway's rate-limit config cannot carry it), an
+/// explicit descriptor `hits_addend` is a charge that applies whether it fits or not, while
+/// the same cost as implicit hits (request-level `hits_addend`) stays all or nothing.
+async fn explicit_charge_always_applies(backend: Backend) {
+    let server = TestServer::with(QUOTA_LIMITS).on(backend).start().await;
+    let ask = |value: &'static str, hits| {
+        let request = request("q", vec![with_hits(descriptor(&[("tokens", value)]), hits)]);
+        let server = &server;
+        async move { server.ask(request).await }
+    };
+    // Implicit hits: 70 do not fit in the 40 left, so nothing is debited.
+    assert_eq!(ask("implicit", 60).await.overall_code, OK);
+    let mut implicit = simple("q", "tokens", "implicit");
+    implicit.hits_addend = 70;
+    assert_eq!(server.ask(implicit).await.overall_code, OVER);
+    let check = ask("implicit", 0).await;
+    assert_eq!((check.overall_code, remaining(&check)), (OK, 40));
+
+    // An explicit charge of 70 with 40 left: applied anyway (the bucket is 30 tokens in
+    // debt), so every check is refused until refill repays it (30 × 600 ms = 18 s).
+    assert_eq!(ask("charged", 60).await.overall_code, OK);
+    let charge = ask("charged", 70).await;
+    assert_eq!((charge.overall_code, remaining(&charge)), (OVER, 0));
+    let check = ask("charged", 0).await;
+    assert_eq!((check.overall_code, remaining(&check)), (OVER, 0));
+    server.advance_ms(17_999);
+    assert_eq!(ask("charged", 0).await.overall_code, OVER);
+    server.advance_ms(1);
+    assert_eq!(ask("charged", 0).await.overall_code, OK);
+
+    // A charge never blocks the store's commit of the request's other buckets; one that
+    // does not fit answers the request OVER_LIMIT, so its implicit debit (`hard`, 2 a minute)
+    // is given back while the charge is kept.
+    let both = request(
+        "q",
+        vec![
+            with_hits(descriptor(&[("tokens", "charged")]), 50),
+            descriptor(&[("hard", "h")]),
+        ],
+    );
+    let answer = server.ask(both).await;
+    assert_eq!(answer.overall_code, OVER);
+    assert_eq!(
+        (answer.statuses[0].code, answer.statuses[1].code),
+        (OVER, OK)
+    );
+    assert_eq!(remaining(&server.ask(simple("q", "hard", "h")).await), 1);
+    server.advance_ms(18_000);
+    assert_eq!(
+        ask("charged", 0).await.overall_code,
+        OVER,
+        "the charge was kept"
+    );
+    server.stop().await;
+}
+
+/// Envoy Gateway's usage-based limit in reference mode (fixed windows, the reference's
+/// counters): 100 tokens a minute, each request a `hits_addend: 0` check then a
+/// `hits_addend: 37` charge; exactly 3 checks pass (37, 74, 111 > 100), as the reference
+/// answers, then every check of the window is refused.
+async fn usage_limit_in_reference_mode(backend: Backend) {
+    const LIMITS: &str = r#"
+domain: envoy-gateway
+descriptors:
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 100, algorithm: fixed_window}
+"#;
+    let options = floodgate::plan::PlanOptions {
+        default_algorithm: floodgate::limiter::Algorithm::FixedWindow,
+        reference_counters: Some(floodgate::plan::ReferenceCounters {
+            prefix: std::sync::Arc::from(&b"rl_"[..]),
+            expiry_jitter_max_secs: 0,
+        }),
+        ..options()
+    };
+    let server = TestServer::with(LIMITS)
+        .on(backend)
+        .options(options)
+        .start()
+        .await;
+    let ask = |hits| {
+        let request = request(
+            "envoy-gateway",
+            vec![with_hits(descriptor(&[("tokens", "client")]), hits)],
+        );
+        let server = &server;
+        async move { server.ask(request).await }
+    };
+    // Redis names a reference counter's window by the wall clock (the pod's, as the
+    // reference does): keep the eight requests inside one minute.
+    away_from_minute_edge().await;
+    let mut admitted = Vec::new();
+    for _ in 0..8 {
+        let check = ask(0).await;
+        admitted.push(check.overall_code == OK);
+        if check.overall_code == OK {
+            // Envoy ignores the answer to the charge it sends when the stream is done.
+            ask(37).await;
+        }
+        server.advance_ms(1_000);
+    }
+    assert_eq!(
+        admitted,
+        [true, true, true, false, false, false, false, false],
+        "the reference admits the first 3 of 8"
+    );
+    server.stop().await;
+}
+
+/// Waits (on the wall clock) until the current minute has more than 10 s left.
+async fn away_from_minute_edge() {
+    let second_of_minute = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 60
+    };
+    eventually_within(
+        "a minute with 10 s left",
+        Duration::from_secs(15),
+        || async { second_of_minute() < 50 },
+    )
+    .await;
 }
 
 /// Limits at the extremes of every algorithm: the fastest (`requests_per_unit` u32::MAX per
@@ -804,10 +984,12 @@ descriptors:
 /// The answer to `hits` on the single descriptor `key=value` of the `extremes` domain:
 /// overall code and `limit_remaining`.
 async fn extreme_on(server: &TestServer, key: &str, value: &str, hits: u64) -> (i32, u32) {
-    let request = request(
-        "extremes",
-        vec![with_hits(descriptor(&[(key, value)]), hits)],
-    );
+    // Implicit hits (all or nothing); 0 is a check, which only a descriptor can ask.
+    let mut request = request("extremes", vec![descriptor(&[(key, value)])]);
+    match hits {
+        0 => request.descriptors[0].hits_addend = Some(0),
+        hits => request.hits_addend = u32::try_from(hits).unwrap(),
+    }
     let response = server.ask(request).await;
     (response.overall_code, remaining(&response))
 }
@@ -891,7 +1073,8 @@ async fn extreme_limits_every_algorithm(backend: Backend) {
         } else {
             u64::from(u32::MAX)
         };
-        let request = request("extremes", vec![with_hits(descriptor(&[(key, "r")]), hits)]);
+        let mut request = request("extremes", vec![descriptor(&[(key, "r")])]);
+        request.hits_addend = u32::try_from(hits).unwrap();
         let emptied = server.ask(request).await;
         assert_eq!(
             (emptied.overall_code, remaining(&emptied)),
@@ -901,11 +1084,13 @@ async fn extreme_limits_every_algorithm(backend: Backend) {
         assert_eq!(reset_seconds(only(&emptied)), 1, "{key}");
     }
     let overridden = with_override(
-        with_hits(descriptor(&[("yearly_tb", "o")]), u64::from(u32::MAX)),
+        descriptor(&[("yearly_tb", "o")]),
         u32::MAX,
         RateLimitUnit::Minute as i32,
     );
-    let response = server.ask(request("extremes", vec![overridden])).await;
+    let mut overridden = request("extremes", vec![overridden]);
+    overridden.hits_addend = u32::MAX;
+    let response = server.ask(overridden).await;
     assert_eq!((response.overall_code, remaining(&response)), (OK, 0));
     assert_eq!(reset_seconds(only(&response)), 60);
 
@@ -928,8 +1113,9 @@ async fn extreme_limits_every_algorithm(backend: Backend) {
     assert_eq!(extreme(&server, "two_years_tb", 2).await, (OK, 0));
     let third = server.ask(simple("extremes", "two_years_tb", "x")).await;
     assert_eq!(third.overall_code, OVER);
-    // Full again when both tokens are back: two tokens of two years each.
-    assert_eq!(reset_seconds(only(&third)), 2 * 63_072_000);
+    // Stated as 1 per year (the longest unit), its reset is when that one token is back,
+    // two years, not when the burst of two is full again.
+    assert_eq!(reset_seconds(only(&third)), 63_072_000);
     assert_eq!(extreme(&server, "two_years_fw", max).await, (OK, 0));
     assert_eq!(extreme(&server, "two_years_fw", 1).await.0, OVER);
     assert_eq!(extreme(&server, "two_years_sw", 3).await, (OK, 0));
@@ -1007,11 +1193,14 @@ behaviour_suite!(
     wildcard_without_share_threshold_is_per_value,
     non_utf8_values_are_accepted,
     malformed_requests_are_invalid_argument,
+    oversized_values_are_limited,
     empty_descriptor_is_ok_without_limit,
     health_reports_serving,
     quota_mode_over_alone_does_not_deny,
     quota_mode_all_over_denies_and_debits_nothing,
     quota_mode_non_quota_limit_still_denies,
     token_quota_pattern,
+    explicit_charge_always_applies,
+    usage_limit_in_reference_mode,
     extreme_limits_every_algorithm,
 );

@@ -170,12 +170,13 @@ async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
     .await;
     // Three more tokens would be 60 s away (45 s without the third's): beyond 40 s, refused,
     // with when to retry.
-    let heavy = request("s", vec![with_hits(descriptor(&[("k", "v")]), 3)]);
+    let mut heavy = simple("s", "k", "v");
+    heavy.hits_addend = 3;
     let refused = client.should_rate_limit(heavy).await.unwrap().into_inner();
     assert_eq!(refused.overall_code, Code::OverLimit as i32, "{refused:?}");
     assert_eq!(delayed_ms(&refused), None);
     // Had it debited, the next token would be 75 s away and this refused too: it is 30 s
-    // away, so it is held (answered, OK, only when shutdown releases it below).
+    // away, so it is held (until shutdown, below, refuses it: its turn is past the cut).
     let mut after = client.clone();
     let next = tokio::spawn(async move {
         after
@@ -189,17 +190,18 @@ async fn beyond_max_wait_refused_and_nothing_debited(backend: Backend) {
     })
     .await;
     server.begin_stop();
+    // Both were held (a request refused on arrival is no shaped request), and shutdown,
+    // which cuts the connections off 5 s later, refuses both rather than admit them early.
     for (which, task) in [("next", next), ("third", held)] {
         let response = task.await.unwrap();
         assert_eq!(
             response.overall_code,
-            Code::Ok as i32,
+            Code::OverLimit as i32,
             "{which}: {response:?}"
         );
-        assert!(delayed_ms(&response).is_some(), "{which} not held");
     }
     assert_eq!(
-        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="released"}"#),
+        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="refused"}"#),
         2
     );
     server.join().await;
@@ -262,9 +264,10 @@ async fn a_cancelled_wait_gives_its_tokens_back(backend: Backend) {
     server.stop().await;
 }
 
-/// Shutdown answers a held request at once, OK (its token is already debited), and the
-/// server then stops without waiting out the delay.
-async fn shutdown_answers_held_requests_at_once(backend: Backend) {
+/// Shutdown refuses a held request whose turn comes after the connections are cut (here a
+/// minute away, the cut 5 s away) at once, OVER_LIMIT, with its token given back: never
+/// admitted before its turn.
+async fn shutdown_refuses_held_requests_whose_turn_is_past_the_cut(backend: Backend) {
     let (mut server, _redis) = start(SLOW, backend).await;
     server.ask(simple("s", "k", "v")).await;
     let mut client = server.client().await;
@@ -283,13 +286,19 @@ async fn shutdown_answers_held_requests_at_once(backend: Backend) {
     .await;
     server.begin_stop();
     let (waited, response) = held.await.unwrap();
-    assert_eq!(response.overall_code, Code::Ok as i32, "{response:?}");
-    // Released, not served: it did not wait its minute.
-    assert!(waited < Duration::from_secs(50), "{waited:?}");
-    let delayed = delayed_ms(&response).expect("held");
-    assert!(delayed < 50_000, "{delayed}");
     assert_eq!(
-        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="released"}"#),
+        response.overall_code,
+        Code::OverLimit as i32,
+        "{response:?}"
+    );
+    // Refused at once, not at its turn a minute later.
+    assert!(waited < Duration::from_secs(50), "{waited:?}");
+    assert_eq!(delayed_ms(&response), None);
+    // Given back: the bucket is full again within the first request's minute, not two.
+    let reset = response.statuses[0].duration_until_reset.unwrap().seconds;
+    assert!(reset <= 60, "{reset} s: the held token was not given back");
+    assert_eq!(
+        server.metric(r#"floodgate_shaped_requests_total{domain="s",result="refused"}"#),
         1
     );
     server.join().await;
@@ -386,6 +395,6 @@ on_both_stores!(
     a_burst_of_three_buckets_is_paced_not_refused,
     beyond_max_wait_refused_and_nothing_debited,
     a_cancelled_wait_gives_its_tokens_back,
-    shutdown_answers_held_requests_at_once,
+    shutdown_refuses_held_requests_whose_turn_is_past_the_cut,
     a_cancelled_wait_refunds_its_own_window_only,
 );

@@ -160,6 +160,20 @@ fn encode_in_domain<'a>(
     push_decimal(out, period_us / 1_000_000);
 }
 
+/// The name a request key or value longer than `--max-value-bytes` is known by once matched
+/// (in bucket keys, reference counter names and metric paths): `#` and 32 hex digits of its
+/// SHA-256, 33 bytes whatever the value's length. A value of exactly this form names the same
+/// bucket, which gives its sender nothing: they could send the long value itself.
+pub fn value_digest(raw: &[u8]) -> Vec<u8> {
+    let digest = Sha256::digest(raw);
+    let mut out = Vec::with_capacity(33);
+    out.push(b'#');
+    for b in &digest[..16] {
+        push_hex(&mut out, *b);
+    }
+    out
+}
+
 fn push_component(out: &mut Vec<u8>, raw: &[u8]) {
     let escaped_len: usize = raw.iter().map(|&b| if is_plain(b) { 1 } else { 3 }).sum();
     if escaped_len > MAX_COMPONENT {

@@ -1,15 +1,20 @@
 //! Cross-site writes refused on the admin port: every state-changing request (`POST /json`,
-//! the console's `POST /buckets/*`) must be `Content-Type: application/json` and, when it
-//! carries an `Origin`, come from the admin port's own origin.
+//! the console's `POST /buckets/*`) may come from a browser only from the admin port's own
+//! origin, and its body must be declared `Content-Type: application/json` wherever a browser
+//! could be sending it.
 //!
 //! Why: the admin port is reached through `kubectl port-forward` from an operator's browser.
 //! A page from anywhere can make that browser send a "simple" cross-origin POST (a form or a
 //! `fetch` with `Content-Type: text/plain`) to `localhost:8080` without any preflight, so a
 //! body that parses as JSON whatever its type would let that page drain or refill buckets.
-//! Requiring `application/json` makes such a request non-simple (a browser must preflight it,
-//! and nothing here answers CORS preflights), and the `Origin` check refuses a browser that
-//! sends it anyway. A request without `Origin` comes from a non-browser client (the CLI,
-//! curl, Envoy's Lua filters): browsers always send it on a cross-origin POST.
+//! Browsers always send `Origin` on such a POST, and the `Origin` check refuses it; requiring
+//! `application/json` of every write that carries `Origin` makes a browser's write
+//! non-simple besides (a browser must preflight it, and nothing here answers CORS
+//! preflights). A request without `Origin` comes from a non-browser client (the CLI, curl,
+//! Envoy's Lua filters, the reference's own tests): on `/json` it is served whatever its
+//! `Content-Type`, as the reference serves it (`curl -d` declares a form, the reference's
+//! `TestJsonHandler` declares nothing); the console's writes, which only floodgate's page and
+//! CLI send, take JSON from every client ([`JsonBody`]).
 //!
 //! Same-origin means the `Origin`'s `host[:port]` is the request's `Host` (HTTP/2:
 //! `:authority`), a default port written or not.
@@ -32,11 +37,32 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-/// Passes reads (GET, HEAD, OPTIONS) through; answers any other request `415` unless its body
-/// is declared JSON, and `403` when its `Origin` is another site's or, for a browser's write,
-/// when it was sent to a host name outside `allowed_hosts` that could be rebound.
+/// Which writes must declare a JSON body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JsonBody {
+    /// Every write: the console's, which only floodgate's own page and CLI send.
+    Always,
+    /// A browser's writes, those that carry `Origin`: `/json`, which the reference serves
+    /// whatever the `Content-Type`, to clients that send none.
+    FromBrowsers,
+}
+
+/// What the guard of a group of routes knows.
+#[derive(Clone, Debug)]
+pub(crate) struct WriteGuard {
+    /// Host names a browser's write may be sent to besides IP addresses and `localhost`
+    /// (`--admin-allowed-host`, lowercase).
+    pub(crate) allowed_hosts: Arc<[String]>,
+    /// Which of its writes must declare a JSON body.
+    pub(crate) json_body: JsonBody,
+}
+
+/// Passes reads (GET, HEAD, OPTIONS) through; answers a write `415` unless its body is
+/// declared JSON where the guard asks for it, and `403` when its `Origin` is another site's
+/// or, for a browser's write, when it was sent to a host name outside the allowed hosts that
+/// could be rebound.
 pub(crate) async fn refuse_cross_site_writes(
-    State(allowed_hosts): State<Arc<[String]>>,
+    State(guard): State<WriteGuard>,
     request: Request,
     next: Next,
 ) -> Response {
@@ -51,7 +77,7 @@ pub(crate) async fn refuse_cross_site_writes(
         .authority()
         .map(|a| a.as_str().to_owned())
         .or_else(|| header_text(request.headers(), header::HOST).map(str::to_owned));
-    if let Err((status, message)) = check(request.headers(), host.as_deref(), &allowed_hosts) {
+    if let Err((status, message)) = check(request.headers(), host.as_deref(), &guard) {
         return (status, axum::Json(json!({ "error": message }))).into_response();
     }
     next.run(request).await
@@ -61,16 +87,23 @@ pub(crate) async fn refuse_cross_site_writes(
 fn check(
     headers: &HeaderMap,
     host: Option<&str>,
-    allowed_hosts: &[String],
+    guard: &WriteGuard,
 ) -> Result<(), (StatusCode, String)> {
+    let from_browser = headers.contains_key(header::ORIGIN);
     let content_type = header_text(headers, header::CONTENT_TYPE);
-    if !content_type.is_some_and(is_json) {
+    let json_required = from_browser || guard.json_body == JsonBody::Always;
+    if json_required && !content_type.is_some_and(is_json) {
         return Err((
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!(
-                "Content-Type must be application/json (got {}): the admin port takes only \
-                 JSON bodies, so that no web page can send one cross-site",
-                content_type.map_or_else(|| "none".to_owned(), |t| format!("'{t}'"))
+                "Content-Type must be application/json (got {}): {}",
+                content_type.map_or_else(|| "none".to_owned(), |t| format!("'{t}'")),
+                if from_browser {
+                    "a browser's write (it sent Origin) must be JSON, so that no web page can \
+                     send one cross-site"
+                } else {
+                    "this endpoint takes only JSON bodies"
+                }
             ),
         ));
     }
@@ -80,7 +113,7 @@ fn check(
     let origin = origin.to_str().unwrap_or("");
     match host {
         Some(host) if same_origin(origin, host) => {
-            if cannot_be_rebound(host, allowed_hosts) {
+            if cannot_be_rebound(host, &guard.allowed_hosts) {
                 return Ok(());
             }
             return Err((
@@ -168,7 +201,15 @@ mod tests {
         headers
     }
 
-    /// Only JSON bodies pass, parameters and case aside.
+    fn guard(json_body: JsonBody, allowed: &[&str]) -> WriteGuard {
+        WriteGuard {
+            allowed_hosts: allowed.iter().map(|h| h.to_string()).collect(),
+            json_body,
+        }
+    }
+
+    /// Only JSON bodies pass where JSON is required (every console write, every browser
+    /// write), parameters and case aside.
     #[test]
     fn only_json_bodies() {
         for ok in [
@@ -177,11 +218,16 @@ mod tests {
             "Application/JSON",
         ] {
             assert_eq!(
-                check(&headers(Some(ok), None), Some("h:1"), &[]),
+                check(
+                    &headers(Some(ok), None),
+                    Some("h:1"),
+                    &guard(JsonBody::Always, &[])
+                ),
                 Ok(()),
                 "{ok}"
             );
         }
+        let own = Some("http://127.0.0.1:8080");
         for refused in [
             None,
             Some("text/plain"),
@@ -189,10 +235,57 @@ mod tests {
             Some("multipart/form-data; boundary=x"),
             Some("application/jsonx"),
         ] {
-            let (status, message) = check(&headers(refused, None), Some("h:1"), &[]).unwrap_err();
-            assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{refused:?}");
-            assert!(message.contains("application/json"), "{message}");
+            for (origin, json_body) in [
+                (None, JsonBody::Always),
+                (own, JsonBody::Always),
+                (own, JsonBody::FromBrowsers),
+            ] {
+                let (status, message) = check(
+                    &headers(refused, origin),
+                    Some("127.0.0.1:8080"),
+                    &guard(json_body, &[]),
+                )
+                .unwrap_err();
+                assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{refused:?}");
+                assert!(message.contains("application/json"), "{message}");
+            }
         }
+    }
+
+    /// Where JSON is required of browsers only (`/json`), a client without Origin is served
+    /// whatever it declares, or nothing, under any host name, as the reference serves it.
+    #[test]
+    fn any_body_without_origin_where_only_browsers_need_json() {
+        for content_type in [
+            None,
+            Some("text/plain"),
+            Some("application/x-www-form-urlencoded"),
+            Some("application/json"),
+        ] {
+            for host in [Some("127.0.0.1:8080"), Some("evil.example:8080"), None] {
+                assert_eq!(
+                    check(
+                        &headers(content_type, None),
+                        host,
+                        &guard(JsonBody::FromBrowsers, &[])
+                    ),
+                    Ok(()),
+                    "{content_type:?} {host:?}"
+                );
+            }
+        }
+        // A cross-site form with Origin is still refused.
+        assert!(
+            check(
+                &headers(
+                    Some("application/x-www-form-urlencoded"),
+                    Some("http://evil.example")
+                ),
+                Some("127.0.0.1:8080"),
+                &guard(JsonBody::FromBrowsers, &[])
+            )
+            .is_err()
+        );
     }
 
     /// No Origin passes (not a browser); the page's own origin passes; any other is refused.
@@ -200,7 +293,11 @@ mod tests {
     fn only_the_admin_ports_own_origin() {
         let json = Some("application/json");
         assert_eq!(
-            check(&headers(json, None), Some("127.0.0.1:8080"), &[]),
+            check(
+                &headers(json, None),
+                Some("127.0.0.1:8080"),
+                &guard(JsonBody::Always, &[])
+            ),
             Ok(())
         );
         for (origin, host) in [
@@ -224,13 +321,17 @@ mod tests {
         let (status, message) = check(
             &headers(json, Some("http://evil.example")),
             Some("127.0.0.1:8080"),
-            &[],
+            &guard(JsonBody::FromBrowsers, &[]),
         )
         .unwrap_err();
         assert_eq!(status, StatusCode::FORBIDDEN);
         assert!(message.contains("http://evil.example"), "{message}");
-        let (status, _) =
-            check(&headers(json, Some("http://evil.example")), None, &[]).unwrap_err();
+        let (status, _) = check(
+            &headers(json, Some("http://evil.example")),
+            None,
+            &guard(JsonBody::Always, &[]),
+        )
+        .unwrap_err();
         assert_eq!(status, StatusCode::FORBIDDEN);
     }
 
@@ -240,7 +341,7 @@ mod tests {
     #[test]
     fn browser_writes_only_under_names_that_cannot_be_rebound() {
         let json = Some("application/json");
-        let allowed = ["admin.internal".to_owned()];
+        let allowed = guard(JsonBody::FromBrowsers, &["admin.internal"]);
         for host in [
             "127.0.0.1:8080",
             "10.1.2.3:8080",
@@ -271,7 +372,11 @@ mod tests {
             assert_eq!(status, StatusCode::FORBIDDEN, "{host}");
             assert!(message.contains("--admin-allowed-host"), "{message}");
             assert_eq!(
-                check(&headers(json, None), Some(host), &[]),
+                check(
+                    &headers(json, None),
+                    Some(host),
+                    &guard(JsonBody::Always, &[])
+                ),
                 Ok(()),
                 "{host}"
             );

@@ -1,6 +1,9 @@
 //! Building a plan: validation, matching each descriptor, costs, one operation per bucket.
 
+use std::borrow::Cow;
+
 use super::*;
+use crate::bucket::value_digest;
 use crate::config::{Domain, Match};
 use crate::proto::common::RateLimitDescriptor;
 use crate::proto::common::rate_limit_descriptor::RateLimitOverride;
@@ -25,7 +28,10 @@ impl<'c> Plan<'c> {
         let mut entries = Vec::new();
         let mut matched_limits = Vec::new();
         let mut matched = Vec::with_capacity(request.descriptors.len());
-        for (i, descriptor) in request.descriptors.iter().enumerate() {
+        let mut oversized = 0;
+        let mut ignored_overrides = 0;
+        let max_len = options.limits.max_value_len;
+        for descriptor in &request.descriptors {
             let start = matched_limits.len();
             let metadata = match domain {
                 Some(domain) => {
@@ -36,19 +42,43 @@ impl<'c> Plan<'c> {
                             .iter()
                             .map(|e| (&e.key[..], &e.value[..])),
                     );
-                    match_descriptor(
-                        i,
+                    // A key or value past the cap is matched in full, and known by its
+                    // digest from then on, so that nothing kept (a bucket's key, a reference
+                    // counter's name, a metric path) holds its bytes. Rare: built only then.
+                    let long = |bytes: &[u8]| bytes.len() > max_len;
+                    let long_here = entries
+                        .iter()
+                        .map(|&(k, v)| usize::from(long(k)) + usize::from(long(v)))
+                        .sum::<usize>();
+                    oversized += long_here;
+                    let digested: Vec<KnownEntry<'_>>;
+                    let named_entries: Vec<(&[u8], &[u8])>;
+                    let named = if long_here == 0 {
+                        &entries[..]
+                    } else {
+                        let known = |bytes| known_as(bytes, max_len);
+                        digested = entries.iter().map(|&(k, v)| (known(k), known(v))).collect();
+                        named_entries = digested.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+                        &named_entries[..]
+                    };
+                    let found = match_descriptor(
                         descriptor,
-                        &entries,
+                        Entries {
+                            matched: &entries,
+                            named,
+                        },
                         domain,
                         options,
                         &mut matched_limits,
-                    )?
+                    );
+                    ignored_overrides += usize::from(found.ignored_override);
+                    found.metadata
                 }
                 None => None,
             };
             matched.push(MatchedDescriptor {
                 cost: descriptor_cost(descriptor, request_hits),
+                charge: is_charge(descriptor),
                 limits: matched_limits.len() - start,
                 metadata,
             });
@@ -66,7 +96,10 @@ impl<'c> Plan<'c> {
                 plan: ops.plan_descriptor(
                     matched_limits.by_ref().take(matched.limits),
                     matched.metadata,
-                    matched.cost,
+                    Charge {
+                        cost: matched.cost,
+                        explicit: matched.charge,
+                    },
                     &replaced,
                     options,
                     &mut limits,
@@ -84,6 +117,8 @@ impl<'c> Plan<'c> {
                 .then(|| headers::RequestSummary::of(request)),
             global_shadow: options.shadow_mode,
             global_quota: options.quota_mode,
+            oversized,
+            ignored_overrides,
         })
     }
 }
@@ -92,6 +127,8 @@ impl<'c> Plan<'c> {
 struct MatchedDescriptor<'c> {
     /// Its cost (see [`descriptor_cost`]).
     cost: Cost,
+    /// Whether that cost is an explicit charge (see [`is_charge`]).
+    charge: bool,
     /// How many limits it matched (none for an unknown domain or no matching rule): the next
     /// ones of the request's matched limits, which are in request order.
     limits: usize,
@@ -113,47 +150,100 @@ fn descriptor_cost(descriptor: &RateLimitDescriptor, request_hits: u64) -> Cost 
     }
 }
 
-/// The limits descriptor `i` of the request (its `entries` as raw bytes) matches in
-/// `domain`, pushed onto `limits`: its `limit` override if it carries one (the reference
-/// applies an override whenever the domain is known, matched rule or not), else the limits
-/// of the rule its entries find, else none. Returns the matched rule's `metadata:`.
-fn match_descriptor<'c>(
-    i: usize,
-    descriptor: &RateLimitDescriptor,
-    entries: &[(&[u8], &[u8])],
-    domain: &'c Domain,
-    options: &PlanOptions,
-    limits: &mut Vec<MatchedLimit<'c>>,
-) -> Result<Option<&'c Metadata>, InvalidRequest> {
-    if let Some(limit) = &descriptor.limit {
-        limits.push(match_override(i, limit, domain, entries, options)?);
-        Ok(None)
-    } else if let Some(found) = domain.find(entries) {
-        Ok(match_rule(&found, domain, entries, options, limits))
+/// Whether a descriptor's cost is an explicit charge: its own `hits_addend`, present and
+/// above 0, not a refund. Envoy sends one for usage measured after the fact (Envoy Gateway's
+/// `cost.response`, an `apply_on_stream_done` rule whose answer Envoy ignores), so it is
+/// debited with overdraft semantics: applied whether it fits or not, never blocking the
+/// request's other buckets. Implicit hits (the request-level `hits_addend`, or 1) stay all or
+/// nothing. docs/algorithms.md, "Explicit charges".
+fn is_charge(descriptor: &RateLimitDescriptor) -> bool {
+    descriptor.hits_addend.is_some_and(|hits| hits > 0) && !descriptor.is_negative_hits
+}
+
+/// What one descriptor adds to each bucket it reaches: its cost, and whether that cost is an
+/// explicit charge ([`is_charge`]).
+#[derive(Clone, Copy)]
+struct Charge {
+    cost: Cost,
+    explicit: bool,
+}
+
+/// An entry as it is known once matched: its key and value, each itself or its digest.
+type KnownEntry<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
+/// How a key or value is known once matched: itself, or past `max_len` bytes its digest.
+fn known_as(bytes: &[u8], max_len: usize) -> Cow<'_, [u8]> {
+    if bytes.len() > max_len {
+        Cow::Owned(value_digest(bytes))
     } else {
-        Ok(None)
+        Cow::Borrowed(bytes)
     }
 }
 
-/// The limit of descriptor `i`'s `limit` override, reached through `entries`.
+/// A descriptor's entries twice: as the request sent them, which rules are matched against,
+/// and as they are known once matched (a key or value over `--max-value-bytes` by its digest),
+/// which bucket keys, reference counter names and metric paths are made of.
+#[derive(Clone, Copy)]
+struct Entries<'e> {
+    matched: &'e [(&'e [u8], &'e [u8])],
+    named: &'e [(&'e [u8], &'e [u8])],
+}
+
+/// What [`match_descriptor`] found besides the limits it pushed.
+struct Found<'c> {
+    /// The matched rule's `metadata:`.
+    metadata: Option<&'c Metadata>,
+    /// The descriptor's `limit` override was ignored (its unit is none).
+    ignored_override: bool,
+}
+
+/// The limits a descriptor (its `entries`) matches in `domain`, pushed onto `limits`: its
+/// `limit` override if it carries one (the reference applies an override whenever the domain
+/// is known, matched rule or not), else the limits of the rule its entries find, else none.
+/// An override whose unit is none (Envoy passes through whatever unit dynamic metadata names,
+/// `UNKNOWN` included) is ignored rather than refused: refusing the request would let Envoy
+/// fail it open, while the configured rules still limit it.
+fn match_descriptor<'c>(
+    descriptor: &RateLimitDescriptor,
+    entries: Entries<'_>,
+    domain: &'c Domain,
+    options: &PlanOptions,
+    limits: &mut Vec<MatchedLimit<'c>>,
+) -> Found<'c> {
+    let mut ignored_override = false;
+    if let Some(limit) = &descriptor.limit {
+        match match_override(limit, domain, entries.named, options) {
+            Some(matched) => {
+                limits.push(matched);
+                return Found {
+                    metadata: None,
+                    ignored_override,
+                };
+            }
+            None => ignored_override = true,
+        }
+    }
+    let metadata = domain
+        .find(entries.matched)
+        .and_then(|found| match_rule(&found, domain, entries.named, options, limits));
+    Found {
+        metadata,
+        ignored_override,
+    }
+}
+
+/// The limit of a descriptor's `limit` override, reached through `entries`; `None` when its
+/// unit is none or its limit is not one floodgate can count.
 fn match_override<'c>(
-    i: usize,
     limit: &RateLimitOverride,
     domain: &Domain,
     entries: &[(&[u8], &[u8])],
     options: &PlanOptions,
-) -> Result<MatchedLimit<'c>, InvalidRequest> {
-    let unit = Unit::from_proto(limit.unit).ok_or_else(|| {
-        InvalidRequest(format!(
-            "descriptors[{i}].limit.unit: unit {} is not a valid rate limit unit",
-            limit.unit
-        ))
-    })?;
+) -> Option<MatchedLimit<'c>> {
+    let unit = Unit::from_proto(limit.unit)?;
     let source = LimitSource::Override(limit.requests_per_unit, unit);
     let params = override_params(limit.requests_per_unit, unit, options);
-    params
-        .validate()
-        .map_err(|reason| InvalidRequest(format!("descriptors[{i}].limit: {reason}")))?;
+    params.validate().ok()?;
     let key = BucketKey::in_domain(
         domain.key_prefix(),
         entries.iter().map(|&(k, v)| (k, KeyValue::Value(v))),
@@ -170,7 +260,7 @@ fn match_override<'c>(
     );
     // Never a shadow-mode or quota-mode rule (the reference's choice); the global switches
     // cover overrides too.
-    Ok(MatchedLimit {
+    Some(MatchedLimit {
         source,
         // The reference's stat key for an override: the request's own entries
         // (`domain.key_value.key`), so as many as clients send: capped like detailed_metric
@@ -278,13 +368,13 @@ struct Ops {
 
 impl Ops {
     /// Folds one descriptor's `matched` limits, less the `replaced` ones, into the ops (its
-    /// `cost` added to each bucket it reaches) and its planned limits onto `planned`, and
+    /// `charge` added to each bucket it reaches) and its planned limits onto `planned`, and
     /// says how the descriptor is answered (`metadata`: its rule's).
     fn plan_descriptor<'c>(
         &mut self,
         matched: impl Iterator<Item = MatchedLimit<'c>>,
         metadata: Option<&'c Metadata>,
-        cost: Cost,
+        charge: Charge,
         replaced: &[&str],
         options: &PlanOptions,
         planned: &mut Vec<PlannedLimit<'c>>,
@@ -319,12 +409,19 @@ impl Ops {
                 LimitSource::Override(rpu, unit) => override_params(rpu, unit, options),
             };
             let op = op_slot(ops, &mut self.index, key, params, reference);
-            ops[op].cost = ops[op].cost.saturating_add(cost);
+            let bucket = &mut ops[op];
+            bucket.cost = bucket.cost.saturating_add(charge.cost);
             // `overdraft` is not part of the key: if any limit reaching the bucket asks for
-            // it, debits of this bucket always apply.
-            ops[op].params.overdraft |= params.overdraft;
-            // Nor is `max_wait`: the longest of the limits reaching the bucket holds.
-            ops[op].params.max_wait_us = ops[op].params.max_wait_us.max(params.max_wait_us);
+            // it, or an explicit charge reaches it, debits of this bucket always apply.
+            bucket.params.overdraft |= params.overdraft || charge.explicit;
+            // Nor is `max_wait`: the longest of the limits reaching the bucket holds, unless
+            // the debit is an overdraft one, which is applied at once (the two exclude each
+            // other: `LimitParams::validate`).
+            bucket.params.max_wait_us = if bucket.params.overdraft {
+                0
+            } else {
+                bucket.params.max_wait_us.max(params.max_wait_us)
+            };
             // A quota-mode bucket never blocks the store's commit by itself (like a shadow
             // one): whether quota denies is decided per request in `respond`, and a denied
             // request is undone with `refunds`. In global shadow mode nothing blocks it.

@@ -7,7 +7,7 @@
 //! with a `current_limit` (the first on ties):
 //!
 //! ```text
-//! RateLimit-Limit: 10          requests_per_unit of that limit (the reference's value)
+//! RateLimit-Limit: 10          its current_limit.requests_per_unit (the reference's value)
 //! RateLimit-Remaining: 3       its limit_remaining
 //! RateLimit-Reset: 42          its duration_until_reset, whole seconds rounded up
 //! Retry-After: 7               OVER_LIMIT only: exact time until the request could pass,
@@ -15,6 +15,10 @@
 //! RateLimit-Policy: "daily";q=10;w=86400   with --ietf-headers (draft-ietf-httpapi-
 //! RateLimit: "daily";r=3;t=42              ratelimit-headers structured fields)
 //! ```
+//!
+//! Every number is the status's own (`q` its `current_limit.requests_per_unit`, `w` the
+//! length of its unit), so these headers say what Envoy's `x-ratelimit-*` say: the quota
+//! as `plan::stated` states it (a burst, a `unit_multiplier`).
 //!
 //! Dynamic metadata (with `--response-dynamic-metadata`, the reference's
 //! `RESPONSE_DYNAMIC_METADATA`), keys as the reference writes them:
@@ -60,7 +64,7 @@ impl Default for HeaderOptions {
 pub struct Reported {
     /// The status is OVER_LIMIT.
     pub over: bool,
-    /// `current_limit.requests_per_unit`.
+    /// `current_limit.requests_per_unit`: the stated quota.
     pub requests_per_unit: u32,
     /// `limit_remaining`.
     pub remaining: u32,
@@ -68,7 +72,7 @@ pub struct Reported {
     pub reset_s: u64,
     /// When over: time until this request could pass; `None` if it never can.
     pub retry_after_us: Option<u64>,
-    /// The limit's period in seconds.
+    /// The stated window in seconds: the length of `current_limit.unit`.
     pub window_s: u64,
     /// The limit's name (may be empty).
     pub name: String,

@@ -10,8 +10,9 @@
 //!
 //! Here the plan's types and what it tells about itself; `validate` (a request's bounds),
 //! `build` (matching, costs, one operation per bucket) and `respond` (statuses, refunds,
-//! tallies) each hold one step; [`headers`] writes what a response carries besides its
-//! statuses (rate-limit headers, dynamic metadata).
+//! tallies) each hold one step; `stated` says what a status states of a limit (quota, unit,
+//! remaining, reset) so that the headers built from it agree; [`headers`] writes what a
+//! response carries besides its statuses (rate-limit headers, dynamic metadata).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -32,6 +33,7 @@ use crate::telemetry::metrics::RuleSeries;
 mod build;
 pub mod headers;
 mod respond;
+mod stated;
 #[cfg(test)]
 mod tests;
 mod validate;
@@ -40,14 +42,19 @@ pub use headers::HeaderOptions;
 use headers::Reported;
 use validate::validate;
 
-/// Bounds on what one request may carry; beyond them the request is rejected as invalid.
+/// Bounds on what one request may carry: beyond the counts, and for a domain beyond
+/// `max_value_len`, the request is rejected as invalid (Envoy's configuration decides them);
+/// a key or value beyond `max_value_len` (a client decides those) is still limited, known by
+/// its digest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestLimits {
     /// Maximum descriptors per request.
     pub max_descriptors: usize,
     /// Maximum entries per descriptor.
     pub max_entries: usize,
-    /// Maximum length of an entry key or value, in bytes.
+    /// Maximum length of the domain, in bytes; an entry key or value longer than this is
+    /// matched in full, then known by its digest ([`crate::bucket::value_digest`]) in bucket
+    /// keys, reference counter names and metric paths.
     pub max_value_len: usize,
 }
 
@@ -211,6 +218,10 @@ pub struct Plan<'c> {
     global_shadow: bool,
     /// Global quota mode: every descriptor is a quota-mode one.
     global_quota: bool,
+    /// Entry keys and values over [`RequestLimits::max_value_len`], known by their digest.
+    oversized: usize,
+    /// Descriptor `limit` overrides ignored for an unknown unit (the configured limit applies).
+    ignored_overrides: usize,
 }
 
 /// One matched limit of a planned descriptor, as [`Plan::limits_of`] shows it.
@@ -275,6 +286,19 @@ impl<'c> Plan<'c> {
             }
         }
         rules
+    }
+
+    /// How many entry keys and values of the request were over
+    /// [`RequestLimits::max_value_len`], matched in full and known by their digest: the
+    /// service counts and reports them, never their bytes.
+    pub fn oversized_values(&self) -> usize {
+        self.oversized
+    }
+
+    /// How many descriptor `limit` overrides were ignored for a unit that is not one
+    /// (the descriptor is matched against the configured rules instead).
+    pub fn ignored_overrides(&self) -> usize {
+        self.ignored_overrides
     }
 
     /// Whether descriptor `index` matched an `unlimited` rule (no bucket, always OK).

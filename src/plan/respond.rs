@@ -1,6 +1,8 @@
 //! Answering: the store's answer to Envoy's response, statuses, refunds, what metrics count.
 
+use super::stated::Stated;
 use super::*;
+use crate::bucket::BucketResult;
 
 impl<'c> Plan<'c> {
     /// Whether the request is answered OVER_LIMIT, as the reference decides it
@@ -151,8 +153,9 @@ impl<'c> Plan<'c> {
 
     /// The status of a descriptor with limits: OVER_LIMIT if a limit of a rule not in shadow
     /// mode denied it (quota mode and global shadow mode included); it reports the
-    /// binding limit (the denying one that frees last, else the one with the fewest tokens
-    /// left), as Envoy builds its headers from a single limit. Also returns what the
+    /// binding limit (the denying one that frees last, else the one that states the fewest
+    /// remaining), as Envoy builds its headers from a single limit, stated as
+    /// [`Stated`] says. Also returns what the
     /// response headers need to know about that limit, when the response has them.
     pub(super) fn limited_status(
         &self,
@@ -202,7 +205,12 @@ impl<'c> Plan<'c> {
                             result.retry_after_us.unwrap_or(u64::MAX)
                                 > current_result.retry_after_us.unwrap_or(u64::MAX)
                         }
-                        (false, false) => result.view.remaining < current_result.view.remaining,
+                        // Neither denies: the one that states the fewest remaining binds,
+                        // as Envoy picks among statuses.
+                        (false, false) => {
+                            self.stated_remaining(limit, result)
+                                < self.stated_remaining(current, current_result)
+                        }
                     }
                 }
             };
@@ -219,32 +227,37 @@ impl<'c> Plan<'c> {
         };
         let result = &applied.buckets[limit.op];
         let params = self.ops[limit.op].params;
-        let (name, requests_per_unit, unit) = match limit.source {
-            LimitSource::Configured(l) => (
-                l.name.clone().unwrap_or_default(),
-                l.requests_per_unit,
-                l.unit,
-            ),
-            LimitSource::Override(rpu, unit) => (String::new(), rpu, unit),
+        let (name, unit) = match limit.source {
+            LimitSource::Configured(l) => (l.name.clone().unwrap_or_default(), l.unit),
+            LimitSource::Override(_, unit) => (String::new(), unit),
         };
+        // What the status says of the limit, so that the headers Envoy builds from it agree
+        // (a burst, a multiplied unit: `stated`).
+        let stated = Stated::of(&params, unit);
+        let tokens = result.view.remaining;
+        let reset_us = stated.reset_us(
+            &params,
+            tokens,
+            reported_reset_us(&params, result.view.reset_us),
+        );
         // Envoy reads only the seconds: round up so a client never retries early.
-        let reset_s = reported_reset_us(&params, result.view.reset_us).div_ceil(1_000_000);
-        let limit_remaining = u32::try_from(result.view.remaining).unwrap_or(u32::MAX);
+        let reset_s = reset_us.div_ceil(1_000_000);
+        let limit_remaining = stated.remaining(tokens);
         let reported = context.report.then(|| Reported {
             over,
-            requests_per_unit,
+            requests_per_unit: stated.requests,
             remaining: limit_remaining,
             reset_s,
             retry_after_us: result.retry_after_us,
-            window_s: params.period_us / 1_000_000,
+            window_s: stated.unit.seconds(),
             name: name.clone(),
         });
         let status = DescriptorStatus {
             code: if over { Code::OverLimit } else { Code::Ok } as i32,
             current_limit: Some(RateLimit {
                 name,
-                requests_per_unit,
-                unit: unit.to_response_proto(),
+                requests_per_unit: stated.requests,
+                unit: stated.unit.to_response_proto(),
             }),
             limit_remaining,
             duration_until_reset: Some(Duration {
@@ -254,6 +267,15 @@ impl<'c> Plan<'c> {
             quota: None,
         };
         (status, reported)
+    }
+
+    /// The `limit_remaining` a limit's status would state for the store's `result`.
+    fn stated_remaining(&self, limit: &PlannedLimit<'_>, result: &BucketResult) -> u32 {
+        let unit = match limit.source {
+            LimitSource::Configured(l) => l.unit,
+            LimitSource::Override(_, unit) => unit,
+        };
+        Stated::of(&self.ops[limit.op].params, unit).remaining(result.view.remaining)
     }
 }
 

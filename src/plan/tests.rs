@@ -243,6 +243,38 @@ fn descriptor_hits_addend_and_negative_hits() {
     assert_eq!(plan.ops.iter().map(|o| o.cost).collect::<Vec<_>>(), [0, -7]);
 }
 
+/// Only an explicit descriptor hits_addend above 0 is a charge, debited with overdraft (and
+/// never shaped): checks, refunds and implicit hits stay all or nothing; a bucket a charge
+/// reaches is charged whole.
+#[test]
+fn explicit_hits_addend_is_a_charge() {
+    let config = config();
+    let with_hits = |value, hits, negative| RateLimitDescriptor {
+        hits_addend: hits,
+        is_negative_hits: negative,
+        ..descriptor("a", value)
+    };
+    let mut req = request(vec![
+        with_hits("charge", Some(37), false),
+        with_hits("check", Some(0), false),
+        with_hits("refund", Some(2), true),
+        with_hits("implicit", None, false),
+        with_hits("both", None, false),
+        with_hits("both", Some(1), false),
+    ]);
+    req.hits_addend = 3;
+    let plan = Plan::build(&req, &config, &options()).unwrap();
+    let ops: Vec<_> = plan
+        .ops
+        .iter()
+        .map(|o| (o.cost, o.params.overdraft))
+        .collect();
+    assert_eq!(
+        ops,
+        [(37, true), (0, false), (-2, false), (3, false), (4, true)]
+    );
+}
+
 /// Shadow rules and global shadow mode produce non-enforcing ops.
 #[test]
 fn shadow_ops_do_not_enforce() {
@@ -450,6 +482,80 @@ fn ietf_headers_are_structured_fields() {
         pairs(&[
             ("RateLimit-Policy", "\"default\";q=3;w=1"),
             ("RateLimit", "\"default\";r=2;t=1"),
+        ])
+    );
+}
+
+/// A burst above the rate and a multiplied unit are stated so that limit, remaining and
+/// reset agree: 10/minute with burst 50 says 10 per minute with at most 10 remaining; 3 per
+/// 5 minutes says 3 per hour (the shortest unit holding the period), in the status Envoy
+/// reads and in floodgate's own headers alike.
+#[test]
+fn burst_and_multiplier_are_stated_consistently() {
+    const STATED: &str = r#"
+domain: s
+descriptors:
+  - key: burst
+    rate_limit: {unit: minute, requests_per_unit: 10, burst: 50, name: edge}
+  - key: five
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 3, algorithm: fixed_window}
+"#;
+    let config = Config::from_sources(
+        &[("s.yaml".to_string(), STATED.to_string())],
+        &Defaults::default(),
+    )
+    .unwrap();
+    let mut options = with_headers();
+    if let Some(h) = options.headers.as_mut() {
+        h.ietf = true;
+    }
+    let mut req = request(vec![descriptor("burst", "x")]);
+    req.domain = "s".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    // 49 tokens left, full again in 6 s: ten or more are there now.
+    let response = plan
+        .respond(&answer(&plan, true, 49, 6_000_000), &options)
+        .response;
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (10, 2));
+    assert_eq!(status.limit_remaining, 10);
+    assert_eq!(status.duration_until_reset.unwrap().seconds, 0);
+    assert_eq!(
+        header_pairs(&response),
+        pairs(&[
+            ("RateLimit-Limit", "10"),
+            ("RateLimit-Remaining", "10"),
+            ("RateLimit-Reset", "0"),
+            ("RateLimit-Policy", "\"edge\";q=10;w=60"),
+            ("RateLimit", "\"edge\";r=10;t=0"),
+        ])
+    );
+    // 4 left: full in 276 s, but ten are back in 36 s.
+    let response = plan
+        .respond(&answer(&plan, true, 4, 276_000_000), &options)
+        .response;
+    assert_eq!(response.statuses[0].limit_remaining, 4);
+    assert_eq!(
+        response.statuses[0].duration_until_reset.unwrap().seconds,
+        36
+    );
+    let mut req = request(vec![descriptor("five", "x")]);
+    req.domain = "s".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    let response = plan
+        .respond(&answer(&plan, true, 2, 135_000_000), &options)
+        .response;
+    let status = &response.statuses[0];
+    let limit = status.current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (3, 3));
+    assert_eq!(status.limit_remaining, 2);
+    assert_eq!(status.duration_until_reset.unwrap().seconds, 135);
+    assert_eq!(
+        header_pairs(&response)[3..],
+        pairs(&[
+            ("RateLimit-Policy", "\"default\";q=3;w=3600"),
+            ("RateLimit", "\"default\";r=2;t=135"),
         ])
     );
 }
@@ -662,4 +768,80 @@ fn empty_descriptor_is_unmatched() {
         .response;
     assert_eq!(response.statuses[0].code, OK);
     assert!(response.statuses[0].current_limit.is_none());
+}
+
+/// A key or value over `max_value_len` is matched in full and known by its digest from then
+/// on: the bucket key, the reference counter's name and the metric path are short whatever
+/// its length, two long values are two buckets, and the plan counts them.
+#[test]
+fn oversized_values_are_matched_in_full_and_known_by_digest() {
+    const LONG: &str = r#"
+domain: r
+descriptors:
+  - key: ip
+    detailed_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: path
+    value: "/api/*"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+"#;
+    let config = Config::from_sources(
+        &[("r.yaml".to_string(), LONG.to_string())],
+        &Defaults::default(),
+    )
+    .unwrap();
+    let options = PlanOptions {
+        reference_counters: Some(ReferenceCounters {
+            prefix: Arc::from(&b"rl_"[..]),
+            expiry_jitter_max_secs: 0,
+        }),
+        limits: RequestLimits {
+            max_value_len: 16,
+            ..RequestLimits::default()
+        },
+        ..options()
+    };
+    let long_ip = "1".repeat(17);
+    let mut req = request(vec![
+        descriptor("ip", &long_ip),
+        descriptor("ip", &"2".repeat(1000)),
+        descriptor("path", &format!("/api/{}", "x".repeat(1000))),
+        descriptor("ip", &"3".repeat(16)),
+    ]);
+    req.domain = "r".into();
+    let plan = Plan::build(&req, &config, &options).unwrap();
+    assert_eq!(plan.oversized_values(), 3);
+    assert_eq!(
+        plan.ops.len(),
+        4,
+        "every value its own bucket, the wildcard matched"
+    );
+    let digest = String::from_utf8(crate::bucket::value_digest(long_ip.as_bytes())).unwrap();
+    let reference = plan.ops[0].reference.as_ref().unwrap().base.as_bytes();
+    assert_eq!(reference, format!("rl_r_ip_{digest}_").as_bytes());
+    assert!(plan.ops.iter().all(|op| op.key.as_bytes().len() < 100));
+    assert_eq!(&*plan.limits_of(0)[0].rule, format!("r.ip_{digest}"));
+    assert_eq!(
+        &*plan.limits_of(3)[0].rule,
+        format!("r.ip_{}", "3".repeat(16))
+    );
+}
+
+/// A descriptor `limit` override whose unit is none (UNKNOWN) is ignored, counted, and the
+/// descriptor is limited by its configured rule instead of the request being refused.
+#[test]
+fn override_without_a_unit_is_ignored() {
+    let config = config();
+    let mut unknown = descriptor("a", "x");
+    unknown.limit = Some(
+        crate::proto::common::rate_limit_descriptor::RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        },
+    );
+    let plan = Plan::build(&request(vec![unknown]), &config, &options()).unwrap();
+    assert_eq!(plan.ignored_overrides(), 1);
+    let limits = plan.limits_of(0);
+    assert_eq!(limits.len(), 1);
+    assert_eq!(limits[0].limit.map(|l| l.requests_per_unit), Some(3));
 }

@@ -1,4 +1,9 @@
-//! Rejecting a request that exceeds the bounds of [`RequestLimits`] before any bucket.
+//! Rejecting a request that Envoy never sends before any bucket: an empty or over-long
+//! domain, no descriptors, more descriptors or entries than [`RequestLimits`] allows, an empty
+//! key. Each comes from the operator's Envoy configuration, never from a client (the table in
+//! docs/security.md, "Requests Envoy builds from what a client sends"). A key or value over
+//! [`RequestLimits::max_value_len`], which a client does control, is not refused: the planner
+//! matches it in full and knows it by its digest from then on (`build`).
 
 use super::*;
 
@@ -38,16 +43,6 @@ pub(super) fn validate(
             ));
         }
         for (j, entry) in descriptor.entries.iter().enumerate() {
-            for (field, bytes) in [("key", &entry.key), ("value", &entry.value)] {
-                if bytes.len() > limits.max_value_len {
-                    return invalid(format!(
-                        "descriptors[{i}].entries[{j}].{field} is {} bytes long; at most {} are allowed \
-                         (--max-value-bytes)",
-                        bytes.len(),
-                        limits.max_value_len
-                    ));
-                }
-            }
             if entry.key.is_empty() {
                 return invalid(format!(
                     "descriptors[{i}].entries[{j}].key must not be empty"

@@ -84,6 +84,7 @@ struct ReasonLabels {
 pub struct RlqsMetrics {
     streams: Gauge,
     buckets: Gauge,
+    bucket_bytes: Gauge,
     assignments: Family<StrategyLabels, Counter>,
     abandons: Counter,
     holders: Family<RuleLabels, Gauge>,
@@ -125,6 +126,11 @@ impl RlqsMetrics {
             own.buckets.clone(),
         );
         metrics.attach(
+            "floodgate_rlqs_bucket_bytes",
+            "Bytes the RLQS subscriptions are charged against --rlqs-max-bucket-bytes (ended streams' subscriptions included until their assignments expire).",
+            own.bucket_bytes.clone(),
+        );
+        metrics.attach(
             "floodgate_rlqs_assignments",
             "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown).",
             own.assignments.clone(),
@@ -162,6 +168,12 @@ impl RlqsMetrics {
         self.buckets.inc_by(delta);
     }
 
+    /// The bytes subscriptions are charged now.
+    pub fn bucket_bytes(&self, bytes: usize) {
+        self.bucket_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
     /// One assignment sent.
     pub fn sent(&self, sent: Sent) {
         self.assignments
@@ -195,8 +207,9 @@ impl RlqsMetrics {
             .inc_by(u64::try_from(buckets).unwrap_or(u64::MAX));
     }
 
-    /// A stream ended with an error: `invalid` (INVALID_ARGUMENT), `streams` or `buckets`
-    /// (RESOURCE_EXHAUSTED), `shares` (UNAVAILABLE).
+    /// A stream refused or ended with an error: `invalid` (INVALID_ARGUMENT), `streams`,
+    /// `peer`, `buckets`, `memory` or `too_large` (RESOURCE_EXHAUSTED), `silent`
+    /// (DEADLINE_EXCEEDED), `shares` (UNAVAILABLE).
     pub fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabels { reason }).inc();
     }

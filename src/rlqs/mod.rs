@@ -44,25 +44,43 @@
 //!
 //! # Bounds
 //!
-//! `--rlqs-max-streams` streams at once (one more: RESOURCE_EXHAUSTED at once),
-//! `--rlqs-max-buckets-per-stream` subscriptions per stream (one more: the stream ends with
-//! RESOURCE_EXHAUSTED), [`stream::MAX_BUCKET_ENTRIES`] entries per bucket id, and the gRPC
-//! port's message size bound: what a client sends cannot grow memory past
-//! streams × buckets × message size.
+//! - `--rlqs-max-streams` streams at once, and `--rlqs-max-streams-per-peer` of them from
+//!   one peer address (one more: RESOURCE_EXHAUSTED at once), so one client cannot hold
+//!   every slot;
+//! - a stream that sends no report for `--rlqs-report-timeout` ends (DEADLINE_EXCEEDED): a
+//!   stream that only sent its headers holds no slot for long;
+//! - `--rlqs-max-buckets-per-stream` subscriptions per stream, and `--rlqs-max-buckets`
+//!   subscriptions and `--rlqs-max-bucket-bytes` bytes all streams together ([`ids`]: each
+//!   distinct bucket id stored once); one more ends the stream with RESOURCE_EXHAUSTED;
+//! - [`stream::MAX_BUCKET_ENTRIES`] entries per bucket id, and the gRPC port's message size
+//!   bound (one more byte ends the stream with RESOURCE_EXHAUSTED).
+//!
+//! So what clients send holds at most `--rlqs-max-bucket-bytes` of subscriptions, plus one
+//! message per open stream.
+//!
+//! # Rows outlive their streams
+//!
+//! A stream that ends (the client's reset, or an error floodgate sends) keeps its share rows,
+//! and its places in the bound, until the last assignment it sent has expired: Envoy enforces
+//! an assignment for its whole time to live, whatever became of the stream. Only at shutdown,
+//! where every assignment is first expired (time to live 0), are the rows given back at once.
 //!
 //! Place in the flow: beside `service::RlsService` on the gRPC port (`server::run` registers
 //! it; health, TLS, the connection bounds and reflection are the port's), reading the same
 //! limits (`config`) and counting into the same registry (`metrics`).
 
+pub mod ids;
 pub mod metrics;
 pub mod quota;
 pub mod redis;
 pub mod share;
 pub mod stream;
 
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -73,6 +91,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::config::Config;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+pub use ids::BucketIds;
 pub use metrics::RlqsMetrics;
 pub use redis::RedisShares;
 pub use share::{MemoryShares, Shares};
@@ -82,8 +101,16 @@ pub use share::{MemoryShares, Shares};
 pub struct RlqsOptions {
     /// Streams open at once, all clients together.
     pub max_streams: u32,
+    /// Streams open at once from one peer address.
+    pub max_streams_per_peer: u32,
     /// Buckets one stream may subscribe to.
     pub max_buckets_per_stream: u32,
+    /// Subscriptions held at once, all streams together.
+    pub max_buckets: u32,
+    /// Bytes the subscriptions may be charged, all streams together ([`ids`]).
+    pub max_bucket_bytes: usize,
+    /// How long a stream may send no report before it is ended.
+    pub report_timeout: Duration,
     /// Every assignment's time to live.
     pub assignment_ttl: Duration,
     /// How long a bucket may report no request before it is abandoned.
@@ -108,8 +135,12 @@ pub struct Rlqs {
     /// This replica's name in share tables: random per process, so two replicas (or a
     /// restarted one) never take each other's rows.
     replica: String,
+    /// Every subscription's bucket id, stored once, within the replica-wide bound.
+    ids: Arc<BucketIds>,
     /// Streams open now.
     open: AtomicUsize,
+    /// Streams open now by peer address (TCP peers only).
+    peers: Mutex<HashMap<IpAddr, u32>>,
     /// The number of the next stream.
     next: AtomicU64,
     /// True once the server shuts down.
@@ -140,13 +171,20 @@ impl Rlqs {
                 .build_hasher()
                 .finish()
         );
+        let ids = Arc::new(BucketIds::new(
+            settings.max_buckets as usize,
+            settings.max_bucket_bytes,
+            Arc::clone(&metrics),
+        ));
         Arc::new(Rlqs {
             settings,
             config,
             shares,
             metrics,
             replica,
+            ids,
             open: AtomicUsize::new(0),
+            peers: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             shutdown: watch::Sender::new(false),
         })
@@ -164,19 +202,44 @@ impl Rlqs {
             .clamp(Duration::from_millis(10), Duration::from_secs(1))
     }
 
-    /// A place for one more stream, unless `--rlqs-max-streams` are open.
-    fn open_stream(self: &Arc<Rlqs>) -> Option<StreamSlot> {
+    /// A place for one more stream from `peer`, unless `--rlqs-max-streams` are open, or
+    /// `--rlqs-max-streams-per-peer` from that peer.
+    fn open_stream(self: &Arc<Rlqs>, peer: Option<IpAddr>) -> Result<StreamSlot, Status> {
         let max = self.settings.max_streams as usize;
-        self.open
+        if self
+            .open
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
                 (open < max).then_some(open + 1)
             })
-            .ok()?;
-        self.metrics.streams(1);
-        Some(StreamSlot {
+            .is_err()
+        {
+            self.metrics.refused("streams");
+            return Err(Status::resource_exhausted(format!(
+                "{max} RLQS streams already open (--rlqs-max-streams)"
+            )));
+        }
+        // Taken before the peer's check: the slot's drop gives both back.
+        let mut slot = StreamSlot {
             rlqs: Arc::clone(self),
             number: self.next.fetch_add(1, Ordering::Relaxed),
-        })
+            peer: None,
+        };
+        self.metrics.streams(1);
+        if let Some(ip) = peer {
+            let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+            let open = peers.entry(ip).or_insert(0);
+            if *open >= self.settings.max_streams_per_peer {
+                let open = *open;
+                drop(peers);
+                self.metrics.refused("peer");
+                return Err(Status::resource_exhausted(format!(
+                    "{open} RLQS streams already open from {ip} (--rlqs-max-streams-per-peer)"
+                )));
+            }
+            *open += 1;
+            slot.peer = Some(ip);
+        }
+        Ok(slot)
     }
 }
 
@@ -185,25 +248,46 @@ pub(crate) struct StreamSlot {
     rlqs: Arc<Rlqs>,
     /// The stream's number on this replica.
     number: u64,
+    /// The peer whose count it takes.
+    peer: Option<IpAddr>,
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
+        if let Some(ip) = self.peer {
+            let mut peers = self
+                .rlqs
+                .peers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(open) = peers.get_mut(&ip) {
+                *open -= 1;
+                if *open == 0 {
+                    peers.remove(&ip);
+                }
+            }
+        }
         self.rlqs.open.fetch_sub(1, Ordering::AcqRel);
         self.rlqs.metrics.streams(-1);
     }
 }
 
+/// Reads a call's peer address from what the transport put in its extensions.
+pub type PeerOf = fn(&tonic::Extensions) -> Option<IpAddr>;
+
 /// The gRPC face of [`Rlqs`].
 #[derive(Clone)]
 pub struct RlqsService {
     rlqs: Arc<Rlqs>,
+    peer_of: PeerOf,
 }
 
 impl RlqsService {
-    /// Serves `rlqs` over gRPC.
-    pub fn new(rlqs: Arc<Rlqs>) -> RlqsService {
-        RlqsService { rlqs }
+    /// Serves `rlqs` over gRPC; `peer_of` names each call's peer for
+    /// `--rlqs-max-streams-per-peer` (a call it names none of, as on a unix socket, counts
+    /// against `--rlqs-max-streams` only).
+    pub fn new(rlqs: Arc<Rlqs>, peer_of: PeerOf) -> RlqsService {
+        RlqsService { rlqs, peer_of }
     }
 }
 
@@ -215,13 +299,9 @@ impl RateLimitQuotaService for RlqsService {
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Self::StreamRateLimitQuotasStream>, Status> {
-        let Some(slot) = self.rlqs.open_stream() else {
-            self.rlqs.metrics.refused("streams");
-            return Err(Status::resource_exhausted(format!(
-                "{} RLQS streams already open (--rlqs-max-streams)",
-                self.rlqs.settings.max_streams
-            )));
-        };
+        let slot = self
+            .rlqs
+            .open_stream((self.peer_of)(request.extensions()))?;
         let (out, responses) = mpsc::channel(OUTBOUND_QUEUE);
         let shutdown = self.rlqs.shutdown.subscribe();
         // The stream's call counts on its connection (busy, never idle) until the response

@@ -96,11 +96,25 @@ pub fn quota(config: &Config, domain: &str, entries: &[(String, String)]) -> Quo
     }
 }
 
-/// Appends `part` length-prefixed.
+/// The longest part a table's name holds as it is; a longer one (a long bucket id value)
+/// is held as a digest, so a subscription's table name stays short whatever Envoy sends.
+pub const MAX_TABLE_PART: usize = 64;
+
+/// Appends `part` length-prefixed (`<len>:<part>`), or past [`MAX_TABLE_PART`] bytes its
+/// digest (`<len>#<128-bit SHA-256 hex>`: the `#` keeps it apart from any part as it is).
 fn push(out: &mut String, part: &str) {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
     out.push_str(&part.len().to_string());
-    out.push(':');
-    out.push_str(part);
+    if part.len() <= MAX_TABLE_PART {
+        out.push(':');
+        out.push_str(part);
+        return;
+    }
+    out.push('#');
+    for byte in &Sha256::digest(part.as_bytes())[..16] {
+        let _ = write!(out, "{byte:02x}");
+    }
 }
 
 /// The limit of a rule with the lowest rate (an RLQS bucket takes one token bucket; the
@@ -265,6 +279,22 @@ descriptors:
             strategy(&limit, 0),
             blanket(rate_limit_strategy::BlanketRule::DenyAll)
         );
+    }
+
+    /// A long value is held in a table's name as a digest: short, and apart from others.
+    #[test]
+    fn long_values_are_digested_in_table_names() {
+        let config = config();
+        let long = |c: char| entries(&[("user", &c.to_string().repeat(10_000))]);
+        let (Quota::Shared(a), Quota::Shared(b)) = (
+            quota(&config, "edge", &long('a')),
+            quota(&config, "edge", &long('b')),
+        ) else {
+            panic!("not shared");
+        };
+        assert!(a.table.len() < 200, "{}", a.table);
+        assert_ne!(a.table, b.table);
+        assert!(a.table.contains("10000#"), "{}", a.table);
     }
 
     /// Permutations come in lexicographic order and end after the last.

@@ -206,6 +206,11 @@ impl Shares for MemoryShares {
             // hold at most streams × buckets per stream rows; an empty table goes too.
             if table.is_empty() {
                 tables.remove(bucket);
+                // The map's table, grown by a flood of buckets, shrinks with it.
+                if tables.capacity() > 64 && tables.len() < tables.capacity() / 4 {
+                    let keep = tables.len() * 2;
+                    tables.shrink_to(keep);
+                }
             }
         }
         Ok(())

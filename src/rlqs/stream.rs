@@ -8,11 +8,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
+use super::ids::{BucketKey, Full, Subscribed};
 use super::metrics::{Reassessed, Sent};
 use super::quota::{Quota, SharedLimit, blanket, quota, strategy};
 use super::share::{Ask, ShareError};
@@ -43,6 +46,18 @@ pub enum StreamError {
          open another stream"
     )]
     TooManyBuckets(usize),
+    /// The replica holds as many subscriptions (or bytes of them) as its bound allows.
+    #[error("{0}; open a stream again later")]
+    Full(#[from] Full),
+    /// A message larger than the port's `--grpc-max-message-bytes`; the codec says how large.
+    #[error("{0} (--grpc-max-message-bytes)")]
+    TooLarge(String),
+    /// No report came for `--rlqs-report-timeout`.
+    #[error(
+        "no usage report for {} s (--rlqs-report-timeout); Envoy reports every 5 s",
+        .0.as_secs_f64()
+    )]
+    Silent(Duration),
     /// The share table failed.
     #[error(transparent)]
     Shares(#[from] ShareError),
@@ -52,7 +67,10 @@ impl From<StreamError> for Status {
     fn from(error: StreamError) -> Status {
         match error {
             StreamError::Invalid(message) => Status::invalid_argument(message),
-            e @ StreamError::TooManyBuckets(_) => Status::resource_exhausted(e.to_string()),
+            e @ (StreamError::TooManyBuckets(_)
+            | StreamError::Full(_)
+            | StreamError::TooLarge(_)) => Status::resource_exhausted(e.to_string()),
+            e @ StreamError::Silent(_) => Status::deadline_exceeded(e.to_string()),
             // Like a store failure on ShouldRateLimit: Envoy then keeps its current
             // assignments until they expire, and applies its expired_assignment_behavior.
             StreamError::Shares(e) => Status::unavailable(e.to_string()),
@@ -65,6 +83,9 @@ impl StreamError {
         match self {
             StreamError::Invalid(_) => "invalid",
             StreamError::TooManyBuckets(_) => "buckets",
+            StreamError::Full(_) => "memory",
+            StreamError::TooLarge(_) => "too_large",
+            StreamError::Silent(_) => "silent",
             StreamError::Shares(_) => "shares",
         }
     }
@@ -72,8 +93,9 @@ impl StreamError {
 
 /// One bucket a stream subscribes to.
 struct Subscription {
-    /// The id as Envoy sent it (echoed in every action).
-    id: BucketId,
+    /// The id (echoed in every action), shared with every other holder, and its place in the
+    /// replica's bound.
+    _held: Subscribed,
     /// Its quota under `config`.
     quota: Quota,
     /// The limits the quota was computed under.
@@ -94,8 +116,8 @@ struct Stream {
     holder: String,
     /// The domain from the first message.
     domain: Option<String>,
-    /// Subscriptions by their sorted entries.
-    buckets: HashMap<Vec<(String, String)>, Subscription>,
+    /// Subscriptions by their id.
+    buckets: HashMap<Arc<BucketKey>, Subscription>,
     /// When the shares were last re-evaluated.
     reassessed: Instant,
 }
@@ -118,13 +140,19 @@ pub(super) async fn serve(
     };
     let mut tick = tokio::time::interval(stream.rlqs.tick());
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let ended: Result<(), StreamError> = loop {
+    // A stream that reports nothing holds a slot for nothing: Envoy reports every bucket at
+    // least every 5 s, and opens its stream with a report.
+    let report_timeout = stream.rlqs.settings.report_timeout;
+    let silent = tokio::time::sleep(report_timeout);
+    tokio::pin!(silent);
+    let ended: Result<End, StreamError> = loop {
         tokio::select! {
             message = inbound.message() => match message {
                 Ok(Some(reports)) => match stream.report(reports).await {
                     Ok(actions) => {
+                        silent.as_mut().reset(Instant::now() + report_timeout);
                         if !send(&out, actions).await {
-                            break Ok(());
+                            break Ok(End::Closed);
                         }
                     }
                     Err(e) => break Err(e),
@@ -133,13 +161,24 @@ pub(super) async fn serve(
                 Err(status) if status.code() == tonic::Code::InvalidArgument => {
                     break Err(StreamError::Invalid(status.message().to_owned()));
                 }
+                // A message past the size bound (tonic's codec says OUT_OF_RANGE, or
+                // RESOURCE_EXHAUSTED once decompressed): an error, never a clean end.
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted
+                    ) =>
+                {
+                    break Err(StreamError::TooLarge(status.message().to_owned()));
+                }
                 // The client closed its side, or the connection is gone.
-                Ok(None) | Err(_) => break Ok(()),
+                Ok(None) | Err(_) => break Ok(End::Closed),
             },
+            () = &mut silent => break Err(StreamError::Silent(report_timeout)),
             _ = tick.tick() => match stream.tick().await {
                 Ok(actions) => {
                     if !send(&out, actions).await {
-                        break Ok(());
+                        break Ok(End::Closed);
                     }
                 }
                 Err(e) => break Err(e),
@@ -149,17 +188,33 @@ pub(super) async fn serve(
                 // enforcing a share the other replicas no longer count.
                 let actions = stream.expire_all();
                 send(&out, actions).await;
-                break Ok(());
+                break Ok(End::Expired);
             }
         }
     };
+    let expired = matches!(ended, Ok(End::Expired));
     if let Err(e) = ended {
         stream.rlqs.metrics.refused(e.reason());
         tracing::debug!(error = %e, "RLQS stream refused");
         let _ = out.send(Err(Status::from(e))).await;
     }
-    stream.release_all().await;
+    // The stream is over for the client and its slot free; its rows may have to wait.
+    drop(out);
+    drop(inbound);
     drop(slot);
+    if !expired {
+        stream.linger().await;
+    }
+    stream.release_all().await;
+}
+
+/// How a stream ended without an error.
+enum End {
+    /// The client closed its side, reset the stream, or the connection is gone: Envoy keeps
+    /// enforcing what it was sent until it expires.
+    Closed,
+    /// At shutdown, after every assignment was sent again with a time to live of 0.
+    Expired,
 }
 
 /// Sends `actions` as one response (none when empty); false once the client is gone.
@@ -199,21 +254,25 @@ impl Stream {
             }
             (Some(_), _) => {}
         }
+        let domain = self.domain.clone().unwrap_or_default();
         let mut actions = Vec::with_capacity(reports.bucket_quota_usages.len());
         for (index, usage) in reports.bucket_quota_usages.into_iter().enumerate() {
-            let entries = entries(&usage, index)?;
+            let key = BucketKey {
+                domain: domain.clone(),
+                entries: entries(&usage, index)?,
+            };
             let demand_known = usage.time_elapsed.is_some();
             let requests = usage
                 .num_requests_allowed
                 .saturating_add(usage.num_requests_denied);
-            if !self.buckets.contains_key(&entries) {
+            if !self.buckets.contains_key(&key) {
                 let max = self.rlqs.settings.max_buckets_per_stream as usize;
                 if self.buckets.len() >= max {
                     return Err(StreamError::TooManyBuckets(self.buckets.len()));
                 }
-                self.subscribe(entries.clone(), usage.bucket_id.clone().unwrap_or_default());
+                self.subscribe(key.clone())?;
             }
-            let Some(subscription) = self.buckets.get_mut(&entries) else {
+            let Some(subscription) = self.buckets.get_mut(&key) else {
                 continue;
             };
             if requests > 0 {
@@ -223,24 +282,25 @@ impl Stream {
                 (Quota::Shared(limit), true) => demand(limit, requests, usage.time_elapsed),
                 _ => None,
             };
-            actions.push(self.assign(&entries, demand).await?);
+            actions.push(self.assign(&key, demand).await?);
         }
         Ok(actions)
     }
 
-    /// Starts tracking a bucket.
-    fn subscribe(&mut self, entries: Vec<(String, String)>, id: BucketId) {
+    /// Starts tracking a bucket, within the replica's bound.
+    fn subscribe(&mut self, key: BucketKey) -> Result<(), StreamError> {
+        let held = self.rlqs.ids.subscribe(key)?;
         let config = self.rlqs.config.load_full();
-        let domain = self.domain.as_deref().unwrap_or_default();
-        let quota = quota(&config, domain, &entries);
+        let key = Arc::clone(held.key());
+        let quota = quota(&config, &key.domain, &key.entries);
         if let Quota::Shared(limit) = &quota {
-            self.rlqs.metrics.holders(domain, &limit.rule, 1);
+            self.rlqs.metrics.holders(&key.domain, &limit.rule, 1);
         }
         self.rlqs.metrics.buckets(1);
         self.buckets.insert(
-            entries,
+            key,
             Subscription {
-                id,
+                _held: held,
                 quota,
                 config,
                 sent: None,
@@ -248,30 +308,31 @@ impl Stream {
                 settled: Instant::now(),
             },
         );
+        Ok(())
     }
 
     /// The assignment of one subscribed bucket now, its quota recomputed if the limits
     /// changed; `demand` (tokens per period) when a report just measured it.
     async fn assign(
         &mut self,
-        entries: &[(String, String)],
+        key: &BucketKey,
         demand: Option<u64>,
     ) -> Result<BucketAction, StreamError> {
         let current = self.rlqs.config.load_full();
-        let domain = self.domain.clone().unwrap_or_default();
+        let domain = key.domain.as_str();
         let ttl = self.rlqs.settings.assignment_ttl;
-        let Some(subscription) = self.buckets.get_mut(entries) else {
+        let Some(subscription) = self.buckets.get_mut(key) else {
             return Err(StreamError::Invalid("bucket not subscribed".into()));
         };
         if !Arc::ptr_eq(&subscription.config, &current) {
-            let quota = quota(&current, &domain, entries);
+            let quota = quota(&current, domain, &key.entries);
             if quota != subscription.quota {
                 if let Quota::Shared(old) = &subscription.quota {
                     self.rlqs.shares.release(&old.table, &self.holder).await?;
-                    self.rlqs.metrics.holders(&domain, &old.rule, -1);
+                    self.rlqs.metrics.holders(domain, &old.rule, -1);
                 }
                 if let Quota::Shared(new) = &quota {
-                    self.rlqs.metrics.holders(&domain, &new.rule, 1);
+                    self.rlqs.metrics.holders(domain, &new.rule, 1);
                 }
                 subscription.quota = quota;
             }
@@ -299,25 +360,25 @@ impl Stream {
         subscription.settled = Instant::now();
         // Every strategy lasts the same time: a share no longer than its row, and a blanket
         // rule (nobody shares it) alike, so a reload reaches every Envoy within that time.
-        Ok(action(subscription.id.clone(), strategy, Some(ttl)))
+        Ok(action(bucket_id(&key.entries), strategy, Some(ttl)))
     }
 
     /// Periodic work: abandon buckets without traffic; re-assign every bucket whose quota
     /// the limits in force changed.
     async fn tick(&mut self) -> Result<Vec<BucketAction>, StreamError> {
         let abandon_after = self.rlqs.settings.abandon_after;
-        let idle: Vec<Vec<(String, String)>> = self
+        let idle: Vec<Arc<BucketKey>> = self
             .buckets
             .iter()
             .filter(|(_, sub)| sub.last_traffic.elapsed() >= abandon_after)
-            .map(|(entries, _)| entries.clone())
+            .map(|(key, _)| Arc::clone(key))
             .collect();
         let mut actions = Vec::new();
-        for entries in idle {
-            if let Some(subscription) = self.remove(&entries).await? {
+        for key in idle {
+            if self.remove(&key).await?.is_some() {
                 self.rlqs.metrics.abandoned();
                 actions.push(BucketAction {
-                    bucket_id: Some(subscription.id),
+                    bucket_id: Some(bucket_id(&key.entries)),
                     bucket_action: Some(
                         rate_limit_quota_response::bucket_action::BucketAction::AbandonAction(
                             AbandonAction {},
@@ -327,18 +388,17 @@ impl Stream {
             }
         }
         let current = self.rlqs.config.load_full();
-        let domain = self.domain.clone().unwrap_or_default();
-        let changed: Vec<Vec<(String, String)>> = self
+        let changed: Vec<Arc<BucketKey>> = self
             .buckets
             .iter()
-            .filter(|(entries, sub)| {
+            .filter(|(key, sub)| {
                 !Arc::ptr_eq(&sub.config, &current)
-                    && quota(&current, &domain, entries) != sub.quota
+                    && quota(&current, &key.domain, &key.entries) != sub.quota
             })
-            .map(|(entries, _)| entries.clone())
+            .map(|(key, _)| Arc::clone(key))
             .collect();
-        for entries in changed {
-            actions.push(self.assign(&entries, None).await?);
+        for key in changed {
+            actions.push(self.assign(&key, None).await?);
         }
         // Timer ticks land a little after their instant: half a tick of slack keeps the
         // re-evaluations on every interval rather than every other one.
@@ -357,12 +417,12 @@ impl Stream {
     /// that cannot be reached skips this round: the next report meets the same error and
     /// ends the stream.
     async fn reassess(&mut self, interval: Duration) -> Vec<BucketAction> {
-        let due: Vec<(Vec<(String, String)>, SharedLimit)> = self
+        let due: Vec<(Arc<BucketKey>, SharedLimit)> = self
             .buckets
             .iter()
             .filter(|(_, sub)| sub.settled.elapsed() >= interval)
-            .filter_map(|(entries, sub)| match &sub.quota {
-                Quota::Shared(limit) => Some((entries.clone(), limit.clone())),
+            .filter_map(|(key, sub)| match &sub.quota {
+                Quota::Shared(limit) => Some((Arc::clone(key), limit.clone())),
                 Quota::Allow | Quota::Deny => None,
             })
             .collect();
@@ -388,8 +448,8 @@ impl Stream {
             }
         };
         let mut actions = Vec::new();
-        for ((entries, limit), grant) in due.iter().zip(grants) {
-            let (Some(grant), Some(subscription)) = (grant, self.buckets.get_mut(entries)) else {
+        for ((key, limit), grant) in due.iter().zip(grants) {
+            let (Some(grant), Some(subscription)) = (grant, self.buckets.get_mut(key)) else {
                 self.rlqs.metrics.reassessed(Reassessed::Unchanged, 1);
                 continue;
             };
@@ -401,7 +461,7 @@ impl Stream {
             });
             subscription.sent = Some(strategy.clone());
             subscription.settled = Instant::now();
-            actions.push(action(subscription.id.clone(), strategy, Some(ttl)));
+            actions.push(action(bucket_id(&key.entries), strategy, Some(ttl)));
         }
         actions
     }
@@ -409,27 +469,43 @@ impl Stream {
     /// The last strategy of every bucket with a time to live of 0.
     fn expire_all(&mut self) -> Vec<BucketAction> {
         self.buckets
-            .values()
-            .filter_map(|sub| {
+            .iter()
+            .filter_map(|(key, sub)| {
                 let strategy = sub.sent.clone()?;
                 self.rlqs.metrics.sent(Sent::Expire);
-                Some(action(sub.id.clone(), strategy, Some(Duration::ZERO)))
+                Some(action(
+                    bucket_id(&key.entries),
+                    strategy,
+                    Some(Duration::ZERO),
+                ))
             })
             .collect()
     }
 
+    /// Waits until every share assignment this stream sent has expired, so that its rows (and
+    /// its places in the replica's bound) outlast what Envoy enforces: the rate they hold is
+    /// not granted to another Envoy while this one may still use it.
+    async fn linger(&self) {
+        let life = row_life_duration(self.rlqs.settings.assignment_ttl);
+        let last = self
+            .buckets
+            .values()
+            .filter(|sub| matches!(sub.quota, Quota::Shared(_)) && sub.sent.is_some())
+            .map(|sub| sub.settled + life)
+            .max();
+        if let Some(last) = last {
+            tokio::time::sleep_until(last).await;
+        }
+    }
+
     /// Stops tracking a bucket and gives its share back.
-    async fn remove(
-        &mut self,
-        entries: &[(String, String)],
-    ) -> Result<Option<Subscription>, StreamError> {
-        let Some(subscription) = self.buckets.remove(entries) else {
+    async fn remove(&mut self, key: &BucketKey) -> Result<Option<Subscription>, StreamError> {
+        let Some(subscription) = self.buckets.remove(key) else {
             return Ok(None);
         };
         self.rlqs.metrics.buckets(-1);
         if let Quota::Shared(limit) = &subscription.quota {
-            let domain = self.domain.as_deref().unwrap_or_default();
-            self.rlqs.metrics.holders(domain, &limit.rule, -1);
+            self.rlqs.metrics.holders(&key.domain, &limit.rule, -1);
             self.rlqs.shares.release(&limit.table, &self.holder).await?;
         }
         Ok(Some(subscription))
@@ -437,13 +513,22 @@ impl Stream {
 
     /// Gives every share back (the stream ended).
     async fn release_all(&mut self) {
-        let all: Vec<Vec<(String, String)>> = self.buckets.keys().cloned().collect();
-        for entries in all {
-            if let Err(e) = self.remove(&entries).await {
+        let all: Vec<Arc<BucketKey>> = self.buckets.keys().cloned().collect();
+        for key in all {
+            if let Err(e) = self.remove(&key).await {
                 // The row expires on its own within its life.
                 tracing::debug!(error = %e, "RLQS share not released");
             }
         }
+        // A flood's map goes with it.
+        self.buckets = HashMap::new();
+    }
+}
+
+/// The id Envoy sent, from its sorted entries (a map: its order is not Envoy's to keep).
+fn bucket_id(entries: &[(String, String)]) -> BucketId {
+    BucketId {
+        bucket: entries.iter().cloned().collect(),
     }
 }
 
@@ -460,8 +545,12 @@ fn ask(limit: &SharedLimit, demand: Option<u64>, ttl: Duration) -> Ask {
 /// quarter more, so the Envoy's assignment (which starts when it arrives) always expires
 /// before the row that counts it.
 pub fn row_life(ttl: Duration) -> i64 {
-    let us = ttl.as_micros() + ttl.as_micros() / 4;
-    i64::try_from(us).unwrap_or(i64::MAX)
+    i64::try_from(row_life_duration(ttl).as_micros()).unwrap_or(i64::MAX)
+}
+
+/// [`row_life`] as a duration.
+fn row_life_duration(ttl: Duration) -> Duration {
+    ttl + ttl / 4
 }
 
 /// A quota assignment action.

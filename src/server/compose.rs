@@ -45,6 +45,7 @@ impl RunOptions {
         let settings = &components.settings;
         let connections = &settings.grpc_connections;
         RunOptions {
+            drain_period: settings.drain_period,
             grace: settings.shutdown_grace,
             grpc_max_message_bytes: settings.grpc_max_message_bytes as usize,
             json_endpoint: settings.json_endpoint,

@@ -69,7 +69,7 @@ pub(super) fn router(
         .max_decoding_message_size(options.grpc_max_message_bytes);
     // Usage reports are as small as RLS requests: the same bound.
     let rlqs = options.rlqs.clone().map(|rlqs| {
-        RateLimitQuotaServiceServer::new(crate::rlqs::RlqsService::new(rlqs))
+        RateLimitQuotaServiceServer::new(crate::rlqs::RlqsService::new(rlqs, peer_ip))
             .max_decoding_message_size(options.grpc_max_message_bytes)
     });
     let bounds = options.bounds;
@@ -102,6 +102,21 @@ pub(super) fn router(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha))
+}
+
+/// The peer address of a call on a guarded TCP connection, plaintext or TLS (none on the
+/// unix socket): what `--rlqs-max-streams-per-peer` counts by.
+fn peer_ip(extensions: &tonic::Extensions) -> Option<std::net::IpAddr> {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    extensions
+        .get::<crate::transport::GuardedInfo<TcpConnectInfo>>()
+        .and_then(|info| info.inner.remote_addr())
+        .or_else(|| {
+            extensions
+                .get::<crate::transport::GuardedInfo<TlsConnectInfo<TcpConnectInfo>>>()
+                .and_then(|info| info.inner.get_ref().remote_addr())
+        })
+        .map(|addr| addr.ip())
 }
 
 /// Serves `router` on `grpc` until `stop` says true and the connections have drained: on TCP,

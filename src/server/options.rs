@@ -1,6 +1,7 @@
-//! How the serving loop serves: [`RunOptions`] (shutdown grace, message size, TLS, the
-//! gRPC connection age, health inputs, the console) and the [`Bounds`] that keep one client
-//! from exhausting the server, both built from the settings by the composition root.
+//! How the serving loop serves: [`RunOptions`] (drain period and shutdown grace, message
+//! size, TLS, the gRPC connection age, health inputs, the console) and the [`Bounds`] that
+//! keep one client from exhausting the server, both built from the settings by the
+//! composition root.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,10 @@ use crate::transport::tls::GrpcTls;
 /// How [`run`](super::run) serves, besides its listeners, decider and store health.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    /// How long in-flight requests may take to finish once shutdown begins.
+    /// How long, once shutdown begins, health reports NOT_SERVING while every call (new
+    /// connections included) is still answered, before the listeners close.
+    pub drain_period: Duration,
+    /// How long in-flight requests may take to finish once the listeners have closed.
     pub grace: Duration,
     /// Largest ShouldRateLimit request accepted, in bytes (encoded protobuf); a larger one is
     /// refused by tonic before it is decoded.

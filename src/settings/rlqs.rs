@@ -13,19 +13,55 @@ pub struct RlqsSettings {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rlqs_max_streams: u32,
 
+    /// RLQS streams open at once from one peer address (an Envoy opens one per
+    /// `rate_limit_quota` filter config and RLQS server). One more is refused with
+    /// RESOURCE_EXHAUSTED, so one client cannot hold every `--rlqs-max-streams` slot.
+    #[arg(long, env = "FLOODGATE_RLQS_MAX_STREAMS_PER_PEER", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_streams_per_peer: u32,
+
     /// Buckets one RLQS stream may subscribe to. A report that would subscribe one more ends
     /// the stream with RESOURCE_EXHAUSTED.
     #[arg(long, env = "FLOODGATE_RLQS_MAX_BUCKETS_PER_STREAM", default_value_t = 1_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub rlqs_max_buckets_per_stream: u32,
 
-    /// Seconds an assignment holds (`assignment_time_to_live`). Envoy reports every 5 s by
-    /// default; keep this at two or three reporting intervals, so each report extends the
-    /// assignment before it expires. An Envoy that stops reporting loses its share of a
-    /// bucket a quarter of this after its assignment expired.
+    /// Bucket subscriptions held at once, all RLQS streams together (an ended stream's until
+    /// its assignments expire). A report that would subscribe one more ends its stream with
+    /// RESOURCE_EXHAUSTED; the other streams go on.
+    #[arg(long, env = "FLOODGATE_RLQS_MAX_BUCKETS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_max_buckets: u32,
+
+    /// Bytes the bucket subscriptions may be charged, all RLQS streams together: 1 KiB per
+    /// subscription, and each distinct bucket id's keys and values (stored once, however
+    /// many streams report it). Past it a report that subscribes ends its stream with
+    /// RESOURCE_EXHAUSTED; the other streams go on.
+    #[arg(long, env = "FLOODGATE_RLQS_MAX_BUCKET_BYTES", default_value_t = 16 << 20,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub rlqs_max_bucket_bytes: u64,
+
+    /// Seconds between an Envoy's usage reports: its `reporting_interval`. Envoy 1.40 reports
+    /// every 5 s whatever that says, so the assignment's time to live and the report timeout
+    /// are derived from the longer of this and 5 s.
+    #[arg(long, env = "FLOODGATE_RLQS_REPORTING_INTERVAL", value_name = "SECONDS",
+          default_value = "5", value_parser = parse_seconds)]
+    pub rlqs_reporting_interval: Duration,
+
+    /// Seconds a stream may send no usage report before it is ended with DEADLINE_EXCEEDED
+    /// (Envoy opens its stream with a report, then reports at least every 5 s). Default: 3
+    /// reporting periods, `3 × max(--rlqs-reporting-interval, 5 s)`.
+    #[arg(long, env = "FLOODGATE_RLQS_REPORT_TIMEOUT", value_name = "SECONDS",
+          value_parser = parse_seconds)]
+    pub rlqs_report_timeout: Option<Duration>,
+
+    /// Seconds an assignment holds (`assignment_time_to_live`). Default: 3 reporting
+    /// periods, `3 × max(--rlqs-reporting-interval, 5 s)` (15 s), so each report extends the
+    /// assignment before it expires even with a report lost. An Envoy that stops reporting
+    /// loses its share of a bucket a quarter of this after its assignment expired.
     #[arg(long, env = "FLOODGATE_RLQS_ASSIGNMENT_TTL", value_name = "SECONDS",
-          default_value = "15", value_parser = parse_seconds)]
-    pub rlqs_assignment_ttl: Duration,
+          value_parser = parse_seconds)]
+    pub rlqs_assignment_ttl: Option<Duration>,
 
     /// Seconds a subscribed bucket may report no requests (or not report at all) before the
     /// server abandons it (`AbandonAction`): Envoy then forgets it, and the server too.
@@ -42,13 +78,31 @@ pub struct RlqsSettings {
     pub rlqs_reassess_interval: Duration,
 }
 
+/// The shortest period Envoy reports at: Envoy 1.40 reports every 5 s (a fixed 5000 ms in
+/// its rate_limit_quota filter), whatever the bucket's `reporting_interval` says.
+pub const ENVOY_REPORT_PERIOD: Duration = Duration::from_secs(5);
+
+/// Reporting periods an assignment (and a silent stream) lasts by default: a report may be
+/// lost or late, and the next one still extends the assignment before it expires.
+const PERIODS: u32 = 3;
+
 impl RlqsSettings {
+    /// The period Envoys report at: the longer of `--rlqs-reporting-interval` and 5 s.
+    pub fn report_period(&self) -> Duration {
+        self.rlqs_reporting_interval.max(ENVOY_REPORT_PERIOD)
+    }
+
     /// The service's options these flags give.
     pub fn options(&self) -> crate::rlqs::RlqsOptions {
+        let derived = self.report_period() * PERIODS;
         crate::rlqs::RlqsOptions {
             max_streams: self.rlqs_max_streams,
+            max_streams_per_peer: self.rlqs_max_streams_per_peer,
             max_buckets_per_stream: self.rlqs_max_buckets_per_stream,
-            assignment_ttl: self.rlqs_assignment_ttl,
+            max_buckets: self.rlqs_max_buckets,
+            max_bucket_bytes: usize::try_from(self.rlqs_max_bucket_bytes).unwrap_or(usize::MAX),
+            report_timeout: self.rlqs_report_timeout.unwrap_or(derived),
+            assignment_ttl: self.rlqs_assignment_ttl.unwrap_or(derived),
             abandon_after: self.rlqs_abandon_after,
             reassess_interval: self.rlqs_reassess_interval,
         }
@@ -60,8 +114,13 @@ impl Default for RlqsSettings {
     fn default() -> RlqsSettings {
         RlqsSettings {
             rlqs_max_streams: 1_000,
+            rlqs_max_streams_per_peer: 100,
             rlqs_max_buckets_per_stream: 1_000,
-            rlqs_assignment_ttl: Duration::from_secs(15),
+            rlqs_max_buckets: 10_000,
+            rlqs_max_bucket_bytes: 16 << 20,
+            rlqs_reporting_interval: ENVOY_REPORT_PERIOD,
+            rlqs_report_timeout: None,
+            rlqs_assignment_ttl: None,
             rlqs_abandon_after: Duration::from_secs(60),
             rlqs_reassess_interval: Duration::from_secs(1),
         }
@@ -102,12 +161,56 @@ mod tests {
             defaults.rlqs_assignment_ttl
         );
         assert_eq!(
+            settings.rlqs.rlqs_max_streams_per_peer,
+            defaults.rlqs_max_streams_per_peer
+        );
+        assert_eq!(settings.rlqs.rlqs_max_buckets, defaults.rlqs_max_buckets);
+        assert_eq!(
+            settings.rlqs.rlqs_max_bucket_bytes,
+            defaults.rlqs_max_bucket_bytes
+        );
+        assert_eq!(
+            settings.rlqs.rlqs_reporting_interval,
+            defaults.rlqs_reporting_interval
+        );
+        assert_eq!(
+            settings.rlqs.rlqs_report_timeout,
+            defaults.rlqs_report_timeout
+        );
+        assert_eq!(
             settings.rlqs.rlqs_abandon_after,
             defaults.rlqs_abandon_after
         );
         assert_eq!(
             settings.rlqs.rlqs_reassess_interval,
             defaults.rlqs_reassess_interval
+        );
+    }
+
+    /// The time to live and the report timeout default to three of Envoy's report periods,
+    /// never fewer than 5 s each: a 1 s `reporting_interval` (which Envoy 1.40 does not
+    /// honour) still gets 15 s; a 20 s one gets 60 s; explicit values stand.
+    #[test]
+    fn timings_follow_envoys_report_period() {
+        let with = |interval: u64| super::RlqsSettings {
+            rlqs_reporting_interval: std::time::Duration::from_secs(interval),
+            ..super::RlqsSettings::default()
+        };
+        let secs = std::time::Duration::from_secs;
+        for (interval, derived) in [(1, 15), (5, 15), (20, 60)] {
+            let options = with(interval).options();
+            assert_eq!(options.assignment_ttl, secs(derived), "{interval}");
+            assert_eq!(options.report_timeout, secs(derived), "{interval}");
+        }
+        let explicit = super::RlqsSettings {
+            rlqs_assignment_ttl: Some(secs(4)),
+            rlqs_report_timeout: Some(secs(7)),
+            ..with(1)
+        }
+        .options();
+        assert_eq!(
+            (explicit.assignment_ttl, explicit.report_timeout),
+            (secs(4), secs(7))
         );
     }
 

@@ -18,6 +18,9 @@ fn serve_defaults() {
     assert_eq!(s.algorithm.value, AlgorithmArg::TokenBucket);
     assert!(!s.shadow_mode && s.redis_url.is_none());
     assert_eq!(s.shutdown_grace, Duration::from_secs(10));
+    // Twice what the shipped Envoy health check needs to see NOT_SERVING (5 s interval +
+    // 0.5 s timeout), with room for one lost check (docs/reliability.md).
+    assert_eq!(s.drain_period, Duration::from_secs(15));
     assert_eq!(s.redis_timeout_ms, Duration::from_millis(10));
     assert_eq!(s.on_store_error, FailurePolicy::Error);
     assert!(s.watch_config);
@@ -152,6 +155,8 @@ fn serve_flags() {
         "json",
         "--shutdown-grace",
         "0.5",
+        "--drain-period",
+        "2.5",
     ])
     .unwrap()
     .command
@@ -162,6 +167,7 @@ fn serve_flags() {
     assert!(s.shadow_mode);
     assert_eq!(s.log_format, LogFormat::Json);
     assert_eq!(s.shutdown_grace, Duration::from_millis(500));
+    assert_eq!(s.drain_period, Duration::from_millis(2500));
 }
 
 /// Response flags default off (as the reference), with its header names and 0.8 ratio.
@@ -230,6 +236,10 @@ fn bad_durations_are_rejected() {
     for bad in ["1e30", "-1", "NaN", "soon"] {
         assert!(
             parse(&["serve", "--config", "x", "--shutdown-grace", bad]).is_err(),
+            "{bad}"
+        );
+        assert!(
+            parse(&["serve", "--config", "x", "--drain-period", bad]).is_err(),
             "{bad}"
         );
     }

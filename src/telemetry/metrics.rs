@@ -30,6 +30,8 @@
 //! | `floodgate_local_decisions_total` | reason | requests decided by this replica's in-memory buckets (`--on-store-error local`) because Redis could not answer: `shed` (the call to Redis was shed), `circuit_open`, `store_error` (the call failed or timed out) |
 //! | `floodgate_store_available` | — | 1 while Redis is usable (circuit closed), else 0 |
 //! | `floodgate_local_cache_over_limit_total` | — | requests denied by the local over-limit cache, no Redis call |
+//! | `floodgate_oversized_values_total` | — | descriptor keys and values over `--max-value-bytes`, matched in full and known by their digest (limited, never refused) |
+//! | `floodgate_ignored_overrides_total` | — | descriptor `limit` overrides whose unit is none: ignored, the configured rules apply |
 //! | `floodgate_global_shadow_mode_total` | — | requests answered OK only because of global shadow mode (the reference's `global_shadow_mode`) |
 //! | `floodgate_tls_loads_total` | result | gRPC TLS certificate loads (start-up and reloads) by result (`success`, `error`) |
 //! | `floodgate_tls_last_reload_success` | — | 1 if the last TLS load succeeded, 0 if it failed (the previous certificate stays in force) |

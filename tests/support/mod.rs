@@ -36,12 +36,14 @@ use tonic::transport::Channel;
 
 pub mod certs;
 pub mod configmap;
+pub mod envoy;
 pub mod h2raw;
 pub mod http;
 pub mod limits;
 pub mod load;
 pub mod process;
 pub mod redis;
+pub mod rlqs;
 pub mod scenarios;
 pub mod tls;
 pub mod volume;
@@ -235,6 +237,8 @@ impl Setup {
             http,
             Arc::new(decider),
             server::RunOptions {
+                // Stopped at once: the drain period is tests/shutdown.rs's, on the binary.
+                drain_period: Duration::ZERO,
                 grace: Duration::from_secs(5),
                 grpc_max_message_bytes: self.tuning.grpc_max_message_bytes.unwrap_or(64 * 1024),
                 json_endpoint: !self.tuning.no_json_endpoint,
@@ -248,9 +252,9 @@ impl Setup {
                 rlqs: None,
             },
             self.store_health,
-            async move {
+            futures_util::stream::once(async move {
                 let _ = rx.await;
-            },
+            }),
         ));
         TestServer {
             grpc_addr,

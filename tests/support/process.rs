@@ -6,6 +6,9 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+/// floodgate's drain-period variable, set to 0 for every test's server that does not set it.
+const DRAIN_PERIOD_VARIABLE: &str = "FLOODGATE_DRAIN_PERIOD";
+
 /// A running `floodgate serve`. Terminated (SIGKILL) on drop if still running.
 pub struct Floodgate {
     pub child: Child,
@@ -68,6 +71,14 @@ impl Floodgate {
     }
 
     fn spawn(mut command: Command) -> Floodgate {
+        // SIGTERM stops a test's server at once unless the test asks for a drain period (its
+        // flag wins over the variable): the drain itself is tests/shutdown.rs's.
+        if !command
+            .get_envs()
+            .any(|(name, _)| name == DRAIN_PERIOD_VARIABLE)
+        {
+            command.env(DRAIN_PERIOD_VARIABLE, "0");
+        }
         let mut child = command
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
@@ -128,8 +139,13 @@ impl Floodgate {
 
     /// Sends SIGTERM without waiting (see [`Floodgate::wait`]).
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal `name` (`TERM`, `INT`, ...) without waiting.
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(status.success());

@@ -49,6 +49,12 @@ pub(super) fn classify(error: &RedisError) -> StoreError {
         // closes it: no room for floodgate's connection, an outage for the failure policy,
         // not a defect of the script that happened to be that first command.
         StoreError::Unavailable(format!("Redis takes no more connections: {said}"))
+    } else if error.code() == Some("NOSCRIPT") {
+        // Redis lost the script again and the bounded loads (`script::call`) did not bring
+        // it back: every request fails alike until Redis keeps it (or a peer that is not a
+        // sane Redis is fixed), an outage for the failure policy and the breaker, whose
+        // probe runs the script.
+        StoreError::Unavailable(format!("Redis does not keep floodgate's script: {said}"))
     } else if is_unknown_command(error) {
         // EVALSHA / EVAL / SCRIPT renamed or disabled (`rename-command`).
         StoreError::Unavailable(format!(

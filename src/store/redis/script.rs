@@ -32,6 +32,9 @@
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use std::io::Write;
 
@@ -379,33 +382,39 @@ pub async fn call_doing(
     now_us: Option<i64>,
     action: Action,
 ) -> RedisResult<wire::Frame> {
+    let reply_bytes = reply_len(ops.len()) * REPLY_VALUE_BYTES;
     let send = || async move {
         match now_us {
             None => {
                 conn.script_call(
                     script().get_hash(),
                     ops.len(),
-                    reply_len(ops.len()) * REPLY_VALUE_BYTES,
+                    reply_bytes,
                     |out| write_keys(out, prefix, ops),
                     |out| write_blob(out, ops, action),
                 )
                 .await
             }
             Some(_) => {
-                conn.request(|out| write_command(out, prefix, ops, now_us, action))
-                    .await
+                conn.request_sized(reply_bytes, |out| {
+                    write_command(out, prefix, ops, now_us, action)
+                })
+                .await
             }
         }
     };
     // After `NOSCRIPT`, loaded (once between the calls that met it together) and sent again;
     // twice at most, for a load another call made on another server (two stores, a
-    // failover in between) that left this one's without it.
+    // failover in between) that left this one's without it. A load the bounds refuse
+    // ([`load_once`]) leaves the call with its `NOSCRIPT`, an outage (`errors::classify`).
     let mut loads = 0;
     let reply = loop {
         let seen = LOADS.load(Ordering::Acquire);
         match checked(send().await?) {
             Err(e) if is_noscript(&e) && loads < 2 => {
-                load_once(conn, seen).await?;
+                if !load_once(conn, seen).await? {
+                    break Err(e);
+                }
                 loads += 1;
             }
             reply => break reply,
@@ -418,8 +427,10 @@ pub async fn call_doing(
         // alone are answered. Sent again alone, each request gets what a call of its own
         // gets: its answer, or the error of its own write.
         Err(e) if now_us.is_none() && matches!(e.code(), Some("OOM" | "READONLY")) => checked(
-            conn.request(|out| write_command(out, prefix, ops, now_us, action))
-                .await?,
+            conn.request_sized(reply_bytes, |out| {
+                write_command(out, prefix, ops, now_us, action)
+            })
+            .await?,
         ),
         reply => reply,
     }
@@ -541,23 +552,59 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
 /// `NOSCRIPT` together (a restart, a failover, `SCRIPT FLUSH`: up to 64 merged into one
 /// `EVALSHA`, on every connection of every thread) load the script once between them rather
 /// than each sending its ~40 KB, which after a failover would be a burst of loads from every
-/// replica.
+/// replica. One load is in flight at a time in the process; the turn holds when a refusal
+/// was last logged.
 static LOADS: AtomicU64 = AtomicU64::new(0);
-static LOADING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+static LOADING: tokio::sync::Mutex<Option<Instant>> = tokio::sync::Mutex::const_new(None);
+
+/// Loads refused so far: the connection had made [`wire::SCRIPT_LOADS`] within
+/// [`wire::SCRIPT_LOAD_WINDOW`] ([`load_once`]).
+static REFUSED_LOADS: AtomicU64 = AtomicU64::new(0);
+
+/// Script loads so far: made, and refused by the bound per connection
+/// ([`wire::SCRIPT_LOADS`] in any [`wire::SCRIPT_LOAD_WINDOW`]). Each load is logged (info),
+/// refusals at most once a second (warn).
+pub fn load_counts() -> (u64, u64) {
+    (
+        LOADS.load(Ordering::Relaxed),
+        REFUSED_LOADS.load(Ordering::Relaxed),
+    )
+}
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Loads the script unless a load has completed since `seen` (the count read before the
-/// call that met `NOSCRIPT` was sent).
-async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<()> {
-    let _turn = LOADING.lock().await;
-    if LOADS.load(Ordering::Acquire) == seen {
-        script().load_async(&mut conn.clone()).await?;
-        LOADS.fetch_add(1, Ordering::Release);
+/// call that met `NOSCRIPT` was sent); returns whether the call may be sent again: `false`
+/// when the connection may not load now ([`wire::Conn::may_load_script`]: a Redis that
+/// keeps forgetting the script, or a peer answering `NOSCRIPT` to everything).
+async fn load_once(conn: &wire::Conn, seen: u64) -> RedisResult<bool> {
+    let mut logged = LOADING.lock().await;
+    if LOADS.load(Ordering::Acquire) != seen {
+        return Ok(true);
     }
-    Ok(())
+    let now = Instant::now();
+    if !conn.may_load_script(now) {
+        let refused = REFUSED_LOADS.fetch_add(1, Ordering::Relaxed) + 1;
+        if logged.is_none_or(|at| now >= at + Duration::from_secs(1)) {
+            *logged = Some(now);
+            tracing::warn!(
+                refused,
+                "Redis keeps losing floodgate's script: a connection loads it at most {} \
+                 times a second, the calls meeting NOSCRIPT meanwhile fail as an outage",
+                wire::SCRIPT_LOADS
+            );
+        }
+        return Ok(false);
+    }
+    script().load_async(&mut conn.clone()).await?;
+    let loads = LOADS.fetch_add(1, Ordering::Release) + 1;
+    tracing::info!(
+        loads,
+        "Redis did not have floodgate's script (a restart, failover or SCRIPT FLUSH): loaded it"
+    );
+    Ok(true)
 }
 
 /// The error of a request the script refused in a batch (its reply's `committed` is -1, then

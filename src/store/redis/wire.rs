@@ -25,9 +25,18 @@
 //! connection and every later one, with an I/O error (the store retires the connection and
 //! calls it an outage, as before).
 //!
+//! What a peer cannot do, whether a broken Redis or a man in the middle of a plaintext link:
+//! make a connection hold more than one capped reply ([`MAX_REPLY`], or a script call's own
+//! larger reply), refused at its header when it cannot fit; make it parse a byte twice (the
+//! framing, `wire/frame.rs`, resumes where it stopped); or keep it reading after a call on it
+//! missed its deadline: the connection then retires, takes no new call and closes once no
+//! call waits on it (docs/redis.md, "What a connection reads, and for how long").
+//!
 //! Every other command of the store (the probe, `DEL`, the RLQS share tables' scripts,
 //! `SCRIPT LOAD`, the pool's `PING`) goes through the same connection with redis-rs's
 //! encoding and parsing: [`Conn`] is a redis-rs [`ConnectionLike`].
+
+mod frame;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -50,6 +59,8 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
+
+use frame::{FrameError, Parser, parse_int};
 
 /// One reply as it came: a whole RESP2 frame.
 pub type Frame = Vec<u8>;
@@ -79,7 +90,18 @@ impl Closed {
     fn error(&self) -> RedisError {
         io::Error::new(self.kind, self.text.clone()).into()
     }
+
+    /// What closes a connection that read a reply it cannot hand out (see [`frame`]).
+    fn refused(error: FrameError) -> Closed {
+        Closed {
+            kind: io::ErrorKind::InvalidData,
+            text: error.to_string(),
+        }
+    }
 }
+
+/// What a call sent on a connection that is retiring fails with (see [`State::retiring`]).
+const RETIRED: &str = "the connection is retired: a call on it missed its deadline";
 
 /// What a call that ran out of its deadline fails with (see [`is_late`]).
 const LATE: &str = "the call's deadline passed before Redis answered";
@@ -102,6 +124,9 @@ struct Waiting {
     shares: usize,
     /// In a merged script call, this call's bytes of the reply's payload.
     part: usize,
+    /// The most bytes its reply may take ([`reply_cap`]); for a merged script call's first
+    /// call, the whole merged reply's.
+    most: usize,
 }
 
 /// The script calls ([`Conn::script_call`]) written since the connection's task last took
@@ -151,6 +176,14 @@ struct State {
     task: Option<Waker>,
     /// Set once the connection failed or every handle is gone.
     closed: Option<Closed>,
+    /// Set once a call on it missed its deadline: the reply owed to that call is still to
+    /// come before any later one, and a peer that missed one deadline is not trusted with
+    /// more calls. Later calls fail at once, the calls waiting still get their replies (or
+    /// their deadlines), and once none is left waiting the connection closes (the store
+    /// marks it broken at the same time, and its pool replaces it).
+    retiring: bool,
+    /// When scripts were last loaded on it ([`Conn::may_load_script`]).
+    script_loads: [Option<Instant>; SCRIPT_LOADS],
 }
 
 /// What a connection's handles and its task share: the state, and whether it is closed,
@@ -220,14 +253,51 @@ impl Conn {
         self.deadline = Some(deadline);
     }
 
+    /// Whether a script may be loaded over this connection at `now`, and if so, notes that
+    /// one is: at most [`SCRIPT_LOADS`] loads in any [`SCRIPT_LOAD_WINDOW`] per connection. A
+    /// Redis that forgets scripts as fast as they are loaded (or a peer answering `NOSCRIPT`
+    /// to everything) would otherwise draw a load of the whole script for every call.
+    pub fn may_load_script(&self, now: Instant) -> bool {
+        let mut state = lock(&self.handle.0);
+        // The oldest load noted (a slot never used is older than any).
+        let Some(oldest) = state.script_loads.iter_mut().min() else {
+            return false;
+        };
+        if oldest.is_some_and(|at| now < at + SCRIPT_LOAD_WINDOW) {
+            return false;
+        }
+        *oldest = Some(now);
+        true
+    }
+
+    /// The state, while calls may be sent: the connection neither closed nor retiring.
+    fn sendable(&self) -> RedisResult<MutexGuard<'_, State>> {
+        let state = lock(&self.handle.0);
+        if let Some(closed) = &state.closed {
+            return Err(closed.error());
+        }
+        if state.retiring {
+            return Err(Closed::new(io::ErrorKind::ConnectionAborted, RETIRED).error());
+        }
+        Ok(state)
+    }
+
     /// Sends the command `write` appends to the connection's output buffer (whole RESP2
-    /// commands, exactly one) and returns its reply's frame.
+    /// commands, exactly one) and returns its reply's frame, which may take [`MAX_REPLY`]
+    /// bytes.
     pub async fn request(&self, write: impl FnOnce(&mut Vec<u8>)) -> RedisResult<Frame> {
+        self.request_sized(0, write).await
+    }
+
+    /// [`Conn::request`] for a command answered with a bulk string of `reply_bytes` bytes (a
+    /// script call sent alone): its reply may take that much, past [`MAX_REPLY`].
+    pub async fn request_sized(
+        &self,
+        reply_bytes: usize,
+        write: impl FnOnce(&mut Vec<u8>),
+    ) -> RedisResult<Frame> {
         let reply = {
-            let mut state = lock(&self.handle.0);
-            if let Some(closed) = &state.closed {
-                return Err(closed.error());
-            }
+            let mut state = self.sendable()?;
             // The script calls merging before it go first: the order of replies is the
             // order of commands.
             state.write_merged();
@@ -241,7 +311,7 @@ impl Conn {
                 drop(state);
                 std::panic::resume_unwind(panic);
             }
-            self.wait(&mut state, 0)
+            self.wait(&mut state, 0, reply_cap(reply_bytes))
         };
         answer(reply).await
     }
@@ -268,10 +338,7 @@ impl Conn {
         write_blob: impl FnOnce(&mut Vec<u8>),
     ) -> RedisResult<Frame> {
         let reply = {
-            let mut guard = lock(&self.handle.0);
-            if let Some(closed) = &guard.closed {
-                return Err(closed.error());
-            }
+            let mut guard = self.sendable()?;
             let state = &mut *guard;
             let merging = &state.merging;
             if merging.calls > 0
@@ -298,20 +365,26 @@ impl Conn {
             merging.sha = sha;
             merging.key_count += keys;
             merging.calls += 1;
-            self.wait(state, reply_bytes)
+            self.wait(state, reply_bytes, reply_cap(reply_bytes))
         };
         answer(reply).await
     }
 
     /// Queues the caller of the command just written (`part`: its bytes of a merged script
-    /// call's reply) and wakes the task.
-    fn wait(&self, state: &mut State, part: usize) -> oneshot::Receiver<Result<Frame, Closed>> {
+    /// call's reply; `most`: the most bytes its reply may take) and wakes the task.
+    fn wait(
+        &self,
+        state: &mut State,
+        part: usize,
+        most: usize,
+    ) -> oneshot::Receiver<Result<Frame, Closed>> {
         let (sender, reply) = oneshot::channel();
         state.waiting.push_back(Waiting {
             reply: Some(sender),
             deadline: self.deadline,
             shares: 0,
             part,
+            most,
         });
         if let Some(deadline) = self.deadline
             && state.soonest.is_none_or(|soonest| deadline < soonest)
@@ -367,7 +440,10 @@ impl State {
         if merging.calls > 1
             && let Some(first) = self.waiting.len().checked_sub(merging.calls)
         {
-            self.waiting[first].shares = merging.calls;
+            let payload = self.waiting.range(first..).map(|call| call.part).sum();
+            let first = &mut self.waiting[first];
+            first.shares = merging.calls;
+            first.most = reply_cap(payload);
         }
         merging.keys.clear();
         merging.blobs.clear();
@@ -477,6 +553,8 @@ async fn connect_now(info: &ConnectionInfo, tls: &Arc<rustls::ClientConfig>) -> 
         soonest: None,
         task: None,
         closed: None,
+        retiring: false,
+        script_loads: [None; SCRIPT_LOADS],
     });
     tokio::spawn(Task::new(stream, Arc::clone(&shared)));
     let conn = Conn {
@@ -560,11 +638,42 @@ const READ_BUFFER: usize = 16 * 1024;
 /// goes back rather than staying with the connection.
 const OUT_KEEP: usize = 256 * 1024;
 
-/// The longest bulk string a reply may announce: Redis's own largest string value (its
-/// default `proto-max-bulk-len`, 512 MiB). floodgate's replies are far smaller; a longer
-/// announcement comes from a peer that is not a sane Redis, and is refused at once rather
-/// than waited for (and buffered) until the call's deadline.
-const MAX_BULK: i64 = 512 * 1024 * 1024;
+/// The most bytes a reply may take, unless its call expects a longer one (a script call's
+/// own reply, when larger). What floodgate asks Redis for is answered in far less, the
+/// largest being a merged script call's ([`LARGEST_MERGED_REPLY`]: 21,504 bytes of
+/// payload); `SCRIPT LOAD` answers a 40-byte SHA1, RLQS's share script at most 100
+/// integers, an error a line of a few hundred bytes. A longer reply comes from a peer that
+/// is not a sane Redis (or from a man in the middle): it is refused as soon as its headers
+/// say so, and the connection closes. The read buffer holds one reply and one read past it,
+/// so it never grows past twice this (or twice the largest reply a waiting call expects).
+pub const MAX_REPLY: usize = 32 * 1024;
+
+/// The framing of a bulk-string reply around its payload: `$`, up to 20 digits, two CR LFs.
+const BULK_FRAMING: usize = 25;
+
+/// The largest reply of a merged script call: `lua/apply.lua` answers two values per call
+/// and five per key, eight bytes each, so [`MERGE_CALLS`] calls of [`MERGE_KEYS`] keys in all
+/// get (2 · 64 + 5 · 512) · 8 = 21,504 bytes, in a bulk string.
+pub const LARGEST_MERGED_REPLY: usize = (2 * MERGE_CALLS + 5 * MERGE_KEYS) * 8 + BULK_FRAMING;
+
+// Every merged script call's reply fits in the cap every reply has.
+const _: () = assert!(LARGEST_MERGED_REPLY <= MAX_REPLY);
+
+/// The most bytes the reply of a call expecting a bulk string of `payload` bytes may take:
+/// [`MAX_REPLY`], or the bulk string framed if that is longer (a script call alone of more
+/// keys than a merged call holds).
+fn reply_cap(payload: usize) -> usize {
+    MAX_REPLY.max(payload.saturating_add(BULK_FRAMING))
+}
+
+/// The most script loads one connection makes in any [`SCRIPT_LOAD_WINDOW`]
+/// ([`Conn::may_load_script`]): the first call's load and one after a `SCRIPT FLUSH` fit in
+/// the same second; a Redis that keeps forgetting the script gets two ~40 KB loads a second
+/// per connection.
+pub const SCRIPT_LOADS: usize = 2;
+
+/// The span [`SCRIPT_LOADS`] counts loads in.
+pub const SCRIPT_LOAD_WINDOW: Duration = Duration::from_secs(1);
 
 /// The connection's socket.
 enum Stream {
@@ -627,6 +736,8 @@ struct Task {
     read: Vec<u8>,
     start: usize,
     end: usize,
+    /// Where the parse of the reply at `start` stands: each read resumes it.
+    parser: Parser,
     /// The callers of the merged script call being answered ([`share`]), kept for the next.
     sharing: Vec<Waiting>,
 }
@@ -672,6 +783,7 @@ impl Task {
             read: vec![0; READ_BUFFER],
             start: 0,
             end: 0,
+            parser: Parser::new(),
             sharing: Vec::new(),
         }
     }
@@ -703,12 +815,13 @@ impl Task {
         self.armed = Some(at);
     }
 
-    /// Fails the waiting calls whose deadline is `now` or past, and returns the earliest
-    /// deadline of those still waiting.
+    /// Fails the waiting calls whose deadline is `now` or past (the connection then retires,
+    /// [`State::retiring`]), and returns the earliest deadline of those still waiting.
     fn expire(&self, now: Instant) -> Option<Instant> {
         let late = Closed::new(io::ErrorKind::TimedOut, LATE);
         let mut state = lock(&self.shared);
         let mut next: Option<Instant> = None;
+        let mut retire = false;
         for call in &mut state.waiting {
             let Some(deadline) = call.deadline else {
                 continue;
@@ -721,11 +834,26 @@ impl Task {
                 if let Some(reply) = call.reply.take() {
                     let _ = reply.send(Err(late.clone()));
                 }
+                retire = true;
             } else if next.is_none_or(|next| deadline < next) {
                 next = Some(deadline);
             }
         }
+        if retire && !state.retiring {
+            state.retiring = true;
+            self.shared.closed.store(true, Ordering::Release);
+        }
         next
+    }
+
+    /// Whether the connection is retiring ([`State::retiring`]) with no call left waiting for
+    /// a reply: it closes.
+    fn retired(state: &State) -> bool {
+        state.retiring
+            && state
+                .waiting
+                .iter()
+                .all(|call| call.reply.as_ref().is_none_or(|reply| reply.is_closed()))
     }
 
     /// Sets the timer sooner if `soonest` (the earliest deadline of the calls written since
@@ -778,6 +906,9 @@ impl Task {
                 let mut state = lock(&self.shared);
                 if let Some(closed) = &state.closed {
                     return Err(closed.clone());
+                }
+                if Task::retired(&state) {
+                    return Err(Closed::new(io::ErrorKind::ConnectionAborted, RETIRED));
                 }
                 if self.written == self.writing.len() {
                     // Everything taken before is out: take what callers wrote since, the
@@ -867,9 +998,19 @@ impl Task {
 
     /// Hands every whole reply read so far to its caller (a merged script call's to each of
     /// its callers, [`share`]); returns whether there was one.
+    ///
+    /// Each reply may take what its caller can use ([`Waiting::most`]; [`MAX_REPLY`] for a
+    /// reply nobody waits for): a reply that cannot fit closes the connection as soon as its
+    /// headers say so, and the parse resumes on each read where the last one stopped.
     fn hand_out(&mut self) -> Result<bool, Closed> {
         let mut any = false;
-        while let Some(len) = frame_len(&self.read[self.start..self.end])? {
+        let head_cap = |state: &State| state.waiting.front().map_or(MAX_REPLY, |call| call.most);
+        let mut cap = head_cap(&lock(&self.shared));
+        while let Some(len) = self
+            .parser
+            .frame_len(&self.read[self.start..self.end], cap)
+            .map_err(Closed::refused)?
+        {
             let frame = &self.read[self.start..self.start + len];
             self.start += len;
             let caller = {
@@ -883,8 +1024,10 @@ impl Task {
                         let next = state.waiting.pop_front().ok_or_else(|| unasked(frame))?;
                         self.sharing.push(next);
                     }
+                    cap = head_cap(&state);
                     None
                 } else {
+                    cap = head_cap(&state);
                     Some(caller)
                 }
             };
@@ -960,122 +1103,14 @@ fn unasked(frame: &[u8]) -> Closed {
     }
 }
 
-/// The length of the whole RESP2 frame at the start of `buf`, `None` while it is incomplete.
-fn frame_len(buf: &[u8]) -> Result<Option<usize>, Closed> {
-    let malformed = || Closed::new(io::ErrorKind::InvalidData, "malformed reply from Redis");
-    let mut at = 0;
-    // Frames still to read: an array adds its elements.
-    let mut left: u64 = 1;
-    while left > 0 {
-        left -= 1;
-        let Some(line) = buf[at..].iter().position(|&b| b == b'\r') else {
-            return Ok(None);
-        };
-        if at + line + 1 >= buf.len() {
-            return Ok(None);
-        }
-        if line == 0 || buf[at + line + 1] != b'\n' {
-            return Err(malformed());
-        }
-        let (kind, number) = (buf[at], &buf[at + 1..at + line]);
-        at += line + 2;
-        match kind {
-            b'+' | b'-' | b':' => {}
-            b'$' => {
-                let n = parse_int(number).ok_or_else(malformed)?;
-                if n > MAX_BULK {
-                    return Err(malformed());
-                }
-                if n >= 0 {
-                    let n = usize::try_from(n).map_err(|_| malformed())?;
-                    if buf.len() < at + n + 2 {
-                        return Ok(None);
-                    }
-                    if &buf[at + n..at + n + 2] != b"\r\n" {
-                        return Err(malformed());
-                    }
-                    at += n + 2;
-                }
-            }
-            b'*' => {
-                let n = parse_int(number).ok_or_else(malformed)?;
-                // Checked: counts wrapping past 2^64 would end the frame early.
-                left = left
-                    .checked_add(u64::try_from(n).unwrap_or(0))
-                    .ok_or_else(malformed)?;
-            }
-            _ => return Err(malformed()),
-        }
-    }
-    Ok(Some(at))
-}
-
-/// A RESP integer (an optional `-`, then decimal digits).
-fn parse_int(digits: &[u8]) -> Option<i64> {
-    let (negative, digits) = match digits.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, digits),
-    };
-    if digits.is_empty() {
-        return None;
-    }
-    let mut n: i64 = 0;
-    for &d in digits {
-        if !d.is_ascii_digit() {
-            return None;
-        }
-        n = n.checked_mul(10)?.checked_add(i64::from(d - b'0'))?;
-    }
-    Some(if negative { -n } else { n })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Frames are measured whole, nested arrays included, and not before their last byte.
-    #[test]
-    fn frames_are_found_whole() {
-        let cases: [&[u8]; 7] = [
-            b"+OK\r\n",
-            b"-NOSCRIPT No matching script\r\n",
-            b":42\r\n",
-            b"$5\r\nhe\r\no\r\n",
-            b"$-1\r\n",
-            b"*2\r\n$1\r\na\r\n*1\r\n:1\r\n",
-            b"*0\r\n",
-        ];
-        for frame in cases {
-            assert_eq!(frame_len(frame).unwrap(), Some(frame.len()), "{frame:?}");
-            for cut in 0..frame.len() {
-                assert_eq!(
-                    frame_len(&frame[..cut]).unwrap(),
-                    None,
-                    "{frame:?} at {cut}"
-                );
-            }
-            let mut two = frame.to_vec();
-            two.extend_from_slice(b"+OK\r\n");
-            assert_eq!(frame_len(&two).unwrap(), Some(frame.len()));
-        }
-        for bad in [&b"?x\r\n"[..], b"$x\r\n", b"$1\r\nab\r\n", b"+a\rb"] {
-            assert!(frame_len(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    /// A peer's counts cannot end a frame early or make the connection wait for a reply no
-    /// Redis sends: array counts that add up past 2^64 (wrapping, in a build without overflow
-    /// checks, to "one element left") and a bulk string longer than Redis's largest are
-    /// malformed at once.
-    #[test]
-    fn absurd_lengths_are_malformed() {
-        let max = i64::MAX;
-        let wrapping = format!("*{max}\r\n*{max}\r\n*5\r\n:1\r\n");
-        assert!(frame_len(wrapping.as_bytes()).is_err());
-        assert!(frame_len(b"$999999999999\r\n").is_err());
-        assert!(frame_len(format!("${max}\r\n").as_bytes()).is_err());
-        let largest = format!("${}\r\n", MAX_BULK);
-        assert_eq!(frame_len(largest.as_bytes()).unwrap(), None);
+    /// The length of the whole command at the start of `buf` (the test peers read commands
+    /// with the replies' framing: both are RESP2).
+    fn frame_len(buf: &[u8]) -> Result<Option<usize>, FrameError> {
+        Parser::new().frame_len(buf, usize::MAX)
     }
 
     /// A peer on a loopback port that, once it has read `commands` commands, reports it on
@@ -1312,6 +1347,8 @@ mod tests {
             soonest: None,
             task: None,
             closed: None,
+            retiring: false,
+            script_loads: [None; SCRIPT_LOADS],
         };
         for (calls, expected) in [
             (&[("k1", "b1")][..], &["k1", "", "b1"][..]),
@@ -1334,6 +1371,7 @@ mod tests {
                     deadline: None,
                     shares: 0,
                     part: 8,
+                    most: MAX_REPLY,
                 });
             }
             state.write_merged();
@@ -1375,7 +1413,73 @@ mod tests {
         assert!(is_late(&error), "{error}");
         go.send(()).unwrap();
         assert_eq!(next.await.unwrap().unwrap(), b"$1\r\nb\r\n");
-        assert!(!conn.is_closed());
+    }
+
+    /// A connection on which a call missed its deadline retires: it says it is closed at
+    /// once, later calls fail at once (an I/O error, which retires it from the pool), the
+    /// call still waiting gets its own reply, and the connection then closes, though its
+    /// handles are alive: a peer that missed a deadline is not read any longer.
+    #[tokio::test]
+    async fn a_connection_retires_after_a_late_call() {
+        let (info, read, go) = peer(2, b"$1\r\na\r\n$1\r\nb\r\n").await;
+        let conn = open(&info).await;
+        let mut late = conn.clone();
+        late.until(Instant::now() + Duration::from_millis(50));
+        let late = tokio::spawn(async move { late.request(echo("a")).await });
+        while lock(&conn.handle.0).waiting.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let mut next = conn.clone();
+        next.until(Instant::now() + Duration::from_secs(600));
+        let next = tokio::spawn(async move { next.request(echo("b")).await });
+        read.await.unwrap();
+        let error = tokio::time::timeout(Duration::from_secs(60), late)
+            .await
+            .expect("the late call never failed")
+            .unwrap()
+            .unwrap_err();
+        assert!(is_late(&error), "{error}");
+        assert!(conn.is_closed());
+        assert!(lock(&conn.handle.0).closed.is_none(), "a call still waits");
+        let refused = conn.request(echo("c")).await.unwrap_err();
+        assert!(refused.is_io_error() && refused.to_string().contains(RETIRED));
+        go.send(()).unwrap();
+        assert_eq!(next.await.unwrap().unwrap(), b"$1\r\nb\r\n");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lock(&conn.handle.0).closed.is_none() {
+            assert!(Instant::now() < deadline, "never closed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A retiring connection whose only waiting call expires closes at that deadline, while
+    /// its peer stays silent and its handles stay alive.
+    #[tokio::test]
+    async fn a_connection_closes_when_its_last_waiting_call_expires() {
+        let (conn, _socket) = connected().await;
+        let mut late = conn.clone();
+        late.until(Instant::now() + Duration::from_millis(20));
+        let error = late.request(echo("a")).await.unwrap_err();
+        assert!(is_late(&error), "{error}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lock(&conn.handle.0).closed.is_none() {
+            assert!(Instant::now() < deadline, "never closed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A connection may load a script [`SCRIPT_LOADS`] times in any [`SCRIPT_LOAD_WINDOW`].
+    #[tokio::test]
+    async fn script_loads_are_bounded_per_connection() {
+        let (conn, _socket) = connected().await;
+        let (now, half) = (Instant::now(), SCRIPT_LOAD_WINDOW / 2);
+        assert!(conn.may_load_script(now));
+        assert!(conn.may_load_script(now + half));
+        assert!(!conn.may_load_script(now + half));
+        assert!(!conn.may_load_script(now + SCRIPT_LOAD_WINDOW - Duration::from_millis(1)));
+        assert!(conn.may_load_script(now + SCRIPT_LOAD_WINDOW));
+        assert!(!conn.may_load_script(now + SCRIPT_LOAD_WINDOW));
+        assert!(conn.may_load_script(now + SCRIPT_LOAD_WINDOW + half));
     }
 
     /// A call with a sooner deadline than the calls before it fails at its own deadline: the
@@ -1405,49 +1509,66 @@ mod tests {
         assert_eq!(patient.await.unwrap().unwrap(), b"$1\r\na\r\n");
     }
 
-    /// A call past its deadline fails while its socket keeps delivering the bytes of a reply
-    /// that never ends (a peer streaming an endless array): every read of the connection's
-    /// task makes progress and the socket never runs dry, yet the deadline is kept.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_late_call_fails_while_its_socket_keeps_delivering() {
+    /// A peer flooding a reply that never ends closes the connection as soon as the reply
+    /// cannot fit in what its call can take: an array announcing 2^31 − 1 elements, a bulk
+    /// string announced at 512 MiB (both refused at their header), an array within the cap
+    /// whose elements outgrow it, and bytes with no line end. The waiting call fails at once
+    /// with an I/O error, long before its deadline, and the peer is cut off having sent at
+    /// most what the cap and the sockets' buffers hold (loopback buffers take a few MiB).
+    #[tokio::test]
+    async fn a_reply_that_cannot_fit_closes_the_connection() {
         use redis::IntoConnectionInfo;
-        use std::io::Write;
-        use std::sync::atomic::AtomicU64;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let info = format!("redis://{}/", listener.local_addr().unwrap())
-            .into_connection_info()
-            .unwrap();
-        let sent = Arc::new(AtomicU64::new(0));
-        // The peer floods until the connection is dropped: an array of more elements than
-        // will ever come, then elements.
-        let peer = std::thread::spawn({
-            let sent = Arc::clone(&sent);
-            move || {
+        use std::io::{Read, Write};
+        for (head, flood) in [
+            ("*2147483647\r\n", ":1\r\n"),
+            ("$536870912\r\n", "x"),
+            ("*8000\r\n", ":1000000\r\n"),
+            ("+", "garbage"),
+        ] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let info = format!("redis://{}/", listener.local_addr().unwrap())
+                .into_connection_info()
+                .unwrap();
+            // Reads the command, then floods until the connection is closed; returns the
+            // bytes it got out.
+            let peer = std::thread::spawn(move || {
                 let (mut socket, _) = listener.accept().unwrap();
-                let _ = socket.write_all(format!("*{}\r\n", i64::MAX).as_bytes());
-                let chunk = b":1\r\n".repeat(16 * 1024);
-                while socket.write_all(&chunk).is_ok() {
-                    sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                let _ = socket.read(&mut [0; 1024]).unwrap();
+                let mut sent = head.len() as u64;
+                socket.write_all(head.as_bytes()).unwrap();
+                let chunk = flood.repeat(64 * 1024 / flood.len());
+                while socket.write_all(chunk.as_bytes()).is_ok() {
+                    sent += chunk.len() as u64;
+                    assert!(sent < 1 << 30, "the connection read 1 GiB of {head:?}");
                 }
-            }
-        });
-        let conn = open(&info).await;
-        // The flood is under way.
-        while sent.load(Ordering::Relaxed) < 8 * 1024 * 1024 {
-            tokio::task::yield_now().await;
+                sent
+            });
+            let mut conn = open(&info).await;
+            conn.until(Instant::now() + Duration::from_secs(600));
+            let error = tokio::time::timeout(Duration::from_secs(60), conn.request(echo("a")))
+                .await
+                .expect("the call never failed")
+                .unwrap_err();
+            assert!(error.is_io_error() && !is_late(&error), "{head:?}: {error}");
+            assert!(conn.is_closed());
+            let sent = tokio::task::spawn_blocking(move || peer.join().unwrap())
+                .await
+                .unwrap();
+            assert!(sent < 16 << 20, "{head:?}: the peer got {sent} bytes out");
         }
-        let mut late = conn.clone();
-        late.until(Instant::now());
-        // Awaited here, not in a task of its own: woken by the connection's task, a task
-        // would wait on that thread for the reading task's turn to end.
-        // Bounded, so that a deadline nobody keeps fails the test instead of hanging it.
-        let error = tokio::time::timeout(Duration::from_secs(60), late.request(echo("a")))
-            .await
-            .expect("the late call never failed")
-            .unwrap_err();
-        assert!(is_late(&error), "{error}");
-        drop((late, conn));
-        peer.join().unwrap();
+    }
+
+    /// [`LARGEST_MERGED_REPLY`] (which fits in [`MAX_REPLY`], checked at compile time) is
+    /// `lua/apply.lua`'s reply format at the merge caps.
+    #[test]
+    fn the_largest_merged_reply_fits_the_cap() {
+        use super::super::script::{REPLY_VALUE_BYTES, reply_len};
+        let payload = MERGE_CALLS * reply_len(0) * REPLY_VALUE_BYTES
+            + (reply_len(MERGE_KEYS) - reply_len(0)) * REPLY_VALUE_BYTES;
+        let framed = format!("${payload}\r\n").len() + payload + 2;
+        assert!(framed <= LARGEST_MERGED_REPLY, "{framed}");
+        assert_eq!(reply_cap(0), MAX_REPLY);
+        assert_eq!(reply_cap(1 << 20), (1 << 20) + BULK_FRAMING);
     }
 
     /// A connection to a loopback port, and the socket its peer accepted (the test plays
@@ -1646,6 +1767,8 @@ mod tests {
             soonest: None,
             task: None,
             closed: None,
+            retiring: false,
+            script_loads: [None; SCRIPT_LOADS],
         });
         let (sender, mut reply) = oneshot::channel();
         lock(&shared).waiting.push_back(Waiting {
@@ -1653,6 +1776,8 @@ mod tests {
             deadline: None,
             shares: 0,
             part: 0,
+            // A call expecting a reply this large (a script call alone of many keys).
+            most: reply_cap(BIG),
         });
         let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
         let frame = std::future::poll_fn(|cx| {

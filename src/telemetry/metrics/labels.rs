@@ -155,8 +155,9 @@ impl RequestResult {
 pub enum ShapedEnd {
     /// Its tokens arrived; it was answered OK.
     Served,
-    /// Shutdown began; it was answered OK at once (its tokens were already debited).
-    Released,
+    /// Shutdown cuts the connections off before its turn: its tokens were given back and it
+    /// was refused (OVER_LIMIT), never admitted early.
+    Refused,
     /// The client went away (cancelled, timed out); its tokens were given back.
     Cancelled,
 }
@@ -166,7 +167,7 @@ impl ShapedEnd {
     pub fn label(self) -> &'static str {
         match self {
             ShapedEnd::Served => "served",
-            ShapedEnd::Released => "released",
+            ShapedEnd::Refused => "refused",
             ShapedEnd::Cancelled => "cancelled",
         }
     }

@@ -36,6 +36,10 @@ pub(super) struct RequestMetrics {
     shaped: Family<DomainLabels, Counter>,
     shaped_delay: Histogram,
     in_flight: Gauge,
+    /// `floodgate_oversized_values_total`.
+    oversized_values: Counter,
+    /// `floodgate_ignored_overrides_total`.
+    ignored_overrides: Counter,
 }
 
 impl RequestMetrics {
@@ -58,6 +62,8 @@ impl RequestMetrics {
             // 100 µs … ~52 s: a shaped request waits at most max_wait, at most 60 s.
             shaped_delay: Histogram::new(exponential_buckets(0.000_1, 2.0, 20)),
             in_flight: Gauge::default(),
+            oversized_values: Counter::default(),
+            ignored_overrides: Counter::default(),
         };
         registry.register(
             "floodgate_requests",
@@ -75,6 +81,18 @@ impl RequestMetrics {
             "Answered ShouldRateLimit calls by configured domain (_unknown for any other) \
              and result",
             ours.domain.clone(),
+        );
+        registry.register(
+            "floodgate_oversized_values",
+            "Descriptor keys and values longer than --max-value-bytes: matched in full, then \
+             known by a digest in bucket keys and metric paths (limited, never refused)",
+            ours.oversized_values.clone(),
+        );
+        registry.register(
+            "floodgate_ignored_overrides",
+            "Descriptor limit overrides whose unit is none: ignored, the descriptor matched \
+             against the configured rules",
+            ours.ignored_overrides.clone(),
         );
         ours
     }
@@ -95,8 +113,9 @@ impl RequestMetrics {
         registry.register(
             "floodgate_shaped_requests",
             "Requests a max_wait limit held for their tokens instead of refusing, by domain and \
-             how the wait ended (served: answered OK when the tokens arrived; released: answered \
-             OK early by shutdown; cancelled: the client left, the tokens were refunded)",
+             how the wait ended (served: answered OK when the tokens arrived; refused: shutdown \
+             cuts the connections before their turn, the tokens were refunded; cancelled: the \
+             client left, the tokens were refunded)",
             requests.shaped.clone(),
         );
         registry.register(
@@ -145,6 +164,16 @@ impl Metrics {
             _ => {}
         }
         self.requests.total[result.index()].inc();
+    }
+
+    /// Counts a request's keys and values over `--max-value-bytes` (`oversized`) and its
+    /// ignored `limit` overrides (`ignored_overrides`): what the planner stood in for.
+    pub fn record_request_fixups(&self, oversized: usize, ignored_overrides: usize) {
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        self.requests.oversized_values.inc_by(count(oversized));
+        self.requests
+            .ignored_overrides
+            .inc_by(count(ignored_overrides));
     }
 
     /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
