@@ -59,6 +59,7 @@ fn op() -> BucketOp {
         enforce: true,
         reference: None,
         debited_in: None,
+        debited_at: None,
     }
 }
 
