@@ -1029,4 +1029,15 @@ mod tests {
             assert!(err.to_string().contains(message), "{err} lacks {message:?}");
         }
     }
+
+    /// `wire::LARGEST_MERGED_REPLY` (which fits in `wire::MAX_REPLY`, checked at compile
+    /// time) is this script's reply format at the merge caps, framed as a bulk string.
+    #[test]
+    fn the_largest_merged_reply_fits_the_cap() {
+        use super::super::wire::{LARGEST_MERGED_REPLY, MERGE_CALLS, MERGE_KEYS};
+        let payload = MERGE_CALLS * reply_len(0) * REPLY_VALUE_BYTES
+            + (reply_len(MERGE_KEYS) - reply_len(0)) * REPLY_VALUE_BYTES;
+        let framed = format!("${payload}\r\n").len() + payload + 2;
+        assert!(framed <= LARGEST_MERGED_REPLY, "{framed}");
+    }
 }
