@@ -290,10 +290,10 @@ def synth(buckets, out):
     """A capture of one request of `buckets` token buckets, each 10^6 per second with the
     default burst (= the rate) and cost 1, as floodgate encodes it (lua/apply.lua's header):
     flags 4 (token bucket, enforcing), interval 1 tick of 1 µs, scale 1, cost 1, burst 10^6,
-    no wait; its keys shaped like the bench's."""
+    no wait, no debited_at; its keys shaped like the bench's."""
     import struct
     keys = [b"floodgate:bench:k%d=v%d|tb1" % (i, i) for i in range(buckets)]
-    blob = b"".join(struct.pack("<dddddd", 4, 1, 1, 1, 1_000_000, 0) for _ in range(buckets))
+    blob = b"".join(struct.pack("<ddddddd", 4, 1, 1, 1, 1_000_000, 0, 0) for _ in range(buckets))
     json.dump({"keys": [k.hex() for k in keys], "argv": ["", blob.hex()]}, open(out, "w"))
 
 

@@ -15,15 +15,22 @@ KEYS[i]  full Redis key of operation i (configured prefix + BucketKey bytes; for
 
 ARGV[1]  "now" in µs since the Unix epoch as a decimal integer, or "" to use Redis TIME
          (sec * 1000000 + usec). The override exists so tests can fix time; production passes "".
-ARGV[2]  the operations' numbers, packed: per operation i in order, six little-endian IEEE
-         754 doubles (48 bytes), each a whole number:
-         flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter:
+ARGV[2]  the operations' numbers, packed: per operation i in order, seven little-endian IEEE
+         754 doubles (56 bytes), each a whole number:
+         flags                algorithm + 4 * enforce + 8 * overdraft + 16 * counter
+                              + 32 * set:
                               algorithm 0 token_bucket, 1 fixed_window, 2 sliding_window;
                               enforce: enforcing (else shadow: evaluated, never blocks the
                               request); overdraft: a debit always applies, into debt beyond
                               the capacity, and never blocks the request; counter: a fixed
                               window shared with reference pods (see Storage), fixed_window
-                              only
+                              only; set: the operator's set (store::Store::set): the stored
+                              state is not read but taken as absent (a full bucket), so the
+                              operation writes what a full bucket holds after its cost,
+                              whatever the key held, in this one atomic call; a set of cost
+                              0 deletes the key (a full bucket), its reply the full view
+                              with window -1. The server sends set operations
+                              non-enforcing, within the capacity, in calls of their own
          then for a token bucket its GCRA constants, which depend on the limit only and which
          the server computes (limiter::Ticks) so that Redis does not on every call:
          interval             T, ticks per token, >= 1 (0: the rate is 0, nothing passes)
@@ -45,6 +52,12 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
                               is gone (limiter::evaluate_refund_of); 0 = the current window
                               (a client's refund, every debit and check); ignored by a counter,
                               whose key names its window
+         then for both:
+         debited_at           a refund of this server's own debit (bucket::BucketOp::debited_at):
+                              1 + the time (µs) the store evaluated the debit at; the refund
+                              is dropped (answered as a check, admitted, writing nothing) when
+                              the bucket's set marker (below) says it was set at or after that
+                              time. 0 = none (every debit, check, set and client's refund)
          Why binary: Lua 5.1 numbers are doubles anyway, and one struct.unpack per operation
          replaces a tonumber (strtod) per value, which with one ARGV string per value was the
          largest part of the script's own work. Values above 2^53 arrive rounded exactly as
@@ -52,7 +65,7 @@ ARGV[2]  the operations' numbers, packed: per operation i in order, six little-e
 
 Batch    ARGV[2], ARGV[3], …: one blob per request, as many requests as the client had ready
          to write together (floodgate's connection merges them: docs/redis.md). KEYS are the
-         requests' keys concatenated; request j owns #ARGV[j + 1] / 48 of them, in order. The
+         requests' keys concatenated; request j owns #ARGV[j + 1] / 56 of them, in order. The
          requests are applied in order, each all or nothing on its own and each seeing what
          the earlier ones wrote: exactly what the same calls made one by one compute when
          they all read the same `now` — a batch reads TIME once, and its requests are decided
@@ -71,9 +84,10 @@ Batch    ARGV[2], ARGV[3], …: one blob per request, as many requests as the cl
          the write waiting for it done, so it reads and replaces exactly what calls one by one
          leave. The end state and every reply are those of the calls one by one.
 
-Reply    one binary string of 2 + 5 * #KEYS little-endian doubles, each a whole number:
+Reply    one binary string of 3 + 5 * #KEYS little-endian doubles, each a whole number:
          committed (0/1), delay_us (when committed, the longest delay of an enforcing
-         operation admitted with one, else 0), then per operation: admitted (0/1), remaining,
+         operation admitted with one, else 0), now (the µs the call evaluated at, which a
+         refund of its debits names: debited_at), then per operation: admitted (0/1), remaining,
          reset_us, retry_after_us (-1 = never), window (the index of the window a window
          operation's state was written in, -1 when nothing was written and for a token
          bucket: bucket::BucketResult::window). As `bucket::settle`: the view is the
@@ -104,6 +118,16 @@ Storage  token bucket: a string, the theoretical arrival time as a decimal numbe
          sliding window: a hash {w = window index, c = current count, p = previous count}.
          Every write sets a TTL of ceil(ttl_us / 1000) ms — rounded up, so a key never expires
          before its state is equivalent to absent; a ttl_us of 0 deletes the key instead.
+         set marker: a committed set operation (flag 32) also writes, beside its key, the
+         string "<now>:<until>" (µs), with PX of ceil((until - now) / 1000) ms: the set's time,
+         remembered until `until` = now + limiter::set_memory_us (a token bucket: ceil(burst
+         * interval / scale) + 60 s, the longest max_wait; a window or counter: 2 periods;
+         none at rate 0), judged against the call's `now`, not the PX. Its name starts with
+         the key (an ACL's `~<prefix>*` covers it) and keeps the key's hash slot: key .. "{"
+         .. key .. "}~set" for a key with no brace (the key its own hash tag), key .. "~set"
+         for a key with a hash tag; a key with a brace but no hash tag (a reference counter
+         named by a value with braces) has none, and its refunds are never dropped. Bucket
+         and counter keys end with digits, so no marker is any bucket's key.
          A key holding another type, another algorithm's shape (a fixed window hash with a `p`
          field, a sliding one without), or anything that does not parse as the integers above
          is treated as absent, like the Rust treats implausible state; a write replaces it.
@@ -139,7 +163,8 @@ local MAX_PERIOD = 68719476736000 -- 2^36 ms in µs, limiter::MAX_PERIOD_US
 local MAX_DEBT = 1125899906842624 -- 2^50 ticks, limiter::MAX_DEBT_TICKS
 local MAX_COUNT = 4294967295 -- u32::MAX, limiter::MAX_COUNT
 local MAX_TAT_DIGITS = 9 -- limiter::MAX_TAT_DIGITS
-local OP_FORMAT, OP_BYTES = '<dddddd', 48 -- one operation's numbers in ARGV[2]
+local OP_FORMAT, OP_BYTES = '<ddddddd', 56 -- one operation's numbers in ARGV[2]
+local MAX_WAIT = 60000000 -- limiter::MAX_WAIT_US
 
 -- Locals, not globals: every use of a global is a table lookup.
 local floor, min, max = math.floor, math.min, math.max
@@ -213,6 +238,7 @@ end
 -- batch of token buckets never pays for them), and the reference counters' counts an
 -- earlier operation of the request being applied leaves.
 local fixed, sliding, counter, pending
+local marker_of -- a key's set marker name (see Storage), built at the first call that needs it
 local replies -- a batch's packed replies, in request order
 local first = 0 -- KEYS before the request being applied: the earlier requests' operations
 
@@ -247,7 +273,7 @@ for request = 1, n_requests do
   local failed, failed_at
   -- Phase 1: read and evaluate everything before writing anything, token buckets first (here,
   -- inline) and window operations after them (below). Each operation's answer goes straight
-  -- into the reply (slots 1 to 2 + 5 * n_ops), with its current view; operation i, if it
+  -- into the reply (slots 1 to 3 + 5 * n_ops), with its current view; operation i, if it
   -- writes when the call commits, leaves its write in the 5 slots from the reply's end
   -- + 5 * (i - 1): committed view remaining and reset_us, ttl_us, state, kind (0 token bucket,
   -- 1 fixed window, 2 sliding window, 3 reference counter). Phase 2 writes in operation order,
@@ -257,15 +283,16 @@ for request = 1, n_requests do
   -- every power of two, which cost a 4-bucket call more than a bucket's whole evaluation.
   local reply
   if n_ops == 1 then
-    reply = { 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+    reply = { 0, 0, now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
   else
     reply = {
-      0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+      0, 0, now, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
       nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-      nil, nil, nil, nil, nil,
+      nil, nil, nil, nil, nil, nil,
     }
   end
-  local reply_end = 2 + 5 * n_ops
+  local reply_end = 3 + 5 * n_ops
+  local marked -- the sets' markers to write: name and memory in µs, pairs (only with a set)
   local writes = reply -- the writes, after the reply
   local windows -- the window operations, evaluated after the token buckets (below)
   local committed = true
@@ -274,15 +301,19 @@ for request = 1, n_requests do
   for i = 1, n_ops do
     -- (rate, period, max_wait) of a window are (interval, scale, wait) of a token bucket,
     -- and its `debited_in` comes in the slot of `wait`.
-    local flags, rate, period, cost, burst, max_wait
-    flags, rate, period, cost, burst, max_wait, pos = unpack(OP_FORMAT, blob, pos)
+    local flags, rate, period, cost, burst, max_wait, debited_at
+    flags, rate, period, cost, burst, max_wait, debited_at, pos = unpack(OP_FORMAT, blob, pos)
     -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
     if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-      or max_wait % 1 ~= 0 or flags < 0 or flags >= 32 or rate < 0 or period < 0 or burst < 0
-      or max_wait < 0
+      or max_wait % 1 ~= 0 or debited_at % 1 ~= 0 or flags < 0 or flags >= 64 or rate < 0
+      or period < 0 or burst < 0 or max_wait < 0 or debited_at < 0
     then
       failed, failed_at = 1, i
       break
+    end
+    local set -- the operator's set: the stored state is taken as absent
+    if flags >= 32 then
+      set, flags = true, flags - 32
     end
     local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
     if flags >= 16 then
@@ -292,6 +323,58 @@ for request = 1, n_requests do
     local enforce = flags % 8 >= 4
     local overdraft = flags >= 8
     local key = keys[first + i]
+    -- This operation's set marker (see Storage), for a set or a refund of this server's own
+    -- debit; the function naming it is built at a call's first such operation.
+    local marker
+    if set or (cost < 0 and debited_at > 0) then
+      if not marker_of then
+        marker_of = function(k)
+          local open = find(k, '{', 1, true)
+          if not open then
+            if find(k, '}', 1, true) then
+              return nil
+            end
+            return k .. '{' .. k .. '}~set' -- the key itself as its hash tag
+          end
+          local close = find(k, '}', open + 1, true)
+          if close and close > open + 1 then
+            return k .. '~set' -- its hash tag, hence its slot, kept
+          end
+          return nil
+        end
+      end
+      marker = marker_of(key)
+    end
+    if set and marker then
+      -- How long the set is remembered (limiter::set_memory_us); written in phase 2.
+      local memory
+      if algorithm == 0 and not expiry then
+        memory = 0
+        if rate > 0 then
+          memory = floor((burst * rate + period - 1) / period) + MAX_WAIT
+        end
+      else
+        memory = 2 * min(max(period, 1000), MAX_PERIOD)
+      end
+      if memory > 0 then
+        if not marked then
+          marked = {}
+        end
+        marked[#marked + 1], marked[#marked + 2] = marker, memory
+      end
+    end
+    -- A refund of a debit made at or before a set of the bucket its marker remembers: the
+    -- debit is no longer there, so the refund is answered as a check, writing nothing.
+    local dropped = false
+    if marker and not set then
+      local v = rpcall('GET', marker)
+      if type(v) == 'string' then
+        local at, untl = match(v, '^(%d+):(%d+)$')
+        if at and now < tonumber(untl) and tonumber(at) >= debited_at - 1 then
+          cost, dropped = 0, true
+        end
+      end
+    end
     -- This operation's answer: admitted, retry_after_us (-1 = never) and the current view.
     local admitted, retry, remaining, reset
     if algorithm == 0 and not expiry then
@@ -309,6 +392,10 @@ for request = 1, n_requests do
         -- Rate 0: nothing passes; there is nothing to refill or refund.
         admitted, remaining, reset = cost <= 0, 0, 0
         retry = admitted and 0 or -1
+        if set and cost == 0 then
+          local w = reply_end + 5 * (i - 1)
+          writes[w + 1], writes[w + 2], writes[w + 3], writes[w + 4], writes[w + 5] = 0, 0, 0, '', 0
+        end
       else
         local tolerance = burst * interval
         local digits = 0 -- scale = 10^digits
@@ -321,7 +408,9 @@ for request = 1, n_requests do
         -- The stored tat, "<us>" or "<us>.<1 to 9 digits>" (limiter::Tat::parse); a key of
         -- another type (pcall: WRONGTYPE) or an unreadable value is an absent bucket.
         local stored
-        if bucket then
+        if set then
+          stored = false
+        elseif bucket then
           stored = bucket[key]
           if stored == nil then
             stored = rpcall('GET', key)
@@ -385,7 +474,10 @@ for request = 1, n_requests do
           remaining = floor((tolerance - debt) / interval)
         end
         local new_debt, shaped -- the debt to store, if any; the delay of a shaped debit
-        if cost == 0 then
+        if cost == 0 and set then
+          -- A full bucket, stored as what it is: no key (ttl 0 deletes).
+          new_debt, admitted, retry = 0, true, 0
+        elseif cost == 0 then
           admitted = debt <= tolerance
           retry = admitted and 0 or floor((debt - tolerance + scale - 1) / scale)
         elseif cost > 0 then
@@ -476,23 +568,29 @@ for request = 1, n_requests do
       windows[n + 5], windows[n + 6], windows[n + 7], windows[n + 8] = cost, overdraft, enforce, expiry or false
       -- 1 + the window a refund's debit was counted in, or false: the current window.
       windows[n + 9] = max_wait > 0 and max_wait - 1
+      windows[n + 10] = set or false
+      windows[n + 11] = dropped
+    end
+    if dropped and admitted ~= nil then
+      admitted, retry = true, 0 -- a dropped refund, answered as a check that never denies
     end
     if admitted ~= nil then
       -- An overdraft operation never blocks the request (bucket::settle).
       if enforce and not overdraft and not admitted then
         committed = false
       end
-      local r = 5 * i - 3
+      local r = 5 * i - 2
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, remaining, reset, retry
       reply[r + 5] = -1 -- a token bucket has no window
     end
   end
 
   ------------------------------------------------------------------------------------------
-  -- Phase 1, window operations (9 slots each in `windows`: index, algorithm, rate, period,
+  -- Phase 1, window operations (11 slots each in `windows`: index, algorithm, rate, period,
   -- cost, overdraft, enforce, a counter's expiry or false, the window a refund's debit was
-  -- counted in or false), in their order. Their algorithms are closures, built here once per
-  -- batch, so only a batch that has a window operation pays for them.
+  -- counted in or false, set, a dropped refund), in their order. Their algorithms are
+  -- closures, built here once per batch, so only a batch that has a window operation pays
+  -- for them.
   ------------------------------------------------------------------------------------------
   if windows and not failed then
     if not fixed then
@@ -779,14 +877,23 @@ for request = 1, n_requests do
         return f
       end
 
-      function fixed(rate, period, overdraft, key, now, cost, debited)
+      -- `set`: the stored state is taken as absent (the flag's header note).
+      function fixed(rate, period, overdraft, key, now, cost, debited, set)
         local p = { rate = rate, period = period, overdraft = overdraft }
-        return flat(fixed_window(p, read_window(key, false), now, cost, debited))
+        local stored = nil
+        if not set then
+          stored = read_window(key, false)
+        end
+        return flat(fixed_window(p, stored, now, cost, debited))
       end
 
-      function sliding(rate, period, overdraft, key, now, cost, debited)
+      function sliding(rate, period, overdraft, key, now, cost, debited, set)
         local p = { rate = rate, period = period, overdraft = overdraft }
-        return flat(sliding_window(p, read_window(key, true), now, cost, debited))
+        local stored = nil
+        if not set then
+          stored = read_window(key, true)
+        end
+        return flat(sliding_window(p, stored, now, cost, debited))
       end
 
       ----------------------------------------------------------------------------------------
@@ -794,7 +901,7 @@ for request = 1, n_requests do
       -- integer and whose window is named by the key. `pending[key]` is the count an earlier op
       -- of this call leaves (if the call commits). Returns nil for a key without a window start.
       ----------------------------------------------------------------------------------------
-      function counter(rate, period, overdraft, key, now, cost)
+      function counter(rate, period, overdraft, key, now, cost, set)
         local start_s = match(key, '_(%d+)$')
         if not start_s then
           return nil
@@ -805,7 +912,10 @@ for request = 1, n_requests do
         local start = index * window
         local at = min(max(now, start), start + window - 1, MAX_NOW)
         local count, replace = pending[key], false
-        if count == nil then
+        if set then
+          -- Whatever the key holds is replaced (SET), not changed by INCRBY.
+          count, replace = nil, true
+        elseif count == nil then
           local v = rpcall('GET', key)
           if type(v) == 'table' or v then
             count = parse_uint(v)
@@ -831,28 +941,36 @@ for request = 1, n_requests do
     end
 
     pending = {} -- reference counters: the count an earlier op of this request leaves
-    for j = 1, #windows, 9 do
+    for j = 1, #windows, 11 do
       local i, algorithm, rate, period = windows[j], windows[j + 1], windows[j + 2], windows[j + 3]
       local cost, overdraft, enforce, expiry = windows[j + 4], windows[j + 5], windows[j + 6], windows[j + 7]
-      local debited = windows[j + 8] or nil
+      local debited, set, dropped = windows[j + 8] or nil, windows[j + 9], windows[j + 10]
       local key = keys[first + i]
       if bucket then
         settle(key) -- it reads what the earlier requests wrote
       end
       local e, kind
       if expiry then
-        e, kind = counter(rate, period, overdraft, key, now, cost), 3
+        e, kind = counter(rate, period, overdraft, key, now, cost, set), 3
         if not e then
           failed, failed_at = 4, i
           break
         end
         e.expiry = expiry
       elseif algorithm == 1 then
-        e, kind = fixed(rate, period, overdraft, key, now, cost, debited), 1
+        e, kind = fixed(rate, period, overdraft, key, now, cost, debited, set), 1
       else
-        e, kind = sliding(rate, period, overdraft, key, now, cost, debited), 2
+        e, kind = sliding(rate, period, overdraft, key, now, cost, debited, set), 2
+      end
+      if set and cost == 0 then
+        -- A full bucket: the key deleted, written as a token bucket's deletion is (no window
+        -- in the reply), the view the current one (of an absent state).
+        e[5], e[6], e[7], kind = e[3], e[4], 0, 0
       end
       local admitted = e[1]
+      if dropped then
+        admitted, e[2] = true, 0 -- a dropped refund, answered as a check that never denies
+      end
       -- A state to write: written if the call commits and the operation was admitted or is an
       -- overdraft debit (bucket::settle); otherwise the committed view is the current one.
       if e[7] and (admitted or overdraft) then
@@ -863,7 +981,7 @@ for request = 1, n_requests do
       if enforce and not overdraft and not admitted then
         committed = false
       end
-      local r = 5 * i - 3
+      local r = 5 * i - 2
       reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = admitted and 1 or 0, e[3], e[4], e[2]
       reply[r + 5] = -1 -- the window, once written (phase 2)
     end
@@ -903,9 +1021,9 @@ for request = 1, n_requests do
       if ttl then
         -- The committed view (without a write, the current one is the committed one), and a
         -- window's index, which a refund of this debit names.
-        reply[5 * i - 1], reply[5 * i] = writes[w + 1], writes[w + 2]
+        reply[5 * i], reply[5 * i + 1] = writes[w + 1], writes[w + 2]
         if kind ~= 0 then
-          reply[5 * i + 2] = state.w
+          reply[5 * i + 3] = state.w
         end
         local key = keys[first + i]
         if bucket and kind ~= 0 then
@@ -950,18 +1068,25 @@ for request = 1, n_requests do
         end
       end
     end
+    -- The sets' markers: when each bucket was set, and until when that is remembered.
+    if marked then
+      for j = 1, #marked, 2 do
+        local memory = marked[j + 1]
+        rcall('SET', marked[j], format('%d:%d', now, now + memory), 'PX', format('%d', (memory + 999) / 1000))
+      end
+    end
   end
 
   -- The reply, packed: a constant format up to 4 operations (string.rep makes a new string).
   local reply_format
   if n_ops == 1 then
-    reply_format = '<ddddddd'
+    reply_format = '<dddddddd'
   elseif n_ops == 2 then
-    reply_format = '<dddddddddddd'
+    reply_format = '<ddddddddddddd'
   elseif n_ops == 3 then
-    reply_format = '<ddddddddddddddddd'
+    reply_format = '<dddddddddddddddddd'
   elseif n_ops == 4 then
-    reply_format = '<dddddddddddddddddddddd'
+    reply_format = '<ddddddddddddddddddddddd'
   else
     reply_format = '<' .. string.rep('d', reply_end)
   end

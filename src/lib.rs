@@ -37,7 +37,7 @@
 //!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes), whose
 //!   writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
-//!   set-remaining (a check-only plan; `store::Store::reset`), the live dashboard at `/`, the
+//!   set-remaining (a check-only plan; `store::Store::set`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
 //! - [`transport`]: connections on every port: binds the listeners (TCP, `SO_REUSEPORT`, the
 //!   gRPC unix socket), accepts within a bound per port (the longest-idle connection makes way

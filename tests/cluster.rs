@@ -504,6 +504,7 @@ async fn cluster_down_at_start_is_served_once_up() {
         enforce: true,
         reference: None,
         debited_in: None,
+        debited_at: None,
     }];
     let down = store.apply(&ops).await.unwrap_err();
     assert!(down.is_transient(), "{down}");
@@ -555,6 +556,7 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         enforce: true,
         reference: None,
         debited_in: None,
+        debited_at: None,
     };
     let mut cluster = RedisCluster::start(3, 0);
     let metrics = Metrics::shared();

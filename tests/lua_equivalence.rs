@@ -107,6 +107,7 @@ fn op(name: &str, params: LimitParams, cost: i64, enforce: bool) -> BucketOp {
         enforce,
         reference: None,
         debited_in: None,
+        debited_at: None,
     }
 }
 
@@ -180,7 +181,16 @@ fn spec(ops: &[BucketOp], states: &[Option<State>], now: i64) -> Applied {
         .zip(states)
         .map(|(op, state)| limiter::evaluate(&op.params, state.as_ref(), now, op.cost))
         .collect();
-    settle(ops, &evaluations).0
+    at(settle(ops, &evaluations).0, now)
+}
+
+/// `applied` as a store answers it at `now`: each result names the time it was evaluated at
+/// (clamped as the script clamps it), which a refund of its debit carries.
+fn at(mut applied: Applied, now: i64) -> Applied {
+    for result in &mut applied.buckets {
+        result.at_us = Some(now.clamp(0, limiter::MAX_NOW_US));
+    }
+    applied
 }
 
 /// The state a Redis key holds, decoded the way the script reads it (`None` if absent).
@@ -246,6 +256,9 @@ struct OpSpec {
     cost: i64,
     enforce: bool,
     debited_in: Option<i64>,
+    /// For a refund: the time of the debit it gives back (`BucketOp::debited_at`), as an
+    /// offset from now; a set since then drops it.
+    debited_at: Option<i64>,
 }
 
 #[derive(Clone, Debug)]
@@ -255,6 +268,8 @@ struct Step {
     ops: Vec<OpSpec>,
     /// Keep a repeated key (the planner never sends one; both stores must still agree).
     allow_repeat: bool,
+    /// The operator's set (`Store::set`, the script's set flag) instead of a request.
+    set: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -365,14 +380,18 @@ fn op_spec() -> impl Strategy<Value = OpSpec> {
         cost(),
         prop::bool::weighted(0.85),
         prop::option::weighted(0.4, -3i64..=1),
+        prop::option::weighted(0.4, -3_000_000i64..=1_000),
     )
-        .prop_map(|(key, change, cost, enforce, debited_in)| OpSpec {
-            key,
-            change,
-            cost,
-            enforce,
-            debited_in,
-        })
+        .prop_map(
+            |(key, change, cost, enforce, debited_in, debited_at)| OpSpec {
+                key,
+                change,
+                cost,
+                enforce,
+                debited_in,
+                debited_at,
+            },
+        )
 }
 
 /// Time steps from 0 µs to 2 h (two periods of the longest limit), sometimes a little back.
@@ -392,11 +411,13 @@ fn step() -> impl Strategy<Value = Step> {
         dt(),
         prop::collection::vec(op_spec(), 1..=5),
         prop::bool::weighted(0.1),
+        prop::bool::weighted(0.15),
     )
-        .prop_map(|(dt, ops, allow_repeat)| Step {
+        .prop_map(|(dt, ops, allow_repeat, set)| Step {
             dt,
             ops,
             allow_repeat,
+            set,
         })
 }
 
@@ -437,6 +458,7 @@ fn ops_of(step: &Step, pool: &[LimitParams], keys: &[BucketKey], now: i64) -> Ve
             enforce: spec.enforce,
             reference: None,
             debited_in: spec.debited_in.map(|offset| now / period + offset),
+            debited_at: spec.debited_at.map(|offset| now + offset),
         });
     }
     ops
@@ -494,6 +516,11 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
     flush(conn).await;
     let keys = pool_keys(&case.pool);
     let redis_keys: Vec<Vec<u8>> = keys.iter().map(|k| script::full_key(PREFIX, k)).collect();
+    // The set marker of a key without braces (lua/apply.lua's header): `key{key}~set`.
+    let markers: Vec<Vec<u8>> = redis_keys
+        .iter()
+        .map(|k| [k.as_slice(), b"{", k.as_slice(), b"}~set"].concat())
+        .collect();
     let clock = Arc::new(ManualClock::new(START_US + case.start));
     let memory = MemoryStore::new(clock.clone());
     let mut written: HashMap<usize, Write> = HashMap::new();
@@ -501,13 +528,23 @@ async fn run_case(conn: &mut MultiplexedConnection, case: &Case) -> Result<(), S
         clock.advance(step.dt);
         let now = clock.now_us();
         let ops = ops_of(step, &case.pool, &keys, now);
-        let expected = memory.apply(&ops).await.map_err(|e| e.to_string())?;
+        let (expected, command) = if step.set {
+            let expected = memory.set(&ops).await;
+            (expected, script::set_command(PREFIX, &ops, Some(now)))
+        } else {
+            let expected = memory.apply(&ops).await;
+            (expected, script::command(PREFIX, &ops, Some(now)))
+        };
+        let expected = expected.map_err(|e| e.to_string())?;
 
         let mut pipe = redis::pipe();
-        pipe.atomic()
-            .add_command(script::command(PREFIX, &ops, Some(now)));
+        pipe.atomic().add_command(command);
         for key in &redis_keys {
             pipe.cmd("PTTL").arg(key).cmd("PERSIST").arg(key).ignore();
+        }
+        // The sets' markers are judged by the script's `now`, not their PX: kept like the keys.
+        for marker in &markers {
+            pipe.cmd("PERSIST").arg(marker).ignore();
         }
         let sent = Instant::now();
         let mut results: Vec<Value> = pipe.query_async(conn).await.map_err(|e| e.to_string())?;
@@ -1064,9 +1101,14 @@ async fn now_is_clamped_like_the_limiter() {
     }
 }
 
-/// Packs one op's numbers as `script::command` does: six little-endian f64s.
+/// Packs one op's first six numbers as `script::command` does, seven little-endian f64s: the
+/// seventh (`debited_at`) 0, none.
 fn packed(numbers: [f64; 6]) -> Vec<u8> {
-    numbers.iter().flat_map(|n| n.to_le_bytes()).collect()
+    numbers
+        .iter()
+        .chain(&[0.0])
+        .flat_map(|n| n.to_le_bytes())
+        .collect()
 }
 
 /// A call that does not follow the KEYS/ARGV layout is an error reply, not a guess, and
@@ -1080,7 +1122,7 @@ async fn malformed_call_is_an_error() {
     let cases: [([f64; 6], &str); 12] = [
         ([4.0, 1.0, 0.0, 1.0, 1.0, 0.0], "malformed arguments"),
         ([3.0, 1.0, 1e6, 1.0, 1.0, 0.0], "unknown algorithm"),
-        ([32.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
+        ([64.0, 1.0, 1e6, 1.0, 1.0, 0.0], "malformed arguments"),
         (
             [20.0, 1.0, 1e6, 1.0, 1.0, 0.0],
             "a counter must be a fixed window",
@@ -1110,17 +1152,23 @@ async fn malformed_call_is_an_error() {
     ));
     // A batch whose blobs do not divide into operations, or whose operations are not #KEYS.
     calls.push((
-        vec![Vec::new(), packed(good), packed(good)[..47].to_vec()],
-        "request 2 has 47 bytes of operations, not a multiple of 48",
+        vec![Vec::new(), packed(good), packed(good)[..55].to_vec()],
+        "request 2 has 55 bytes of operations, not a multiple of 56",
     ));
     calls.push((
         vec![Vec::new(), packed(good), packed(good)],
         "expected 2 keys for the operations of 2 requests, got 1",
     ));
     calls.push((
-        vec![Vec::new(), packed(good)[..47].to_vec()],
-        "expected 48 bytes of operations for 1 keys, got 47",
+        vec![Vec::new(), packed(good)[..55].to_vec()],
+        "expected 56 bytes of operations for 1 keys, got 55",
     ));
+    // A refund's `debited_at` (the seventh number) that is not a whole number ≥ 0.
+    for debited_at in [-1.0f64, 0.5] {
+        let mut blob = packed([4.0, 1.0, 1e6, -1.0, 1.0, 0.0]);
+        blob[48..].copy_from_slice(&debited_at.to_le_bytes());
+        calls.push((vec![Vec::new(), blob], "malformed arguments"));
+    }
     calls.push((vec![b"x".to_vec(), packed(good)], "now is not an integer"));
     for (args, message) in calls {
         let mut call = script::script().prepare_invoke();
@@ -1209,6 +1257,7 @@ fn counter_spec(
         evaluations.push(e);
     }
     let (applied, store) = settle(ops, &evaluations);
+    let applied = at(applied, now);
     let mut after = counts.clone();
     for ((op, e), stored) in ops.iter().zip(&evaluations).zip(store) {
         if let (true, Some((State::FixedWindow { count, .. }, ttl))) = (stored, e.next) {
@@ -1376,6 +1425,104 @@ async fn counter_is_the_reference_integer() {
     assert!(lua(&mut conn, &refund, Some(NOW)).await.committed);
     let exists: bool = conn.exists(&key).await.unwrap();
     assert!(!exists, "a full refund leaves the counter");
+}
+
+/// The operator's set of a counter shared with reference pods replaces the reference's
+/// integer whatever it holds (SET with the stamped EXPIRE, never an INCRBY on a count that
+/// moved), answering what the specification answers for an absent counter; a set of cost 0
+/// deletes it.
+#[tokio::test]
+async fn set_replaces_the_reference_integer() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let _: String = script::script().load_async(&mut conn).await.unwrap();
+    let p = params(Algorithm::FixedWindow, 5, 60, 0);
+    let pod = u64::try_from(NOW / 1_000_000).unwrap();
+    let start = pod / 60 * 60;
+    let key = format!("rl_eq_k_v_{start}");
+    let start_us = i64::try_from(start).unwrap() * 1_000_000;
+    let set = |conn: &mut MultiplexedConnection, cost| {
+        let ops = vec![counter_op("v", p, cost, false, pod, 67)];
+        let mut conn = conn.clone();
+        async move {
+            let reply: Vec<u8> = script::set_command(PREFIX, &ops, Some(NOW))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let expected = at(
+                settle(
+                    &ops,
+                    &[limiter::evaluate_counter(&p, start_us, None, NOW, cost)],
+                )
+                .0,
+                NOW,
+            );
+            (script::decode(&reply, 1).unwrap(), expected)
+        }
+    };
+    for held in ["4", "0", "junk"] {
+        let () = conn.set(&key, held).await.unwrap();
+        let (got, expected) = set(&mut conn, 3).await;
+        assert_eq!(got, expected, "over {held:?}");
+        assert_eq!(got.buckets[0].view.remaining, 2);
+        let now_held: String = conn.get(&key).await.unwrap();
+        assert_eq!(now_held, "3", "over {held:?}");
+        let ttl: i64 = conn.ttl(&key).await.unwrap();
+        assert!((66..=67).contains(&ttl), "TTL {ttl}");
+    }
+    let (got, _) = set(&mut conn, 0).await;
+    assert_eq!(
+        (got.buckets[0].view.remaining, got.buckets[0].window),
+        (5, None)
+    );
+    let exists: bool = conn.exists(&key).await.unwrap();
+    assert!(!exists, "a set to the full capacity leaves no counter");
+}
+
+/// A set's marker lives under the bucket's own name and in its hash slot: an ACL user limited
+/// to the key prefix (`~fg:*`, as docs/redis.md asks) sets a bucket and has an older refund
+/// dropped, a hash-tagged key's marker keeps its tag, and both markers share their key's slot.
+#[tokio::test]
+async fn set_markers_live_under_the_key_prefix() {
+    use redis::cluster_routing::Slot;
+    let server = RedisServer::start();
+    let mut admin = server.connection().await;
+    let () = redis::cmd("ACL")
+        .arg(&["SETUSER", "limited", "on", ">pw", "~fg:*", "+@all"][..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let client = redis::Client::open(format!("redis://limited:pw@{}", server.address())).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: String = script::script().load_async(&mut conn).await.unwrap();
+    let p = params(Algorithm::TokenBucket, 10, 60, 10);
+    let debit = lua(&mut conn, &[op("acl", p, 3, true)], Some(NOW)).await;
+    assert!(debit.committed);
+    let reply: Vec<u8> = script::set_command(PREFIX, &[op("acl", p, 10, false)], Some(NOW + 1))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        script::decode(&reply, 1).unwrap().buckets[0].view.remaining,
+        0
+    );
+    let refund = op("acl", p, 3, true)
+        .undo(&debit.buckets[0], floodgate::bucket::Undo::Withdrawn)
+        .unwrap();
+    let refunded = lua(&mut conn, &[refund], Some(NOW + 2)).await;
+    assert_eq!(
+        refunded.buckets[0].view.remaining, 0,
+        "the refund was dropped"
+    );
+    let key = script::full_key(PREFIX, &key("acl", Algorithm::TokenBucket, p.period_us));
+    let marker = [key.as_slice(), b"{", key.as_slice(), b"}~set"].concat();
+    let exists: bool = admin.exists(&marker).await.unwrap();
+    assert!(exists, "the marker is {}", String::from_utf8_lossy(&marker));
+    assert_eq!(Slot::for_key(&marker), Slot::for_key(&key));
+    // A hash-tagged key's marker: the key, then `~set`.
+    let tagged = b"fg:{shop}:user=ann|tb60".to_vec();
+    let tagged_marker = [tagged.as_slice(), b"~set"].concat();
+    assert_eq!(Slot::for_key(&tagged_marker), Slot::for_key(&tagged));
 }
 
 /// The refund of a counter's debit (`BucketOp::undo`) names the counter the debit named (the
@@ -1911,8 +2058,10 @@ fn calls_alone_see_no_ttl_run_out_between_them() {
                     cost,
                     enforce: true,
                     debited_in: None,
+                    debited_at: None,
                 }],
                 allow_repeat: false,
+                set: false,
             },
             counters: Vec::new(),
             malformed: None,
@@ -1994,6 +2143,7 @@ fn batch_keeps_the_order_of_writes_to_one_key() {
         cost,
         enforce: true,
         debited_in: None,
+        debited_at: None,
     };
     let window = |algorithm| OpSpec {
         change: Some((algorithm, 10, 0, false)),
@@ -2004,6 +2154,7 @@ fn batch_keeps_the_order_of_writes_to_one_key() {
             dt: 0,
             ops,
             allow_repeat: true,
+            set: false,
         },
         counters: Vec::new(),
         malformed: None,

@@ -49,6 +49,7 @@ fn debit(
         enforce: true,
         reference,
         debited_in: None,
+        debited_at: None,
     }
 }
 

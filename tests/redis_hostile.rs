@@ -59,6 +59,7 @@ fn op() -> BucketOp {
         enforce: true,
         reference: None,
         debited_in: None,
+        debited_at: None,
     }
 }
 
@@ -211,10 +212,19 @@ async fn endless_garbage_is_bounded() {
 
 /// The script's reply for one admitted debit leaving 4, packed as `lua/apply.lua` packs it.
 fn admitted_reply() -> Vec<u8> {
-    let payload: Vec<u8> = [1.0f64, 0.0, 1.0, 4.0, 17_280_000_000.0, 0.0, -1.0]
-        .iter()
-        .flat_map(|value| value.to_le_bytes())
-        .collect();
+    let payload: Vec<u8> = [
+        1.0f64,
+        0.0,
+        1_700_000_000_000_000.0,
+        1.0,
+        4.0,
+        17_280_000_000.0,
+        0.0,
+        -1.0,
+    ]
+    .iter()
+    .flat_map(|value| value.to_le_bytes())
+    .collect();
     let mut reply = format!("${}\r\n", payload.len()).into_bytes();
     reply.extend_from_slice(&payload);
     reply.extend_from_slice(b"\r\n");

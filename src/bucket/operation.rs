@@ -28,6 +28,11 @@ pub struct BucketOp {
     /// back to that window or nowhere ([`crate::limiter::evaluate_refund_of`]). `None` for
     /// everything else; a client's `is_negative_hits` refunds the current window.
     pub debited_in: Option<i64>,
+    /// For a refund of a debit this server made (a request's undo, a lease's return): the
+    /// store's time of that debit, µs ([`BucketResult::at_us`]). A store drops the refund
+    /// when the bucket was set or reset at or after that time ([`crate::store::Store::set`]):
+    /// the debit it would give back is no longer in the bucket. `None` for everything else.
+    pub debited_at: Option<i64>,
 }
 
 /// Why debits are given back, which decides whether an overdraft debit is given back too.
@@ -63,6 +68,7 @@ impl BucketOp {
         debited.then(|| BucketOp {
             cost: -self.cost,
             debited_in: result.window,
+            debited_at: result.at_us,
             ..self.clone()
         })
     }
@@ -82,6 +88,10 @@ pub struct BucketResult {
     /// (where its debit was counted); `None` when nothing was stored, and for token buckets.
     /// A refund of the debit names it ([`BucketOp::debited_in`]).
     pub window: Option<i64>,
+    /// The store's time (µs since the epoch) at which it evaluated the op, when a store
+    /// answered it; `None` for an answer no store gave (a failure policy's, the over-limit
+    /// cache's). A refund of the debit carries it ([`BucketOp::debited_at`]).
+    pub at_us: Option<i64>,
 }
 
 /// A store's answer for a whole request.
@@ -151,6 +161,7 @@ pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<boo
             };
             BucketResult {
                 window,
+                at_us: None,
                 admitted: e.admitted,
                 view: if applies { e.committed } else { e.current },
                 retry_after_us: if e.admitted {
@@ -198,6 +209,7 @@ impl BucketOp {
             enforce: true,
             reference: None,
             debited_in: None,
+            debited_at: None,
         }
     }
 }
@@ -237,6 +249,7 @@ mod tests {
             enforce: true,
             reference: None,
             debited_in: None,
+            debited_at: None,
         };
         let now = 1_700_000_040_000_000;
         let ops = [op(b"a", true, 5), op(b"b", false, 1)];
@@ -282,6 +295,7 @@ mod tests {
             enforce: true,
             reference: None,
             debited_in: None,
+            debited_at: None,
         };
         let result = |admitted| BucketResult {
             admitted,
@@ -291,6 +305,7 @@ mod tests {
             },
             retry_after_us: None,
             window: None,
+            at_us: None,
         };
         let undone = |op: BucketOp, admitted, why| op.undo(&result(admitted), why).map(|u| u.cost);
         for why in [Undo::NotCommitted, Undo::Withdrawn] {
@@ -329,6 +344,7 @@ mod tests {
             enforce: true,
             reference: None,
             debited_in: None,
+            debited_at: None,
         };
         let result = |window| BucketResult {
             admitted: true,
@@ -338,6 +354,7 @@ mod tests {
             },
             retry_after_us: Some(0),
             window,
+            at_us: None,
         };
         for why in [Undo::NotCommitted, Undo::Withdrawn] {
             let refund = op

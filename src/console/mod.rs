@@ -4,11 +4,13 @@
 //! Place in the flow: beside the request path, served by [`crate::http`]. An inspection is
 //! the [`Plan`] of one descriptor with cost 0 (`hits_addend` present and 0: "check only"),
 //! applied to the store: every store evaluates a check without changing state, so it debits
-//! nothing, and no metric counts it. A reset deletes the buckets' state through
-//! [`Store::reset`] (an absent bucket is a full one); set-remaining resets, then debits the
-//! difference to the capacity through the ordinary [`Store::apply`], so every algorithm's
-//! state is written by the code that owns it (the limiter, or the Lua script agreeing with
-//! it) and no store learns a new operation.
+//! nothing, and no metric counts it. Reset and set-remaining are one
+//! [`Store::set`] each: every bucket replaced, in one atomic step of its store, by a full
+//! bucket debited by the difference to the capacity (nothing, for a reset: the state is
+//! deleted, and an absent bucket is a full one). The state is computed by the code that owns
+//! the algorithm (the limiter, or the Lua script agreeing with it), and a request landing at
+//! the same moment is counted before the set (and overwritten) or after it, never between a
+//! reset and a debit.
 //!
 //! The dashboard (`GET /`) is one embedded page that polls `GET /console/state`: the limits
 //! in force, each rule's counters (read from [`crate::telemetry::metrics`] only when polled: the page
@@ -428,9 +430,9 @@ enum Write {
     SetRemaining,
 }
 
-/// Runs one write: authorized (the admin token), planned check-only, every bucket reset to
-/// full, then for set-remaining the difference debited; logged with the caller's address and
-/// answered with the buckets' new state.
+/// Runs one write: authorized (the admin token), planned check-only, then every bucket set in
+/// one [`Store::set`] (a reset is a set to the capacity: the bucket's state deleted);
+/// logged with the caller's address and answered with the buckets as the set left them.
 async fn write_buckets(
     state: &ConsoleState,
     peer: PeerAddr,
@@ -447,7 +449,7 @@ async fn write_buckets(
             return Err(ConsoleError::BadRequest("\"remaining\" is required".into()));
         }
     };
-    let (_, found) = state.plan(&request)?;
+    let (matched, found) = state.plan(&request)?;
     if let Some(remaining) = remaining
         && let Some((_, view)) = found.iter().find(|(_, view)| remaining > view.capacity)
     {
@@ -456,37 +458,43 @@ async fn write_buckets(
             view.capacity, view.key
         )));
     }
-    let ops: Vec<BucketOp> = found.iter().map(|(op, _)| op.clone()).collect();
-    let store = state.decider.store();
-    store.reset(&ops).await?;
-    let keys: Vec<&str> = found.iter().map(|(_, view)| view.key.as_str()).collect();
-    let Some(remaining) = remaining else {
-        tracing::info!(%peer, action = "reset", domain = %request.domain, ?keys,
-                       "console: buckets reset");
-        return Ok(axum::Json(state.inspect(&request).await?));
-    };
-    // From full, debit the difference: the state every algorithm writes for it is its own.
-    let debits: Vec<BucketOp> = ops
-        .into_iter()
-        .zip(&found)
-        .filter_map(|(op, (_, view))| {
-            let cost = i64::try_from(view.capacity - remaining).unwrap_or(i64::MAX);
-            (cost > 0).then_some(BucketOp {
-                cost,
-                enforce: false,
-                params: LimitParams {
-                    overdraft: false,
-                    max_wait_us: 0,
-                    ..op.params
-                },
-                ..op
-            })
+    // Each bucket set to a full one debited by the difference, in one atomic step of the
+    // store: the state every algorithm writes for it is its own, and a request landing at
+    // the same moment cannot come between a reset and a debit. Non-enforcing, with no
+    // overdraft or waiting: the debit fits a full bucket, so it always commits.
+    let ops: Vec<BucketOp> = found
+        .iter()
+        .map(|(op, view)| BucketOp {
+            cost: i64::try_from(view.capacity - remaining.unwrap_or(view.capacity))
+                .unwrap_or(i64::MAX),
+            enforce: false,
+            params: LimitParams {
+                overdraft: false,
+                max_wait_us: 0,
+                ..op.params
+            },
+            ..op.clone()
         })
         .collect();
-    if !debits.is_empty() {
-        store.apply(&debits).await?;
+    let (_, mut views): (Vec<BucketOp>, Vec<BucketView>) = found.into_iter().unzip();
+    if !ops.is_empty() {
+        let set = state.decider.store().set(&ops).await?;
+        for (view, result) in views.iter_mut().zip(&set.buckets) {
+            view.remaining = result.view.remaining;
+            view.reset_us = result.view.reset_us;
+        }
     }
-    tracing::info!(%peer, action = "set_remaining", remaining, domain = %request.domain, ?keys,
-                   "console: buckets set");
-    Ok(axum::Json(state.inspect(&request).await?))
+    let keys: Vec<&str> = views.iter().map(|view| view.key.as_str()).collect();
+    match remaining {
+        None => tracing::info!(%peer, action = "reset", domain = %request.domain, ?keys,
+                               "console: buckets reset"),
+        Some(remaining) => tracing::info!(%peer, action = "set_remaining", remaining,
+                                          domain = %request.domain, ?keys,
+                                          "console: buckets set"),
+    }
+    Ok(axum::Json(Inspection {
+        domain: request.domain.clone(),
+        matched,
+        buckets: views,
+    }))
 }

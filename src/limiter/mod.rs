@@ -381,6 +381,27 @@ pub fn evaluate_refund_of(
     }
 }
 
+/// How long a bucket's set (or reset) is remembered, µs: the longest a debit made before it
+/// can still be given back into the bucket, so that such a refund is dropped
+/// ([`crate::bucket::BucketOp::debited_at`]) rather than credited after the set. A token
+/// bucket's debit stays in it until a full bucket's worth has refilled (`burst × T`), and a
+/// held (`max_wait`) one may be refunded up to [`MAX_WAIT_US`] after it; a window's debit is
+/// refunded only into its own window, or (sliding) the next one: two periods. 0 for a rate
+/// of 0, which nothing is debited from. A refund later than this would credit a debit that
+/// refill has given back anyway, as it would without the set.
+pub fn set_memory_us(params: &LimitParams) -> u64 {
+    match params.algorithm {
+        Algorithm::TokenBucket => match ticks(params) {
+            Some(t) => {
+                let tolerance = (t.burst * t.interval).unsigned_abs();
+                tolerance.div_ceil(t.scale.unsigned_abs()) + MAX_WAIT_US
+            }
+            None => 0,
+        },
+        Algorithm::FixedWindow | Algorithm::SlidingWindow => 2 * period_us(params).unsigned_abs(),
+    }
+}
+
 impl LimitParams {
     /// Validates Lua-safety bounds; returns a human message on failure (used by config loading).
     ///

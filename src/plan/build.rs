@@ -491,6 +491,7 @@ pub(super) fn op_slot(
             enforce: false,
             reference: reference.map(ReferenceCounter::new),
             debited_in: None,
+            debited_at: None,
         });
         ops.len() - 1
     })

@@ -69,6 +69,7 @@ fn answer(plan: &Plan<'_>, admitted: bool, remaining: u64, reset_us: u64) -> App
                 },
                 retry_after_us: if admitted { Some(0) } else { Some(1) },
                 window: None,
+                at_us: None,
             })
             .collect(),
     }
@@ -445,6 +446,7 @@ fn over_limit_headers_carry_retry_after() {
         },
         retry_after_us: Some(11_000_001),
         window: None,
+        at_us: None,
     };
     let response = plan.respond(&applied, &with_headers()).response;
     assert_eq!(
@@ -575,6 +577,7 @@ fn near_limit_counts_hits_above_threshold() {
         enforce: true,
         reference: None,
         debited_in: None,
+        debited_at: None,
     };
     // Threshold 8: 7 → 10 has two hits above it; 8 → 9 has one; 5 → 8 none.
     assert_eq!(near_limit_hits(&op(3), 0, 3, 0.8), 2);

@@ -62,6 +62,7 @@ where
             },
             retry_after_us: None,
             window: None,
+            at_us: None,
         };
         ops.len()
     ];

@@ -286,6 +286,7 @@ impl LeaseStore {
                                     &take.params,
                                     take.tokens,
                                     take.window,
+                                    take.debited_at,
                                 ))
                             });
                         view.remaining = view.remaining.saturating_add(take.tokens);
@@ -295,6 +296,7 @@ impl LeaseStore {
                         view,
                         retry_after_us: Some(0),
                         window: take.window,
+                        at_us: take.debited_at,
                     }
                 }
                 (Route::Remote { augment }, Some(mut result)) => {
@@ -338,6 +340,7 @@ impl LeaseStore {
                     },
                     retry_after_us: None,
                     window: None,
+                    at_us: None,
                 },
             };
             buckets.push(result);
@@ -381,6 +384,7 @@ impl Flight<'_> {
                             &take.params,
                             take.tokens,
                             take.window,
+                            take.debited_at,
                         )),
                     }
                     *route = Route::Bypass;
@@ -528,14 +532,13 @@ impl Store for LeaseStore {
         }
     }
 
-    /// Forgets this replica's leases of the buckets (their tokens are not returned: the reset
-    /// gives the bucket its full capacity, and a return would only be clamped away), then
-    /// resets them in Redis.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+    /// Forgets this replica's leases of the buckets (their tokens are not returned: the set
+    /// decides what the bucket holds), then sets them in Redis.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         for op in ops {
             self.shard(&op.key).remove(&op.key);
         }
-        self.inner.reset(ops).await
+        self.inner.set(ops).await
     }
 
     fn stored_key(&self, key: &BucketKey) -> Vec<u8> {

@@ -122,6 +122,10 @@ struct Shard {
     /// No entry expires before this (a lower bound, µs): a full shard sweeps only when some
     /// entry can have expired, so a flood of live buckets does not rescan it on every insert.
     earliest_expiry_us: i64,
+    /// The buckets of this shard set or reset lately ([`Store::set`]): when (µs), and until
+    /// when it is remembered ([`limiter::set_memory_us`]). A refund of a debit made at or
+    /// before the set is dropped. Only the operator's sets add to it, and the sweep empties it.
+    sets: HashMap<BucketKey, (i64, i64)>,
 }
 
 impl Shard {
@@ -130,6 +134,7 @@ impl Shard {
     fn sweep(&mut self, now: i64) -> usize {
         let before = self.map.len();
         self.map.retain(|_, e| e.expires_at_us() > now);
+        self.sets.retain(|_, &mut (_, until)| until > now);
         if self.map.len() < self.map.capacity() / 4 {
             self.map.shrink_to_fit();
         }
@@ -140,6 +145,19 @@ impl Shard {
             .min()
             .unwrap_or(i64::MAX);
         before - self.map.len()
+    }
+
+    /// Whether `op` is a refund of a debit made at or before a set of its bucket that is
+    /// still remembered at `now`.
+    fn set_since(&self, op: &BucketOp, now: i64) -> bool {
+        let Some(debited_at) = op.debited_at.filter(|_| op.cost < 0) else {
+            return false;
+        };
+        // As the Redis script reads it.
+        let debited_at = debited_at.clamp(0, limiter::MAX_NOW_US);
+        self.sets
+            .get(&op.key)
+            .is_some_and(|&(at, until)| now < until && at >= debited_at)
     }
 
     /// Makes room for one new entry when the shard holds `capacity` or more: sweeps if
@@ -196,6 +214,7 @@ impl MemoryStore {
                     Mutex::new(Shard {
                         map: HashMap::new(),
                         earliest_expiry_us: i64::MAX,
+                        sets: HashMap::new(),
                     })
                 })
                 .collect(),
@@ -280,6 +299,11 @@ impl MemoryStore {
     }
 
     fn apply_now(&self, ops: &[BucketOp]) -> Applied {
+        self.run(ops, Action::Apply)
+    }
+
+    /// Reads, evaluates, settles and writes `ops` under their shards' locks, doing `action`.
+    fn run(&self, ops: &[BucketOp], action: Action) -> Applied {
         let now = self.clock.now_us();
         let shard_ids: Vec<usize> = ops.iter().map(|op| self.shard_of(&op.key)).collect();
         let mut order = shard_ids.clone();
@@ -294,26 +318,57 @@ impl MemoryStore {
             .iter()
             .zip(&shard_ids)
             .map(|(op, &shard)| {
-                let map = &guards[guard_index(shard)].1.map;
-                let state = map
-                    .get(&op.key)
-                    .filter(|e| e.expires_at_us() > now)
-                    .map(Entry::state);
+                let shard = &guards[guard_index(shard)].1;
+                let state = match action {
+                    Action::Apply => shard
+                        .map
+                        .get(&op.key)
+                        .filter(|e| e.expires_at_us() > now)
+                        .map(Entry::state),
+                    Action::Set => None,
+                };
+                if action == Action::Apply && shard.set_since(op, now) {
+                    // The debit this refund gives back was set away: nothing to give.
+                    let check = limiter::evaluate(&op.params, state.as_ref(), now, 0);
+                    return limiter::Evaluation {
+                        admitted: true,
+                        retry_after_us: Some(0),
+                        ..check
+                    };
+                }
                 limiter::evaluate_refund_of(&op.params, state.as_ref(), now, op.cost, op.debited_in)
             })
             .collect();
 
-        let (applied, writes) = settle(ops, &evaluations);
+        let (mut applied, writes) = settle(ops, &evaluations);
+        for result in &mut applied.buckets {
+            result.at_us = Some(now);
+        }
         let mut evicted = 0;
         for ((op, evaluation), (&shard, write)) in ops
             .iter()
             .zip(&evaluations)
             .zip(shard_ids.iter().zip(writes))
         {
+            let shard = &mut guards[guard_index(shard)].1;
+            if action == Action::Set && applied.committed {
+                let memory = i64::try_from(limiter::set_memory_us(&op.params)).unwrap_or(i64::MAX);
+                if memory > 0 {
+                    shard
+                        .sets
+                        .insert(op.key.clone(), (now, now.saturating_add(memory)));
+                }
+            }
+            // A set that debits nothing leaves a full bucket: no state at all.
+            if action == Action::Set && op.cost == 0 {
+                if applied.committed {
+                    shard.map.remove(&op.key);
+                }
+                continue;
+            }
             let Some((state, ttl_us)) = evaluation.next.filter(|_| write) else {
                 continue;
             };
-            let shard = &mut guards[guard_index(shard)].1;
             if ttl_us == 0 {
                 shard.map.remove(&op.key);
             } else {
@@ -343,6 +398,15 @@ impl MemoryStore {
     }
 }
 
+/// What [`MemoryStore::run`] does with the stored states it reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Action {
+    /// Evaluates the ops against them ([`Store::apply`]).
+    Apply,
+    /// Replaces them ([`Store::set`]): each op is evaluated against a full bucket.
+    Set,
+}
+
 /// A poisoned shard only means another request panicked mid-update of plain data; the map
 /// itself is still valid, so keep serving rather than failing every later request.
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -355,13 +419,9 @@ impl Store for MemoryStore {
         Ok(self.apply_now(ops))
     }
 
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
-        for op in ops {
-            lock(&self.shards[self.shard_of(&op.key)])
-                .map
-                .remove(&op.key);
-        }
-        Ok(())
+    /// Under the same shard locks as a request: nothing lands between reading and writing.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        Ok(self.run(ops, Action::Set))
     }
 
     fn name(&self) -> &'static str {

@@ -65,15 +65,25 @@ pub trait Store: Send + Sync + 'static {
     /// [`crate::bucket::settle`]). Returns one result per op, in order.
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError>;
 
-    /// Gives every bucket of `ops` its full capacity back by deleting its stored state: an
-    /// absent bucket is a full bucket (an empty window) for every algorithm, so no store
-    /// needs to know how a state is encoded to reset it. The ops' costs are ignored.
-    /// The operator console calls it (never the request path); a store that cannot reset
-    /// says so.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+    /// Sets every bucket of `ops` to what a full bucket holds after a debit of the op's
+    /// cost, whatever the bucket held before: cost 0 gives it its full capacity back (its
+    /// state is deleted: an absent bucket is a full bucket, an empty window, for every
+    /// algorithm), cost `c` leaves exactly capacity − `c` remaining. Each bucket is read and
+    /// written in one atomic step of the store that holds it (one script call in Redis, the
+    /// shard locks in memory), so a request landing at the same moment is counted either
+    /// before the set, and overwritten, or after it; never in between. Returns one result per
+    /// op, as [`Store::apply`] does. The ops are passed non-enforcing, without `overdraft`
+    /// or `max_wait`, and with a cost within the bucket's capacity (the operator console
+    /// checks it), so every set commits. The store remembers the set beside each bucket for
+    /// as long as an older debit could be refunded ([`crate::limiter::set_memory_us`]), and
+    /// drops a refund of a debit made at or before it ([`BucketOp::debited_at`]): refunds
+    /// never cross a set. The operator console calls it (never the request
+    /// path); a store that cannot set atomically fails, so the operator is told rather than
+    /// answered with a bucket that is not what was asked.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let _ = ops;
         Err(StoreError::Failed(format!(
-            "the {} store cannot reset buckets",
+            "the {} store cannot set buckets",
             self.name()
         )))
     }

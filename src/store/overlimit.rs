@@ -134,6 +134,7 @@ impl OverLimitCache {
                     },
                     retry_after_us: Some(us(known.until - now)),
                     window: None,
+                    at_us: None,
                 })
             })
             .collect::<Option<Vec<_>>>()?;
@@ -228,6 +229,7 @@ mod tests {
                 },
                 retry_after_us: Some(retry_us),
                 window: None,
+                at_us: None,
             }],
         }
     }
@@ -311,6 +313,7 @@ mod tests {
                 },
                 retry_after_us: Some(0),
                 window: None,
+                at_us: None,
             }],
         };
         cache.learn(&[op(b"a", -1)], &refund, sent);

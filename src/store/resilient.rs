@@ -331,6 +331,7 @@ fn answer_all(ops: &[BucketOp], admit: bool) -> Applied {
                     },
                     retry_after_us: if admitted { Some(0) } else { None },
                     window: None,
+                    at_us: None,
                 }
             })
             .collect(),
@@ -405,18 +406,19 @@ impl Store for ResilientStore {
             }
         }
     }
-    /// Resets in Redis, and forgets what this replica cached or counted locally about the
-    /// buckets: a cached denial would otherwise outlive the reset until it expired. Other
-    /// replicas' caches are not reached (docs/console.md). Not behind the breaker: an
-    /// operator acting during an outage gets Redis's own error.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
+    /// Sets the buckets in Redis (its answer is the set's), and forgets what this replica
+    /// cached about them: a cached denial would otherwise outlive a reset until it expired.
+    /// The local fallback buckets are set too, so an outage after the set starts from it.
+    /// Other replicas' caches are not reached (docs/console.md). Not behind the breaker: an
+    /// operator acting during an outage gets Redis's own error, never a policy's answer.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         if let Some(cache) = &self.cache {
             cache.forget(ops);
         }
         if let Some(fallback) = &self.fallback {
-            fallback.reset(ops).await?;
+            fallback.set(ops).await?;
         }
-        self.redis.reset(ops).await
+        self.redis.set(ops).await
     }
 
     fn stored_key(&self, key: &BucketKey) -> Vec<u8> {

@@ -84,12 +84,23 @@ impl Store for SplitStore {
         .await
     }
 
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
-        let (per_second, main): (Vec<BucketOp>, Vec<BucketOp>) =
-            ops.iter().cloned().partition(is_per_second);
-        let (main, per_second) =
-            tokio::join!(self.main.reset(&main), self.per_second.reset(&per_second));
-        main.and(per_second)
+    /// Each side's buckets set by that side's script. A set always commits, so no refund
+    /// is ever sent; a side that fails fails the call.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let (per_second, main): (Vec<usize>, Vec<usize>) =
+            (0..ops.len()).partition(|&i| is_per_second(&ops[i]));
+        apply_groups(
+            ops,
+            &[main, per_second],
+            |g, group| async move {
+                if group.is_empty() {
+                    return Ok(Applied::nothing());
+                }
+                self.side(g).set(&group).await
+            },
+            |ok| self.metrics.record_per_second_refund(ok),
+        )
+        .await
     }
 
     /// The key in the store that holds it (both sides share the prefix, as the reference's

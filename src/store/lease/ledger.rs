@@ -84,6 +84,11 @@ pub(super) struct Lease {
     pub(super) expires: Instant,
     /// Fixed window: the window it was debited in (refunds go back there or nowhere).
     pub(super) window: Option<i64>,
+    /// The store's time of its first debit (a renewal keeps it): its returns carry it, so a
+    /// set or reset of the bucket after it drops them ([`BucketOp::debited_at`]). The
+    /// earliest, since tokens of any debit before a set must not come back: a renewal's
+    /// own tokens are then lost too (under-admission, never over-admission).
+    pub(super) debited_at: Option<i64>,
     /// When the bucket is full again (token bucket) or its window ends (fixed window), as
     /// Redis reported it, counted from when the call was sent.
     pub(super) reset_at: Instant,
@@ -119,6 +124,8 @@ pub(super) struct Take {
     pub(super) params: LimitParams,
     /// The window the lease was debited in.
     pub(super) window: Option<i64>,
+    /// The store's time of the lease's first debit ([`Lease::debited_at`]).
+    pub(super) debited_at: Option<i64>,
     /// The bucket as seen after the take.
     pub(super) view: View,
 }
@@ -328,6 +335,7 @@ impl Entry {
             tokens: cost,
             params: lease.params,
             window: lease.window,
+            debited_at: lease.debited_at,
             view: lease.view(now),
         })
     }
@@ -396,6 +404,7 @@ impl Entry {
             left: augment,
             expires,
             window: result.window,
+            debited_at: result.at_us,
             reset_at,
             redis_remaining: result.view.remaining,
         });
@@ -423,7 +432,13 @@ impl Entry {
             .filter(|lease| lease.id == take.lease && now < lease.expires)
         {
             Some(lease) => lease.left += take.tokens,
-            None => returns.push(refund(key, &take.params, take.tokens, take.window)),
+            None => returns.push(refund(
+                key,
+                &take.params,
+                take.tokens,
+                take.window,
+                take.debited_at,
+            )),
         }
     }
 
@@ -432,7 +447,13 @@ impl Entry {
         if let Some(lease) = self.lease.take()
             && lease.left > 0
         {
-            returns.push(refund(key, &lease.params, lease.left, lease.window));
+            returns.push(refund(
+                key,
+                &lease.params,
+                lease.left,
+                lease.window,
+                lease.debited_at,
+            ));
         }
     }
 
@@ -473,12 +494,14 @@ impl Entry {
 
 /// The operation that gives `tokens` back to `key`'s bucket: a token bucket's refund (the
 /// store never fills a bucket past its capacity), or a fixed window's refund to the window
-/// they were debited in, dropped by the store if that window has ended.
+/// they were debited in, dropped by the store if that window has ended; either dropped if the
+/// bucket was set after `debited_at`.
 pub(super) fn refund(
     key: &BucketKey,
     params: &LimitParams,
     tokens: u64,
     window: Option<i64>,
+    debited_at: Option<i64>,
 ) -> BucketOp {
     BucketOp {
         key: key.clone(),
@@ -487,6 +510,7 @@ pub(super) fn refund(
         enforce: true,
         reference: None,
         debited_in: window,
+        debited_at,
     }
 }
 

@@ -97,6 +97,33 @@ async fn a_hot_bucket_is_answered_from_its_lease_and_every_token_is_accounted_fo
     assert_eq!(left_in_redis(&remote, b"hot", 1000).await, 1000 - admitted);
 }
 
+/// A lease held while another replica sets the bucket to 0 goes back for nothing: its tokens
+/// were debited before the set, which decided what the bucket holds, so the return is
+/// dropped and the bucket stays empty (a credited return would refill it by the lease).
+#[tokio::test]
+async fn a_lease_returned_after_a_set_gives_nothing_back() {
+    let (remote, leases) = setup();
+    for _ in 0..60 {
+        leases.apply(&[op(b"hot", 1000, 1)]).await.unwrap();
+    }
+    let (held, left) = leases.held();
+    assert!(held == 1 && left > 0, "a lease is held");
+    // Another replica's operator sets the bucket to 0 (the console's set: cost = capacity).
+    let set = BucketOp {
+        enforce: false,
+        ..op(b"hot", 1000, 1000)
+    };
+    let answer = remote.memory.set(&[set]).await.unwrap();
+    assert_eq!(answer.buckets[0].view.remaining, 0);
+    leases.return_all().await;
+    assert_eq!(leases.held(), (0, 0));
+    assert_eq!(
+        left_in_redis(&remote, b"hot", 1000).await,
+        0,
+        "the lease's {left} tokens came back after the set"
+    );
+}
+
 /// A request whose leased bucket admits locally but whose other bucket Redis denies
 /// debits neither: the lease gets its tokens back.
 #[tokio::test]

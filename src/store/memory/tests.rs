@@ -14,8 +14,8 @@ fn store() -> (Arc<ManualClock>, MemoryStore) {
     (clock.clone(), MemoryStore::new(clock))
 }
 
-/// A reset removes the buckets, of every algorithm: each is full again, and a check-only
-/// op (what the console inspects with) reports what is left without debiting.
+/// A set of cost 0 (a reset) removes the buckets, of every algorithm: each is full again, and
+/// a check-only op (what the console inspects with) reports what is left without debiting.
 #[tokio::test]
 async fn reset_gives_full_capacity_back_and_checks_debit_nothing() {
     let (_clock, store) = store();
@@ -31,10 +31,39 @@ async fn reset_gives_full_capacity_back_and_checks_debit_nothing() {
             let seen = store.apply_now(std::slice::from_ref(&check));
             assert_eq!(seen.buckets[0].view.remaining, 1, "{algorithm:?}");
         }
-        store.reset(std::slice::from_ref(&check)).await.unwrap();
+        let reset = store.set(std::slice::from_ref(&check)).await.unwrap();
+        assert_eq!(reset.buckets[0].view.remaining, 4, "{algorithm:?}");
         assert!(store.state_of(&check.key).is_none(), "{algorithm:?}");
         let seen = store.apply_now(std::slice::from_ref(&check));
         assert_eq!(seen.buckets[0].view.remaining, 4, "{algorithm:?}");
+    }
+}
+
+/// A set leaves exactly capacity − cost remaining whatever the bucket held (empty, part
+/// spent, overdrawn), for every algorithm, and answers that view itself.
+#[tokio::test]
+async fn set_leaves_exactly_what_it_names() {
+    let (_clock, store) = store();
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+    ] {
+        for spent in [0, 2, 4] {
+            let key = format!("{spent}");
+            let _ = store.apply(&[op(&key, algorithm, 4, spent)]).await;
+            let set = store.set(&[op(&key, algorithm, 4, 3)]).await.unwrap();
+            assert!(set.committed);
+            assert_eq!(
+                set.buckets[0].view.remaining, 1,
+                "{algorithm:?} after {spent}"
+            );
+            let seen = store.apply(&[op(&key, algorithm, 4, 0)]).await.unwrap();
+            assert_eq!(
+                seen.buckets[0].view.remaining, 1,
+                "{algorithm:?} after {spent}"
+            );
+        }
     }
 }
 

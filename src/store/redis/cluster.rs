@@ -28,9 +28,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, Slot};
 use redis::{Arg, Cmd, ErrorKind, RedisResult, ServerErrorKind, TlsCertificates};
 
+use super::deadline;
 use super::errors::classify;
 use super::redact::{redact_in, redact_url};
-use super::{deadline, script};
+use super::script::{self, Action};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::store::fanout::apply_groups;
@@ -163,8 +164,8 @@ impl ClusterStore {
     }
 
     /// Runs the script for `ops`, all in one slot, within the command timeout.
-    async fn run(&self, ops: &[BucketOp], now: Option<i64>) -> Group {
-        let command = script::command(&self.prefix, ops, now);
+    async fn run(&self, ops: &[BucketOp], now: Option<i64>, action: Action) -> Group {
+        let command = script::command_doing(&self.prefix, ops, now, action);
         let mut conn = self.conn.clone();
         deadline(self.command_timeout, async {
             let reply = call(&mut conn, &command).await.map_err(|e| classify(&e))?;
@@ -249,34 +250,35 @@ impl Store for ClusterStore {
                 return Ok(Applied::nothing());
             }
             // One slot (one descriptor, or a hash-tagged domain): exactly the standalone call.
-            [_] => return self.run(ops, now).await,
+            [_] => return self.run(ops, now, Action::Apply).await,
             _ => {}
         }
         let groups: Vec<Vec<usize>> = groups.into_iter().map(|(_, members)| members).collect();
         apply_groups(
             ops,
             &groups,
-            |_, group| async move { self.run(&group, now).await },
+            |_, group| async move { self.run(&group, now, Action::Apply).await },
             |ok| self.metrics.record_cluster_refund(ok),
         )
         .await
     }
 
-    /// One `DEL` per key, sent concurrently: keys of different slots cannot share one.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
-        let deletes = script::keys(&self.prefix, ops).into_iter().map(|key| {
-            let mut conn = self.conn.clone();
-            deadline(self.command_timeout, async move {
-                redis::cmd("DEL")
-                    .arg(key)
-                    .query_async::<()>(&mut conn)
-                    .await
-                    .map_err(|e| classify(&e))
-            })
-        });
-        futures_util::future::try_join_all(deletes)
-            .await
-            .map(|_| ())
+    /// One set script per slot group, sent concurrently: each bucket is set atomically in
+    /// its slot. A set always commits, so no refund is ever sent; a group that fails fails
+    /// the call.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        let now = self.test_clock.as_ref().map(|clock| clock.now_us());
+        let groups: Vec<Vec<usize>> = slot_groups(&self.prefix, ops)
+            .into_iter()
+            .map(|(_, members)| members)
+            .collect();
+        apply_groups(
+            ops,
+            &groups,
+            |_, group| async move { self.run(&group, now, Action::Set).await },
+            |ok| self.metrics.record_cluster_refund(ok),
+        )
+        .await
     }
 
     fn stored_key(&self, key: &BucketKey) -> Vec<u8> {

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 
 use self::errors::{classify, retires_connection};
 use self::redact::{redact_in, redact_url};
+use self::script::Action;
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
@@ -486,6 +487,21 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Runs the script for `ops` doing `action`, on a lent connection within the command
+    /// timeout.
+    async fn run(&self, ops: &[BucketOp], action: Action) -> Result<Applied, StoreError> {
+        let now = self.test_clock.as_ref().map(|clock| clock.now_us());
+        let prefix = &self.prefix;
+        self.on_connection(|lent| async move {
+            let reply = script::call_doing(&lent.conn, prefix, ops, now, action).await;
+            let reply = reply.map_err(|e| classify_on(&lent, e))?;
+            script::decode(script::payload(&reply), ops.len())
+        })
+        .await
+    }
+}
+
 /// A client for the server at `url`, with `certs` for its TLS connections.
 fn open(url: &str, certs: Option<TlsCertificates>) -> Result<Client, StoreError> {
     let client = match certs {
@@ -540,31 +556,13 @@ fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
 #[async_trait]
 impl Store for RedisStore {
     async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
-        let now = self.test_clock.as_ref().map(|clock| clock.now_us());
-        let prefix = &self.prefix;
-        self.on_connection(|lent| async move {
-            let reply = script::call(&lent.conn, prefix, ops, now).await;
-            let reply = reply.map_err(|e| classify_on(&lent, e))?;
-            script::decode(script::payload(&reply), ops.len())
-        })
-        .await
+        self.run(ops, Action::Apply).await
     }
 
-    /// One `DEL` of every key.
-    async fn reset(&self, ops: &[BucketOp]) -> Result<(), StoreError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let keys = script::keys(&self.prefix, ops);
-        self.on_connection(|lent| async move {
-            let mut conn = lent.conn.clone();
-            redis::cmd("DEL")
-                .arg(keys)
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(|e| classify_on(&lent, e))
-        })
-        .await
+    /// One script call with the set flag on every op: each bucket read and replaced in one
+    /// atomic step, so nothing lands between.
+    async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+        self.run(ops, Action::Set).await
     }
 
     fn stored_key(&self, key: &BucketKey) -> Vec<u8> {

@@ -10,14 +10,16 @@
 //!
 //! ```text
 //! KEYS   prefix + BucketKey, one per op (a reference counter: its own name, see op_key)
-//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, six little-endian f64s
-//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter), then
+//! ARGV   now_us ("" = Redis TIME), then one binary string: per op, seven little-endian f64s
+//!        flags (algorithm + 4·enforce + 8·overdraft + 16·reference counter + 32·set), then
 //!        token bucket: interval, scale, cost, burst, wait (its GCRA constants in ticks,
 //!                      limiter::Ticks; interval 0 = rate 0)
 //!        windows:      requests_per_period, period_us, cost, burst (a reference counter:
 //!                      its EXPIRE, s), 1 + debited_in (0 = None)
+//!        then for both: 1 + debited_at (0 = None: not a refund of this server's debit)
 //! reply  one binary string of little-endian f64s, each a whole number: committed,
-//!        delay_us, then per op: admitted, remaining, reset_us, retry_after_us (-1 = never),
+//!        delay_us, now_us (the script's time: each result's at_us), then per op: admitted,
+//!        remaining, reset_us, retry_after_us (-1 = never),
 //!        window (-1 = None)
 //! batch  several requests in one call: every request's KEYS, then now, then one binary
 //!        string per request; the reply is theirs concatenated, and a request the script
@@ -49,8 +51,11 @@ use crate::store::StoreError;
 /// The script's source.
 pub const SOURCE: &str = include_str!("../../../lua/apply.lua");
 
-/// Reply values per op, after the leading `committed` and `delay_us`.
+/// Reply values per op, after the leading `committed`, `delay_us` and `now_us`.
 pub const REPLY_PER_OP: usize = 5;
+
+/// Reply values before the ops': `committed`, `delay_us`, `now_us`.
+pub const REPLY_HEADER: usize = 3;
 
 /// Bytes per reply value: a little-endian `f64`.
 pub const REPLY_VALUE_BYTES: usize = 8;
@@ -58,13 +63,24 @@ pub const REPLY_VALUE_BYTES: usize = 8;
 /// The script's raw reply: [`reply_len`] values packed as little-endian `f64`s.
 pub type Reply = Vec<u8>;
 
-/// Bytes per op in ARGV\[2\]: six little-endian `f64`s.
-pub const OP_BYTES: usize = 48;
+/// Bytes per op in ARGV\[2\]: seven little-endian `f64`s.
+pub const OP_BYTES: usize = 56;
 
 /// The flags value of an op: the algorithm in the low two bits, then one bit each.
 const ENFORCE: u8 = 4;
 const OVERDRAFT: u8 = 8;
 const COUNTER: u8 = 16;
+const SET: u8 = 32;
+
+/// What a script call does with the buckets' stored states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Evaluates each op against its bucket's state ([`crate::store::Store::apply`]).
+    Apply,
+    /// Replaces each bucket's state with what a full bucket holds after the op's debit,
+    /// whatever it held ([`crate::store::Store::set`]): the set flag on every op.
+    Set,
+}
 
 static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(SOURCE));
 
@@ -116,16 +132,16 @@ impl ToRedisArgs for FullKey<'_> {
     }
 }
 
-/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (six little-endian
+/// ARGV\[2\]: every op's numbers, packed as `lua/apply.lua` unpacks them (seven little-endian
 /// `f64`s per op; a token bucket's are its [`limiter::Ticks`]), written straight into the
 /// command's buffer.
-struct PackedOps<'a>(&'a [BucketOp]);
+struct PackedOps<'a>(&'a [BucketOp], Action);
 
 impl ToRedisArgs for PackedOps<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
         let mut arg = out.writer_for_next_arg();
         for op in self.0 {
-            for number in op_numbers(op) {
+            for number in op_numbers(op, self.1) {
                 // Writes into the command's Vec<u8>, which cannot fail.
                 let _ = arg.write_all(&number.to_le_bytes());
             }
@@ -133,8 +149,8 @@ impl ToRedisArgs for PackedOps<'_> {
     }
 }
 
-/// The six numbers of one op in ARGV\[2\] (see [`PackedOps`]).
-fn op_numbers(op: &BucketOp) -> [f64; 6] {
+/// The seven numbers of one op in ARGV\[2\] (see [`PackedOps`]).
+fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
     let params = &op.params;
     let flags = match params.algorithm {
         Algorithm::TokenBucket => 0,
@@ -142,7 +158,14 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
         Algorithm::SlidingWindow => 2,
     } | if op.enforce { ENFORCE } else { 0 }
         | if params.overdraft { OVERDRAFT } else { 0 }
-        | if op.reference.is_some() { COUNTER } else { 0 };
+        | if op.reference.is_some() { COUNTER } else { 0 }
+        | if action == Action::Set { SET } else { 0 };
+    // A refund of this server's own debit names the debit's time (plus one: 0 is none), so
+    // the script drops it when the bucket was set since.
+    let debited_at = op
+        .debited_at
+        .filter(|_| op.cost < 0)
+        .map_or(0, |at| at.clamp(0, limiter::MAX_NOW_US) + 1) as f64;
     // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
     // double, exactly as the script's tonumber rounded the decimal string it once got.
     match (params.algorithm, &op.reference) {
@@ -162,6 +185,7 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
                 op.cost as f64,
                 ticks.burst as f64,
                 ticks.wait as f64,
+                debited_at,
             ]
         }
         // A reference counter has no burst; its slot carries the counter's EXPIRE.
@@ -174,6 +198,7 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
             op.cost as f64,
             reference.as_ref().map_or(params.burst, |c| c.expiry_secs) as f64,
             op.debited_in.map_or(0, |w| w.max(0) + 1) as f64,
+            debited_at,
         ],
     }
 }
@@ -187,6 +212,17 @@ fn op_numbers(op: &BucketOp) -> [f64; 6] {
 /// decodes each op with one `struct.unpack` instead of parsing a decimal string per value.
 /// Everything is written once into the command's single buffer, with no per-value allocation.
 pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
+    command_doing(prefix, ops, now_us, Action::Apply)
+}
+
+/// The script call that sets `ops`' buckets ([`Action::Set`]), built as [`command`] builds
+/// an ordinary one.
+pub fn set_command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
+    command_doing(prefix, ops, now_us, Action::Set)
+}
+
+/// [`command`] or [`set_command`].
+pub fn command_doing(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>, action: Action) -> Cmd {
     let bytes: usize = ops
         .iter()
         .map(|op| prefix.len() + op.key.as_bytes().len() + 20 + OP_BYTES)
@@ -200,7 +236,7 @@ pub fn command(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) -> Cmd {
         Some(now) => cmd.arg(now),
         None => cmd.arg(""),
     };
-    cmd.arg(PackedOps(ops));
+    cmd.arg(PackedOps(ops, action));
     cmd
 }
 
@@ -220,14 +256,20 @@ pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64
         None => cmd.arg(""),
     };
     for ops in requests {
-        cmd.arg(PackedOps(ops));
+        cmd.arg(PackedOps(ops, Action::Apply));
     }
     cmd
 }
 
 /// Writes the script call for `ops` as [`command`] builds it, but as RESP straight into
 /// `out` (a connection's output buffer, [`wire::Conn::request`]): no `Cmd`, no second copy.
-pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>) {
+pub fn write_command(
+    out: &mut Vec<u8>,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+    action: Action,
+) {
     let mut number = Number::default();
     out.push(b'*');
     out.extend_from_slice(number.of(5 + ops.len() as u64));
@@ -240,7 +282,7 @@ pub fn write_command(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp], now_us:
         Some(now) => bulk(out, now.to_string().as_bytes()),
         None => bulk(out, b""),
     }
-    write_blob(out, ops);
+    write_blob(out, ops, action);
 }
 
 /// The KEYS of `ops` ([`op_key`]), as RESP bulk strings.
@@ -260,10 +302,10 @@ fn write_keys(out: &mut Vec<u8>, prefix: &[u8], ops: &[BucketOp]) {
 }
 
 /// Every op's numbers ([`PackedOps`]), as one RESP bulk string.
-fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp]) {
+fn write_blob(out: &mut Vec<u8>, ops: &[BucketOp], action: Action) {
     bulk_header(out, (ops.len() * OP_BYTES) as u64);
     for op in ops {
-        for value in op_numbers(op) {
+        for value in op_numbers(op, action) {
             out.extend_from_slice(&value.to_le_bytes());
         }
     }
@@ -319,6 +361,27 @@ pub async fn call(
     ops: &[BucketOp],
     now_us: Option<i64>,
 ) -> RedisResult<wire::Frame> {
+    call_doing(conn, prefix, ops, now_us, Action::Apply).await
+}
+
+/// [`call`] for a set of `ops`' buckets ([`Action::Set`]).
+pub async fn call_set(
+    conn: &wire::Conn,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+) -> RedisResult<wire::Frame> {
+    call_doing(conn, prefix, ops, now_us, Action::Set).await
+}
+
+/// [`call`] or [`call_set`].
+pub async fn call_doing(
+    conn: &wire::Conn,
+    prefix: &[u8],
+    ops: &[BucketOp],
+    now_us: Option<i64>,
+    action: Action,
+) -> RedisResult<wire::Frame> {
     let reply_bytes = reply_len(ops.len()) * REPLY_VALUE_BYTES;
     let send = || async move {
         match now_us {
@@ -328,13 +391,15 @@ pub async fn call(
                     ops.len(),
                     reply_bytes,
                     |out| write_keys(out, prefix, ops),
-                    |out| write_blob(out, ops),
+                    |out| write_blob(out, ops, action),
                 )
                 .await
             }
             Some(_) => {
-                conn.request_sized(reply_bytes, |out| write_command(out, prefix, ops, now_us))
-                    .await
+                conn.request_sized(reply_bytes, |out| {
+                    write_command(out, prefix, ops, now_us, action)
+                })
+                .await
             }
         }
     };
@@ -362,8 +427,10 @@ pub async fn call(
         // alone are answered. Sent again alone, each request gets what a call of its own
         // gets: its answer, or the error of its own write.
         Err(e) if now_us.is_none() && matches!(e.code(), Some("OOM" | "READONLY")) => checked(
-            conn.request_sized(reply_bytes, |out| write_command(out, prefix, ops, now_us))
-                .await?,
+            conn.request_sized(reply_bytes, |out| {
+                write_command(out, prefix, ops, now_us, action)
+            })
+            .await?,
         ),
         reply => reply,
     }
@@ -391,7 +458,7 @@ pub fn payload(frame: &[u8]) -> &[u8] {
 
 /// Number of values the script answers for `ops` operations.
 pub fn reply_len(ops: usize) -> usize {
-    2 + REPLY_PER_OP * ops
+    REPLY_HEADER + REPLY_PER_OP * ops
 }
 
 /// Decodes the script's reply for `ops` operations. Anything the script cannot have produced
@@ -438,9 +505,11 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
         .ok()
         .filter(|&d| d == 0 || committed)
         .ok_or_else(|| malformed(format!("delay_us is {} (committed: {committed})", value(1))))?;
+    let now_us = Some(value(2)).filter(|now| (0..=limiter::MAX_NOW_US).contains(now));
+    let now_us = now_us.ok_or_else(|| malformed(format!("now_us is {}", value(2))))?;
     let buckets = (0..ops)
         .map(|i| {
-            let base = 2 + i * REPLY_PER_OP;
+            let base = REPLY_HEADER + i * REPLY_PER_OP;
             let values: [i64; REPLY_PER_OP] = std::array::from_fn(|k| value(base + k));
             let admitted = flag(values[0], "admitted")?;
             let view = View {
@@ -467,6 +536,7 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
                 view,
                 retry_after_us,
                 window,
+                at_us: Some(now_us),
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -727,7 +797,7 @@ mod tests {
             (&[][..], None),
         ] {
             let mut written = b"leftover".to_vec();
-            write_command(&mut written, b"fg:", ops, now);
+            write_command(&mut written, b"fg:", ops, now, Action::Apply);
             let mut packed = b"leftover".to_vec();
             packed.extend_from_slice(&command(b"fg:", ops, now).get_packed_command());
             assert_eq!(written, packed, "{} ops, now {now:?}", ops.len());
@@ -772,7 +842,7 @@ mod tests {
     /// operation) is `Failed` naming both, not a malformed reply.
     #[test]
     fn decode_refused_request() {
-        let reply = packed(&[-1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0]);
+        let reply = packed(&[-1.0, 2.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
         let err = decode(&reply, 1).unwrap_err();
         assert!(!err.is_transient());
         assert_eq!(
@@ -804,6 +874,7 @@ mod tests {
         let reply = packed(&[
             0.0,
             0.0,
+            1_700_000_000_000_000.0,
             1.0,
             4.0,
             1_500.0,
@@ -836,6 +907,7 @@ mod tests {
                         },
                         retry_after_us: Some(0),
                         window: Some(28_333_333),
+                        at_us: Some(1_700_000_000_000_000),
                     },
                     BucketResult {
                         admitted: false,
@@ -845,6 +917,7 @@ mod tests {
                         },
                         retry_after_us: Some(59_000_000),
                         window: None,
+                        at_us: Some(1_700_000_000_000_000),
                     },
                     BucketResult {
                         admitted: false,
@@ -854,12 +927,13 @@ mod tests {
                         },
                         retry_after_us: None,
                         window: None,
+                        at_us: Some(1_700_000_000_000_000),
                     },
                 ],
             }
         );
         assert_eq!(
-            decode(&packed(&[1.0, 0.0]), 0).unwrap(),
+            decode(&packed(&[1.0, 0.0, 5.0]), 0).unwrap(),
             Applied {
                 committed: true,
                 buckets: vec![],
@@ -872,55 +946,81 @@ mod tests {
     /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
     #[test]
     fn decode_rejects_malformed_replies() {
-        let cases: [(&[f64], usize, &str); 13] = [
+        let cases: [(&[f64], usize, &str); 14] = [
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0],
                 1,
-                "48 bytes for 1 bucket operations, expected 7 values of 8",
+                "56 bytes for 1 bucket operations, expected 8 values of 8",
             ),
             (&[1.0], 1, "8 bytes"),
-            (&[2.0, 0.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "committed is 2"),
-            (&[1.0, 0.0, 3.0, 0.0, 0.0, 0.0, -1.0], 1, "admitted is 3"),
             (
-                &[1.0, 0.0, 1.0, -1.0, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, -5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "now_us is -5",
+            ),
+            (
+                &[2.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "committed is 2",
+            ),
+            (
+                &[1.0, 0.0, 5.0, 3.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "admitted is 3",
+            ),
+            (
+                &[1.0, 0.0, 5.0, 1.0, -1.0, 0.0, 0.0, -1.0],
                 1,
                 "remaining of operation 0 is negative",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 5.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 5.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is 5 while admitted is true",
             ),
             (
-                &[0.0, 0.0, 0.0, 0.0, 0.0, -2.0, -1.0],
+                &[0.0, 0.0, 5.0, 0.0, 0.0, 0.0, -2.0, -1.0],
                 1,
                 "retry_after_us of operation 0 is -2",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.0, 0.0, 0.0, -2.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0, -2.0],
                 1,
                 "window of operation 0 is -2",
             ),
-            (&[1.0, -1.0, 1.0, 0.0, 0.0, 0.0, -1.0], 1, "delay_us is -1"),
             (
-                &[0.0, 5.0, 0.0, 0.0, 0.0, 7.0, -1.0],
+                &[1.0, -1.0, 5.0, 1.0, 0.0, 0.0, 0.0, -1.0],
+                1,
+                "delay_us is -1",
+            ),
+            (
+                &[0.0, 5.0, 5.0, 0.0, 0.0, 0.0, 7.0, -1.0],
                 1,
                 "delay_us is 5 (committed: false)",
             ),
             (
-                &[1.0, 0.0, 1.0, 0.5, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, 0.5, 0.0, 0.0, -1.0],
                 1,
-                "value 3 is 0.5, not a whole number",
+                "value 4 is 0.5, not a whole number",
             ),
             (
-                &[1.0, 0.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
+                &[1.0, 0.0, 5.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
                 1,
-                "value 3 is NaN",
+                "value 4 is NaN",
             ),
             (
-                &[1.0, 0.0, 1.0, 1_152_921_504_606_846_976.0, 0.0, 0.0, -1.0],
+                &[
+                    1.0,
+                    0.0,
+                    5.0,
+                    1.0,
+                    1_152_921_504_606_846_976.0,
+                    0.0,
+                    0.0,
+                    -1.0,
+                ],
                 1,
-                "value 3 is 1152921504606847000, not a whole number",
+                "value 4 is 1152921504606847000, not a whole number",
             ),
         ];
         for (reply, ops, message) in cases {
@@ -928,5 +1028,16 @@ mod tests {
             assert!(!err.is_transient());
             assert!(err.to_string().contains(message), "{err} lacks {message:?}");
         }
+    }
+
+    /// `wire::LARGEST_MERGED_REPLY` (which fits in `wire::MAX_REPLY`, checked at compile
+    /// time) is this script's reply format at the merge caps, framed as a bulk string.
+    #[test]
+    fn the_largest_merged_reply_fits_the_cap() {
+        use super::super::wire::{LARGEST_MERGED_REPLY, MERGE_CALLS, MERGE_KEYS};
+        let payload = MERGE_CALLS * reply_len(0) * REPLY_VALUE_BYTES
+            + (reply_len(MERGE_KEYS) - reply_len(0)) * REPLY_VALUE_BYTES;
+        let framed = format!("${payload}\r\n").len() + payload + 2;
+        assert!(framed <= LARGEST_MERGED_REPLY, "{framed}");
     }
 }

@@ -40,6 +40,7 @@ fn result(remaining: u64, window: Option<i64>) -> BucketResult {
         },
         retry_after_us: Some(0),
         window,
+        at_us: None,
     }
 }
 
