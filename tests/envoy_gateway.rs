@@ -11,19 +11,21 @@
 //!   HCM's filters, the listener's name as `domain`, `disable_x_envoy_ratelimited_header`,
 //!   `enable_x_ratelimit_headers: DRAFT_VERSION_03`, `timeout` and `failure_mode_deny` from
 //!   the EnvoyGateway's `rateLimit.timeout` and `rateLimit.failClosed`), and its HCM and
-//!   router options;
+//!   router options; one more instance for a shared rule's domain (`buildRateLimitFilter`, as
+//!   in testdata/out/xds-ir/ratelimit-global-shared.listeners.yaml);
 //! - the cluster: `ratelimit_cluster` in testdata/out/xds-ir/ratelimit.clusters.yaml (HTTP/2
 //!   with its window sizes; without its TLS, which tests/envoy_tls.rs covers);
 //! - the routes: `buildRouteRateLimits` and the `build*RateLimitActions` functions in
 //!   ratelimit.go, as in testdata/out/xds-ir/ratelimit.routes.yaml (header exact and
 //!   distinct, a rule without match), ratelimit-sourceip.routes.yaml (`remote_address_match`
 //!   for a CIDR, exact and distinct) and ratelimit-headers-and-cidr.routes.yaml (several rules
-//!   on one route): a `RateLimitPerRoute` under `typed_per_filter_config`, every rule's
-//!   actions led by the route's `generic_key`;
+//!   on one route), ratelimit-global-shared.routes.yaml (a shared rule): a
+//!   `RateLimitPerRoute` under `typed_per_filter_config`, every rule's actions led by the
+//!   route's (or the shared rule's) `generic_key`;
 //! - the rate-limit service's config: `buildRateLimitServiceDescriptors`,
 //!   `addRateLimitDescriptor` and `GetRateLimitServiceConfigStr` in ratelimit.go, as in
 //!   testdata/out/ratelimit-config/{distinct-match,masked-remote-address-match,
-//!   distinct-remote-address-match,multiple-rules}.yaml (every field of the reference's YAML
+//!   distinct-remote-address-match,multiple-rules,global-shared-distinct-match}.yaml (every field of the reference's YAML
 //!   descriptor written, `rate_limit: null` on the inner nodes, upper-case units);
 //! - the environment: internal/infrastructure/kubernetes/ratelimit/testdata/deployments/
 //!   disable-prometheus.yaml. Envoy Gateway delivers the config over xDS (tests/xds.rs covers
@@ -53,6 +55,13 @@ const CIDR_DISTINCT: &str = "httproute/default/cidr-distinct/rule/0/match/0/*";
 const NO_MATCH: &str = "httproute/default/no-match/rule/0/match/0/*";
 const TWO_RULES: &str = "httproute/default/two-rules/rule/0/match/0/*";
 
+/// A BackendTrafficPolicy's shared rule: its own domain (the policy's namespace and name),
+/// its own filter instance, the rule's name as descriptor key and value on every route it
+/// applies to.
+const SHARED_DOMAIN: &str = "default/shared-policy";
+const SHARED_RULE: &str = "default/shared-policy/rule/0";
+const SHARED_FILTER: &str = "envoy.filters.http.ratelimit/default/shared-policy";
+
 /// The client CIDR of the address rules: 127.0.0.0 to 127.0.0.3.
 const CIDR: &str = "127.0.0.0/30";
 
@@ -71,13 +80,29 @@ fn cidr_action(key: &str, value: &str) -> Value {
     }})
 }
 
-/// Every route of the HTTPRoutes under test, with its `rate_limits`.
-fn routes() -> Vec<(&'static str, &'static str, Value)> {
+/// Every route of the HTTPRoutes under test: name, path, the filter instance and domain its
+/// `rate_limits` are for.
+fn routes() -> Vec<(
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    Value,
+)> {
+    let shared = || {
+        json!([{"actions": [
+            route_key(SHARED_RULE),
+            {"request_headers": {"descriptor_key": "rule-0-match-0", "header_name": "x-user-id"}}
+        ]}])
+    };
+    let listener = "envoy.filters.http.ratelimit";
     vec![
         // headers: [{name: x-user-id, value: one}], 3 an hour.
         (
             HEADER_EXACT,
             "/header-exact",
+            listener,
+            DOMAIN,
             json!([{"actions": [
                 route_key(HEADER_EXACT),
                 {"header_value_match": {
@@ -92,6 +117,8 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
         (
             HEADER_DISTINCT,
             "/header-distinct",
+            listener,
+            DOMAIN,
             json!([{"actions": [
                 route_key(HEADER_DISTINCT),
                 {"request_headers": {"descriptor_key": "rule-0-match-0", "header_name": "x-user-id"}}
@@ -101,6 +128,8 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
         (
             CIDR_EXACT,
             "/cidr-exact",
+            listener,
+            DOMAIN,
             json!([{"actions": [
                 route_key(CIDR_EXACT),
                 cidr_action("masked_remote_address", CIDR)
@@ -110,6 +139,8 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
         (
             CIDR_DISTINCT,
             "/cidr-distinct",
+            listener,
+            DOMAIN,
             json!([{"actions": [
                 route_key(CIDR_DISTINCT),
                 cidr_action("masked_remote_address", CIDR),
@@ -120,6 +151,8 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
         (
             NO_MATCH,
             "/no-match",
+            listener,
+            DOMAIN,
             json!([{"actions": [
                 route_key(NO_MATCH),
                 {"generic_key": {"descriptor_key": "rule-0-match--1", "descriptor_value": "rule-0-match--1"}}
@@ -129,6 +162,8 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
         (
             TWO_RULES,
             "/two-rules",
+            listener,
+            DOMAIN,
             json!([
                 {"actions": [
                     route_key(TWO_RULES),
@@ -139,6 +174,22 @@ fn routes() -> Vec<(&'static str, &'static str, Value)> {
                     {"generic_key": {"descriptor_key": "rule-1-match--1", "descriptor_value": "rule-1-match--1"}}
                 ]}
             ]),
+        ),
+        // One shared rule, headers: [{name: x-user-id, type: Distinct}], 3 an hour for each
+        // value across both routes.
+        (
+            "httproute/default/shared-a/rule/0/match/0/*",
+            "/shared-a",
+            SHARED_FILTER,
+            SHARED_DOMAIN,
+            shared(),
+        ),
+        (
+            "httproute/default/shared-b/rule/0/match/0/*",
+            "/shared-b",
+            SHARED_FILTER,
+            SHARED_DOMAIN,
+            shared(),
         ),
     ]
 }
@@ -157,8 +208,9 @@ fn node(key: &str, value: &str, limit: Option<u32>, children: Vec<Value>) -> Val
     })
 }
 
-/// The rate-limit service's config for [`routes`]: one descriptor per route (its name as key
-/// and value), under it each rule's chain of match descriptors, the limit on the last.
+/// The rate-limit service's config for [`routes`]' listener domain: one descriptor per route
+/// (its name as key and value), under it each rule's chain of match descriptors, the limit on
+/// the last.
 fn limits() -> String {
     let config = json!({
         "name": DOMAIN,
@@ -190,6 +242,21 @@ fn limits() -> String {
     serde_yaml_ng::to_string(&config).unwrap()
 }
 
+/// The shared policy's domain: one descriptor for the rule (its name as key and value), once,
+/// however many routes it applies to.
+fn shared_limits() -> String {
+    let config = json!({
+        "name": SHARED_DOMAIN,
+        "domain": SHARED_DOMAIN,
+        "descriptors": [
+            node(SHARED_RULE, SHARED_RULE, None, vec![
+                node("rule-0-match-0", "", Some(3), vec![])
+            ]),
+        ]
+    });
+    serde_yaml_ng::to_string(&config).unwrap()
+}
+
 /// The Envoy bootstrap: the front listener's HCM, rate-limit filter, router and routes as
 /// Envoy Gateway's translator writes them, every route to the `backend` cluster, the
 /// rate-limit service as `ratelimit_cluster`.
@@ -210,11 +277,12 @@ fn bootstrap(rls: std::net::SocketAddr) -> Bootstrap {
     hcm["path_with_escaped_slashes_action"] = json!("UNESCAPE_AND_REDIRECT");
     hcm["server_header_transformation"] = json!("PASS_THROUGH");
     hcm["http_filters"][0]["typed_config"]["suppress_envoy_headers"] = json!(true);
-    bootstrap.http_filter(
-        "envoy.filters.http.ratelimit",
+    // Envoy Gateway prepends one filter per domain, in the domains' order: the listener's,
+    // then each shared policy's, named after it.
+    let filter = |domain: &str| {
         json!({
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
-            "domain": DOMAIN,
+            "domain": domain,
             // EnvoyGateway `rateLimit.timeout: 5s`: Envoy's 20 ms default would turn a slow
             // answer on a loaded test machine into an error.
             "timeout": "5s",
@@ -227,18 +295,20 @@ fn bootstrap(rls: std::net::SocketAddr) -> Bootstrap {
                 "transport_api_version": "V3",
                 "grpc_service": {"envoy_grpc": {"cluster_name": "ratelimit_cluster"}}
             }
-        }),
-    );
+        })
+    };
+    bootstrap.http_filter("envoy.filters.http.ratelimit", filter(DOMAIN));
+    bootstrap.http_filter(SHARED_FILTER, filter(SHARED_DOMAIN));
     let routes: Vec<Value> = routes()
         .into_iter()
-        .map(|(name, path, rate_limits)| {
+        .map(|(name, path, filter, domain, rate_limits)| {
             json!({
                 "name": name,
                 "match": {"path": path},
                 "route": {"cluster": "backend", "upgrade_configs": [{"upgrade_type": "websocket"}]},
-                "typed_per_filter_config": {"envoy.filters.http.ratelimit": {
+                "typed_per_filter_config": {filter: {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute",
-                    "domain": DOMAIN,
+                    "domain": domain,
                     "rate_limits": rate_limits
                 }}
             })
@@ -265,6 +335,7 @@ impl Gateway {
         let config = runtime.path().join("ratelimit/config");
         std::fs::create_dir_all(&config).unwrap();
         std::fs::write(config.join("default-eg-http.yaml"), limits()).unwrap();
+        std::fs::write(config.join("default-shared-policy.yaml"), shared_limits()).unwrap();
         let redis_url = format!("127.0.0.1:{}", redis.port());
         let (server, link) = Floodgate::start_as_ratelimit(&[
             ("RUNTIME_ROOT", runtime.path().to_str().unwrap()),
@@ -492,5 +563,26 @@ async fn two_rules_on_one_route_apply_together() {
         g.statuses(2, "/two-rules", &[], "127.0.0.1").await,
         [429, 429]
     );
+    gateway.stop().await;
+}
+
+/// A shared rule (3 an hour for each `x-user-id`, across two routes) counts a value's requests
+/// on both routes together, in its own domain, through its own filter instance.
+#[tokio::test]
+async fn a_shared_rule_counts_its_routes_together() {
+    let gateway = Gateway::start().await;
+    let g = &gateway;
+    let alice = [("x-user-id", "alice")];
+    let bob = [("x-user-id", "bob")];
+    assert_eq!(
+        g.statuses(2, "/shared-a", &alice, "127.0.0.1").await,
+        [200, 200]
+    );
+    assert_eq!(
+        g.statuses(2, "/shared-b", &alice, "127.0.0.1").await,
+        [200, 429]
+    );
+    assert_eq!(g.statuses(1, "/shared-a", &alice, "127.0.0.1").await, [429]);
+    assert_eq!(g.statuses(1, "/shared-b", &bob, "127.0.0.1").await, [200]);
     gateway.stop().await;
 }
