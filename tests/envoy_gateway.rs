@@ -277,8 +277,8 @@ fn bootstrap(rls: std::net::SocketAddr) -> Bootstrap {
     hcm["path_with_escaped_slashes_action"] = json!("UNESCAPE_AND_REDIRECT");
     hcm["server_header_transformation"] = json!("PASS_THROUGH");
     hcm["http_filters"][0]["typed_config"]["suppress_envoy_headers"] = json!(true);
-    // Envoy Gateway prepends one filter per domain, in the domains' order: the listener's,
-    // then each shared policy's, named after it.
+    // Envoy Gateway prepends one filter per domain, sorted by domain: the listener's, then
+    // each shared policy's, named after it.
     let filter = |domain: &str| {
         json!({
             "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
