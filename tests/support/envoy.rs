@@ -363,6 +363,35 @@ impl Envoy {
     /// `GET path` through the front listener with header values given as raw bytes (any
     /// byte HTTP/1.1 lets through, UTF-8 or not), on a connection of its own.
     pub async fn get_bytes(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        let stream = tokio::net::TcpStream::connect(self.front).await.unwrap();
+        self.request(stream, path, headers).await
+    }
+
+    /// `GET path` through the front listener with `headers`, from the loopback address
+    /// `source` (any 127.0.0.0/8 address), so that Envoy sees that client address.
+    pub async fn get_from(
+        &self,
+        source: std::net::IpAddr,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Response {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::new(source, 0)).unwrap();
+        let stream = socket.connect(self.front).await.unwrap();
+        let headers: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(name, value)| (*name, value.as_bytes()))
+            .collect();
+        self.request(stream, path, &headers).await
+    }
+
+    /// Sends `GET path` on `stream` and reads the response to the end.
+    async fn request(
+        &self,
+        mut stream: tokio::net::TcpStream,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> Response {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut request = format!(
             "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n",
@@ -376,7 +405,6 @@ impl Envoy {
             request.extend_from_slice(b"\r\n");
         }
         request.extend_from_slice(b"\r\n");
-        let mut stream = tokio::net::TcpStream::connect(self.front).await.unwrap();
         stream.write_all(&request).await.unwrap();
         let mut raw = Vec::new();
         stream.read_to_end(&mut raw).await.unwrap();
