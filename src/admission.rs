@@ -19,7 +19,7 @@
 //! call waits for a place in front of Redis only while it can still be answered by then.
 //!
 //! Every call's request body is charged, as its bytes arrive, against the replica's budget
-//! of request bytes in flight (`--max-in-flight-bytes`, [`budget`]): the message cap is
+//! of request bytes in flight (`--max-in-flight-bytes`, `admission::budget`): the message cap is
 //! large enough for whatever Envoy builds from the largest headers it accepts, and the budget
 //! keeps the sum of such bodies within the pod's memory.
 //!
