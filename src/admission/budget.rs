@@ -44,14 +44,15 @@ impl BodyBudget {
     }
 
     /// Charges `bytes`, or refuses (charging nothing) when they would take the count over
-    /// the budget. One atomic add when it fits; a refusal undoes it.
+    /// the budget. One compare-and-swap: a refused charge never shows in the count, so it
+    /// cannot make a concurrent charge that fits look over the budget.
     fn charge(&self, bytes: usize) -> Result<(), Status> {
-        let before = self.used.fetch_add(bytes, Ordering::AcqRel);
-        if before.saturating_add(bytes) > self.max {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
-            return Err(self.refusal());
-        }
-        Ok(())
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|after| *after <= self.max)
+            })
+            .map(|_| ())
+            .map_err(|_| self.refusal())
     }
 
     fn release(&self, bytes: usize) {

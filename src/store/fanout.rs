@@ -44,6 +44,74 @@ where
     F: Fn(usize, Vec<BucketOp>) -> Fut,
     Fut: Future<Output = GroupAnswer>,
 {
+    let Joined {
+        mut buckets,
+        committed,
+        delay_us,
+        failure,
+        debited_groups,
+    } = join_groups(ops, groups, &run).await;
+    if !committed {
+        refund(ops, groups, &debited_groups, &mut buckets, &run, &on_refund).await;
+    }
+    match failure {
+        Some(error) => Err(error),
+        None => Ok(Applied {
+            committed,
+            buckets,
+            from_local_cache: false,
+            // A refunded request is not held: it is refused.
+            delay_us: if committed { delay_us } else { 0 },
+        }),
+    }
+}
+
+/// Sets `ops` as `groups`: `run(g, ops of group g)` for every group at once, and nothing
+/// else. A set commits wherever it runs, so nothing is refunded: a group that fails fails
+/// the call and the groups that ran keep their set (a set's "refund", its cost negated,
+/// would fill its buckets instead of undoing the set).
+pub async fn set_groups<F, Fut>(
+    ops: &[BucketOp],
+    groups: &[Vec<usize>],
+    run: F,
+) -> Result<Applied, StoreError>
+where
+    F: Fn(usize, Vec<BucketOp>) -> Fut,
+    Fut: Future<Output = GroupAnswer>,
+{
+    let joined = join_groups(ops, groups, &run).await;
+    match joined.failure {
+        Some(error) => Err(error),
+        None => Ok(Applied {
+            committed: joined.committed,
+            buckets: joined.buckets,
+            from_local_cache: false,
+            delay_us: 0,
+        }),
+    }
+}
+
+/// Every group's answer, put together: each op's result from its group's answer, and what
+/// the groups said as a whole.
+struct Joined {
+    /// Each op's result; a failed group's ops keep a placeholder (the call then fails).
+    buckets: Vec<BucketResult>,
+    /// Every group committed.
+    committed: bool,
+    /// The longest delay any group asked for.
+    delay_us: u64,
+    /// The first group's error, if any failed.
+    failure: Option<StoreError>,
+    /// For each group, whether it committed (its debits are stored).
+    debited_groups: Vec<bool>,
+}
+
+/// Runs every group at once and puts their answers together ([`Joined`]).
+async fn join_groups<F, Fut>(ops: &[BucketOp], groups: &[Vec<usize>], run: &F) -> Joined
+where
+    F: Fn(usize, Vec<BucketOp>) -> Fut,
+    Fut: Future<Output = GroupAnswer>,
+{
     let answers: Vec<GroupAnswer> = join_all(
         groups
             .iter()
@@ -87,18 +155,12 @@ where
             }
         }
     }
-    if !committed {
-        refund(ops, groups, &debited_groups, &mut buckets, &run, &on_refund).await;
-    }
-    match failure {
-        Some(error) => Err(error),
-        None => Ok(Applied {
-            committed,
-            buckets,
-            from_local_cache: false,
-            // A refunded request is not held: it is refused.
-            delay_us: if committed { delay_us } else { 0 },
-        }),
+    Joined {
+        buckets,
+        committed,
+        delay_us,
+        failure,
+        debited_groups,
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::fanout::apply_groups;
+use super::fanout::{apply_groups, set_groups};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::telemetry::metrics::Metrics;
@@ -84,22 +84,17 @@ impl Store for SplitStore {
         .await
     }
 
-    /// Each side's buckets set by that side's script. A set always commits, so no refund
-    /// is ever sent; a side that fails fails the call.
+    /// Each side's buckets set by that side's script ([`set_groups`]: nothing is refunded;
+    /// a side that fails fails the call).
     async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         let (per_second, main): (Vec<usize>, Vec<usize>) =
             (0..ops.len()).partition(|&i| is_per_second(&ops[i]));
-        apply_groups(
-            ops,
-            &[main, per_second],
-            |g, group| async move {
-                if group.is_empty() {
-                    return Ok(Applied::nothing());
-                }
-                self.side(g).set(&group).await
-            },
-            |ok| self.metrics.record_per_second_refund(ok),
-        )
+        set_groups(ops, &[main, per_second], |g, group| async move {
+            if group.is_empty() {
+                return Ok(Applied::nothing());
+            }
+            self.side(g).set(&group).await
+        })
         .await
     }
 
@@ -146,6 +141,12 @@ mod tests {
                 return Err(StoreError::Unavailable("down".into()));
             }
             self.memory.apply(ops).await
+        }
+        async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("down".into()));
+            }
+            self.memory.set(ops).await
         }
         fn name(&self) -> &'static str {
             "fake"
@@ -247,5 +248,23 @@ mod tests {
         assert!(store.probe().await.is_ok());
         main.down.store(true, Ordering::SeqCst);
         assert!(store.probe().await.is_err());
+    }
+
+    /// A set whose other side fails fails the call, and the side that ran keeps its set:
+    /// nothing is sent to undo it (a set's cost negated would fill the bucket).
+    #[tokio::test]
+    async fn a_failed_side_fails_a_set_and_the_other_keeps_it() {
+        let (main, per_second) = (fake(), fake());
+        let store = split(&main, &per_second);
+        main.down.store(true, Ordering::SeqCst);
+        // Set to 0 remaining: a cost of the whole capacity on each side's bucket.
+        let set = [op("a", 1, 5), op("b", 60, 5)].map(|op| BucketOp { cost: 5, ..op });
+        assert!(store.set(&set).await.is_err());
+        let check = BucketOp {
+            cost: 0,
+            ..op("a", 1, 5)
+        };
+        let after = per_second.memory.apply(&[check]).await.unwrap();
+        assert_eq!(after.buckets[0].view.remaining, 0);
     }
 }

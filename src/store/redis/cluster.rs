@@ -34,7 +34,7 @@ use super::redact::{redact_in, redact_url};
 use super::script::{self, Action};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
-use crate::store::fanout::apply_groups;
+use crate::store::fanout::{apply_groups, set_groups};
 use crate::store::{RemoteStore, Store, StoreError};
 use crate::telemetry::metrics::Metrics;
 
@@ -272,12 +272,9 @@ impl Store for ClusterStore {
             .into_iter()
             .map(|(_, members)| members)
             .collect();
-        apply_groups(
-            ops,
-            &groups,
-            |_, group| async move { self.run(&group, now, Action::Set).await },
-            |ok| self.metrics.record_cluster_refund(ok),
-        )
+        set_groups(ops, &groups, |_, group| async move {
+            self.run(&group, now, Action::Set).await
+        })
         .await
     }
 
