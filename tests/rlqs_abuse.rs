@@ -330,3 +330,47 @@ async fn identical_bucket_ids_are_stored_once() {
     );
     server.stop().await;
 }
+
+/// One peer holds at most its share of `--rlqs-max-buckets` (here 20 × 5 / 10 = 10),
+/// the subscriptions of its ended streams included while their rows linger: opening,
+/// subscribing and ending streams cannot fill the replica's bound, and another peer still
+/// subscribes.
+#[tokio::test]
+async fn one_peer_cannot_fill_the_subscription_bound_with_ended_streams() {
+    let (server, _dir) = start(&[
+        "--rlqs-max-buckets",
+        "20",
+        "--rlqs-max-streams",
+        "10",
+        "--rlqs-max-streams-per-peer",
+        "5",
+    ]);
+    // Each bucket matches a limit (a share row, which lingers after its stream).
+    let paths: Vec<String> = (0..11).map(|i| format!("/p{i}")).collect();
+    let entries: Vec<[(&str, &str); 2]> = paths
+        .iter()
+        .map(|path| [("tenant", "b"), ("path", path.as_str())])
+        .collect();
+    let usages: Vec<Usage<'_>> = entries.iter().map(|e| (&e[..], 1, 0, 0)).collect();
+    // Ten subscriptions, then the stream ends: its rows (and places) linger.
+    let mut first = Envoy::open(&server).await.unwrap();
+    first.report("edge", &usages[..10]).await;
+    drop(first);
+    // The same peer's next stream is refused its eleventh subscription.
+    let mut second = Envoy::open(&server).await.unwrap();
+    let status = second.refused(reports("edge", &usages[10..])).await;
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("its share of --rlqs-max-buckets"),
+        "{status:?}"
+    );
+    // Another peer address (loopback is a /8) still subscribes.
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc))
+        .unwrap()
+        .local_address(Some("127.0.0.2".parse().unwrap()));
+    let mut client = RateLimitQuotaServiceClient::new(endpoint.connect().await.unwrap());
+    let mut other = Envoy::open_on(&mut client).await.unwrap();
+    let response = other.report("edge", &usages[10..]).await;
+    assert_eq!(response.bucket_action.len(), 1);
+    server.stop().await;
+}

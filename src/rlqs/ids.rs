@@ -12,6 +12,7 @@
 //! assignments to expire).
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use super::metrics::RlqsMetrics;
@@ -64,6 +65,14 @@ pub enum Full {
          (--rlqs-max-bucket-bytes)"
     )]
     Bytes(usize),
+    /// One peer's subscriptions, its ended streams' lingering ones included, would pass its
+    /// share of `--rlqs-max-buckets` (the share `--rlqs-max-streams-per-peer` gives it of
+    /// `--rlqs-max-streams`).
+    #[error(
+        "this peer already holds {0} RLQS bucket subscriptions on this replica, its share of \
+         --rlqs-max-buckets (--rlqs-max-streams-per-peer of --rlqs-max-streams)"
+    )]
+    Peer(usize),
 }
 
 /// The interned ids and the counts of the bound.
@@ -75,33 +84,55 @@ struct Held {
     buckets: usize,
     /// Bytes charged.
     bytes: usize,
+    /// Subscriptions held per peer address (streams from a unix socket have none).
+    peers: HashMap<IpAddr, usize>,
 }
 
 /// Every subscription of this replica: the ids, stored once, and the bound.
 pub struct BucketIds {
     max_buckets: usize,
     max_bytes: usize,
+    /// Subscriptions one peer may hold: its share of `max_buckets`, so that one client
+    /// cannot fill the bound for every other Envoy, even with streams it has ended.
+    max_per_peer: usize,
     held: Mutex<Held>,
     metrics: Arc<RlqsMetrics>,
 }
 
 impl BucketIds {
-    /// At most `max_buckets` subscriptions and `max_bytes` bytes, counted into `metrics`.
-    pub fn new(max_buckets: usize, max_bytes: usize, metrics: Arc<RlqsMetrics>) -> BucketIds {
+    /// At most `max_buckets` subscriptions (`max_per_peer` of them for one peer) and
+    /// `max_bytes` bytes, counted into `metrics`.
+    pub fn new(
+        max_buckets: usize,
+        max_per_peer: usize,
+        max_bytes: usize,
+        metrics: Arc<RlqsMetrics>,
+    ) -> BucketIds {
         BucketIds {
             max_buckets,
+            max_per_peer,
             max_bytes,
             held: Mutex::new(Held::default()),
             metrics,
         }
     }
 
-    /// A subscription to `key`, sharing its id with every other holder; refused past the
-    /// bound.
-    pub fn subscribe(self: &Arc<Self>, key: BucketKey) -> Result<Subscribed, Full> {
+    /// A subscription to `key` for a stream from `peer`, sharing its id with every other
+    /// holder; refused past the bound.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        key: BucketKey,
+        peer: Option<IpAddr>,
+    ) -> Result<Subscribed, Full> {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if held.buckets >= self.max_buckets {
             return Err(Full::Buckets(held.buckets));
+        }
+        if let Some(ip) = peer {
+            let of_peer = held.peers.get(&ip).copied().unwrap_or(0);
+            if of_peer >= self.max_per_peer {
+                return Err(Full::Peer(of_peer));
+            }
         }
         let existing = held.ids.get_key_value(&key).map(|(k, _)| Arc::clone(k));
         let cost = SUBSCRIPTION_BYTES + existing.as_ref().map_or_else(|| key.bytes(), |_| 0);
@@ -112,9 +143,13 @@ impl BucketIds {
         *held.ids.entry(Arc::clone(&key)).or_insert(0) += 1;
         held.buckets += 1;
         held.bytes += cost;
+        if let Some(ip) = peer {
+            *held.peers.entry(ip).or_insert(0) += 1;
+        }
         self.metrics.bucket_bytes(held.bytes);
         Ok(Subscribed {
             key,
+            peer,
             ids: Arc::clone(self),
         })
     }
@@ -125,8 +160,16 @@ impl BucketIds {
         (held.buckets, held.bytes)
     }
 
-    fn give_back(&self, key: &Arc<BucketKey>) {
+    fn give_back(&self, key: &Arc<BucketKey>, peer: Option<IpAddr>) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(ip) = peer
+            && let Some(of_peer) = held.peers.get_mut(&ip)
+        {
+            *of_peer -= 1;
+            if *of_peer == 0 {
+                held.peers.remove(&ip);
+            }
+        }
         let mut freed = SUBSCRIPTION_BYTES;
         if let Some(count) = held.ids.get_mut(key) {
             *count -= 1;
@@ -149,6 +192,8 @@ impl BucketIds {
 /// One subscription's place in the bound and its shared id; given back when dropped.
 pub struct Subscribed {
     key: Arc<BucketKey>,
+    /// The peer whose share it takes.
+    peer: Option<IpAddr>,
     ids: Arc<BucketIds>,
 }
 
@@ -161,7 +206,7 @@ impl Subscribed {
 
 impl Drop for Subscribed {
     fn drop(&mut self) {
-        self.ids.give_back(&self.key);
+        self.ids.give_back(&self.key, self.peer);
     }
 }
 
@@ -179,9 +224,9 @@ mod tests {
     /// The same id held twice is stored and charged once; both places come back on drop.
     #[test]
     fn identical_ids_are_stored_once() {
-        let ids = Arc::new(BucketIds::new(10, 1 << 20, Arc::default()));
-        let a = ids.subscribe(key("a")).unwrap();
-        let b = ids.subscribe(key("a")).unwrap();
+        let ids = Arc::new(BucketIds::new(10, 10, 1 << 20, Arc::default()));
+        let a = ids.subscribe(key("a"), None).unwrap();
+        let b = ids.subscribe(key("a"), None).unwrap();
         assert!(Arc::ptr_eq(a.key(), b.key()));
         assert_eq!(ids.held(), (2, 2 * SUBSCRIPTION_BYTES + key("a").bytes()));
         drop(a);
@@ -193,16 +238,39 @@ mod tests {
     /// Past either bound a subscription is refused, and a freed place is taken again.
     #[test]
     fn the_bounds_hold() {
-        let ids = Arc::new(BucketIds::new(2, 1 << 20, Arc::default()));
-        let a = ids.subscribe(key("a")).unwrap();
-        let _b = ids.subscribe(key("b")).unwrap();
-        assert_eq!(ids.subscribe(key("c")).err(), Some(Full::Buckets(2)));
+        let ids = Arc::new(BucketIds::new(2, 2, 1 << 20, Arc::default()));
+        let a = ids.subscribe(key("a"), None).unwrap();
+        let _b = ids.subscribe(key("b"), None).unwrap();
+        assert_eq!(ids.subscribe(key("c"), None).err(), Some(Full::Buckets(2)));
         drop(a);
-        assert!(ids.subscribe(key("c")).is_ok());
+        assert!(ids.subscribe(key("c"), None).is_ok());
 
         let small = SUBSCRIPTION_BYTES + key("a").bytes();
-        let ids = Arc::new(BucketIds::new(10, small, Arc::default()));
-        let _a = ids.subscribe(key("a")).unwrap();
-        assert_eq!(ids.subscribe(key("b")).err(), Some(Full::Bytes(small)));
+        let ids = Arc::new(BucketIds::new(10, 10, small, Arc::default()));
+        let _a = ids.subscribe(key("a"), None).unwrap();
+        assert_eq!(
+            ids.subscribe(key("b"), None).err(),
+            Some(Full::Bytes(small))
+        );
+    }
+
+    /// One peer holds at most its share, lingering subscriptions included; other peers and
+    /// streams without a peer address are not held back by it, and a freed place is its own
+    /// again.
+    #[test]
+    fn one_peer_holds_at_most_its_share() {
+        let ids = Arc::new(BucketIds::new(10, 2, 1 << 20, Arc::default()));
+        let (one, two): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let a = ids.subscribe(key("a"), Some(one)).unwrap();
+        let _b = ids.subscribe(key("b"), Some(one)).unwrap();
+        assert_eq!(
+            ids.subscribe(key("c"), Some(one)).err(),
+            Some(Full::Peer(2))
+        );
+        assert!(ids.subscribe(key("c"), Some(two)).is_ok());
+        assert!(ids.subscribe(key("c"), None).is_ok());
+        drop(a);
+        assert!(ids.subscribe(key("c"), Some(one)).is_ok());
     }
 }

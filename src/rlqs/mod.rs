@@ -171,8 +171,14 @@ impl Rlqs {
                 .build_hasher()
                 .finish()
         );
+        // A peer's share of the subscriptions is the share of the streams it may hold.
+        let max_per_peer = (u64::from(settings.max_buckets)
+            * u64::from(settings.max_streams_per_peer)
+            / u64::from(settings.max_streams.max(1)))
+        .max(1);
         let ids = Arc::new(BucketIds::new(
             settings.max_buckets as usize,
+            usize::try_from(max_per_peer).unwrap_or(usize::MAX),
             settings.max_bucket_bytes,
             Arc::clone(&metrics),
         ));

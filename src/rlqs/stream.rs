@@ -7,6 +7,7 @@
 //! call per stream ([`super::Shares::reassess`]), never one per bucket.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -114,6 +115,8 @@ struct Stream {
     rlqs: Arc<Rlqs>,
     /// This stream's name in share tables: the replica's id and the stream's number.
     holder: String,
+    /// The peer whose share of the subscription bound its subscriptions take.
+    peer: Option<IpAddr>,
     /// The domain from the first message.
     domain: Option<String>,
     /// Subscriptions by their id.
@@ -133,6 +136,7 @@ pub(super) async fn serve(
 ) {
     let mut stream = Stream {
         holder: format!("{}/{}", rlqs.replica, slot.number),
+        peer: slot.peer,
         rlqs,
         domain: None,
         buckets: HashMap::new(),
@@ -289,7 +293,7 @@ impl Stream {
 
     /// Starts tracking a bucket, within the replica's bound.
     fn subscribe(&mut self, key: BucketKey) -> Result<(), StreamError> {
-        let held = self.rlqs.ids.subscribe(key)?;
+        let held = self.rlqs.ids.subscribe(key, self.peer)?;
         let config = self.rlqs.config.load_full();
         let key = Arc::clone(held.key());
         let quota = quota(&config, &key.domain, &key.entries);
