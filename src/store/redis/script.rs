@@ -364,17 +364,7 @@ pub async fn call(
     call_doing(conn, prefix, ops, now_us, Action::Apply).await
 }
 
-/// [`call`] for a set of `ops`' buckets ([`Action::Set`]).
-pub async fn call_set(
-    conn: &wire::Conn,
-    prefix: &[u8],
-    ops: &[BucketOp],
-    now_us: Option<i64>,
-) -> RedisResult<wire::Frame> {
-    call_doing(conn, prefix, ops, now_us, Action::Set).await
-}
-
-/// [`call`] or [`call_set`].
+/// [`call`], or a set of `ops`' buckets ([`Action::Set`]).
 pub async fn call_doing(
     conn: &wire::Conn,
     prefix: &[u8],
