@@ -463,25 +463,17 @@ impl Decider {
     /// fails: admitting it now would spend tokens that only its turn brings.
     async fn refuse_held(&self, plan: &Plan<'_>, applied: &Applied, due: TokioInstant) -> Applied {
         let refunds = plan.undo(applied);
-        let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
         let mut refused = applied.clone();
         refused.committed = false;
         refused.delay_us = 0;
-        if !ops.is_empty() {
-            match self.store.apply(&ops).await {
-                Ok(undone) => {
-                    for ((index, _), result) in refunds.iter().zip(&undone.buckets) {
-                        if let Some(bucket) = refused.buckets.get_mut(*index) {
-                            bucket.view = result.view;
-                        }
-                    }
-                }
-                Err(error) => tracing::warn!(
-                    %error,
-                    "refund of a held request refused at shutdown failed: its tokens stay \
-                     debited until the buckets refill"
-                ),
-            }
+        if !refunds.is_empty()
+            && let Err(error) = self.refund(&refunds, &mut refused).await
+        {
+            tracing::warn!(
+                %error,
+                "refund of a held request refused at shutdown failed: its tokens stay \
+                 debited until the buckets refill"
+            );
         }
         let until_turn = due.saturating_duration_since(TokioInstant::now());
         let retry_after_us = u64::try_from(until_turn.as_micros()).unwrap_or(u64::MAX);
@@ -504,27 +496,39 @@ impl Decider {
         self.cut.send_replace(Some(cut));
     }
 
-    /// Quota-mode buckets do not block the store's commit (only the request as a whole
-    /// knows whether every quota-mode descriptor is over), so when quota mode denies a
-    /// committed request its debits are refunded here (`refunds`: [`Plan::refunds`], not
-    /// empty): a denied request debits nothing.
+    /// Quota-mode buckets and explicit charges do not block the store's commit (only the
+    /// request as a whole knows whether every quota-mode descriptor is over; a charge is
+    /// debited fitting or not), so when either denies a committed request its other debits
+    /// are refunded here (`refunds`: [`Plan::refunds`], not empty): a denied request debits
+    /// nothing but its charges.
     async fn undo_quota_denial(
         &self,
         refunds: Vec<(usize, BucketOp)>,
         mut applied: Applied,
     ) -> Result<Applied, RequestError> {
-        let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
-        let undone = self.store.apply(&ops).await.inspect_err(|e| {
+        self.refund(&refunds, &mut applied).await.inspect_err(|e| {
             self.metrics.record_request(RequestResult::StoreError);
             tracing::warn!(error = %e, "refund after a quota-mode denial failed");
         })?;
         applied.committed = false;
+        Ok(applied)
+    }
+
+    /// Applies `refunds` (each the index of the op it gives back, and the refund) and
+    /// writes each refunded bucket's view after its refund into `applied`.
+    async fn refund(
+        &self,
+        refunds: &[(usize, BucketOp)],
+        applied: &mut Applied,
+    ) -> Result<(), StoreError> {
+        let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
+        let undone = self.store.apply(&ops).await?;
         for ((index, _), result) in refunds.iter().zip(&undone.buckets) {
             if let Some(bucket) = applied.buckets.get_mut(*index) {
                 bucket.view = result.view;
             }
         }
-        Ok(applied)
+        Ok(())
     }
 }
 
