@@ -1446,11 +1446,7 @@ mod tests {
         assert!(refused.is_io_error() && refused.to_string().contains(RETIRED));
         go.send(()).unwrap();
         assert_eq!(next.await.unwrap().unwrap(), b"$1\r\nb\r\n");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while lock(&conn.handle.0).closed.is_none() {
-            assert!(Instant::now() < deadline, "never closed");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        closes(&conn).await;
     }
 
     /// A retiring connection whose only waiting call expires closes at that deadline, while
@@ -1462,11 +1458,7 @@ mod tests {
         late.until(Instant::now() + Duration::from_millis(20));
         let error = late.request(echo("a")).await.unwrap_err();
         assert!(is_late(&error), "{error}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while lock(&conn.handle.0).closed.is_none() {
-            assert!(Instant::now() < deadline, "never closed");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
+        closes(&conn).await;
     }
 
     /// A connection may load a script [`SCRIPT_LOADS`] times in any [`SCRIPT_LOAD_WINDOW`].
@@ -1564,6 +1556,15 @@ mod tests {
     fn a_reply_cap_is_the_cap_or_the_expected_reply() {
         assert_eq!(reply_cap(0), MAX_REPLY);
         assert_eq!(reply_cap(1 << 20), (1 << 20) + BULK_FRAMING);
+    }
+
+    /// Waits (a minute at most) until `conn`'s task has closed it.
+    async fn closes(conn: &Conn) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while lock(&conn.handle.0).closed.is_none() {
+            assert!(Instant::now() < deadline, "never closed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 
     /// A connection to a loopback port, and the socket its peer accepted (the test plays
