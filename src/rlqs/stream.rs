@@ -4,7 +4,11 @@
 //! without waiting for the others' reports), and expires them at shutdown.
 //!
 //! One timer per stream drives the periodic work; a re-evaluation is one batched share
-//! call per stream ([`super::Shares::reassess`]), never one per bucket.
+//! call per stream ([`super::Shares::reassess`]), never one per bucket. What a stream reads
+//! from a report and writes back is in `message`; why it ends with an error, in `error`.
+
+mod error;
+mod message;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -16,81 +20,21 @@ use tokio::time::Instant;
 use tokio::sync::{mpsc, watch};
 use tonic::{Status, Streaming};
 
-use super::ids::{BucketKey, Full, Subscribed};
+pub use error::StreamError;
+pub use message::{MAX_BUCKET_ENTRIES, row_life};
+use message::{action, ask, bucket_id, demand, entries, row_life_duration};
+
+use super::ids::{BucketKey, Subscribed};
 use super::metrics::{Reassessed, Sent};
 use super::quota::{Quota, SharedLimit, blanket, quota, strategy};
-use super::share::{Ask, ShareError};
 use super::{Rlqs, StreamSlot};
 use crate::config::Config;
 use crate::proto::rlqs::rate_limit_quota_response::BucketAction;
-use crate::proto::rlqs::rate_limit_quota_response::bucket_action::{
-    AbandonAction, QuotaAssignmentAction,
-};
-use crate::proto::rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use crate::proto::rlqs::rate_limit_quota_response::bucket_action::AbandonAction;
 use crate::proto::rlqs::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports, rate_limit_quota_response,
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports, rate_limit_quota_response,
 };
 use crate::proto::types::{RateLimitStrategy, rate_limit_strategy::BlanketRule};
-
-/// The most entries one `BucketId` may have: a bucket is a handful of request attributes.
-pub const MAX_BUCKET_ENTRIES: usize = 16;
-
-/// Why a stream ends with an error status.
-#[derive(Debug, thiserror::Error)]
-pub enum StreamError {
-    /// The client sent something the protocol does not allow; the message says what.
-    #[error("{0}")]
-    Invalid(String),
-    /// The stream would subscribe to more buckets than `--rlqs-max-buckets-per-stream`.
-    #[error(
-        "this stream already subscribes to {0} buckets (--rlqs-max-buckets-per-stream); \
-         open another stream"
-    )]
-    TooManyBuckets(usize),
-    /// The replica holds as many subscriptions (or bytes of them) as its bound allows.
-    #[error("{0}; open a stream again later")]
-    Full(#[from] Full),
-    /// A message larger than the port's `--grpc-max-message-bytes`; the codec says how large.
-    #[error("{0} (--grpc-max-message-bytes)")]
-    TooLarge(String),
-    /// No report came for `--rlqs-report-timeout`.
-    #[error(
-        "no usage report for {} s (--rlqs-report-timeout); Envoy reports every 5 s",
-        .0.as_secs_f64()
-    )]
-    Silent(Duration),
-    /// The share table failed.
-    #[error(transparent)]
-    Shares(#[from] ShareError),
-}
-
-impl From<StreamError> for Status {
-    fn from(error: StreamError) -> Status {
-        match error {
-            StreamError::Invalid(message) => Status::invalid_argument(message),
-            e @ (StreamError::TooManyBuckets(_)
-            | StreamError::Full(_)
-            | StreamError::TooLarge(_)) => Status::resource_exhausted(e.to_string()),
-            e @ StreamError::Silent(_) => Status::deadline_exceeded(e.to_string()),
-            // Like a store failure on ShouldRateLimit: Envoy then keeps its current
-            // assignments until they expire, and applies its expired_assignment_behavior.
-            StreamError::Shares(e) => Status::unavailable(e.to_string()),
-        }
-    }
-}
-
-impl StreamError {
-    fn reason(&self) -> &'static str {
-        match self {
-            StreamError::Invalid(_) => "invalid",
-            StreamError::TooManyBuckets(_) => "buckets",
-            StreamError::Full(_) => "memory",
-            StreamError::TooLarge(_) => "too_large",
-            StreamError::Silent(_) => "silent",
-            StreamError::Shares(_) => "shares",
-        }
-    }
-}
 
 /// One bucket a stream subscribes to.
 struct Subscription {
@@ -526,132 +470,5 @@ impl Stream {
         }
         // A flood's map goes with it.
         self.buckets = HashMap::new();
-    }
-}
-
-/// The id Envoy sent, from its sorted entries (a map: its order is not Envoy's to keep).
-fn bucket_id(entries: &[(String, String)]) -> BucketId {
-    BucketId {
-        bucket: entries.iter().cloned().collect(),
-    }
-}
-
-/// The share table request of a holder of `limit`.
-fn ask(limit: &SharedLimit, demand: Option<u64>, ttl: Duration) -> Ask {
-    Ask {
-        capacity: limit.capacity,
-        demand,
-        life_us: row_life(ttl),
-    }
-}
-
-/// How long a holder's row outlives its report: the assignment's time to live and a
-/// quarter more, so the Envoy's assignment (which starts when it arrives) always expires
-/// before the row that counts it.
-pub fn row_life(ttl: Duration) -> i64 {
-    i64::try_from(row_life_duration(ttl).as_micros()).unwrap_or(i64::MAX)
-}
-
-/// [`row_life`] as a duration.
-fn row_life_duration(ttl: Duration) -> Duration {
-    ttl + ttl / 4
-}
-
-/// A quota assignment action.
-fn action(id: BucketId, strategy: RateLimitStrategy, ttl: Option<Duration>) -> BucketAction {
-    BucketAction {
-        bucket_id: Some(id),
-        bucket_action: Some(
-            rate_limit_quota_response::bucket_action::BucketAction::QuotaAssignmentAction(
-                QuotaAssignmentAction {
-                    assignment_time_to_live: ttl.map(|ttl| prost_types::Duration {
-                        seconds: i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
-                        nanos: i32::try_from(ttl.subsec_nanos()).unwrap_or(0),
-                    }),
-                    rate_limit_strategy: Some(strategy),
-                },
-            ),
-        ),
-    }
-}
-
-/// A report's demand in tokens per period of `limit`: its requests over its elapsed time.
-/// `None` when the elapsed time is 0 (Envoy's first report for a bucket says 0 s: it counts
-/// whole seconds) or negative.
-fn demand(
-    limit: &SharedLimit,
-    requests: u64,
-    elapsed: Option<prost_types::Duration>,
-) -> Option<u64> {
-    let elapsed = elapsed?;
-    let elapsed_ns = i128::from(elapsed.seconds) * 1_000_000_000 + i128::from(elapsed.nanos);
-    if elapsed_ns <= 0 {
-        return None;
-    }
-    let period_ns = i128::from(limit.period_s) * 1_000_000_000;
-    let per_period = i128::from(requests) * period_ns / elapsed_ns;
-    Some(u64::try_from(per_period).unwrap_or(u64::MAX))
-}
-
-/// The sorted entries of report `index`, or why they are not a bucket id.
-fn entries(usage: &BucketQuotaUsage, index: usize) -> Result<Vec<(String, String)>, StreamError> {
-    let invalid =
-        |what: &str| StreamError::Invalid(format!("bucket_quota_usages[{index}]: {what}"));
-    let Some(id) = &usage.bucket_id else {
-        return Err(invalid("bucket_id is required"));
-    };
-    if id.bucket.is_empty() {
-        return Err(invalid("bucket_id has no entries"));
-    }
-    if id.bucket.len() > MAX_BUCKET_ENTRIES {
-        return Err(invalid(&format!(
-            "bucket_id has {} entries; at most {MAX_BUCKET_ENTRIES}",
-            id.bucket.len()
-        )));
-    }
-    if let Some(key) = id
-        .bucket
-        .iter()
-        .find(|(k, v)| k.is_empty() || v.is_empty())
-        .map(|(k, _)| k)
-    {
-        return Err(invalid(&format!(
-            "bucket_id entry '{key}' has an empty key or value"
-        )));
-    }
-    let mut entries: Vec<(String, String)> = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    entries.sort();
-    Ok(entries)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Demand is requests per period over the elapsed time; unknown for 0 s.
-    #[test]
-    fn demand_is_scaled_to_the_period() {
-        let limit = SharedLimit {
-            table: String::new(),
-            rule: String::new(),
-            capacity: 100,
-            period_s: 60,
-            burst: 100,
-        };
-        let secs = |seconds| Some(prost_types::Duration { seconds, nanos: 0 });
-        assert_eq!(demand(&limit, 10, secs(5)), Some(120));
-        assert_eq!(demand(&limit, 10, secs(0)), None);
-        assert_eq!(demand(&limit, 10, None), None);
-    }
-
-    /// A row outlives its assignment.
-    #[test]
-    fn rows_outlive_assignments() {
-        let ttl = Duration::from_secs(4);
-        assert_eq!(row_life(ttl), 5_000_000);
     }
 }
