@@ -13,7 +13,7 @@ use mimalloc::MiMalloc;
 
 /// mimalloc instead of glibc malloc: the request path allocates many small, short-lived
 /// buffers (HTTP/2 frames, protobuf messages, keys, the Redis command), and glibc's
-/// malloc/free were the largest single cost in a profile of the Redis path.
+/// malloc/free are the largest single cost in a profile of the Redis path.
 #[global_allocator]
 static GLOBAL: MiMalloc = MiMalloc;
 

@@ -78,14 +78,14 @@ async fn grpc_open_and_evicted(http: SocketAddr) -> (f64, f64) {
 }
 
 /// 20,000 bodiless streams on one connection: the server holds at most its per-connection
-/// bound (100), RSS grows by less than 32 MiB (unbounded, it was 285 MB), every one counts
+/// bound (100), RSS grows by less than 32 MiB (unbounded, it reaches 285 MB), every one counts
 /// in flight, a legitimate call on another connection is answered, the request timeout frees
 /// the streams, and SIGTERM completes within the grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodiless_streams_on_one_connection_are_bounded() {
     // A request timeout longer than opening the 20,000 streams takes on a loaded machine:
-    // with 2 s, the first 100 were freed before the last were refused, so the 100 held and
-    // 19,900 refused were never seen together.
+    // with 2 s, the first 100 are freed before the last are refused, so the 100 held and
+    // 19,900 refused are never seen together.
     let (server, _dir) = start(&["--grpc-request-timeout", "10", "--shutdown-grace", "3"]);
     assert_eq!(legit(server.grpc).await.unwrap(), Code::Ok as i32);
     let before = rss_bytes(server.child.id());

@@ -7,7 +7,7 @@
 //! depend.
 //!
 //! Inside each module the same holds for its files: the files of a module's direct children
-//! (`src/config/load.rs`, `src/config/validate.rs`, …) never use each other, directly or around a
+//! (`src/config/tree.rs`, `src/config/limit.rs`, …) never use each other, directly or around a
 //! circle. Their edges are read from every `crate::`, `super::` and `self::` path, resolved as
 //! the compiler resolves them (inline `mod tests { … }` included), to the file they land in; a
 //! path through a parent's re-export counts as a use of the parent.
@@ -253,16 +253,16 @@ fn reads_imports() {
     assert_eq!(found, want);
 }
 
-/// Cycles among the files of one module that the check tolerates for now, each as the module
+/// Cycles among the files of one module that the check tolerates, each as the module
 /// and its files in the order the check reports them: each is a file that should be split or
 /// merged. Remove an entry when its cycle is gone; a new cycle is never added here.
 const KNOWN_FILE_CYCLES: &[(&str, &[&str])] = &[];
 
 /// One file under `src/` as the file check reads it.
 struct SourceFile {
-    /// The path shown in messages (`src/config/load.rs`).
+    /// The path shown in messages (`src/config/tree.rs`).
     shown: String,
-    /// Its module path below the crate root (`["config", "load"]`; `[]` for `lib.rs`).
+    /// Its module path below the crate root (`["config", "tree"]`; `[]` for `lib.rs`).
     module: Vec<String>,
     /// Its text.
     text: String,
