@@ -32,7 +32,8 @@
 #     through Envoy, and its share of no-filter's req/s in the same round;
 #   - open loop: EP_SECONDS at EP_OPEN_SHARE (0.5) of no-filter's closed-loop req/s in the
 #     same round (h2load --rps, 16 connections × up to 16 streams, so a slow answer never holds
-#     back the next request), each request's latency from h2load's --log-file: p50 and p99,
+#     back the next request), each request's latency from h2load's --log-file
+#     (bench/latency.py): p50 and p99,
 #     and what each adds over no-filter's at the same rate. The rate h2load reached is printed
 #     beside the target: a row that cannot keep up shows it there and in its latencies.
 # CPU per request (closed loop): Envoy's (the front's user + system time, /proc/<pid>/stat)
@@ -269,10 +270,12 @@ run() {
     s1=$(ratelimit_stats)
     kill "$front_pid"; wait "$front_pid" 2>/dev/null || true
     [ -z "$SRV_PID" ] || { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
-    python3 - "$WORK/closed.out" "$WORK/open.out" "$WORK/open.log" "$rps" "$((e1 - e0))" \
+    local p50 p99
+    read -r _ p50 p99 _ _ < <(python3 bench/latency.py "$WORK/open.log")
+    python3 - "$WORK/closed.out" "$WORK/open.out" "$p50 $p99" "$rps" "$((e1 - e0))" \
         "$((r1 - r0))" "$s0" "$s1" "$((per_client * 16))" <<'PY'
 import re, sys
-closed, opened, log, rps, envoy, rls, s0, s1, target = sys.argv[1:]
+closed, opened, latency, rps, envoy, rls, s0, s1, target = sys.argv[1:]
 def h2load(path):
     text = open(path).read()
     done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", text).group(1))
@@ -281,12 +284,9 @@ def h2load(path):
     return done, [int(g) for g in codes.groups()], rate
 done, codes, _ = h2load(closed)
 _, open_codes, open_rps = h2load(opened)
-latencies = sorted(int(line.split("\t")[2]) for line in open(log) if line.count("\t") >= 2)
-def pct(p):
-    return latencies[min(len(latencies) - 1, int(len(latencies) * p))] / 1000 if latencies else float("nan")
 stats = [b - a for a, b in zip(map(int, s0.split()), map(int, s1.split()))]
 codes = [a + b for a, b in zip(codes, open_codes)]
-print(rps, envoy, rls, done, f"{open_rps:.0f}({target})", f"{pct(0.5):.3f}", f"{pct(0.99):.3f}",
+print(rps, envoy, rls, done, f"{open_rps:.0f}({target})", latency,
       *codes, *stats)
 PY
 }
@@ -314,7 +314,7 @@ label = {"nobody": "nobody (no filter)", "floor": "the floor"}.get(row, row.repl
 print(f"| {round_} | {label} | {float(rps):.0f} | {float(rps) / float(nofilter):.2f} | "
       f"{envoy_us:.1f} | {'-' if nobody else f'{rls_us:.1f}'} | "
       f"{'-' if nobody else f'{rls_us / envoy_us:.2f}'} | {open_rps.replace('(', ' (')} | {p50} | {p99} | "
-      f"{float(p50) - float(b50):+.3f} | {float(p99) - float(b99):+.3f} | {codes} | "
+      f"{float(p50) - float(b50):+.2f} | {float(p99) - float(b99):+.2f} | {codes} | "
       f"{'-' if nobody else stats} |")
 PY
     done
