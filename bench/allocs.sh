@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 BINS=("$@")
 REQUESTS=${ALLOC_REQUESTS:-20000}
 WARMUP=${ALLOC_WARMUP:-5000}
-ROWS=(${ALLOC_ROWS:-one four})
+read -r -a ROWS <<<"${ALLOC_ROWS:-one four}"
 
 ab_setup
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the bench scripts: h2load (installed when missing), a scratch directory $WORK
 # whose processes (pushed on PIDS) are stopped and which is removed when the script exits,
 # and free_port for loopback listeners.
@@ -126,12 +127,12 @@ ab_start() {
     shift 3
     grpc=$(free_port); AB_HTTP=$(free_port)
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
-    [ "$row" = memory ] && store=() && body=one
+    local store_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
+    [ "$row" = memory ] && store_args=() && body=one
     AB_BODY=$WORK/$body.bin
     AB_URL="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
     RUST_LOG=warn "${AB_PREFIX[@]}" "$bin" serve --config "$WORK/limits" \
-        --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" "${store[@]}" "$@" \
+        --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" "${store_args[@]}" "$@" \
         >"$log" 2>&1 &
     AB_PID=$!
     local deadline=$((SECONDS + 120))

@@ -34,7 +34,7 @@ BINS=("$@")
 ROUNDS=${AB_ROUNDS:-3}
 REQUESTS=${AB_REQUESTS:-50000}
 WARMUP=${AB_WARMUP:-10000}
-ROWS=(${AB_ROWS:-one four})
+read -r -a ROWS <<<"${AB_ROWS:-one four}"
 # Extra `floodgate serve` arguments, e.g. a longer Redis deadline where the machine is so
 # loaded that the default 10 ms is missed (an error answer costs less than an OK one).
 read -r -a EXTRA <<<"${AB_ARGS:-}"

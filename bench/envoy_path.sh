@@ -54,7 +54,7 @@ WARMUP_REQUESTS=${EP_WARMUP_REQUESTS:-20000}
 KEYS=${EP_KEYS:-100000}
 OPEN_SHARE=${EP_OPEN_SHARE:-0.5}
 RLS_TIMEOUT=${EP_RLS_TIMEOUT:-0.075s}
-ROWS=(${EP_ROWS:-nobody floor floodgate-memory floodgate-redis limitador-memory limitador-redis})
+read -r -a ROWS <<<"${EP_ROWS:-nobody floor floodgate-memory floodgate-redis limitador-memory limitador-redis}"
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
 ENVOY=${ENVOY_BIN:-.tools/bin/envoy}
@@ -299,9 +299,9 @@ for round in $(seq "$ROUNDS"); do
     nofilter=0 base_p50=0 base_p99=0
     for row in "${ROWS[@]}"; do
         if [ "${row%-*}" = limitador ] && [ -z "$LIMITADOR" ]; then continue; fi
-        read -r rps envoy rls done open p50 p99 c2 c4 c5 ok over err < <(run "$row" "$nofilter")
+        read -r rps envoy rls answered open p50 p99 c2 c4 c5 ok over err < <(run "$row" "$nofilter")
         if [ "$row" = nobody ]; then nofilter=$rps base_p50=$p50 base_p99=$p99; fi
-        python3 - "$round" "$row" "$rps" "$nofilter" "$envoy" "$rls" "$done" "$TICKS" "$open" \
+        python3 - "$round" "$row" "$rps" "$nofilter" "$envoy" "$rls" "$answered" "$TICKS" "$open" \
             "$p50" "$p99" "$base_p50" "$base_p99" "$c2/$c4/$c5" "$ok/$over/$err" <<'PY'
 import sys
 (round_, row, rps, nofilter, envoy, rls, done, ticks, open_rps, p50, p99, b50, b99, codes,

@@ -47,7 +47,7 @@ BINS=("$@")
 ROUNDS=${IR_ROUNDS:-2}
 REQUESTS=${IR_REQUESTS:-5000}
 WARMUP=${IR_WARMUP:-2000}
-ROWS=(${IR_ROWS:-one four})
+read -r -a ROWS <<<"${IR_ROWS:-one four}"
 TOP=${IR_TOP:-0}
 CACHE=${IR_CACHE:-0}
 CACHE_ARGS=()
