@@ -19,38 +19,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
-need_h2load
 [ $# -ge 1 ] || { sed -n '2,18p' "$0"; exit 2; }
 BINS=("$@")
 REQUESTS=${ALLOC_REQUESTS:-20000}
 WARMUP=${ALLOC_WARMUP:-5000}
-ROWS=(${ALLOC_ROWS:-one four})
-export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
+read -r -a ROWS <<<"${ALLOC_ROWS:-one four}"
 
-write_side_by_side_limits
-python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
-start_redis
+ab_setup
 
 # count BIN ROW : prints "allocations reallocations bytes" per request for one fresh server.
 count() {
-    local bin=$1 row=$2 grpc http pid group
+    local bin=$1 row=$2 pid group
     group="fgallocs$$"
     # The size argument is the first (x86-64: %di) of both allocation entry points.
     perf probe -q -x "$bin" -a "$group:malloc=mi_malloc_aligned size=%di:u64" \
         -a "$group:zalloc=mi_zalloc_aligned size=%di:u64" -a "$group:realloc=mi_realloc_aligned"
-    grpc=$(free_port); http=$(free_port)
-    redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
-    [ "$row" = memory ] && store=() && body=one
-    RUST_LOG=warn "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
-        --http-addr "127.0.0.1:$http" "${store[@]}" \
-        --redis-timeout-ms 1000 >"$WORK/server.log" 2>&1 &
-    pid=$!
-    until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do sleep 0.1; done
-    local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    local h2=(h2load -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers'
-              --data "$WORK/$body.bin")
-    "${h2[@]}" -n "$WARMUP" "$url" >/dev/null 2>&1
+    ab_start "$bin" "$row" "$WORK/server.log" --redis-timeout-ms 1000
+    pid=$AB_PID
+    ab_h2 16 8 -n "$WARMUP" >/dev/null 2>&1
     perf stat -x, -e "$group:malloc,$group:zalloc,$group:realloc" -p "$pid" \
         -o "$WORK/perf.out" &
     local perf=$!
@@ -59,7 +45,7 @@ count() {
         -o "$WORK/sizes.data" >/dev/null 2>&1 &
     local record=$!
     sleep 0.5
-    "${h2[@]}" -n "$REQUESTS" "$url" >"$WORK/h2.out" 2>&1
+    ab_h2 16 8 -n "$REQUESTS" >"$WORK/h2.out" 2>&1
     kill -INT "$perf" "$record"; wait "$perf" "$record" 2>/dev/null || true
     kill "$pid"; wait "$pid" 2>/dev/null || true
     perf script -i "$WORK/sizes.data" -F trace 2>/dev/null >"$WORK/sizes.txt" || true

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the bench scripts: h2load (installed when missing), a scratch directory $WORK
 # whose processes (pushed on PIDS) are stopped and which is removed when the script exits,
 # and free_port for loopback listeners.
@@ -98,4 +99,79 @@ for (row, i), runs in rows.items():
     print(f"| {row} | {i}: {bins[i]} | {median:.{decimals}f}{change} | "
           f"{', '.join(f'{v:.{decimals}f}' for v in values)} | {sum(b for _, b in runs)} |")
 PY
+}
+
+# --- The A/B scripts' rows (bench/cpu_ab.sh, bench/ir_ab.sh, bench/allocs.sh) -------------
+# Rows: none (no store: an unknown domain), memory (the in-process store, 1 descriptor), one
+# and four (Redis, 1 and 4 descriptors, 10^6 per second each, as bench/side_by_side.sh's);
+# the load: h2load repeating the row's body, one thread.
+
+# ab_setup : h2load, the side-by-side limits and bodies, the no-store body $WORK/none.bin, a
+# redis-server (REDIS_PORT), and leases off unless FLOODGATE_LEASE_FRACTION says otherwise:
+# the load is one hot bucket per descriptor, which leases would answer mostly without Redis,
+# and these rows measure the per-request Redis path.
+ab_setup() {
+    need_h2load
+    export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
+    write_side_by_side_limits
+    python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
+    start_redis
+}
+
+# ab_start BIN ROW LOG [ARGS…] : starts `BIN serve` for ROW on free ports (under the command
+# in the array AB_PREFIX, e.g. valgrind, when set), with ROW's store and ARGS, on a flushed
+# Redis, and waits (at most 120 s) for its healthcheck; sets AB_PID, AB_HTTP (its admin
+# port), AB_URL (ShouldRateLimit) and AB_BODY (ROW's request body).
+ab_start() {
+    local bin=$1 row=$2 log=$3 grpc
+    shift 3
+    grpc=$(free_port); AB_HTTP=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    local store_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
+    [ "$row" = memory ] && store_args=() && body=one
+    AB_BODY=$WORK/$body.bin
+    AB_URL="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    RUST_LOG=warn "${AB_PREFIX[@]}" "$bin" serve --config "$WORK/limits" \
+        --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" "${store_args[@]}" "$@" \
+        >"$log" 2>&1 &
+    AB_PID=$!
+    local deadline=$((SECONDS + 120))
+    until curl -sf "127.0.0.1:$AB_HTTP/healthcheck" >/dev/null; do
+        if [ $SECONDS -ge $deadline ] || ! kill -0 "$AB_PID" 2>/dev/null; then
+            echo "server did not come up; its log:" >&2
+            cat "$log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+}
+AB_PREFIX=()
+
+# ab_h2 CLIENTS STREAMS ARGS… : h2load with the row's body to the server ab_start started,
+# CLIENTS connections × STREAMS requests in flight on each, one thread.
+ab_h2() {
+    local clients=$1 streams=$2
+    shift 2
+    h2load -c "$clients" -m "$streams" -t 1 -H 'content-type: application/grpc' \
+        -H 'te: trailers' --data "$AB_BODY" "$@" "$AB_URL"
+}
+
+# ok_answers PORT : the OK answers the server at HTTP port PORT has counted.
+ok_answers() {
+    curl -s "127.0.0.1:$1/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ && $1 ~ /result="ok"/ { ok += $2 }
+        END { print ok + 0 }'
+}
+
+# not_ok_answers PORT : the answers that were not OK the server at HTTP port PORT has counted.
+not_ok_answers() {
+    curl -s "127.0.0.1:$1/metrics" | awk '
+        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
+        END { print all - ok }'
+}
+
+# h2_failed FILE… : the requests h2load failed or errored, summed over its outputs FILE….
+h2_failed() {
+    cat "$@" | sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' |
+        awk '{ bad += $1 + $2 } END { print bad + 0 }'
 }

@@ -29,32 +29,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
-need_h2load
 [ $# -ge 1 ] || { sed -n '2,15p' "$0"; exit 2; }
 BINS=("$@")
 ROUNDS=${AB_ROUNDS:-3}
 REQUESTS=${AB_REQUESTS:-50000}
 WARMUP=${AB_WARMUP:-10000}
-ROWS=(${AB_ROWS:-one four})
+read -r -a ROWS <<<"${AB_ROWS:-one four}"
 # Extra `floodgate serve` arguments, e.g. a longer Redis deadline where the machine is so
 # loaded that the default 10 ms is missed (an error answer costs less than an OK one).
 read -r -a EXTRA <<<"${AB_ARGS:-}"
-export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 
-write_side_by_side_limits
-python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
-
-start_redis
+ab_setup
 TICKS=$(getconf CLK_TCK)
 TRACE=$(mktemp -d)
 trap 'cleanup; rm -rf "$TRACE"' EXIT
-
-# OK answers the server at HTTP port $1 has counted.
-ok_answers() {
-    curl -s "127.0.0.1:$1/metrics" | awk '
-        $1 ~ /^floodgate_requests_total/ && $1 ~ /result="ok"/ { ok += $2 }
-        END { print ok + 0 }'
-}
 
 # syscalls_per_ok TRACE OK "REDIS_FDS" LABEL : one run's syscalls per OK answer (perf trace's
 # output), the Redis sockets' (fds in REDIS_FDS) and the reads that found nothing apart.
@@ -84,20 +72,10 @@ PY
 
 # run BIN ROW : prints "cpu_us_per_request not_ok" for one fresh server.
 run() {
-    local bin=$1 row=$2 grpc http pid
-    grpc=$(free_port); http=$(free_port)
-    redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
-    [ "$row" = memory ] && store=() && body=one
-    RUST_LOG=warn "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
-        --http-addr "127.0.0.1:$http" "${store[@]}" \
-        "${EXTRA[@]}" >"$WORK/server.log" 2>&1 &
-    pid=$!
-    until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do sleep 0.1; done
-    local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    local h2=(h2load -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers'
-              --data "$WORK/$body.bin")
-    "${h2[@]}" -n "$WARMUP" "$url" >/dev/null 2>&1
+    local bin=$1 row=$2 pid http
+    ab_start "$bin" "$row" "$WORK/server.log" "${EXTRA[@]}"
+    pid=$AB_PID http=$AB_HTTP
+    ab_h2 16 8 -n "$WARMUP" >/dev/null 2>&1
     local t0 t1 tracer ok0
     if [ -n "${AB_SYSCALLS:-}" ]; then
         ok0=$(ok_answers "$http")
@@ -111,7 +89,7 @@ run() {
         done
     fi
     t0=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-    "${h2[@]}" -n "$REQUESTS" "$url" >"$WORK/h2.out" 2>&1
+    ab_h2 16 8 -n "$REQUESTS" >"$WORK/h2.out" 2>&1
     t1=$(awk '{print $14 + $15}' "/proc/$pid/stat")
     if [ -n "${AB_SYSCALLS:-}" ]; then
         kill -INT "$tracer"; wait "$tracer" || true
@@ -121,13 +99,10 @@ run() {
             "$row $bin" >> "$WORK/syscalls"
     fi
     local not_ok
-    not_ok=$(curl -s "127.0.0.1:$http/metrics" | awk '
-        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
-        END { print all - ok }')
+    not_ok=$(not_ok_answers "$http")
     kill "$pid"; wait "$pid" 2>/dev/null || true
     local failed
-    failed=$(sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' "$WORK/h2.out" |
-        awk '{print $1 + $2}')
+    failed=$(h2_failed "$WORK/h2.out")
     # Warm-up included in the error count: an error anywhere is an error.
     echo "$(python3 -c "print(f'{1e6 * ($t1 - $t0) / $TICKS / $REQUESTS:.2f}')") $((not_ok + failed))"
 }

@@ -40,7 +40,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
-need_h2load
 command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
     { echo "needs valgrind (callgrind, callgrind_control)" >&2; exit 2; }
 [ $# -ge 1 ] || { sed -n '2,31p' "$0"; exit 2; }
@@ -48,7 +47,7 @@ BINS=("$@")
 ROUNDS=${IR_ROUNDS:-2}
 REQUESTS=${IR_REQUESTS:-5000}
 WARMUP=${IR_WARMUP:-2000}
-ROWS=(${IR_ROWS:-one four})
+read -r -a ROWS <<<"${IR_ROWS:-one four}"
 TOP=${IR_TOP:-0}
 CACHE=${IR_CACHE:-0}
 CACHE_ARGS=()
@@ -58,66 +57,33 @@ CACHE_ARGS=()
 CLIENTS=${IR_CLIENTS:-16}
 STREAMS=${IR_STREAMS:-8}
 read -r -a EXTRA <<<"--redis-timeout-ms 1000 ${IR_ARGS:-}"
-export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 
-write_side_by_side_limits
-python3 bench/grpc_body.py nobody 1 "$WORK/none.bin"
-
-start_redis
-
-# OK answers the server at HTTP port $1 has counted.
-ok_answers() {
-    curl -s "127.0.0.1:$1/metrics" | awk '
-        $1 ~ /^floodgate_requests_total/ && $1 ~ /result="ok"/ { ok += $2 }
-        END { print ok + 0 }'
-}
+ab_setup
 
 # run BIN ROW LABEL : prints "ir_per_ok not_ok ir_total ok d1_per_ok ll_per_ok" for one fresh
 # server (the last two "-" without IR_CACHE=1).
 run() {
-    local bin=$1 row=$2 label=$3 grpc http pid
-    grpc=$(free_port); http=$(free_port)
-    redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    local store=(--redis-url "redis://127.0.0.1:$REDIS_PORT/") body=$row
-    [ "$row" = memory ] && store=() && body=one
+    local bin=$1 row=$2 label=$3 http pid
     local out="$WORK/callgrind.$label"
-    RUST_LOG=warn valgrind --tool=callgrind --instr-atstart=no "${CACHE_ARGS[@]}" \
-        --callgrind-out-file="$out" \
-        "$bin" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$grpc" \
-        --http-addr "127.0.0.1:$http" "${store[@]}" "${EXTRA[@]}" \
-        >"$WORK/server.$label.log" 2>&1 &
-    pid=$!
-    local deadline=$((SECONDS + 120))
-    until curl -sf "127.0.0.1:$http/healthcheck" >/dev/null; do
-        if [ $SECONDS -ge $deadline ] || ! kill -0 "$pid" 2>/dev/null; then
-            echo "server under valgrind did not come up; its log:" >&2
-            cat "$WORK/server.$label.log" >&2
-            exit 1
-        fi
-        sleep 0.2
-    done
-    local url="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    local h2=(h2load -c "$CLIENTS" -m "$STREAMS" -t 1 -H 'content-type: application/grpc'
-              -H 'te: trailers' --data "$WORK/$body.bin")
-    "${h2[@]}" -n "$WARMUP" "$url" >"$WORK/h2.warm" 2>&1
+    AB_PREFIX=(valgrind --tool=callgrind --instr-atstart=no "${CACHE_ARGS[@]}"
+               --callgrind-out-file="$out")
+    ab_start "$bin" "$row" "$WORK/server.$label.log" "${EXTRA[@]}"
+    pid=$AB_PID http=$AB_HTTP
+    ab_h2 "$CLIENTS" "$STREAMS" -n "$WARMUP" >"$WORK/h2.warm" 2>&1
     local ok0 ok1
     ok0=$(ok_answers "$http")
     callgrind_control -i on "$pid" >/dev/null 2>&1 ||
         { echo "callgrind_control -i on failed" >&2; exit 1; }
-    "${h2[@]}" -n "$REQUESTS" "$url" >"$WORK/h2.out" 2>&1
+    ab_h2 "$CLIENTS" "$STREAMS" -n "$REQUESTS" >"$WORK/h2.out" 2>&1
     callgrind_control -i off "$pid" >/dev/null 2>&1 ||
         { echo "callgrind_control -i off failed" >&2; exit 1; }
     ok1=$(ok_answers "$http")
     local not_ok
-    not_ok=$(curl -s "127.0.0.1:$http/metrics" | awk '
-        $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
-        END { print all - ok }')
+    not_ok=$(not_ok_answers "$http")
     # Nothing is counted after `-i off`: the shutdown adds no instructions to the total.
     kill "$pid"; wait "$pid" 2>/dev/null || true
     local failed
-    failed=$(cat "$WORK/h2.warm" "$WORK/h2.out" |
-        sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' |
-        awk '{ bad += $1 + $2 } END { print bad + 0 }')
+    failed=$(h2_failed "$WORK/h2.warm" "$WORK/h2.out")
     local ir d1 ll
     # The totals line lists the events in the order of the `events:` line (Ir first; with the
     # cache simulation Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw).

@@ -29,10 +29,11 @@
 # million live buckets (RSS, and the buckets gauge falling back once they expire), and Redis
 # MEMORY USAGE of one token bucket.
 #
-# Then bench/side_by_side.sh: the same h2load load on floodgate and on Limitador (from
-# ../shared/peers/ when present), CPU µs/request split into user and system, syscalls per
-# request under strace, Redis µs per request, and lua/apply.lua's Redis time per call beside
-# the minimal GCRA script bench/gcra_min.lua (see that script's header).
+# Then bench/side_by_side.sh: the same load on the floor (examples/floor.rs), floodgate and
+# Limitador (from ../shared/peers/ when present), CPU µs/request split into user and system
+# and over the floor's, syscalls per request under strace, Redis µs per request, whether
+# leases answered and script calls per OK answer, and lua/apply.lua's Redis time per call
+# beside the minimal GCRA script bench/gcra_min.lua (see that script's header).
 #
 # Each scenario block starts and stops its own floodgate (start_floodgate / stop_floodgate),
 # so blocks can be added or removed independently.
@@ -302,8 +303,8 @@ echo "Redis MEMORY USAGE of one token bucket (target ≤ 80 B): key \`$key\` (${
     "$(redis-cli -p "$REDIS_PORT" memory usage "$key") B"
 stop_floodgate
 
-# --- Side by side with Limitador, syscalls per request, the script's Redis cost -----------
-BENCH_BIN=$BIN bench/side_by_side.sh
+# --- Side by side with the floor and Limitador, syscalls per request, the script's cost ---
+BENCH_BIN=$BIN BENCH_LOADGEN=$LOADGEN bench/side_by_side.sh
 
 echo
 echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1)"

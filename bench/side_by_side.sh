@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
-# floodgate beside Limitador (../shared/peers/limitador-server.gz, or LIMITADOR_BIN): one
-# table, each row the same h2load load on both servers, fresh server per row.
+# floodgate beside the floor (examples/floor.rs: a fixed-OK server on floodgate's own stack)
+# and Limitador (../shared/peers/limitador-server.gz, or LIMITADOR_BIN): one table, each row
+# the same load on every server, fresh server per run.
 #
 #   bench/side_by_side.sh                      # run by bench/run.sh; also on its own
 #   SBS_SECONDS=5 SBS_REPEAT=3 bench/side_by_side.sh
-#   BENCH_BIN=/path/floodgate bench/side_by_side.sh
+#   BENCH_BIN=/path/floodgate FLOOR_BIN=/path/floor BENCH_LOADGEN=/path/loadgen bench/side_by_side.sh
 #
-# Rows: no store (an unknown domain / namespace), memory with 1 descriptor, Redis with 1 and 4
-# descriptors (same redis-server, flushed between rows). Load: h2load, 16 connections × 8
-# streams, one thread; a warm-up of WARMUP_REQUESTS requests first, then SBS_SECONDS of load,
-# SBS_REPEAT times per row (each a fresh server) to show the spread.
+# Rows:
+#   1. no store (an unknown domain / namespace), h2load;
+#   2. memory with 1 descriptor, h2load (one hot key);
+#   3. and 4. the Redis path: Redis with 1 and 4 descriptors, each descriptor's value drawn
+#      uniformly from SBS_KEYS (100,000) values by examples/loadgen, floodgate's leases off;
+#   5. the hot key: Redis with 1 descriptor, one value (h2load), floodgate's leases at the
+#      server's default fraction, so the row shows what leases answer.
+# Load: 16 connections × 8 streams, one thread (h2load, or examples/loadgen with the same
+# shape where values vary: h2load repeats one body); a warm-up of WARMUP_REQUESTS requests
+# first, then SBS_SECONDS of load, SBS_REPEAT times per row and server (each a fresh server)
+# to show the spread. The same redis-server serves every Redis row, flushed before each run.
 #   - CPU µs/req: the server's user and system time (/proc/<pid>/stat) over the timed run only,
-#     per request h2load completed.
+#     per request the load generator completed.
+#   - ×floor: that CPU µs/req (user + sys) over the floor's median on the same row: what
+#     floodgate (or Limitador) costs over the least a server on floodgate's stack pays. The
+#     floor answers every row alike (`--statuses bare` on row 1, as floodgate answers a
+#     descriptor no limit matches; statuses under a 10^6/second limit elsewhere).
+#   - leases: on the Redis rows, "off", or the share of floodgate's OK answers that leases
+#     gave with no Redis call (floodgate_lease_local_answers_total); "-" for the others.
+#   - script calls/OK: EVALSHA and EVAL calls Redis received (INFO commandstats) per OK
+#     answer (floodgate's floodgate_requests_total{result="ok"}; Limitador's: the load
+#     generator's answers, h2load's 2xx or loadgen's OK).
 #   - Syscalls per request: a separate run of STRACE_REQUESTS requests (after a warm-up) under
 #     `strace -f -c`; strace slows the server, so these are counts, never timed, and what
 #     happens per unit of time rather than per request (a timer's firing, the host probe's
@@ -20,24 +37,24 @@
 #     answer at nearly full speed.
 #   - Redis µs/req: the time Redis spent in all commands (INFO commandstats) per request, and
 #     the commands used.
-#   - errors / shed: floodgate's non-OK answers (its /metrics) plus h2load's failures, and of
-#     them the calls shed before Redis (store_errors_total{kind="shed"}); the rest are Redis
-#     deadline misses or failures. Limitador's: only h2load's failures (gRPC errors travel in
-#     trailers h2load cannot see).
+#   - errors / shed: floodgate's non-OK answers (its /metrics) plus the load generator's
+#     failures, and of them the calls shed before Redis (store_errors_total{kind="shed"}); the
+#     rest are Redis deadline misses or failures. Limitador's: only the load generator's
+#     failures (h2load cannot see gRPC errors, which travel in trailers; loadgen can).
 # Then the script cost: lua/apply.lua against bench/gcra_min.lua on a quiet redis-server, the
 # request's own EVALSHA captured from the bench and replayed (bench/script_cost.py), and the
 # same for a limit counted in ticks finer than a µs (domains fine1 and fine4, floodgate only).
 #
-# SBS_PIN=1 pins the server to CPU 0 and Redis and h2load to CPU 1 (`taskset`): the server
-# then sees one CPU (floodgate serves gRPC on one thread, Limitador runs one worker), and its
-# CPU per request is its own work without Redis and the load generator taking turns on its
-# core (on a 2-core machine, unpinned, each request's cycles also pay for the caches those
-# two leave behind). SBS_ROWS picks rows by number (1 no store, 2 memory, 3 Redis with 1
-# descriptor, 4 with 4), SBS_SCRIPT_COST=0 skips the script-cost table.
+# SBS_PIN=1 pins the server to CPU 0 and Redis and the load generator to CPU 1 (`taskset`):
+# the server then sees one CPU (floodgate and the floor serve gRPC on one thread, Limitador
+# runs one worker), and its CPU per request is its own work without Redis and the load
+# generator taking turns on its core (on a 2-core machine, unpinned, each request's cycles
+# also pay for the caches those two leave behind). SBS_ROWS picks rows by number (above),
+# SBS_SCRIPT_COST=0 skips the script-cost table.
 #
-# floodgate runs with leases off (FLOODGATE_LEASE_FRACTION=0, unless set): the load is one hot
-# bucket per descriptor, which leases would answer mostly without Redis, and the Redis rows
-# compare the per-request Redis path with Limitador's (bench/leases.sh measures leases).
+# floodgate runs with leases off (FLOODGATE_LEASE_FRACTION=0, unless set) on every row but the
+# hot key's: rows 3 and 4 measure the per-request Redis path and compare it with Limitador's
+# (bench/leases.sh measures leases at length).
 #
 # Limitador's limits: one limit per descriptor i, variables ["descriptors[i]['k<i>']"] (one
 # counter per value), 10^6 per second like floodgate's.
@@ -45,18 +62,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
 LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+need_h2load
 
 SECONDS_PER_RUN=${SBS_SECONDS:-5}
 REPEAT=${SBS_REPEAT:-2}
 WARMUP_REQUESTS=${SBS_WARMUP_REQUESTS:-20000}
 STRACE_REQUESTS=${SBS_STRACE_REQUESTS:-20000}
 SCRIPT_CALLS=${SBS_SCRIPT_CALLS:-20000}
+KEYS=${SBS_KEYS:-100000}
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
-if [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --profile production --quiet --bin floodgate
-fi
+BUILD=()
+[ -n "${BENCH_BIN:-}" ] || BUILD+=(--bin floodgate)
+[ -n "${FLOOR_BIN:-}" ] || BUILD+=(--example floor)
+[ -n "${BENCH_LOADGEN:-}" ] || BUILD+=(--example loadgen)
+[ ${#BUILD[@]} -eq 0 ] || cargo build --profile production --quiet "${BUILD[@]}"
 BIN=${BENCH_BIN:-$TARGET/production/floodgate}
+FLOOR=${FLOOR_BIN:-$TARGET/production/examples/floor}
+LOADGEN=${BENCH_LOADGEN:-$TARGET/production/examples/loadgen}
 
 find_limitador
 command -v strace >/dev/null || echo "(no strace: no syscall columns)"
@@ -86,51 +109,86 @@ fi
 start_redis
 [ ${#PIN_LOAD[@]} -eq 0 ] || taskset -pc 1 "${PIDS[-1]}" >/dev/null
 
-# start SERVER STORE : starts floodgate or limitador on the store (none, memory, redis); sets
-# GRPC_PORT, HTTP_PORT, SRV_PID.
+# start SERVER STORE : starts floodgate, the floor or limitador on the store (none, memory,
+# redis, or redis-leased: floodgate's leases at the server's default); sets GRPC_PORT,
+# HTTP_PORT, SRV_PID.
 start() {
     local server=$1 store=$2
     GRPC_PORT=$(free_port); HTTP_PORT=$(free_port)
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
-    if [ "$server" = floodgate ]; then
-        local args=()
-        [ "$store" = redis ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
-        RUST_LOG=warn "${PIN_SERVER[@]}" "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
-            --http-addr "127.0.0.1:$HTTP_PORT" "${args[@]}" >"$WORK/server.log" 2>&1 &
-        SRV_PID=$!
-        until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
-    else
-        local args=(memory)
-        [ "$store" = redis ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
-        "${PIN_SERVER[@]}" "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
-            "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
-        SRV_PID=$!
-        until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
-    fi
+    case $server in
+        floodgate)
+            local args=() env=()
+            [ "${store#redis}" != "$store" ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
+            [ "$store" = redis-leased ] && env=(-u FLOODGATE_LEASE_FRACTION)
+            RUST_LOG=warn env "${env[@]}" "${PIN_SERVER[@]}" "$BIN" serve --config "$WORK/limits" \
+                --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$HTTP_PORT" \
+                "${args[@]}" >"$WORK/server.log" 2>&1 &
+            SRV_PID=$!
+            until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
+            ;;
+        floor)
+            local statuses=limited
+            [ "$store" = none ] && statuses=bare
+            "${PIN_SERVER[@]}" "$FLOOR" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+                --http-addr "127.0.0.1:$HTTP_PORT" --statuses "$statuses" >"$WORK/server.log" 2>&1 &
+            SRV_PID=$!
+            until curl -sf "127.0.0.1:$HTTP_PORT/healthcheck" >/dev/null; do sleep 0.1; done
+            ;;
+        limitador)
+            local args=(memory)
+            [ "${store#redis}" != "$store" ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
+            "${PIN_SERVER[@]}" "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$HTTP_PORT" \
+                "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
+            SRV_PID=$!
+            until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do sleep 0.1; done
+            ;;
+    esac
     PIDS+=("$SRV_PID")
 }
 stop() { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
 
-h2() {
-    "${PIN_LOAD[@]}" h2load "$@" -c 16 -m 8 -t 1 -H 'content-type: application/grpc' -H 'te: trailers' \
-        "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+# load KIND SPEC REQUESTS : one closed-loop load, 16 connections × 8 streams, one thread: of
+# REQUESTS requests, or SECONDS_PER_RUN when REQUESTS is 0. KIND h2: h2load repeating the body
+# SPEC; lg: examples/loadgen with SPEC "domain:descriptors", each descriptor's value uniform
+# over KEYS values (one JSON line out).
+load() {
+    local kind=$1 spec=$2 requests=$3
+    if [ "$kind" = h2 ]; then
+        local amount=(-D "$SECONDS_PER_RUN")
+        [ "$requests" -gt 0 ] && amount=(-n "$requests")
+        "${PIN_LOAD[@]}" h2load "${amount[@]}" -c 16 -m 8 -t 1 --data "$spec" \
+            -H 'content-type: application/grpc' -H 'te: trailers' \
+            "http://127.0.0.1:$GRPC_PORT/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    else
+        local domain=${spec%:*} n=${spec#*:}
+        local amount=(--duration "$SECONDS_PER_RUN")
+        [ "$requests" -gt 0 ] && amount=(--total "$requests" --duration 3600)
+        "${PIN_LOAD[@]}" "$LOADGEN" --addr "http://127.0.0.1:$GRPC_PORT" --domain "$domain" \
+            --descriptors "$n" --keys "$KEYS" --distribution uniform --connections 16 \
+            --streams 8 --threads 1 --warmup 0 "${amount[@]}"
+    fi
 }
 
-# floodgate's answers that were not OK so far, and the calls shed (0 0 for Limitador).
-not_ok() {
-    [ "$1" = floodgate ] || { echo "0 0"; return; }
+# counts SERVER : floodgate's (or the floor's) answers so far: "not_ok shed ok
+# lease_local_answers" (all 0 for Limitador, which has no such series).
+counts() {
+    [ "$1" != limitador ] || { echo "0 0 0 0"; return; }
     curl -s "127.0.0.1:$HTTP_PORT/metrics" | awk '
         $1 ~ /^floodgate_requests_total/ { all += $2; if ($1 ~ /result="ok"/) ok += $2 }
         $1 == "floodgate_store_errors_total{kind=\"shed\"}" { shed += $2 }
-        END { print all - ok, shed + 0 }'
+        $1 ~ /^floodgate_lease_local_answers_total/ { leased += $2 }
+        END { print all - ok, shed + 0, ok + 0, leased + 0 }'
 }
 
-# redis_usec : all commands' calls and µs so far, and "cmd:calls" for each command used.
+# redis_usec : all commands' µs so far, the script calls (EVALSHA and EVAL), and "cmd:calls"
+# for each command used.
 redis_usec() {
     redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | awk -F'[=,:]' '
         /^cmdstat_/ && $1 !~ /^cmdstat_(info|flushall|config)/ {
-            usec += $5; name = $1; sub("cmdstat_", "", name); names = names name ":" $3 " " }
-        END { print usec + 0, names }'
+            usec += $5; name = $1; sub("cmdstat_", "", name); names = names name ":" $3 " "
+            if (name == "evalsha" || name == "eval") scripts += $3 }
+        END { print usec + 0, scripts + 0, names }'
 }
 
 TICKS=$(getconf CLK_TCK)
@@ -138,55 +196,77 @@ stat_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 # Context switches (voluntary and not) of every thread of a process.
 switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/{s += $2} END {print s}'; }
 
-# throughput SERVER STORE BODY : one timed run; prints "rps user_us sys_us switches errors
-# redis_us cmds" (per request).
+# throughput SERVER STORE KIND SPEC : one timed run; prints "rps user_us sys_us switches
+# errors/shed redis_us leases scripts_per_ok cmds" (per request; leases and scripts per OK
+# answer).
 throughput() {
-    local server=$1 store=$2 body=$3
+    local server=$1 store=$2 kind=$3 spec=$4
     start "$server" "$store"
-    h2 -n "$WARMUP_REQUESTS" --data "$body" >/dev/null 2>&1
+    load "$kind" "$spec" "$WARMUP_REQUESTS" >/dev/null 2>&1
     redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-    local u0 s0 u1 s1 e0 e1 sh0 sh1 cs0 cs1
+    local u0 s0 u1 s1 cs0 cs1 c0 c1
     read -r u0 s0 < <(stat_ticks "$SRV_PID")
     cs0=$(switches "$SRV_PID")
-    read -r e0 sh0 < <(not_ok "$server")
-    h2 -D "$SECONDS_PER_RUN" --data "$body" >"$WORK/h2.out" 2>&1
+    c0=$(counts "$server")
+    load "$kind" "$spec" 0 >"$WORK/load.out" 2>&1
     read -r u1 s1 < <(stat_ticks "$SRV_PID")
     cs1=$(switches "$SRV_PID")
-    read -r e1 sh1 < <(not_ok "$server")
-    local usec cmds
-    read -r usec cmds < <(redis_usec)
+    c1=$(counts "$server")
+    local usec scripts cmds
+    read -r usec scripts cmds < <(redis_usec)
+    local leases=-
+    if [ "$server" = floodgate ] && [ "${store#redis}" != "$store" ]; then
+        leases=on
+        [ "$store" = redis ] && [ "$FLOODGATE_LEASE_FRACTION" = 0 ] && leases=off
+    fi
     stop
-    python3 - "$WORK/h2.out" "$u0" "$s0" "$u1" "$s1" "$TICKS" "$e0" "$e1" "$sh0" "$sh1" "$usec" "$((cs1 - cs0))" "${cmds:--}" <<'PY'
-import re, sys
-out, u0, s0, u1, s1, ticks, e0, e1, sh0, sh1, usec, switches, cmds = sys.argv[1:]
+    python3 - "$WORK/load.out" "$kind" "$u0 $s0 $u1 $s1" "$TICKS" "$c0" "$c1" "$usec" \
+        "$scripts" "$((cs1 - cs0))" "$leases" "${cmds:--}" <<'PY'
+import json, re, sys
+out, kind, ticks_, per_tick, c0, c1, usec, scripts, switches, leases, cmds = sys.argv[1:]
+u0, s0, u1, s1 = map(int, ticks_.split())
 text = open(out).read()
-rps = float(re.search(r"finished in [^,]+, ([\d.]+) req/s", text).group(1))
-m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
-done, failed = int(m.group(1)), int(m.group(3)) + int(m.group(4))
-ticks = int(ticks)
-user = 1e6 * (int(u1) - int(u0)) / ticks / done
-sys_ = 1e6 * (int(s1) - int(s0)) / ticks / done
-errors = f"{int(e1) - int(e0) + failed}/{int(sh1) - int(sh0)}"
+if kind == "h2":
+    rps = float(re.search(r"finished in [^,]+, ([\d.]+) req/s", text).group(1))
+    m = re.search(r"requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded, (\d+) failed, (\d+) errored", text)
+    done, failed = int(m.group(1)), int(m.group(3)) + int(m.group(4))
+    # h2load's 2xx: OK answers for a server whose own count is not read (Limitador).
+    seen_ok = int(m.group(2))
+else:
+    line = json.loads(next(l for l in text.splitlines() if l.startswith("{")))
+    rps, done, failed = line["rps"], line["requests"], line["errors"]
+    seen_ok = line["answers"].get("ok", 0)
+n0, sh0, ok0, l0 = map(int, c0.split())
+n1, sh1, ok1, l1 = map(int, c1.split())
+ok = ok1 - ok0 if ok1 > ok0 else seen_ok
+ticks = int(per_tick)
+user = 1e6 * (u1 - u0) / ticks / done
+sys_ = 1e6 * (s1 - s0) / ticks / done
+errors = f"{n1 - n0 + failed}/{sh1 - sh0}"
 redis = f"{float(usec) / done:.1f}" if float(usec) else "-"
-print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {redis} {cmds.strip() or '-'}")
+if leases == "on":
+    leases = f"on: {(l1 - l0) / max(ok, 1):.3f} of OK"
+per_ok = f"{int(scripts) / max(ok, 1):.3f}" if leases != "-" or int(scripts) else "-"
+print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {redis} "
+      f"{leases.replace(' ', '_')} {per_ok} {cmds.strip() or '-'}")
 PY
 }
 
-# syscalls SERVER STORE BODY : prints writev, recvfrom, sendto, write, epoll_wait, futex per
-# request, from a separate strace -f -c run of STRACE_REQUESTS requests. recvfrom includes
-# the server's reads from Redis on the Redis rows, sendto is its writes to Redis (the gRPC
-# sockets are written with writev), write is mostly the runtimes' wake-up eventfd.
+# syscalls SERVER STORE KIND SPEC : prints writev, recvfrom, sendto, write, epoll_wait, futex
+# per request, from a separate strace -f -c run of STRACE_REQUESTS requests. recvfrom
+# includes the server's reads from Redis on the Redis rows, sendto is its writes to Redis
+# (the gRPC sockets are written with writev), write is mostly the runtimes' wake-up eventfd.
 syscalls() {
-    local server=$1 store=$2 body=$3
+    local server=$1 store=$2 kind=$3 spec=$4
     command -v strace >/dev/null || { echo "- - - - - -"; return; }
     start "$server" "$store"
-    h2 -n 2000 --data "$body" >/dev/null 2>&1
+    load "$kind" "$spec" 2000 >/dev/null 2>&1
     strace -f -c -p "$SRV_PID" -o "$WORK/strace.txt" 2>/dev/null &
     local sp=$!
     # strace attaches asynchronously: wait until every thread is traced.
     local deadline=$((SECONDS + 10))
     until [ "$(grep -c '^TracerPid:[[:space:]]*[1-9]' /proc/"$SRV_PID"/task/*/status | awk -F: '{s += $2} END {print s}')" -ge "$(ls /proc/"$SRV_PID"/task | wc -l)" ] || [ $SECONDS -ge $deadline ]; do sleep 0.1; done
-    h2 -n "$STRACE_REQUESTS" --data "$body" >/dev/null 2>&1
+    load "$kind" "$spec" "$STRACE_REQUESTS" >/dev/null 2>&1
     kill -INT "$sp"; wait "$sp" || true
     stop
     awk -v n="$STRACE_REQUESTS" '
@@ -196,26 +276,30 @@ syscalls() {
               c["epoll_wait"] / n, c["futex"] / n }' "$WORK/strace.txt"
 }
 
-ROWS=("no store (unknown domain)|none|$WORK/noop.bin"
-      "memory, 1 descriptor|memory|$WORK/one.bin"
-      "redis, 1 descriptor|redis|$WORK/one.bin"
-      "redis, 4 descriptors|redis|$WORK/four.bin")
-SERVERS=(floodgate)
+ROWS=("no store (unknown domain)|none|h2|$WORK/noop.bin"
+      "memory, 1 descriptor|memory|h2|$WORK/one.bin"
+      "redis, 1 descriptor, $KEYS uniform keys|redis|lg|one:1"
+      "redis, 4 descriptors, $KEYS uniform keys|redis|lg|four:4"
+      "redis, 1 descriptor, one hot key|redis-leased|h2|$WORK/one.bin")
+SERVERS=(floor floodgate)
 [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
 
 echo
-echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ×floor | leases | script calls/OK | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for i in "${!ROWS[@]}"; do
-    [[ " ${SBS_ROWS:-1 2 3 4} " == *" $((i + 1)) "* ]] || continue
-    IFS='|' read -r name store body <<<"${ROWS[$i]}"
+    [[ " ${SBS_ROWS:-1 2 3 4 5} " == *" $((i + 1)) "* ]] || continue
+    IFS='|' read -r name store kind spec <<<"${ROWS[$i]}"
+    floor_runs=()
     for server in "${SERVERS[@]}"; do
-        read -r w r st wr e f < <(syscalls "$server" "$store" "$body")
+        read -r w r st wr e f < <(syscalls "$server" "$store" "$kind" "$spec")
         for _ in $(seq "$REPEAT"); do
-            read -r rps user sys cs errors redis cmds < <(throughput "$server" "$store" "$body")
+            read -r rps user sys cs errors redis leases per_ok cmds < <(throughput "$server" "$store" "$kind" "$spec")
             total=$(python3 -c "print(f'{$user + $sys:.1f}')")
-            [ "$store" = redis ] || cmds=""
-            echo "| $name | $server | $rps | $user | $sys | $total | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $st | $wr | $e | $f |"
+            [ "$server" = floor ] && floor_runs+=("$total")
+            over=$(python3 -c "import statistics, sys; f = statistics.median(map(float, sys.argv[2:])); print(f'{float(sys.argv[1]) / f:.2f}' if f else '-')" "$total" "${floor_runs[@]}")
+            [ "${store#redis}" != "$store" ] && [ "$cmds" != - ] || cmds=""
+            echo "| $name | $server | $rps | $user | $sys | $total | $over | ${leases//_/ } | $per_ok | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $st | $wr | $e | $f |"
         done
     done
 done
@@ -223,7 +307,7 @@ done
 # --- Script cost: apply.lua against the minimal GCRA script, same buckets ---------------
 if [ "${SBS_SCRIPT_COST:-1}" = 0 ]; then
     echo
-    echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+    echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION (row 5: the server's default), $KEYS uniform keys (rows 3 and 4)"
     exit 0
 fi
 start floodgate redis
@@ -231,7 +315,7 @@ for spec in one:1:capture-1 four:4:capture-4 fine1:1:fine-1 fine4:4:fine-4; do
     IFS=: read -r body n out <<<"$spec"
     python3 bench/script_cost.py capture "$REDIS_PORT" "$n" "$WORK/$out.json" &
     cap=$!
-    until [ -s "$WORK/$out.json" ]; do h2 -n 100 --data "$WORK/$body.bin" >/dev/null 2>&1; done
+    until [ -s "$WORK/$out.json" ]; do load h2 "$WORK/$body.bin" 100 >/dev/null 2>&1; done
     wait "$cap"
 done
 stop
@@ -258,4 +342,4 @@ for i, line in enumerate(sys.stdin):
     limit = "10^6/second" if i < 2 else "10^9/hour (0.1 µs ticks)"
     print(f"| {limit} | {n} | {f(a)} | {f(m)} | {statistics.median(a) / statistics.median(m):.2f} |")'
 echo
-echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+echo "machine: $(nproc) cores, $(awk '/MemTotal/{print int($2/1048576)}' /proc/meminfo) GiB, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), pinned: ${SBS_PIN:-0}, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION (row 5: the server's default), $KEYS uniform keys (rows 3 and 4)"

@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# The data path through a real Envoy: what asking a rate-limit server costs a request that
+# Envoy forwards, and how much of it any server on floodgate's stack would still cost (the
+# floor, examples/floor.rs). h2load → Envoy (.tools/bin/envoy, --concurrency 1) → a backend
+# that answers 200 at once, with Envoy's HTTP rate-limit filter asking, in turn: nobody (no
+# filter), the floor, floodgate (memory; Redis), Limitador (memory; Redis: from
+# ../shared/peers/limitador-server.gz, or LIMITADOR_BIN; skipped when there is none).
+#
+#   bench/envoy_path.sh                          # 10 s per run, 2 rounds
+#   EP_SECONDS=5 EP_ROUNDS=1 bench/envoy_path.sh
+#   EP_ROWS="nobody floor floodgate-memory" bench/envoy_path.sh   # "nobody" always runs first
+#   BENCH_BIN=/path/floodgate FLOOR_BIN=/path/floor bench/envoy_path.sh
+#
+# The set-up:
+#   - The front Envoy: one worker (--concurrency 1), hot restart off, admin and listener on
+#     port 0 (read back from --admin-address-path and the admin's /listeners). Its one route
+#     forwards to the backend cluster with `rate_limits` of one descriptor, (k0, the request's
+#     :path), and the filter is tests/support/envoy.rs's (domain `one`, fail open, x-ratelimit
+#     headers) with deploy/envoy/envoy.yaml's timeout (EP_RLS_TIMEOUT, 0.075s). The rate-limit
+#     cluster speaks HTTP/2 to one server on loopback.
+#   - The backend: a second Envoy (one worker), its listener answering every request with a
+#     direct response 200 (Envoy's filter does not rate limit a route with a direct response,
+#     so the front must forward). A process of its own, so the front Envoy's CPU is its own.
+#   - The load: h2load, one thread, HTTP/2 cleartext to the front, cycling through EP_KEYS
+#     (100,000) paths /k/<n>: that many descriptor values, so the Redis rows measure the
+#     per-request Redis path (floodgate's leases off, FLOODGATE_LEASE_FRACTION=0 unless set).
+#   - The limits: 10^6 per second per value (bench/common.sh: floodgate's domain `one`,
+#     Limitador's namespace `one`), so nothing is ever over limit: any 4xx or `over_limit`
+#     printed is a fault of the set-up.
+# Each run (fresh server and front Envoy): a warm-up of EP_WARMUP_REQUESTS requests, then
+#   - closed loop: EP_SECONDS of 16 connections × 4 streams (64 requests in flight): req/s
+#     through Envoy, and its share of no-filter's req/s in the same round;
+#   - open loop: EP_SECONDS at EP_OPEN_SHARE (0.5) of no-filter's closed-loop req/s in the
+#     same round (h2load --rps, 16 connections × up to 16 streams, so a slow answer never holds
+#     back the next request), each request's latency from h2load's --log-file
+#     (bench/latency.py): p50 and p99,
+#     and what each adds over no-filter's at the same rate. The rate h2load reached is printed
+#     beside the target: a row that cannot keep up shows it there and in its latencies.
+# CPU per request (closed loop): Envoy's (the front's user + system time, /proc/<pid>/stat)
+# and the rate-limit server's, per request h2load completed, and the server's over Envoy's:
+# rate-limit server cores per Envoy core at this load. Answers: h2load's HTTP status classes
+# over both runs (429 is a 4xx; 5xx an Envoy or backend failure), and the filter's counters
+# from Envoy's /stats (cluster.backend.ratelimit.ok / over_limit / error: error is a failed or
+# timed-out call, which fail-open lets through).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/common.sh
+need_h2load
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
+
+SECONDS_PER_RUN=${EP_SECONDS:-10}
+ROUNDS=${EP_ROUNDS:-2}
+WARMUP_REQUESTS=${EP_WARMUP_REQUESTS:-20000}
+KEYS=${EP_KEYS:-100000}
+OPEN_SHARE=${EP_OPEN_SHARE:-0.5}
+RLS_TIMEOUT=${EP_RLS_TIMEOUT:-0.075s}
+read -r -a ROWS <<<"${EP_ROWS:-nobody floor floodgate-memory floodgate-redis limitador-memory limitador-redis}"
+export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
+TARGET=${CARGO_TARGET_DIR:-target}
+ENVOY=${ENVOY_BIN:-.tools/bin/envoy}
+[ -x "$ENVOY" ] || scripts/install-test-tools.sh envoy >/dev/null
+BUILD=()
+[ -n "${BENCH_BIN:-}" ] || BUILD+=(--bin floodgate)
+[ -n "${FLOOR_BIN:-}" ] || BUILD+=(--example floor)
+[ ${#BUILD[@]} -eq 0 ] || cargo build --profile production --quiet "${BUILD[@]}"
+BIN=${BENCH_BIN:-$TARGET/production/floodgate}
+FLOOR=${FLOOR_BIN:-$TARGET/production/examples/floor}
+
+find_limitador
+write_side_by_side_limits
+start_redis
+seq 0 $((KEYS - 1)) | sed 's|^|/k/|' >"$WORK/paths.txt"
+
+# start_envoy NAME CONFIG : starts an Envoy on CONFIG (one worker, no hot restart); sets
+# ENVOY_PID and ENVOY_ADMIN (host:port) once it is ready.
+start_envoy() {
+    local name=$1 config=$2
+    rm -f "$WORK/$name.admin"
+    "$ENVOY" --concurrency 1 --disable-hot-restart -l warning -c "$config" \
+        --admin-address-path "$WORK/$name.admin" >"$WORK/$name.log" 2>&1 &
+    ENVOY_PID=$!
+    PIDS+=("$ENVOY_PID")
+    local deadline=$((SECONDS + 60))
+    until [ -s "$WORK/$name.admin" ] &&
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$(cat "$WORK/$name.admin")/ready")" = 200 ]; do
+        if [ $SECONDS -ge $deadline ] || ! kill -0 "$ENVOY_PID" 2>/dev/null; then
+            echo "Envoy $name did not come up; its log:" >&2
+            cat "$WORK/$name.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+    ENVOY_ADMIN=$(cat "$WORK/$name.admin")
+}
+
+# listener_port ADMIN NAME : the port the listener NAME is bound to.
+listener_port() {
+    curl -s "$1/listeners?format=json" | python3 -c '
+import json, sys
+for status in json.load(sys.stdin)["listener_statuses"]:
+    if status["name"] == sys.argv[1]:
+        print(status["local_address"]["socket_address"]["port_value"])' "$2"
+}
+
+# hcm PREFIX ROUTE FILTERS : an HTTP connection manager (YAML, indented for a filter chain).
+hcm() {
+    cat <<YAML
+          - name: envoy.filters.network.http_connection_manager
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+              stat_prefix: $1
+              route_config:
+                virtual_hosts:
+                  - name: $1
+                    domains: ["*"]
+                    routes:
+                      - match: {prefix: "/"}
+$2
+              http_filters:
+$3
+                - name: envoy.filters.http.router
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+YAML
+}
+
+# The backend: a direct response 200 to every request.
+cat >"$WORK/backend.yaml" <<YAML
+static_resources:
+  listeners:
+    - name: backend
+      address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+      filter_chains:
+        - filters:
+$(hcm backend '                        direct_response: {status: 200, body: {inline_string: ok}}' '')
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
+YAML
+start_envoy backend "$WORK/backend.yaml"
+BACKEND_PORT=$(listener_port "$ENVOY_ADMIN" backend)
+
+# front_config RLS_PORT : the front Envoy's bootstrap, with the rate-limit filter asking the
+# server at RLS_PORT, or no filter when RLS_PORT is empty.
+front_config() {
+    local rls=$1 filter=""
+    if [ -n "$rls" ]; then
+        filter=$(cat <<YAML
+                - name: envoy.filters.http.ratelimit
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                    domain: one
+                    timeout: $RLS_TIMEOUT
+                    failure_mode_deny: false
+                    enable_x_ratelimit_headers: DRAFT_VERSION_03
+                    rate_limit_service:
+                      transport_api_version: V3
+                      grpc_service: {envoy_grpc: {cluster_name: ratelimit}}
+YAML
+)
+    fi
+    cat <<YAML
+static_resources:
+  listeners:
+    - name: front
+      address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+      filter_chains:
+        - filters:
+$(hcm front '                        route:
+                          cluster: backend
+                          rate_limits:
+                            - actions:
+                                - request_headers: {header_name: ":path", descriptor_key: k0}' "$filter")
+  clusters:
+    - name: backend
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: backend
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $BACKEND_PORT}}}}]}]
+    - name: ratelimit
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+      load_assignment:
+        cluster_name: ratelimit
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: ${rls:-1}}}}}]}]
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
+YAML
+}
+
+# start_rls ROW : starts the row's rate-limit server (none for nobody); sets GRPC_PORT and
+# SRV_PID (empty for nobody).
+start_rls() {
+    local server=${1%-*} store=${1#*-}
+    GRPC_PORT="" SRV_PID=""
+    [ "$1" != nobody ] || return 0
+    GRPC_PORT=$(free_port)
+    local http
+    http=$(free_port)
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    case $server in
+        floor)
+            "$FLOOR" --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http" \
+                >"$WORK/server.log" 2>&1 &
+            ;;
+        floodgate)
+            local args=()
+            [ "$store" = redis ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
+            RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+                --http-addr "127.0.0.1:$http" "${args[@]}" >"$WORK/server.log" 2>&1 &
+            ;;
+        limitador)
+            local args=(memory)
+            [ "$store" = redis ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
+            "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$http" \
+                "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
+            ;;
+    esac
+    SRV_PID=$!
+    PIDS+=("$SRV_PID")
+    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do
+        kill -0 "$SRV_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
+        sleep 0.1
+    done
+}
+
+cpu_ticks() { [ -n "$1" ] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
+
+# ratelimit_stats : the front Envoy's filter counters so far: "ok over_limit error".
+ratelimit_stats() {
+    curl -s "$ENVOY_ADMIN/stats?filter=cluster.backend.ratelimit" | awk -F': ' '
+        { v[$1] = $2 }
+        END { print v["cluster.backend.ratelimit.ok"] + 0, v["cluster.backend.ratelimit.over_limit"] + 0,
+                    v["cluster.backend.ratelimit.error"] + 0 }'
+}
+
+# h2 ARGS... : h2load to the front listener, one thread, cycling through the paths.
+h2() {
+    h2load -t 1 -B "http://127.0.0.1:$FRONT_PORT" -i "$WORK/paths.txt" "$@"
+}
+
+TICKS=$(getconf CLK_TCK)
+
+# run ROW NOFILTER_RPS : one fresh server and front Envoy; prints "rps envoy_ticks rls_ticks
+# done open_rps(target) p50_ms p99_ms 2xx 4xx 5xx ok over error" (the open loop at OPEN_SHARE
+# of NOFILTER_RPS, or of this run's own rps when 0).
+run() {
+    local row=$1 nofilter=$2
+    start_rls "$row"
+    front_config "$GRPC_PORT" >"$WORK/front.yaml"
+    start_envoy front "$WORK/front.yaml"
+    local front_pid=$ENVOY_PID
+    FRONT_PORT=$(listener_port "$ENVOY_ADMIN" front)
+    h2 -n "$WARMUP_REQUESTS" -c 16 -m 4 >/dev/null 2>&1
+    local s0 e0 r0 s1 e1 r1
+    s0=$(ratelimit_stats)
+    e0=$(cpu_ticks "$front_pid"); r0=$(cpu_ticks "$SRV_PID")
+    h2 -D "$SECONDS_PER_RUN" -c 16 -m 4 >"$WORK/closed.out" 2>&1
+    e1=$(cpu_ticks "$front_pid"); r1=$(cpu_ticks "$SRV_PID")
+    local rps
+    rps=$(sed -n 's/.*finished in [^,]*, \([0-9.]*\) req\/s.*/\1/p' "$WORK/closed.out")
+    [ "$nofilter" != 0 ] || nofilter=$rps
+    local per_client
+    per_client=$(python3 -c "print(max(1, round($nofilter * $OPEN_SHARE / 16)))")
+    rm -f "$WORK/open.log"
+    h2 -D "$SECONDS_PER_RUN" -c 16 -m 16 --rps "$per_client" --log-file "$WORK/open.log" \
+        >"$WORK/open.out" 2>&1
+    s1=$(ratelimit_stats)
+    kill "$front_pid"; wait "$front_pid" 2>/dev/null || true
+    [ -z "$SRV_PID" ] || { kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true; }
+    local p50 p99
+    read -r _ p50 p99 _ _ < <(python3 bench/latency.py "$WORK/open.log")
+    python3 - "$WORK/closed.out" "$WORK/open.out" "$p50 $p99" "$rps" "$((e1 - e0))" \
+        "$((r1 - r0))" "$s0" "$s1" "$((per_client * 16))" <<'PY'
+import re, sys
+closed, opened, latency, rps, envoy, rls, s0, s1, target = sys.argv[1:]
+def h2load(path):
+    text = open(path).read()
+    done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", text).group(1))
+    codes = re.search(r"status codes: (\d+) 2xx, \d+ 3xx, (\d+) 4xx, (\d+) 5xx", text)
+    rate = float(re.search(r"finished in [^,]+, ([\d.]+) req/s", text).group(1))
+    return done, [int(g) for g in codes.groups()], rate
+done, codes, _ = h2load(closed)
+_, open_codes, open_rps = h2load(opened)
+stats = [b - a for a, b in zip(map(int, s0.split()), map(int, s1.split()))]
+codes = [a + b for a, b in zip(codes, open_codes)]
+print(rps, envoy, rls, done, f"{open_rps:.0f}({target})", latency,
+      *codes, *stats)
+PY
+}
+
+echo
+echo "| round | filter asks | req/s through Envoy | share of no-filter | Envoy CPU µs/req | RLS CPU µs/req | RLS cores per Envoy core | open loop req/s (target) | p50 ms | p99 ms | p50 added ms | p99 added ms | HTTP 2xx/4xx/5xx | ratelimit ok/over_limit/error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+[ "${ROWS[0]}" = nobody ] || ROWS=(nobody "${ROWS[@]}")
+for round in $(seq "$ROUNDS"); do
+    nofilter=0 base_p50=0 base_p99=0
+    for row in "${ROWS[@]}"; do
+        if [ "${row%-*}" = limitador ] && [ -z "$LIMITADOR" ]; then continue; fi
+        read -r rps envoy rls answered open p50 p99 c2 c4 c5 ok over err < <(run "$row" "$nofilter")
+        if [ "$row" = nobody ]; then nofilter=$rps base_p50=$p50 base_p99=$p99; fi
+        python3 - "$round" "$row" "$rps" "$nofilter" "$envoy" "$rls" "$answered" "$TICKS" "$open" \
+            "$p50" "$p99" "$base_p50" "$base_p99" "$c2/$c4/$c5" "$ok/$over/$err" <<'PY'
+import sys
+(round_, row, rps, nofilter, envoy, rls, done, ticks, open_rps, p50, p99, b50, b99, codes,
+ stats) = sys.argv[1:]
+done, ticks = int(done), int(ticks)
+envoy_us = 1e6 * int(envoy) / ticks / done
+rls_us = 1e6 * int(rls) / ticks / done
+nobody = row == "nobody"
+label = {"nobody": "nobody (no filter)", "floor": "the floor"}.get(row, row.replace("-", ", "))
+print(f"| {round_} | {label} | {float(rps):.0f} | {float(rps) / float(nofilter):.2f} | "
+      f"{envoy_us:.1f} | {'-' if nobody else f'{rls_us:.1f}'} | "
+      f"{'-' if nobody else f'{rls_us / envoy_us:.2f}'} | {open_rps.replace('(', ' (')} | {p50} | {p99} | "
+      f"{float(p50) - float(b50):+.2f} | {float(p99) - float(b99):+.2f} | {codes} | "
+      f"{'-' if nobody else stats} |")
+PY
+    done
+done
+echo
+echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Envoy $("$ENVOY" --version 2>/dev/null | awk '/version:/{print $NF}'), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), $KEYS paths, $SECONDS_PER_RUN s per run, open loop at $OPEN_SHARE of no-filter, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
