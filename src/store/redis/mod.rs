@@ -1,18 +1,18 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
 //!
-//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding; [`cluster`] runs
-//! it on a Redis Cluster, once per hash slot a request touches. [`RedisStore`] runs it with
-//! `EVALSHA` over a bb8 pool of connections of floodgate's own ([`wire`]: each carries many
-//! calls at once, its command written straight into the connection's buffer and its reply
-//! decoded from the bytes read); [`script::call`] loads the script on `NOSCRIPT` (Redis
-//! restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
-//! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
-//! when the URL says `rediss://` (files from [`tls`]). Each thread that calls the store has a
-//! pool of its own, so a connection's I/O runs on the thread of the
-//! requests it carries. Each call has
-//! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
-//! absent Redis costs at most that much per request — and the circuit breaker in
-//! [`crate::store::resilient`] stops even that once Redis is known to be down.
+//! [`apply`] describes a call of the script (`lua/apply.lua`) as data; [`script`] sends it
+//! and decodes the reply; [`cluster`] runs it on a Redis Cluster, once per hash slot a
+//! request touches. [`RedisStore`] runs it with `EVALSHA` over a bb8 pool of connections of
+//! floodgate's own ([`wire`]: each carries many calls at once, a call encoded straight into
+//! the connection's buffer and its reply decoded from the bytes read); [`script::call`] loads
+//! the script on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again.
+//! The pool connects to one server (a URL) or to the master a set of sentinels names
+//! ([`sentinel`]), over TLS when the URL says `rediss://` (files from [`tls`]). Each thread
+//! that calls the store has a pool of its own, so a connection's I/O runs on the thread of
+//! the requests it carries. Each call has one deadline (`command_timeout`) covering
+//! connection checkout and the script, so a slow or absent Redis costs at most that much per
+//! request — and the circuit breaker in [`crate::store::resilient`] stops even that once
+//! Redis is known to be down.
 //!
 //! The pool's manager is ours rather than bb8-redis's: bb8-redis never reports a connection
 //! as broken, so after a Redis restart the pool would keep handing out dead connections, and
@@ -35,6 +35,7 @@ use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 
+pub mod apply;
 pub mod cluster;
 mod errors;
 pub mod redact;
