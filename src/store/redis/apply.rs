@@ -175,7 +175,7 @@ pub fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
         .filter(|_| op.cost < 0)
         .map_or(0, |at| at.clamp(0, limiter::MAX_NOW_US) + 1) as f64;
     // Lua 5.1 numbers are doubles: `as f64` rounds a value above 2^53 to the nearest
-    // double, exactly as the script's tonumber rounded the decimal string it once got.
+    // double, exactly as Lua's `tonumber` rounds the same value written in decimal.
     match (params.algorithm, &op.reference) {
         // The GCRA constants, computed here rather than in Redis on every call; all
         // are below 2^53. Rate 0 (nothing passes) is an interval of 0.
