@@ -157,7 +157,7 @@ impl ToRedisArgs for PackedOps<'_> {
     }
 }
 
-/// The seven numbers of one op in ARGV\[2\] (see [`PackedOps`]).
+/// The seven numbers of one op in ARGV\[2\], as `lua/apply.lua` unpacks them.
 pub fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
     let params = &op.params;
     let flags = match params.algorithm {
@@ -212,7 +212,9 @@ pub fn op_numbers(op: &BucketOp, action: Action) -> [f64; 7] {
 }
 
 /// The script call for `ops` (all of which must live in one Redis Cluster slot):
-/// `EVALSHA <sha> <#ops> KEYS… now ops`, sent with [`call`], then [`decode`]d.
+/// `EVALSHA <sha> <#ops> KEYS… now ops`, as a redis-rs [`Cmd`] (a Redis Cluster's store sends
+/// it; a [`ScriptCall`] is the same call, which a connection of floodgate's own writes), its
+/// reply then [`super::script::decode`]d.
 ///
 /// ARGV is `now_us` (`None` = empty: let Redis `TIME` decide, the production choice so
 /// replicas agree; `Some` only for tests), then every op's numbers packed into one binary
@@ -251,7 +253,7 @@ pub fn command_doing(prefix: &[u8], ops: &[BucketOp], now_us: Option<i64>, actio
 /// One script call for several requests (`lua/apply.lua`'s batch convention): `EVALSHA <sha>
 /// <K> KEYS… now blob_1 … blob_N`, the requests' keys concatenated and one packed blob per
 /// request. Its reply is the requests' replies concatenated, request j's [`reply_len`] of its
-/// own op count; each part [`decode`]s alone. One request is exactly [`command`].
+/// own op count; each part [`super::script::decode`]s alone. One request is exactly [`command`].
 pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64>) -> Cmd {
     let ops: usize = requests.iter().map(|ops| ops.len()).sum();
     let mut cmd = Cmd::new();

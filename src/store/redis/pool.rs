@@ -1,7 +1,7 @@
 //! The store's connections pooled: bb8's manager for floodgate's own connections
 //! ([`Connector`]: where they go, how one is opened, when one is broken), the counts of
 //! connections opened and closed, the watch that fails a waiting checkout as soon as a
-//! connect fails, and one pool per calling thread ([`ThreadPools`]).
+//! connect fails, and one pool per calling thread (`ThreadPools`).
 //!
 //! The manager is ours rather than bb8-redis's: bb8-redis never reports a connection as
 //! broken, so after a Redis restart the pool would keep handing out dead connections, and

@@ -232,7 +232,7 @@ impl Conn {
     /// A [`Call::Command`]'s reply may take [`super::MAX_REPLY`] bytes; a script call's, its
     /// bulk string of `reply_bytes`, past that cap if longer. The script calls written
     /// together (before the connection's task takes them, with no other command between
-    /// them) are merged into one `EVALSHA` ([`super::merge`]); each gets its own part of the
+    /// them) are merged into one `EVALSHA` (`merge.rs`); each gets its own part of the
     /// reply as a bulk string of its own, or any other reply (an error, `NOSCRIPT` included)
     /// as it came. A call past its deadline fails alone; the others merged with it are
     /// answered.

@@ -2,7 +2,6 @@
 //! replies reach their callers in order, merged script calls get their own parts, deadlines
 //! fail calls and retire the connection, and a peer's broken replies close it.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -99,24 +98,18 @@ async fn replies_reach_their_callers_in_order() {
 
 /// A script call ([`Call::Script`]) of one bucket keyed under the prefix `word`, whose reply
 /// is a bulk string of `reply_bytes` bytes.
-fn script_call<'a>(
-    conn: &'a Conn,
-    word: &'static str,
-    reply_bytes: usize,
-) -> impl Future<Output = RedisResult<Frame>> + 'a {
-    async move {
-        let params = LimitParams::of(Algorithm::TokenBucket, 7, 60, 9);
-        let ops = [BucketOp::debit("edge", "ip", b"10.0.0.1", params, 1)];
-        let call = ScriptCall {
-            sha: "sha",
-            prefix: word.as_bytes(),
-            ops: &ops,
-            now_us: None,
-            action: Action::Apply,
-            reply_bytes,
-        };
-        conn.call(&Call::Script(call)).await
-    }
+async fn script_call(conn: &Conn, word: &'static str, reply_bytes: usize) -> RedisResult<Frame> {
+    let params = LimitParams::of(Algorithm::TokenBucket, 7, 60, 9);
+    let ops = [BucketOp::debit("edge", "ip", b"10.0.0.1", params, 1)];
+    let call = ScriptCall {
+        sha: "sha",
+        prefix: word.as_bytes(),
+        ops: &ops,
+        now_us: None,
+        action: Action::Apply,
+        reply_bytes,
+    };
+    conn.call(&Call::Script(call)).await
 }
 
 /// Script calls written together go out as one command, and its reply is split among
