@@ -270,3 +270,6 @@ pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64
     }
     cmd
 }
+
+#[cfg(test)]
+mod tests;

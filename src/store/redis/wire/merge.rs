@@ -156,3 +156,6 @@ impl Piece<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

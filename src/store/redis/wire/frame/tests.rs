@@ -1,4 +1,7 @@
 use super::*;
+use crate::bucket::BucketOp;
+use crate::limiter::{Algorithm, LimitParams};
+use crate::store::redis::apply::{Action, command};
 
 /// The length of the whole frame at the start of `buf`, parsed in one go with no cap.
 fn whole(buf: &[u8]) -> Result<Option<usize>, FrameError> {
@@ -191,4 +194,55 @@ fn bulk_payload_is_the_bytes() {
     assert_eq!(bulk_payload(b"$0\r\n\r\n"), Some(&b""[..]));
     assert_eq!(bulk_payload(b"$-1\r\n"), None);
     assert_eq!(bulk_payload(b"-ERR x\r\n"), None);
+}
+
+fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
+    let params = LimitParams::of(algorithm, 7, 60, 9);
+    BucketOp {
+        enforce,
+        ..BucketOp::debit("edge", "ip", b"10.0.0.1", params, cost)
+    }
+}
+
+/// A fixed window of cost 2 on a counter shared with reference pods (`rl_edge_ip_…`,
+/// stamped in the minute starting at 1_700_000_100).
+fn shared_counter_op() -> BucketOp {
+    use crate::bucket::{ReferenceCounter, ReferenceKey};
+    let mut counter = ReferenceCounter::new(ReferenceKey::new(
+        b"rl_",
+        "edge",
+        [(&b"ip"[..], &b"10.0.0.1"[..])],
+    ));
+    counter.stamp(1_700_000_123, 60, 0, 0);
+    let mut shared = op(Algorithm::FixedWindow, 2, true);
+    shared.reference = Some(counter);
+    shared
+}
+
+/// The RESP the store writes itself is byte for byte what redis-rs packs for
+/// [`command`]: every kind of op, a reference counter, `now` given or not, no op at all.
+#[test]
+fn written_command_is_the_packed_command() {
+    let shared = shared_counter_op();
+    let mut overdraft = op(Algorithm::FixedWindow, -2, false);
+    overdraft.params.overdraft = true;
+    overdraft.debited_in = Some(28_333_333);
+    let ops = [
+        op(Algorithm::TokenBucket, 3, true),
+        overdraft,
+        shared,
+        op(Algorithm::SlidingWindow, i64::MIN, true),
+    ];
+    for (ops, now) in [
+        (&ops[..], None),
+        (&ops[..], Some(1_750_000_000_123_456)),
+        (&ops[..1], Some(-5)),
+        (&[][..], None),
+    ] {
+        let mut written = b"leftover".to_vec();
+        Call::Alone(ScriptCall::new(b"fg:", ops, now, Action::Apply)).write(&mut written);
+        let mut packed = b"leftover".to_vec();
+        packed.extend_from_slice(&command(b"fg:", ops, now).get_packed_command());
+        assert_eq!(written, packed, "{} ops, now {now:?}", ops.len());
+    }
 }
