@@ -1,22 +1,20 @@
 //! The Redis store: every bucket of a request applied by one Lua script in one round trip.
 //!
-//! [`script`] holds the script (`lua/apply.lua`) and its argument encoding; [`cluster`] runs
-//! it on a Redis Cluster, once per hash slot a request touches. [`RedisStore`] runs it with
-//! `EVALSHA` over a bb8 pool of connections of floodgate's own ([`wire`]: each carries many
-//! calls at once, its command written straight into the connection's buffer and its reply
-//! decoded from the bytes read); [`script::call`] loads the script on `NOSCRIPT` (Redis
-//! restart, failover, `SCRIPT FLUSH`) and sends it again. The pool connects
-//! to one server (a URL) or to the master a set of sentinels names ([`sentinel`]), over TLS
-//! when the URL says `rediss://` (files from [`tls`]). Each thread that calls the store has a
-//! pool of its own, so a connection's I/O runs on the thread of the
-//! requests it carries. Each call has
-//! one deadline (`command_timeout`) covering connection checkout and the script, so a slow or
-//! absent Redis costs at most that much per request — and the circuit breaker in
-//! [`crate::store::resilient`] stops even that once Redis is known to be down.
+//! [`apply`] describes a call of the script (`lua/apply.lua`) as data; [`script`] sends it
+//! and decodes the reply; [`cluster`] runs it on a Redis Cluster, once per hash slot a
+//! request touches. [`RedisStore`] runs it with `EVALSHA` over a bb8 pool of connections of
+//! floodgate's own ([`wire`]: each carries many calls at once, a call encoded straight into
+//! the connection's buffer and its reply decoded from the bytes read); [`script::call`] loads
+//! the script on `NOSCRIPT` (Redis restart, failover, `SCRIPT FLUSH`) and sends it again.
+//! The pool connects to one server (a URL) or to the master a set of sentinels names
+//! ([`sentinel`]), over TLS when the URL says `rediss://` (files from [`tls`]). Each thread
+//! that calls the store has a pool of its own, so a connection's I/O runs on the thread of
+//! the requests it carries. Each call has one deadline (`command_timeout`) covering
+//! connection checkout and the script, so a slow or absent Redis costs at most that much per
+//! request — and the circuit breaker in [`crate::store::resilient`] stops even that once
+//! Redis is known to be down.
 //!
-//! The pool's manager is ours rather than bb8-redis's: bb8-redis never reports a connection
-//! as broken, so after a Redis restart the pool would keep handing out dead connections, and
-//! validating with `PING` on checkout would add a second Redis command to every request.
+//! The pools and their manager are in [`pool`].
 
 use std::cell::RefCell;
 use std::fmt;
@@ -29,14 +27,17 @@ use redis::{Client, RedisError, TlsCertificates};
 use tokio::sync::watch;
 
 use self::errors::{classify, retires_connection};
+use self::pool::{ConnectFailures, Connector, Target, ThreadPools};
 use self::redact::{redact_in, redact_url};
 use self::script::Action;
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 
+pub mod apply;
 pub mod cluster;
 mod errors;
+pub mod pool;
 pub mod redact;
 pub mod script;
 pub mod sentinel;
@@ -44,6 +45,7 @@ pub mod shared;
 pub mod tls;
 pub mod wire;
 
+pub use pool::PoolCounts;
 pub use sentinel::SentinelSettings;
 pub use tls::RedisTls;
 
@@ -82,42 +84,6 @@ impl fmt::Debug for RedisSettings {
     }
 }
 
-/// A pooled connection that remembers whether it failed at the transport level. The flag is
-/// shared with the handles lent out for calls (see `RedisStore::lend`), so a failure seen on
-/// a handle retires the pooled connection.
-pub struct Connection {
-    inner: wire::Conn,
-    broken: Arc<AtomicBool>,
-    /// Counts this connection closed in [`PoolCounts`] when the pool drops it.
-    _counted: Counted,
-}
-
-/// Connections the pool opened and closed, for the reference's `redis_pool.cx_total`,
-/// `cx_local_close` and `cx_active` (opened − closed) stats.
-#[derive(Debug, Default)]
-pub struct PoolCounts {
-    /// Connections opened (successful connects).
-    pub opened: AtomicU64,
-    /// Connections the pool closed (broken, or the pool dropped).
-    pub closed: AtomicU64,
-}
-
-/// A live connection's place in [`PoolCounts`].
-struct Counted(Arc<PoolCounts>);
-
-impl Counted {
-    fn open(counts: &Arc<PoolCounts>) -> Counted {
-        counts.opened.fetch_add(1, Ordering::Relaxed);
-        Counted(Arc::clone(counts))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.closed.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
 /// A connection handle for one call: the connection (cheap to clone; many calls share it
 /// concurrently) and its pooled connection's broken flag.
 #[derive(Clone)]
@@ -128,108 +94,7 @@ struct Lent {
     timeout: Duration,
 }
 
-/// bb8 manager for [`Connection`]s. Cheap to clone: every thread's pool has its own.
-#[derive(Clone)]
-pub struct Connector {
-    target: Arc<Target>,
-    /// The TLS settings of a `rediss://` connection.
-    tls: Arc<rustls::ClientConfig>,
-    /// Deadline for a Sentinel lookup, and (apart) for a connection and its setup commands.
-    connect_timeout: Duration,
-    /// Connections opened and closed.
-    counts: Arc<PoolCounts>,
-}
-
-/// Where connections go.
-enum Target {
-    /// One server, at the URL's address.
-    Standalone(Client),
-    /// Whichever server the sentinels name master at connection time.
-    Sentinel(sentinel::Master),
-}
-
-impl bb8::ManageConnection for Connector {
-    type Connection = Connection;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Connection, RedisError> {
-        let master;
-        let client = match &*self.target {
-            Target::Standalone(client) => client,
-            Target::Sentinel(sentinels) => {
-                master = sentinels.client(self.connect_timeout).await?;
-                &master
-            }
-        };
-        let inner = wire::connect(
-            client.get_connection_info(),
-            &self.tls,
-            self.connect_timeout,
-        )
-        .await?;
-        Ok(Connection {
-            inner,
-            broken: Arc::new(AtomicBool::new(false)),
-            _counted: Counted::open(&self.counts),
-        })
-    }
-
-    async fn is_valid(&self, conn: &mut Connection) -> Result<(), RedisError> {
-        redis::cmd("PING").query_async(&mut conn.inner).await
-    }
-
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        conn.broken.load(Ordering::Relaxed) || conn.inner.is_closed()
-    }
-}
-
-/// Publishes the pool's connection failures. bb8 reports a failed connect only to its error
-/// sink — a waiting checkout would sit out the whole connect timeout — so checkouts watch this
-/// and fail as soon as a connect fails while they wait: a refused Redis is answered in µs.
-#[derive(Clone)]
-struct ConnectFailures(Arc<watch::Sender<String>>);
-
-impl bb8::ErrorSink<RedisError> for ConnectFailures {
-    fn sink(&self, error: RedisError) {
-        self.0.send_replace(error.to_string());
-    }
-
-    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
-        Box::new(self.clone())
-    }
-}
-
-impl fmt::Debug for ConnectFailures {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ConnectFailures")
-    }
-}
-
-/// One pool of multiplexed connections per thread that calls the store, made on that thread's
-/// first call.
-///
-/// A connection's I/O runs in a task on the runtime that opened it ([`wire`]).
-/// With one pool for the process, the connections belong to whichever runtime opened them:
-/// a request on another gRPC thread (`crate::runtime`: one single-threaded runtime per
-/// thread) hands its command to that runtime, wakes it across threads, and is woken back,
-/// and each command leaves in a write of its own. With a pool per thread, a connection's
-/// task runs on the thread of its requests: the commands of the requests a thread answered
-/// in one pass leave in one write, with no cross-thread wake-up — the Redis path measured
-/// about 17 % less CPU per request, and Redis read its commands in fewer, larger reads.
-/// Calls are lent the most recently used connection (bb8's LIFO queue), so in practice a
-/// thread multiplexes everything over one connection and opens another only while one is
-/// being replaced; between checkouts the thread reuses it directly ([`REUSE_FOR`]).
-struct ThreadPools {
-    /// Each thread's pool, found by a scan: there are as many as threads (a handful).
-    by_thread: std::sync::RwLock<Vec<(std::thread::ThreadId, bb8::Pool<Connector>)>>,
-    /// Makes a pool on the calling thread's runtime.
-    make: Box<dyn Fn() -> bb8::Pool<Connector> + Send + Sync>,
-}
-
 thread_local! {
-    /// This thread's id, without taking `std::thread::current()` (an `Arc`) per call.
-    static THREAD: std::thread::ThreadId = std::thread::current().id();
-
     /// The connection each store last lent this thread, reused by its next calls on this
     /// thread without a pool checkout (see [`Reused`]).
     static REUSED: RefCell<Vec<Reused>> = const { RefCell::new(Vec::new()) };
@@ -261,33 +126,6 @@ struct Reused {
 
 /// Numbers the stores, to tell their entries apart in a thread's [`REUSED`] list.
 static NEXT_STORE_ID: AtomicU64 = AtomicU64::new(0);
-
-impl ThreadPools {
-    /// The calling thread's pool, made (on the calling runtime) on the thread's first call.
-    fn current(&self) -> bb8::Pool<Connector> {
-        let thread = THREAD.with(|id| *id);
-        let found = self
-            .by_thread
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .iter()
-            .find(|(owner, _)| *owner == thread)
-            .map(|(_, pool)| pool.clone());
-        if let Some(pool) = found {
-            return pool;
-        }
-        let mut pools = self
-            .by_thread
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, pool)) = pools.iter().find(|(owner, _)| *owner == thread) {
-            return pool.clone();
-        }
-        let pool = (self.make)();
-        pools.push((thread, pool.clone()));
-        pool
-    }
-}
 
 /// Buckets in Redis.
 pub struct RedisStore {
@@ -333,36 +171,19 @@ impl RedisStore {
         // connection's setup commands (AUTH, SELECT).
         let (failures, connect_failures) = watch::channel(String::new());
         let counts = Arc::new(PoolCounts::default());
-        let failures = ConnectFailures(Arc::new(failures));
         let connector = Connector {
             target: Arc::new(target),
             tls: tls_config,
             connect_timeout: settings.connect_timeout,
             counts: Arc::clone(&counts),
         };
-        let (max_size, connect_timeout) = (settings.pool_size.max(1), settings.connect_timeout);
-        let make = move || {
-            bb8::Pool::builder()
-                .error_sink(Box::new(failures.clone()))
-                .max_size(max_size)
-                // One connection at once; more only while one is being replaced.
-                .min_idle(Some(1))
-                .queue_strategy(bb8::QueueStrategy::Lifo)
-                .connection_timeout(connect_timeout)
-                // A PING per checkout would double the commands per request; broken
-                // connections are detected by the errors they return instead (`has_broken`).
-                .test_on_check_out(false)
-                // A refused connection fails the request now instead of being retried until
-                // the connect timeout: with Redis down, answers stay fast and the breaker
-                // opens soon.
-                .retry_connection(false)
-                .build_unchecked(connector.clone())
-        };
         Ok(RedisStore {
-            pools: ThreadPools {
-                by_thread: std::sync::RwLock::new(Vec::new()),
-                make: Box::new(make),
-            },
+            pools: ThreadPools::new(
+                connector,
+                ConnectFailures(Arc::new(failures)),
+                settings.pool_size.max(1),
+                settings.connect_timeout,
+            ),
             id: NEXT_STORE_ID.fetch_add(1, Ordering::Relaxed),
             alive: Arc::new(()),
             connect_failures,

@@ -1,5 +1,6 @@
-//! RESP2 framing of the replies a connection reads: where each whole reply ends in the bytes
-//! read so far (the connection's task, [`super`], hands each whole reply to its caller).
+//! RESP2 framing: the commands a connection writes ([`Call`], encoded straight into the
+//! connection's output buffer) and the replies it reads (where each whole reply ends in the
+//! bytes read so far; the connection's task, `task.rs`, hands each whole reply to its caller).
 //!
 //! A parser resumes where it stopped and caps what it buffers. A reply arrives in as many
 //! reads as the network cuts it into; the parser keeps its place between them (how far the
@@ -10,7 +11,10 @@
 //! bulk string announced longer, an array announcing more elements than the bytes left could
 //! hold) is refused as soon as that is known, before its bytes are read, let alone buffered.
 
+use redis::Cmd;
 use thiserror::Error;
+
+use crate::store::redis::apply::{self, ScriptCall};
 
 /// Why the bytes read are not a reply the connection can hand out: the connection closes.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
@@ -165,181 +169,154 @@ pub(super) fn parse_int(digits: &[u8]) -> Option<i64> {
     Some(if negative { -n } else { n })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// One reply as it came: a whole RESP2 frame.
+pub type Frame = Vec<u8>;
 
-    /// The length of the whole frame at the start of `buf`, parsed in one go with no cap.
-    fn whole(buf: &[u8]) -> Result<Option<usize>, FrameError> {
-        Parser::new().frame_len(buf, usize::MAX)
-    }
+/// The most bytes a reply may take, unless its call expects a longer one (a script call's
+/// own reply, when larger). What floodgate asks Redis for is answered in far less, the
+/// largest being a merged script call's (`merge::LARGEST_MERGED_REPLY`: 22,016 bytes of
+/// payload); `SCRIPT LOAD` answers a 40-byte SHA1, RLQS's share script at most 100
+/// integers, an error a line of a few hundred bytes. A longer reply comes from a peer that
+/// is not a sane Redis (or from a man in the middle): it is refused as soon as its headers
+/// say so, and the connection closes. The read buffer holds one reply and one read past it,
+/// so it never grows past twice this (or twice the largest reply a waiting call expects).
+pub const MAX_REPLY: usize = 32 * 1024;
 
-    /// Replies floodgate's calls get, and the shapes RESP2 allows around them.
-    const REPLIES: [&[u8]; 12] = [
-        b"+OK\r\n",
-        b"+\r\n",
-        b"-NOSCRIPT No matching script. Please use EVAL.\r\n",
-        b":42\r\n",
-        b":-1\r\n",
-        b"$5\r\nhe\r\no\r\n",
-        b"$0\r\n\r\n",
-        b"$-1\r\n",
-        b"*-1\r\n",
-        b"*0\r\n",
-        b"*2\r\n$1\r\na\r\n*1\r\n:1\r\n",
-        b"*3\r\n:-1\r\n:17\r\n*2\r\n+\r\n$2\r\n\r\r\r\n",
-    ];
+/// The most an output buffer keeps once its commands are out: above it, a burst's memory
+/// goes back rather than staying with the connection.
+pub(super) const OUT_KEEP: usize = 256 * 1024;
 
-    /// A script reply as `lua/apply.lua` sends it: a bulk string of packed doubles, which
-    /// hold CR and LF bytes anywhere.
-    fn script_reply() -> Vec<u8> {
-        let payload: Vec<u8> = [1.0f64, 0.0, 1.0, 13.0, 10.0, 0.0, -1.0, 3338.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        let mut frame = format!("${}\r\n", payload.len()).into_bytes();
-        frame.extend_from_slice(&payload);
-        frame.extend_from_slice(b"\r\n");
-        frame
-    }
+/// The framing of a bulk-string reply around its payload: `$`, up to 20 digits, two CR LFs.
+pub(super) const BULK_FRAMING: usize = 25;
 
-    /// Frames are measured whole, nested arrays included, and not before their last byte;
-    /// the bytes after a frame are the next one's.
-    #[test]
-    fn frames_are_found_whole() {
-        for frame in REPLIES.iter().map(|f| f.to_vec()).chain([script_reply()]) {
-            assert_eq!(whole(&frame), Ok(Some(frame.len())), "{frame:?}");
-            for cut in 0..frame.len() {
-                assert_eq!(whole(&frame[..cut]), Ok(None), "{frame:?} at {cut}");
-            }
-            let mut two = frame.clone();
-            two.extend_from_slice(b"+OK\r\n");
-            assert_eq!(whole(&two), Ok(Some(frame.len())));
-        }
-        for bad in [
-            &b"?x\r\n"[..],
-            b"$x\r\n",
-            b"$1\r\nab\r\n",
-            b"+a\rb",
-            b"\r\n",
-            b"*x\r\n",
-        ] {
-            assert_eq!(whole(bad), Err(FrameError::Malformed), "{bad:?}");
-        }
-    }
+/// The most bytes the reply of a call expecting a bulk string of `payload` bytes may take:
+/// [`MAX_REPLY`], or the bulk string framed if that is longer (a script call alone of more
+/// keys than a merged call holds).
+pub(super) fn reply_cap(payload: usize) -> usize {
+    MAX_REPLY.max(payload.saturating_add(BULK_FRAMING))
+}
 
-    /// Every reply split at every byte offset, the parser resuming on the longer buffer,
-    /// parses as it does read at once; so does every reply read one byte at a time, and a
-    /// run of replies read in arbitrary cuts, each reply's length found in turn.
-    #[test]
-    fn a_resumed_parse_is_the_parse_at_once() {
-        let replies: Vec<Vec<u8>> = REPLIES
-            .iter()
-            .map(|f| f.to_vec())
-            .chain([script_reply()])
-            .collect();
-        for frame in &replies {
-            for cut in 0..=frame.len() {
-                let mut parser = Parser::new();
-                let first = parser.frame_len(&frame[..cut], usize::MAX);
-                let expected = if cut == frame.len() {
-                    Some(frame.len())
-                } else {
-                    None
-                };
-                assert_eq!(first, Ok(expected), "{frame:?} cut at {cut}");
-                if cut < frame.len() {
-                    assert_eq!(
-                        parser.frame_len(frame, usize::MAX),
-                        Ok(Some(frame.len())),
-                        "{frame:?} resumed after {cut}"
-                    );
-                }
-                assert_eq!(parser, Parser::new(), "ready for the next reply");
-            }
-            let mut parser = Parser::new();
-            for end in 1..frame.len() {
-                assert_eq!(parser.frame_len(&frame[..end], frame.len()), Ok(None));
-            }
-            assert_eq!(parser.frame_len(frame, frame.len()), Ok(Some(frame.len())));
-        }
-        // All the replies back to back, read in cuts of every size from 1 to 13 bytes.
-        let stream: Vec<u8> = replies.concat();
-        for step in 1..=13 {
-            let (mut parser, mut start, mut found) = (Parser::new(), 0, Vec::new());
-            let mut end = 0;
-            while end < stream.len() {
-                end = (end + step).min(stream.len());
-                while let Some(len) = parser.frame_len(&stream[start..end], usize::MAX).unwrap() {
-                    found.push(len);
-                    start += len;
-                }
-            }
-            let lengths: Vec<usize> = replies.iter().map(Vec::len).collect();
-            assert_eq!(found, lengths, "cuts of {step}");
+/// The payload of a bulk-string reply frame (`$<n>\r\n<payload>\r\n`), `None` for any other
+/// frame.
+pub fn bulk_payload(frame: &[u8]) -> Option<&[u8]> {
+    let rest = frame.strip_prefix(b"$")?;
+    let end = rest.iter().position(|&b| b == b'\r')?;
+    let n = usize::try_from(parse_int(&rest[..end])?).ok()?;
+    rest.get(end + 2..end + 2 + n)
+}
+
+/// A call, as data: what a caller hands its connection ([`super::Conn::call`]), which writes
+/// it as RESP into its output buffer while it holds it. The caller's code never runs there:
+/// the call goes down once, and its reply comes back once.
+#[derive(Clone, Copy, Debug)]
+pub enum Call<'a> {
+    /// A command redis-rs built (setup, the probe, `SCRIPT LOAD`, the RLQS share tables'
+    /// scripts): a command of its own, whose reply may take [`MAX_REPLY`].
+    Command(&'a Cmd),
+    /// A call of the store's script with Redis `TIME` (its `now_us` is `None`): merged into
+    /// one `EVALSHA` with the script calls written with it (`merge.rs`), its reply still its
+    /// own.
+    Script(ScriptCall<'a>),
+    /// A call of the store's script as a command of its own: `EVALSHA sha #ops KEYS… now
+    /// ops`, byte for byte what redis-rs packs for [`apply::command`].
+    Alone(ScriptCall<'a>),
+}
+
+impl Call<'_> {
+    /// Appends the call as one whole RESP2 command to `out` (a [`Call::Script`] as a command
+    /// of its own, as [`Call::Alone`]; merging is the connection's, `merge.rs`).
+    pub fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Call::Command(cmd) => cmd.write_packed_command(out),
+            Call::Script(call) | Call::Alone(call) => write_script(out, call),
         }
     }
 
-    /// A reply of exactly its cap is whole; one byte more is refused, and the refusal comes
-    /// as soon as the headers tell: a bulk string announced past the cap, an array announcing
-    /// more elements than the bytes left could hold (every element takes 3 at least, so
-    /// counts that would wrap are refused too), and a line, or a run of bytes with no line
-    /// end at all, longer than the cap.
-    #[test]
-    fn a_reply_past_its_cap_is_refused_at_once() {
-        let reply = script_reply();
-        let cap = reply.len();
-        assert_eq!(Parser::new().frame_len(&reply, cap), Ok(Some(cap)));
-        let longer = format!("${}\r\n", cap - 5).into_bytes();
-        let too_large = Err(FrameError::TooLarge { cap });
-        assert_eq!(Parser::new().frame_len(&longer, cap), too_large);
-        let max = i64::MAX;
-        for header in [
-            format!("*{}\r\n", cap / 3),
-            format!("*2\r\n*{}\r\n", cap / 3),
-            format!("*{max}\r\n*{max}\r\n*5\r\n:1\r\n"),
-            format!("${max}\r\n"),
-            "$536870912\r\n".to_string(),
-            "*2147483647\r\n".to_string(),
-        ] {
-            assert_eq!(Parser::new().frame_len(header.as_bytes(), cap), too_large);
-        }
-        let fits = format!("*{}\r\n", (cap - 5) / 3);
-        assert_eq!(Parser::new().frame_len(fits.as_bytes(), cap), Ok(None));
-        let line = vec![b'+'; cap - 1];
-        assert_eq!(Parser::new().frame_len(&line, cap), too_large);
-        assert_eq!(Parser::new().frame_len(&line[..cap - 2], cap), Ok(None));
-        let mut cr_last = vec![b'+'; cap - 1];
-        cr_last.push(b'\r');
-        assert_eq!(Parser::new().frame_len(&cr_last, cap), too_large);
-    }
-
-    /// A reply read a byte at a time is searched once: the parser's place only moves
-    /// forward, and a bulk string's payload, CR bytes included, is never searched for a line
-    /// end.
-    #[test]
-    fn the_search_resumes_where_it_stopped() {
-        let mut parser = Parser::new();
-        let line = b"+aaaaaaaa";
-        for end in 1..=line.len() {
-            assert_eq!(parser.frame_len(&line[..end], 64), Ok(None));
-            assert_eq!(parser.scanned, end);
-        }
-        let mut parser = Parser::new();
-        let bulk = b"$6\r\n\r\r\r\r\r\r\r\n";
-        for end in 4..bulk.len() {
-            assert_eq!(parser.frame_len(&bulk[..end], 64), Ok(None));
-            assert_eq!(parser.scanned, 2, "resumes at the header's CR");
-        }
-    }
-
-    /// RESP integers: digits, an optional minus, nothing else, no overflow.
-    #[test]
-    fn integers_are_checked() {
-        assert_eq!(parse_int(b"42"), Some(42));
-        assert_eq!(parse_int(b"-1"), Some(-1));
-        for bad in [&b""[..], b"-", b"4x", b" 4", b"99999999999999999999"] {
-            assert_eq!(parse_int(bad), None, "{bad:?}");
+    /// The bytes of the bulk string the call is answered with (0: not a bulk string it
+    /// expects, so [`MAX_REPLY`] caps its reply).
+    pub(super) fn reply_bytes(&self) -> usize {
+        match self {
+            Call::Command(_) => 0,
+            Call::Script(call) | Call::Alone(call) => call.reply_bytes,
         }
     }
 }
+
+/// A script call alone, as [`apply::command`] packs it: no `Cmd`, no second copy.
+fn write_script(out: &mut Vec<u8>, call: &ScriptCall<'_>) {
+    let mut number = Number::default();
+    out.push(b'*');
+    out.extend_from_slice(number.of(5 + call.ops.len() as u64));
+    out.extend_from_slice(b"\r\n$7\r\nEVALSHA\r\n");
+    bulk(out, call.sha.as_bytes());
+    bulk(out, number.of(call.ops.len() as u64));
+    write_keys(out, call);
+    match call.now_us {
+        // Only tests fix the time: the production call asks Redis `TIME` ("").
+        Some(now) => bulk(out, now.to_string().as_bytes()),
+        None => bulk(out, b""),
+    }
+    write_blob(out, call);
+}
+
+/// The KEYS of a script call ([`apply::op_key`]), as RESP bulk strings.
+pub(super) fn write_keys(out: &mut Vec<u8>, call: &ScriptCall<'_>) {
+    for op in call.ops {
+        match &op.reference {
+            Some(counter) => bulk(out, &counter.key()),
+            None => {
+                let key = op.key.as_bytes();
+                bulk_header(out, (call.prefix.len() + key.len()) as u64);
+                out.extend_from_slice(call.prefix);
+                out.extend_from_slice(key);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+}
+
+/// Every op's numbers of a script call ([`apply::op_numbers`]), as one RESP bulk string.
+pub(super) fn write_blob(out: &mut Vec<u8>, call: &ScriptCall<'_>) {
+    bulk_header(out, (call.ops.len() * apply::OP_BYTES) as u64);
+    for op in call.ops {
+        for value in apply::op_numbers(op, call.action) {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A RESP bulk string.
+pub(super) fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
+    bulk_header(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A RESP bulk string's `$<len>\r\n`.
+fn bulk_header(out: &mut Vec<u8>, len: u64) {
+    out.push(b'$');
+    out.extend_from_slice(Number::default().of(len));
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Decimal digits of a number, without `fmt`'s machinery.
+#[derive(Default)]
+struct Number([u8; 20]);
+
+impl Number {
+    fn of(&mut self, mut n: u64) -> &[u8] {
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return &self.0[at..];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
