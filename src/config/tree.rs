@@ -174,6 +174,11 @@ impl Domain {
         None
     }
 
+    /// Gives each rule of the domain its [`Rule::index`], counting on from `next`.
+    pub(crate) fn number_rules(&mut self, next: &mut usize) {
+        self.root.number_rules(next);
+    }
+
     /// Every rule of the domain, sorted by path.
     pub(crate) fn rules(&self) -> Vec<&Rule> {
         let mut rules = Vec::new();
@@ -261,6 +266,24 @@ impl Children {
             }
         }
         nodes.bare.as_deref().map(|node| (node, Step::Bare))
+    }
+
+    fn number_rules(&mut self, next: &mut usize) {
+        for nodes in self.by_key.values_mut() {
+            let wildcards = nodes.wildcards.iter_mut().map(|(_, node)| node);
+            let all = nodes
+                .exact
+                .values_mut()
+                .chain(wildcards)
+                .chain(nodes.bare.as_deref_mut());
+            for node in all {
+                if let Some(rule) = &mut node.rule {
+                    rule.index = *next;
+                    *next += 1;
+                }
+                node.children.number_rules(next);
+            }
+        }
     }
 
     fn collect_rules<'a>(&'a self, rules: &mut Vec<&'a Rule>) {
