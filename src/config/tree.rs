@@ -174,9 +174,16 @@ impl Domain {
         None
     }
 
-    /// Gives each rule of the domain its [`Rule::index`], counting on from `next`.
+    /// Gives each rule of the domain its [`Rule::index`], counting on from `next` in path
+    /// order, so the same limits always number their rules the same way.
     pub(crate) fn number_rules(&mut self, next: &mut usize) {
-        self.root.number_rules(next);
+        let mut rules = Vec::new();
+        self.root.rules_mut(&mut rules);
+        rules.sort_by(|a, b| a.path.cmp(&b.path));
+        for rule in rules {
+            rule.index = *next;
+            *next += 1;
+        }
     }
 
     /// Every rule of the domain, sorted by path.
@@ -268,7 +275,7 @@ impl Children {
         nodes.bare.as_deref().map(|node| (node, Step::Bare))
     }
 
-    fn number_rules(&mut self, next: &mut usize) {
+    fn rules_mut<'a>(&'a mut self, rules: &mut Vec<&'a mut Rule>) {
         for nodes in self.by_key.values_mut() {
             let wildcards = nodes.wildcards.iter_mut().map(|(_, node)| node);
             let all = nodes
@@ -277,11 +284,8 @@ impl Children {
                 .chain(wildcards)
                 .chain(nodes.bare.as_deref_mut());
             for node in all {
-                if let Some(rule) = &mut node.rule {
-                    rule.index = *next;
-                    *next += 1;
-                }
-                node.children.number_rules(next);
+                rules.extend(node.rule.as_mut());
+                node.children.rules_mut(rules);
             }
         }
     }
