@@ -339,20 +339,19 @@ mod tests {
     /// a dependency update may move them a little, a regression much more.
     #[tokio::test]
     async fn a_call_keeps_a_small_state_across_the_store_wait() {
-        use arc_swap::ArcSwap;
-
         use crate::clock::SystemClock;
         use crate::config::Config;
         use crate::plan::PlanOptions;
         use crate::service::{Decider, EntryPoint};
+        use crate::sources::Snapshot;
         use crate::store::MemoryStore;
         use crate::telemetry::metrics::Metrics;
 
         let decider = Arc::new(Decider::new(
-            Arc::new(ArcSwap::from_pointee(Config::empty())),
+            Snapshot::from(Config::empty()).swappable(),
             Arc::new(MemoryStore::new(Arc::new(SystemClock))),
             PlanOptions::default(),
-            Metrics::shared(),
+            Arc::new(Metrics::new()),
         ));
         let rls = RlsService::new(Arc::clone(&decider));
         let mut admit = AdmissionLayer::new(rls, BodyBudget::new(1 << 20)).layer(

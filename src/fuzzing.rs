@@ -26,8 +26,9 @@ use crate::limiter::Algorithm;
 use crate::plan::{HeaderOptions, PlanOptions};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response::Code};
 use crate::service::{Decider, RequestError};
-use crate::store::MemoryStore;
-use crate::telemetry::metrics::Metrics;
+use crate::sources::Snapshot;
+use crate::store::{MemoryStore, StoreMetrics};
+use crate::telemetry::metrics::{Metrics, RuleHandles};
 
 /// The limits the `request` and `json` targets plan against: small, but with every matching
 /// feature (exact values, wildcards, `share_threshold`, nesting, `replaces`, `unlimited`,
@@ -118,9 +119,10 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
     let clock = Arc::new(ManualClock::new(START_US));
     // Fresh metrics per input: `detailed_metric` labels carry request values, so a shared
     // registry would grow for the whole run.
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let store = Arc::new(
-        MemoryStore::new(clock.clone()).with_max_buckets(MAX_BUCKETS, Some(metrics.clone())),
+        MemoryStore::new(clock.clone())
+            .with_max_buckets(MAX_BUCKETS, Some(StoreMetrics::register(&metrics))),
     );
     let options = PlanOptions {
         headers: Some(HeaderOptions {
@@ -131,7 +133,10 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
         ..PlanOptions::default()
     };
     let limiter = Decider::new(
-        Arc::new(ArcSwap::new(LIMITS.clone())),
+        Arc::new(ArcSwap::from_pointee(Snapshot {
+            config: LIMITS.clone(),
+            rules: RuleHandles::default(),
+        })),
         store.clone(),
         options,
         metrics,

@@ -14,9 +14,10 @@
 //!                                                     │ 5. hold, if a max_wait limit admitted it
 //!                                                     │    with a delay (refunded if the client leaves)
 //!                                                     └─▶ telemetry: each tally adds to its
-//!                                                         rule's handles, resolved when the
-//!                                                         limits loaded (Prometheus; statsd);
-//!                                                         spans, when tracing is on (otel)
+//!                                                         rule's handles (by rule index, in
+//!                                                         the snapshot beside the config the
+//!                                                         request planned with: Prometheus;
+//!                                                         statsd); spans, when tracing is on
 //! ```
 //!
 //! # The modules, top to bottom
@@ -43,9 +44,10 @@
 //!   gRPC unix socket), accepts within a bound per port (the longest-idle connection makes way
 //!   for a new one), and wraps each connection once, with one timer for its deadlines (the
 //!   handshake and idle timeouts, the gRPC age cut); the gRPC port's optional TLS / mutual
-//!   TLS, certificates reloaded from disk ([`transport::tls`]).
+//!   TLS, certificates reloaded from disk ([`transport::tls`]); the connection and TLS
+//!   metrics it registers and counts ([`transport::metrics`]).
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
-//!   each limit's rate shared among the Envoys that report on it.
+//!   each limit's rate shared among the Envoys that report on it; its own metrics.
 //! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
@@ -54,11 +56,13 @@
 //!   refunded across slots on denial), optionally split with a second Redis for per-second
 //!   buckets (`store::split`, refunded across the two the same way: `store::fanout`), behind
 //!   the local over-limit cache, the circuit breaker and the failure policy
-//!   (`store::resilient`).
+//!   (`store::resilient`); the store's metrics, leases' included ([`store::metrics`]).
 //! - [`sources`]: where the limits come from, off the request path: files
 //!   ([`sources::files`]: listed and read safely, watched, loaded again) or an xDS control
 //!   plane ([`sources::xds`]: ACK/NACK on the ADS stream), both published through one
-//!   [`sources::Publisher`] (swap the `ArcSwap<Config>` the service reads, count the load).
+//!   [`sources::Publisher`] (resolve the rules' series handles, swap the
+//!   [`sources::Snapshot`] of config and handles the service reads, count the load in the
+//!   sources' own metrics).
 //! - [`config`]: pure: the limits YAML (file names and text, as a source read them) parsed,
 //!   validated and compiled into the matching tree; no I/O, no metrics.
 //! - [`bucket`]: a bucket is one limit's stored state for one identity, whatever the
@@ -66,13 +70,15 @@
 //!   answers, the all-or-nothing rule every store applies).
 //! - [`limiter`]: the algorithms as pure functions of (state, now, cost).
 //! - [`file_watch`]: watching files for hot reload (the limits, the TLS certificates).
-//! - [`telemetry`]: what the server tells its operators: Prometheus metrics
+//! - [`telemetry`]: what the server tells its operators: the Prometheus registry every
+//!   capability registers its own families in, and the counting of outcomes and requests
 //!   ([`telemetry::metrics`], each rule's series resolved once per limits load), the
 //!   reference's statsd stats, sent from a background task and exposed as the reference's
 //!   Prometheus series ([`telemetry::statsd`]), and OpenTelemetry traces ([`telemetry::otel`],
 //!   off by default: a server span per request, joined to the caller's `traceparent` / B3
 //!   trace, a child span per store call, exported over OTLP).
-//! - [`outcome`]: what a request decided (response, per-limit verdicts), as metrics count it.
+//! - [`outcome`]: what a request decided (response, per-limit verdicts, each naming its rule
+//!   by path and index), as metrics count it: plain data.
 //! - [`pem`]: TLS material from PEM files (certificate chains, CA bundles, private keys),
 //!   checked when read, and the one TLS error type of the gRPC port, Redis and the xDS client.
 //! - [`clock`], [`proto`]: time; the generated RLS v3 types.

@@ -2,74 +2,13 @@
 //! metrics and stats count.
 //!
 //! Produced by [`crate::plan`] (`Plan::respond`), read by [`crate::telemetry::metrics`] and the service.
-//! A module of its own so that metrics, which every store reports to, need not import the
-//! planner (which imports the configuration, which reports to metrics).
+//! A module of its own so that telemetry, below the planner and the configuration on the
+//! module map, counts an outcome without importing either: a tally names its rule by path and
+//! by index, plain data.
 
-use std::any::Any;
-use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::proto::rls::RateLimitResponse;
-
-/// The slot of a rule's series handles, held beside the compiled rule
-/// ([`crate::config::Rule`]) and filled when the rule's limits load
-/// ([`crate::telemetry::metrics::Metrics::resolve_rules`]), so that counting a request's
-/// tallies is atomic adds only.
-///
-/// Looking a series up in its family takes the family's lock and hashes both labels, and a
-/// tally needs two to four series (plus the reference's statsd counters when those are on):
-/// with four descriptors that was a dozen lock acquisitions per request, on locks every
-/// request thread shares. Cloning shares the handles (a clone of a rule is the same rule); a
-/// cache, not part of the rule's value, so every two compare equal.
-///
-/// The slot is filled and read by [`crate::telemetry::metrics`] alone; it is typed `Any` here
-/// so that this module, below telemetry on the module map, does not name telemetry's types.
-#[derive(Clone, Default)]
-pub struct RuleSeries(Arc<OnceLock<Box<dyn Any + Send + Sync>>>);
-
-impl RuleSeries {
-    /// The slot [`crate::telemetry::metrics`] keeps the rule's handles in.
-    pub fn slot(&self) -> &OnceLock<Box<dyn Any + Send + Sync>> {
-        &self.0
-    }
-}
-
-impl fmt::Debug for RuleSeries {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RuleSeries")
-    }
-}
-
-impl PartialEq for RuleSeries {
-    fn eq(&self, _: &RuleSeries) -> bool {
-        true
-    }
-}
-
-impl Eq for RuleSeries {}
-
-/// A configured rule, as [`RuleSet::each_rule`] shows it to telemetry.
-#[derive(Clone, Copy, Debug)]
-pub struct ConfiguredRule<'a> {
-    /// The domain's metric label ([`Outcome::domain`] of its requests).
-    pub domain: &'a Arc<str>,
-    /// The rule's metric path (`domain.key_value.key`).
-    pub path: &'a Arc<str>,
-    /// `detailed_metric`: every tally of the rule holds request values, so its configured
-    /// path is never counted.
-    pub detailed: bool,
-    /// Where the rule's handles go.
-    pub series: &'a RuleSeries,
-}
-
-/// The configured rules of a compiled configuration: what a limits source hands telemetry
-/// to resolve ([`crate::telemetry::metrics::Metrics::resolve_rules`]) before swapping the
-/// configuration in. A trait here, not the configuration's type, so that telemetry sits
-/// below the configuration on the module map.
-pub trait RuleSet {
-    /// Calls `visit` once per configured rule.
-    fn each_rule(&self, visit: &mut dyn FnMut(ConfiguredRule<'_>));
-}
 
 /// How one limit of one descriptor fared, for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +26,10 @@ pub struct Tally {
     pub near_limit: u64,
     /// The verdict came from the local over-limit cache, without a store call.
     pub local_cache: bool,
-    /// The configured rule's series handles (`None` where `rule` holds request values).
-    pub series: Option<RuleSeries>,
+    /// The configured rule's index in its configuration ([`crate::config::Rule::index`]),
+    /// where telemetry finds the rule's series handles; `None` where `rule` holds request
+    /// values.
+    pub rule_index: Option<usize>,
 }
 
 /// A limit's verdict, as metrics count it.

@@ -291,8 +291,7 @@ pub async fn run(
         health::Reporting::start(store_health, options.limits_health.clone()).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let router = grpc::router(&decider, health_service, &options)?;
-    let metrics = decider.metrics().clone();
-    let mut grpc_task = grpc::spawn(grpc, router, &options, &metrics, &stop_rx)?;
+    let mut grpc_task = grpc::spawn(grpc, router, &options, &stop_rx)?;
     let serving = health.serving.clone();
     let mut http_task = admin::spawn(http, decider.clone(), serving, &options, stop_rx);
     listening.log();

@@ -19,7 +19,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 use tokio::time::Instant as TokioInstant;
 use tonic::{Request, Response, Status};
@@ -32,7 +31,8 @@ use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
 };
-use crate::store::{Store, StoreError};
+use crate::sources::Limits;
+use crate::store::{Store, StoreError, StoreMetrics};
 use crate::telemetry::metrics::{Metrics, RequestResult, ShapedEnd};
 use crate::telemetry::otel::{RequestSpan, Traces};
 
@@ -82,14 +82,18 @@ pub const MAX_IN_FLIGHT: usize = usize::MAX >> 3;
 /// limits, apply its bucket operations in the store, answer it, count it. (Named for what it
 /// does with a request; the algorithms it applies are [`crate::limiter`]'s.)
 pub struct Decider {
-    /// The limits in force; swapped whole on reload so a request sees one version.
-    config: Arc<ArcSwap<Config>>,
+    /// The limits in force and their rules' series handles; swapped whole on reload so a
+    /// request plans and counts with one version.
+    limits: Limits,
     /// Where buckets live.
     store: Arc<dyn Store>,
     /// Shadow mode, override algorithm, request bounds.
     options: PlanOptions,
     /// Where outcomes are counted.
     metrics: Arc<Metrics>,
+    /// Where the store's time per request is counted (`floodgate_store_duration_seconds`,
+    /// the store's family); `None`: not counted, as for a decider no server composed.
+    store_metrics: Option<StoreMetrics>,
     /// Requests answered at once, at most.
     max_in_flight: usize,
     /// Requests being answered now (gRPC streams from their first frame): the bound's count,
@@ -124,10 +128,10 @@ pub enum EntryPoint {
 }
 
 impl Decider {
-    /// A limiter over `config` and `store`, with no practical bound on requests in flight
+    /// A decider over `limits` and `store`, with no practical bound on requests in flight
     /// (see [`Decider::with_max_in_flight`]).
     pub fn new(
-        config: Arc<ArcSwap<Config>>,
+        limits: Limits,
         store: Arc<dyn Store>,
         options: PlanOptions,
         metrics: Arc<Metrics>,
@@ -135,10 +139,11 @@ impl Decider {
         let in_flight = Arc::new(AtomicUsize::new(0));
         metrics.mirror_requests_in_flight(Arc::clone(&in_flight));
         Decider {
-            config,
+            limits,
             store,
             options,
             metrics,
+            store_metrics: None,
             max_in_flight: MAX_IN_FLIGHT,
             in_flight,
             clock: Arc::new(SystemClock),
@@ -151,6 +156,13 @@ impl Decider {
     /// Names the windows of reference counters by `clock` instead of the system clock.
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Decider {
         self.clock = clock;
+        self
+    }
+
+    /// Counts the store's time per request in `metrics` (the store's families, registered
+    /// with the store's).
+    pub fn with_store_metrics(mut self, metrics: StoreMetrics) -> Decider {
+        self.store_metrics = Some(metrics);
         self
     }
 
@@ -170,7 +182,7 @@ impl Decider {
 
     /// The limits currently in force.
     pub fn config(&self) -> Arc<Config> {
-        self.config.load_full()
+        Arc::clone(&self.limits.load().config)
     }
 
     /// The metrics this limiter records into.
@@ -321,8 +333,9 @@ impl Decider {
         request: &RateLimitRequest,
         span: Option<&RequestSpan<'_>>,
     ) -> Result<(RateLimitResponse, RequestResult), RequestError> {
-        let config = self.config.load_full();
-        let mut plan = Plan::build(request, &config, &self.options).inspect_err(|e| {
+        // One load: the plan's rule indexes and the handles that count them belong together.
+        let limits = self.limits.load_full();
+        let mut plan = Plan::build(request, &limits.config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
         })?;
@@ -341,15 +354,17 @@ impl Decider {
                 span.map(|span| Box::new(span.store_call(self.store.name(), plan.ops.len())));
             let started = Instant::now();
             let applied = self.store.apply(&plan.ops).await;
-            self.metrics
-                .record_store_duration(self.store.name(), started.elapsed());
+            if let Some(store_metrics) = &self.store_metrics {
+                store_metrics.record_store_duration(self.store.name(), started.elapsed());
+            }
             if let Some(store_span) = store_span {
                 store_span.end(applied.as_ref().err().map(|e| e as &dyn std::fmt::Display));
             }
             applied.inspect_err(|e| {
                 self.metrics.record_request(RequestResult::StoreError);
                 if let Some(domain) = plan.domain_label() {
-                    self.metrics.record_rule_errors(domain, plan.rule_hits());
+                    self.metrics
+                        .record_rule_errors(domain, plan.rule_hits(), &limits.rules);
                 }
                 tracing::debug!(domain = %request.domain, error = %e, "store failed");
             })?
@@ -392,7 +407,7 @@ impl Decider {
         } else {
             RequestResult::Ok
         };
-        self.metrics.record_outcome(&outcome, result);
+        self.metrics.record_outcome(&outcome, &limits.rules, result);
         tracing::debug!(
             domain = %request.domain,
             descriptors = request.descriptors.len(),

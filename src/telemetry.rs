@@ -1,10 +1,12 @@
 //! What floodgate tells its operators about itself: metrics, the reference's stats, traces.
 //!
-//! - [`metrics`]: every Prometheus metric floodgate exports (`GET /metrics`), one file per
-//!   concern, and how each is recorded. A rule's series are resolved once per limits load
-//!   ([`metrics::Metrics::resolve_rules`], called by each limits source before it swaps a
-//!   configuration in), so counting a request is atomic adds on handles the compiled rule
-//!   carries ([`crate::outcome::RuleSeries`]): no lock, no hash.
+//! - [`metrics`]: the Prometheus registry (`GET /metrics`) that every capability registers
+//!   its own families into ([`metrics::Metrics::register`]), and the counting of a request's
+//!   outcome: the per-rule series and the request counters. A rule's series are resolved once
+//!   per limits load ([`metrics::Metrics::resolve_rules`], called by the limits publisher
+//!   before it swaps a configuration in) into [`metrics::RuleHandles`], indexed by each rule's
+//!   index and swapped in beside the configuration, so counting a request is atomic adds on
+//!   handles: no lock, no hash.
 //! - [`statsd`]: the reference's statsd stats, counted by the same recording calls, sent from
 //!   a background task, and exposed as the reference's Prometheus series (its default mapping
 //!   or a statsd_exporter mapping file) and the debug port's `/stats`.

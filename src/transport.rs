@@ -46,11 +46,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use crate::telemetry::metrics::{Metrics, Port};
-
 pub mod bind;
 mod calls;
 mod connection;
+pub mod metrics;
 mod opening;
 mod places;
 pub mod tls;
@@ -61,6 +60,7 @@ pub use calls::{
 };
 use connection::Guard;
 pub use connection::{Guarded, GuardedInfo};
+pub use metrics::{HandshakeFailure, Port, TransportMetrics};
 use opening::Opening;
 use places::{Places, Taken};
 
@@ -90,7 +90,7 @@ pub struct PortBound {
     limits: ConnectionLimits,
     places: Arc<Places>,
     port: Port,
-    metrics: Arc<Metrics>,
+    metrics: TransportMetrics,
     open: Gauge,
     /// One log line per [`LOG_EVERY`] for the whole port, whichever thread sees the event.
     refused_log: SharedThrottle,
@@ -100,7 +100,7 @@ pub struct PortBound {
 
 impl PortBound {
     /// A bound of `limits` on `port`, counted in `metrics`.
-    pub fn new(limits: ConnectionLimits, port: Port, metrics: Arc<Metrics>) -> PortBound {
+    pub fn new(limits: ConnectionLimits, port: Port, metrics: TransportMetrics) -> PortBound {
         PortBound {
             limits,
             places: Arc::new(Places::new(limits.max_connections)),
@@ -146,7 +146,7 @@ impl Acceptor {
         listener: TcpListener,
         limits: ConnectionLimits,
         port: Port,
-        metrics: Arc<Metrics>,
+        metrics: TransportMetrics,
     ) -> Acceptor {
         PortBound::new(limits, port, metrics).acceptor(listener)
     }

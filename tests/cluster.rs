@@ -16,7 +16,7 @@ use floodgate::limiter::Algorithm;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
-use floodgate::store::{FailurePolicy, Resilience, ResilientStore, Store};
+use floodgate::store::{FailurePolicy, Resilience, ResilientStore, Store, StoreMetrics};
 use floodgate::telemetry::metrics::Metrics;
 use support::redis::{CLUSTER_DEADLINE, RedisCluster};
 use support::*;
@@ -289,14 +289,15 @@ fn remaining(response: &RateLimitResponse) -> u32 {
 #[tokio::test]
 async fn losing_a_master_gives_the_policy_answer_until_failover() {
     let mut cluster = RedisCluster::start(3, 1);
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
+    let store_metrics = StoreMetrics::register(&metrics);
     let store = ClusterStore::new(
         &ClusterSettings {
             // Well under the 1 s node timeout, so the outage is seen before any failover.
             command_timeout: Duration::from_millis(500),
             ..cluster_settings(&cluster.seeds())
         },
-        metrics.clone(),
+        store_metrics.clone(),
         None,
     )
     .unwrap();
@@ -310,7 +311,7 @@ async fn losing_a_master_gives_the_policy_answer_until_failover() {
             shed_deadline: None,
         },
         None,
-        metrics.clone(),
+        store_metrics,
     ));
     resilient.spawn_probe(Duration::from_millis(50));
     let store: Arc<dyn Store> = resilient;
@@ -481,7 +482,7 @@ async fn cluster_down_at_start_is_served_once_up() {
             command_timeout: Duration::from_millis(500),
             ..cluster_settings(&cluster.seeds())
         },
-        Metrics::shared(),
+        StoreMetrics::register(&Metrics::new()),
         None,
     )
     .unwrap();
@@ -559,14 +560,14 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
         debited_at: None,
     };
     let mut cluster = RedisCluster::start(3, 0);
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let store = Arc::new(
         ClusterStore::new(
             &ClusterSettings {
                 command_timeout: Duration::from_secs(1),
                 ..cluster_settings(&cluster.seeds())
             },
-            metrics.clone(),
+            StoreMetrics::register(&metrics),
             None,
         )
         .unwrap(),

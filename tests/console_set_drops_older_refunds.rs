@@ -79,7 +79,7 @@ fn set_to_zero() -> BucketOp {
 async fn a_refund_older_than_a_set_is_dropped(backend: Backend) {
     let (store, _redis) = real_time_store(backend);
     let server = TestServer::with(SLOW)
-        .store(store.clone(), Metrics::shared())
+        .store(store.clone(), Arc::new(Metrics::new()))
         .start()
         .await;
     assert_eq!(server.ask(simple("s", "k", "v")).await.overall_code, 1);

@@ -652,22 +652,22 @@ fn envoy_gateway_runs_floodgates_image() {
 
 /// The Grafana dashboard is valid JSON and every PromQL expression in it names only series
 /// floodgate serves: the reference's (`floodgate::telemetry::statsd::prometheus::SERIES`) or its own
-/// (`floodgate_*`, as `src/telemetry/metrics*` registers them).
+/// (`floodgate_*`, as each owner's metrics file registers them).
 #[test]
 fn grafana_dashboard_queries_served_series() {
     let dashboard: serde_json::Value =
         serde_json::from_str(&read("deploy/grafana/ratelimit.json")).unwrap();
     let own: String = [
-        "",
-        "/connections",
-        "/leases",
-        "/loads",
-        "/requests",
-        "/rules",
-        "/store",
+        "src/telemetry/metrics.rs",
+        "src/telemetry/metrics/requests.rs",
+        "src/telemetry/metrics/rules.rs",
+        "src/store/metrics.rs",
+        "src/sources/metrics.rs",
+        "src/transport/metrics.rs",
+        "src/rlqs/metrics.rs",
     ]
     .iter()
-    .map(|file| read(&format!("src/telemetry/metrics{file}.rs")))
+    .map(|file| read(file))
     .collect();
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {

@@ -290,7 +290,10 @@ async fn start_tuned(tuning: Tuning) -> TestServer {
         floodgate::clock::ManualClock::new(START_US),
     )));
     TestServer::with(LIMITS)
-        .store(store, floodgate::telemetry::metrics::Metrics::shared())
+        .store(
+            store,
+            std::sync::Arc::new(floodgate::telemetry::metrics::Metrics::new()),
+        )
         .tuning(tuning)
         .start()
         .await

@@ -751,3 +751,170 @@ fn reports_a_cycle_among_files() {
         ]
     );
 }
+
+/// Where `Any` is found in `code` (comments stripped): the identifier `Any` or a path through
+/// `std::any` / `core::any`, as line numbers.
+fn any_uses(code: &str) -> Vec<usize> {
+    let word = |line: &str, needle: &str| {
+        line.match_indices(needle).any(|(i, _)| {
+            let before = line[..i].chars().next_back();
+            let after = line[i + needle.len()..].chars().next();
+            !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+        })
+    };
+    code.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            word(line, "Any") || line.contains("std::any") || line.contains("core::any")
+        })
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+/// The configuration and the outcome hold plain data: no `Any` slot in `src/config/**` or
+/// `src/outcome.rs` (telemetry's per-rule handles ride beside the configuration, in the
+/// snapshot the limits publisher swaps, not inside it).
+fn config_and_outcome_hold_no_any() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![src.join("outcome.rs")];
+    sources(&src.join("config"), &mut files);
+    if src.join("config.rs").exists() {
+        files.push(src.join("config.rs"));
+    }
+    let mut found = Vec::new();
+    for file in &files {
+        for line in any_uses(&code(&fs::read_to_string(file).unwrap())) {
+            found.push(format!("{}:{line}", file.display()));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "`Any` where plain data belongs:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+/// The `Any` reader finds the type and the module, not words that contain them.
+fn reads_any() {
+    let text = "use std::any::Any;\nstruct S(Box<dyn Any + Send>);\nlet Anyway = 1;\n\
+                // a dyn Any in a comment\nfn any() {}\nlet c = core::any::type_name::<u8>();";
+    assert_eq!(any_uses(&code(text)), [1, 2, 6]);
+}
+
+/// Who owns each metric family, by the start of its name (the longest match wins): the
+/// module whose metrics file registers it. `telemetry` owns the counting of an outcome and
+/// the requests, and the statsd sink's own count; every other capability owns its series.
+const FAMILY_OWNERS: &[(&str, &str)] = &[
+    ("floodgate_rule_", "telemetry"),
+    ("floodgate_requests", "telemetry"),
+    ("floodgate_request_duration_seconds", "telemetry"),
+    ("floodgate_domain_requests", "telemetry"),
+    ("floodgate_oversized_values", "telemetry"),
+    ("floodgate_ignored_overrides", "telemetry"),
+    ("floodgate_global_shadow_mode", "telemetry"),
+    ("floodgate_shaped_", "telemetry"),
+    ("floodgate_statsd_dropped_lines", "telemetry"),
+    ("floodgate_store_", "store"),
+    ("floodgate_memory_", "store"),
+    ("floodgate_local_", "store"),
+    ("floodgate_cluster_refunds", "store"),
+    ("floodgate_per_second_refunds", "store"),
+    ("floodgate_redis_calls_", "store"),
+    ("floodgate_host_delay_seconds", "store"),
+    ("floodgate_lease_", "store"),
+    ("floodgate_connections_", "transport"),
+    ("floodgate_accept_errors", "transport"),
+    ("floodgate_tls_", "transport"),
+    ("floodgate_config_", "sources"),
+    ("floodgate_rlqs_", "rlqs"),
+];
+
+/// The metric family names a file registers: every string literal of its code (comments and
+/// unit tests left out) that is exactly a `floodgate_*` name, as `Registry::register` takes it.
+fn family_names(text: &str) -> Vec<String> {
+    let product = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    code(product)
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|literal| {
+            literal.starts_with("floodgate_")
+                && literal
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// What is wrong with `file` (a path under `src/`, `/`-separated) registering `name`: it is
+/// not its owner's metrics file (`src/<owner>/metrics.rs`, or a `metrics.rs` or `metrics/`
+/// file below `src/<owner>/`), or the family has no owner.
+fn misplaced_family(file: &str, name: &str) -> Option<String> {
+    let owner = FAMILY_OWNERS
+        .iter()
+        .filter(|(prefix, _)| name.starts_with(prefix))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, owner)| *owner);
+    let Some(owner) = owner else {
+        return Some(format!("{file}: `{name}` has no owner in FAMILY_OWNERS"));
+    };
+    let in_metrics = file
+        .strip_prefix(&format!("src/{owner}/"))
+        .is_some_and(|inside| {
+            inside
+                .split('/')
+                .any(|part| part == "metrics" || part == "metrics.rs")
+        });
+    (!in_metrics).then(|| format!("{file}: `{name}` belongs in `{owner}`'s metrics file"))
+}
+
+#[test]
+/// Each capability registers its own metric families, in its own metrics file: no
+/// `floodgate_*` family is registered by a module that does not own it (telemetry registers
+/// only the counting of outcomes and requests), and every family has an owner.
+fn metric_families_are_registered_by_their_owner() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let mut wrong = Vec::new();
+    let mut found = 0;
+    for file in &files {
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        if shown.ends_with("/tests.rs") || shown.contains("/tests/") {
+            continue;
+        }
+        for name in family_names(&fs::read_to_string(file).unwrap()) {
+            found += 1;
+            wrong.extend(misplaced_family(&shown, &name));
+        }
+    }
+    assert!(
+        found > 40,
+        "only {found} families found: the reader is broken"
+    );
+    assert!(
+        wrong.is_empty(),
+        "metric families registered outside their owner:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+/// The ownership check reads registered names and refuses a family in another module's
+/// file, or in the owner's files outside its metrics file.
+fn reads_family_owners() {
+    let text = "registry.register(\n    \"floodgate_store_errors\",\n    \"Store failures\",\n);\n\
+                let x = \"floodgate_store_errors_total {\";\n// \"floodgate_lease_x\"\n\
+                #[cfg(test)]\nmod tests { fn t() { let _ = \"floodgate_rule_hits\"; } }";
+    assert_eq!(family_names(text), ["floodgate_store_errors"]);
+    assert!(misplaced_family("src/store/metrics.rs", "floodgate_store_errors").is_none());
+    assert!(misplaced_family("src/store/lease/metrics.rs", "floodgate_lease_tokens").is_none());
+    assert!(misplaced_family("src/telemetry/metrics/rules.rs", "floodgate_rule_hits").is_none());
+    assert!(misplaced_family("src/telemetry/metrics/store.rs", "floodgate_store_errors").is_some());
+    assert!(misplaced_family("src/store/resilient.rs", "floodgate_store_errors").is_some());
+    assert!(misplaced_family("src/rlqs/metrics.rs", "floodgate_made_up").is_some());
+}

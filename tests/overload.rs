@@ -65,7 +65,7 @@ const LIMITS: &str = support::limits::D_K_100_PER_MINUTE;
 #[tokio::test]
 async fn beyond_max_in_flight_is_refused_at_once() {
     let (store, mut arrivals) = HeldStore::new();
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let server = TestServer::with(LIMITS)
         .store(store.clone(), metrics.clone())
         .tuning(Tuning {
@@ -127,7 +127,7 @@ async fn beyond_max_in_flight_is_refused_at_once() {
 /// (OUT_OF_RANGE), and the server keeps serving, on the same connection too.
 #[tokio::test]
 async fn oversized_grpc_request_is_refused() {
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let (store, _arrivals) = HeldStore::new();
     store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
     let server = TestServer::with(LIMITS)
@@ -164,7 +164,7 @@ async fn oversized_grpc_request_is_refused() {
 #[tokio::test]
 async fn requests_held_by_the_store_keep_their_bytes_charged() {
     let (store, mut arrivals) = HeldStore::new();
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let server = TestServer::with(LIMITS)
         .store(store.clone(), metrics.clone())
         .tuning(Tuning {

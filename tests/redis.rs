@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use floodgate::clock::SystemClock;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::store::redis::{RedisSettings, RedisStore};
-use floodgate::store::{FailurePolicy, MemoryStore, Resilience, ResilientStore, Store};
+use floodgate::store::{
+    FailurePolicy, MemoryStore, Resilience, ResilientStore, Store, StoreMetrics,
+};
 use floodgate::telemetry::metrics::Metrics;
 use support::http::call;
 use support::process::Floodgate;
@@ -55,7 +57,7 @@ async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) 
     .unwrap();
     let fallback =
         (policy == FailurePolicy::Local).then(|| Arc::new(MemoryStore::new(Arc::new(SystemClock))));
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let resilient = Arc::new(ResilientStore::new(
         Arc::new(store),
         Resilience {
@@ -67,7 +69,7 @@ async fn serve(url: &str, policy: FailurePolicy, cache: u64, timeout: Duration) 
             shed_deadline: None,
         },
         fallback,
-        metrics.clone(),
+        StoreMetrics::register(&metrics),
     ));
     resilient.spawn_probe(Duration::from_millis(50));
     let health = (policy == FailurePolicy::Error).then(|| resilient.availability());
@@ -531,7 +533,7 @@ async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
         ..redis_settings(&redis.url())
     })
     .unwrap();
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let resilient = Arc::new(ResilientStore::new(
         Arc::new(store),
         Resilience {
@@ -543,7 +545,7 @@ async fn a_standing_queue_is_shed_early_and_shedding_ends_with_it() {
             shed_deadline: Some(deadline),
         },
         None,
-        metrics.clone(),
+        StoreMetrics::register(&metrics),
     ));
     let server = Arc::new(
         TestServer::with(LIMITS)

@@ -210,7 +210,7 @@ async fn readonly_retires_the_connection() {
     let other = RedisServer::start();
     let store = RedisStore::new(&redis_settings(&server.url())).unwrap();
     let app = TestServer::with(LIMITS)
-        .store(Arc::new(store), Metrics::shared())
+        .store(Arc::new(store), Arc::new(Metrics::new()))
         .start()
         .await;
     assert_eq!(app.ask(simple("s", "k", "a")).await.overall_code, OK);

@@ -44,7 +44,7 @@ fn real_time_store(backend: Backend) -> (Arc<dyn Store>, Option<RedisServer>) {
 async fn start(yaml: &str, backend: Backend) -> (TestServer, Option<RedisServer>) {
     let (store, redis) = real_time_store(backend);
     let server = TestServer::with(yaml)
-        .store(store, Metrics::shared())
+        .store(store, Arc::new(Metrics::new()))
         .start()
         .await;
     (server, redis)

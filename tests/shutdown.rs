@@ -50,7 +50,7 @@ async fn shutdown_drains_in_flight_requests() {
         release: Notify::new(),
     });
     let mut server = TestServer::with(LIMITS)
-        .store(store.clone(), Metrics::shared())
+        .store(store.clone(), Arc::new(Metrics::new()))
         .start()
         .await;
     let grpc_addr = server.grpc_addr;

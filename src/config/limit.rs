@@ -255,7 +255,8 @@ pub struct Rule {
     /// `metadata`: reported in the response's dynamic metadata when this rule admits a
     /// request (with `--response-dynamic-metadata`).
     pub metadata: Option<super::Metadata>,
-    /// The rule's metric series, resolved on its first tally (a cache beside the rule: the
-    /// request path counts without looking series up).
-    pub series: crate::outcome::RuleSeries,
+    /// The rule's place among its configuration's rules (`0..Config::rule_count`), assigned
+    /// when the configuration is assembled: telemetry keeps the rule's series handles at this
+    /// index, beside the configuration, so counting a tally indexes them without a hash.
+    pub index: usize,
 }

@@ -55,23 +55,8 @@ pub use tree::{Domain, Match, Step};
 #[derive(Debug, Default)]
 pub struct Config {
     domains: BTreeMap<String, Domain>,
-}
-
-/// Telemetry resolves every configured rule's series handles before the configuration is
-/// swapped in ([`crate::telemetry::metrics::Metrics::resolve_rules`]).
-impl crate::outcome::RuleSet for Config {
-    fn each_rule(&self, visit: &mut dyn FnMut(crate::outcome::ConfiguredRule<'_>)) {
-        for domain in self.domains() {
-            for rule in domain.rules() {
-                visit(crate::outcome::ConfiguredRule {
-                    domain: domain.metric_label(),
-                    path: &rule.path,
-                    detailed: rule.detailed_metric,
-                    series: &rule.series,
-                });
-            }
-        }
-    }
+    /// How many rules the domains hold: each rule's [`Rule::index`] is below it.
+    rule_count: usize,
 }
 
 impl Config {
@@ -104,8 +89,21 @@ impl Config {
     }
 
     fn of(domains: Vec<Domain>) -> Config {
-        let domains = domains.into_iter().map(|d| (d.name.clone(), d)).collect();
-        Config { domains }
+        let mut domains: BTreeMap<String, Domain> =
+            domains.into_iter().map(|d| (d.name.clone(), d)).collect();
+        let mut rule_count = 0;
+        for domain in domains.values_mut() {
+            domain.number_rules(&mut rule_count);
+        }
+        Config {
+            domains,
+            rule_count,
+        }
+    }
+
+    /// How many rules the configuration holds; every [`Rule::index`] is below it.
+    pub fn rule_count(&self) -> usize {
+        self.rule_count
     }
 
     /// A configuration without domains: every request is answered OK.

@@ -174,6 +174,18 @@ impl Domain {
         None
     }
 
+    /// Gives each rule of the domain its [`Rule::index`], counting on from `next` in path
+    /// order, so the same limits always number their rules the same way.
+    pub(crate) fn number_rules(&mut self, next: &mut usize) {
+        let mut rules = Vec::new();
+        self.root.rules_mut(&mut rules);
+        rules.sort_by(|a, b| a.path.cmp(&b.path));
+        for rule in rules {
+            rule.index = *next;
+            *next += 1;
+        }
+    }
+
     /// Every rule of the domain, sorted by path.
     pub(crate) fn rules(&self) -> Vec<&Rule> {
         let mut rules = Vec::new();
@@ -261,6 +273,21 @@ impl Children {
             }
         }
         nodes.bare.as_deref().map(|node| (node, Step::Bare))
+    }
+
+    fn rules_mut<'a>(&'a mut self, rules: &mut Vec<&'a mut Rule>) {
+        for nodes in self.by_key.values_mut() {
+            let wildcards = nodes.wildcards.iter_mut().map(|(_, node)| node);
+            let all = nodes
+                .exact
+                .values_mut()
+                .chain(wildcards)
+                .chain(nodes.bare.as_deref_mut());
+            for node in all {
+                rules.extend(node.rule.as_mut());
+                node.children.rules_mut(rules);
+            }
+        }
     }
 
     fn collect_rules<'a>(&'a self, rules: &mut Vec<&'a Rule>) {

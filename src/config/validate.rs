@@ -146,7 +146,8 @@ impl Builder<'_> {
             value_to_metric: model.value_to_metric.unwrap_or(false),
             quota_mode: model.quota_mode.unwrap_or(false),
             metadata,
-            series: Default::default(),
+            // Assigned once every domain is compiled (`Config::of`).
+            index: 0,
         });
         let descriptors = model.descriptors.as_deref().unwrap_or_default();
         Node {

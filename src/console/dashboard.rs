@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConsoleError, ConsoleState};
 use crate::config::{Limit, algorithm_name};
-use crate::telemetry::metrics::{LoadRecord, RuleCounts};
+use crate::sources::LoadRecord;
+use crate::telemetry::metrics::RuleCounts;
 
 /// Domains on a page when the page does not ask for fewer.
 pub(super) const MAX_DOMAINS_PER_PAGE: usize = 50;
@@ -221,6 +222,6 @@ pub(super) async fn state(
             domains_before,
             next_after,
         },
-        loads: metrics.loads().newest_first(),
+        loads: state.options.loads.newest_first(),
     }))
 }

@@ -44,6 +44,7 @@ use crate::plan::Plan;
 use crate::proto::common::{RateLimitDescriptor, rate_limit_descriptor::Entry};
 use crate::proto::rls::RateLimitRequest;
 use crate::service::Decider;
+use crate::sources::LoadHistory;
 use crate::store::{ResilientStore, Store, StoreError};
 use crate::transport::PeerAddr;
 
@@ -69,6 +70,8 @@ pub struct ConsoleOptions {
     pub allowed_hosts: Arc<[String]>,
     /// The Redis store with its breaker, when buckets live in Redis (health on the page).
     pub redis: Option<Arc<ResilientStore>>,
+    /// The last limits loads (the limits sources record them), shown on the page.
+    pub loads: Arc<LoadHistory>,
 }
 
 impl std::fmt::Debug for ConsoleOptions {
@@ -78,6 +81,7 @@ impl std::fmt::Debug for ConsoleOptions {
             .field("read_requires_token", &self.read_requires_token)
             .field("allowed_hosts", &self.allowed_hosts)
             .field("redis", &self.redis.as_ref().map(|redis| redis.name()))
+            .field("loads", &self.loads.newest_first().len())
             .finish()
     }
 }

@@ -268,7 +268,7 @@ fn match_override<'c>(
         rule: MetricPath {
             path: override_metric_path(&domain.name, entries),
             detailed: true,
-            series: None,
+            index: None,
         },
         enforce: true,
         quota: options.quota_mode,
@@ -294,7 +294,7 @@ fn match_rule<'c>(
     let metric = MetricPath {
         detailed,
         path: metric,
-        series: (!detailed).then(|| rule.series.clone()),
+        index: (!detailed).then_some(rule.index),
     };
     for limit in &rule.limits {
         let params = limit.params();

@@ -28,7 +28,6 @@ use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit},
 };
-use crate::telemetry::metrics::RuleSeries;
 
 mod build;
 pub mod headers;
@@ -162,8 +161,9 @@ struct MatchedLimit<'c> {
 struct MetricPath {
     path: Arc<str>,
     detailed: bool,
-    /// The configured rule's series handles; `None` for a path with request values.
-    series: Option<RuleSeries>,
+    /// The configured rule's [`crate::config::Rule::index`]; `None` for a path with request
+    /// values.
+    index: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -272,16 +272,16 @@ impl<'c> Plan<'c> {
     }
 
     /// Each matched limit's rule (path, whether it holds request values, hits asked, the
-    /// configured rule's series handles): what metrics count per rule when the store fails
-    /// and there is no outcome to tally.
-    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64, Option<&RuleSeries>)> {
+    /// configured rule's index): what metrics count per rule when the store fails and there
+    /// is no outcome to tally.
+    pub fn rule_hits(&self) -> Vec<(&Arc<str>, bool, u64, Option<usize>)> {
         let mut rules = Vec::new();
         for descriptor in &self.descriptors {
             if let DescriptorPlan::Limited(limits, _) = &descriptor.plan {
                 let hits = u64::try_from(descriptor.cost).unwrap_or(0);
                 rules.extend(self.limits[limits.clone()].iter().map(|limit| {
                     let rule = &limit.rule;
-                    (&rule.path, rule.detailed, hits, rule.series.as_ref())
+                    (&rule.path, rule.detailed, hits, rule.index)
                 }));
             }
         }

@@ -97,7 +97,7 @@ impl<'c> Plan<'c> {
                         verdict: Verdict::WithinLimit,
                         near_limit: 0,
                         local_cache: false,
-                        series: rule.series.clone(),
+                        rule_index: rule.index,
                     });
                     DescriptorStatus {
                         code: Code::Ok as i32,
@@ -191,7 +191,7 @@ impl<'c> Plan<'c> {
                     )
                 },
                 local_cache: applied.from_local_cache,
-                series: limit.rule.series.clone(),
+                rule_index: limit.rule.index,
             });
             let better = match chosen {
                 None => true,

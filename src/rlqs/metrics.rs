@@ -1,13 +1,15 @@
 //! The Rate Limit Quota Service's metrics: registered once into the shared registry
-//! ([`crate::telemetry::metrics::Metrics::attach`]), updated by the streams. Names and help strings live
-//! here only.
+//! ([`crate::telemetry::metrics::Metrics::register`] hands it over), updated by the streams.
+//! Names and help strings live here only.
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::telemetry::metrics::Metrics;
 
@@ -79,6 +81,32 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+/// RLQS's families as the registry encodes them, each with its name and help (written as
+/// given: it ends with a period like the registry's), whether it has series or not.
+struct Families(
+    Vec<(
+        &'static str,
+        &'static str,
+        Box<dyn EncodeMetric + Send + Sync>,
+    )>,
+);
+
+impl std::fmt::Debug for Families {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Families({})", self.0.len())
+    }
+}
+
+impl Collector for Families {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for (name, help, metric) in &self.0 {
+            let family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+            metric.encode(family)?;
+        }
+        Ok(())
+    }
+}
+
 /// Handles to every RLQS metric.
 #[derive(Clone, Debug, Default)]
 pub struct RlqsMetrics {
@@ -95,6 +123,11 @@ pub struct RlqsMetrics {
 impl RlqsMetrics {
     /// Registers every family, at zero, into `metrics`' registry.
     pub fn register(metrics: &Metrics) -> Arc<RlqsMetrics> {
+        Arc::new(metrics.register(RlqsMetrics::register_in))
+    }
+
+    /// Every family, at zero, registered in `registry`.
+    fn register_in(registry: &mut Registry) -> RlqsMetrics {
         let own = RlqsMetrics::default();
         for sent in [
             Sent::TokenBucket,
@@ -115,47 +148,51 @@ impl RlqsMetrics {
                 result: result.label(),
             });
         }
-        metrics.attach(
-            "floodgate_rlqs_streams",
-            "RLQS streams (StreamRateLimitQuotas) open now.",
-            own.streams.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_buckets",
-            "Buckets the open RLQS streams subscribe to.",
-            own.buckets.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_bucket_bytes",
-            "Bytes the RLQS subscriptions are charged against --rlqs-max-bucket-bytes (ended streams' subscriptions included until their assignments expire).",
-            own.bucket_bytes.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_assignments",
-            "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown).",
-            own.assignments.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_abandons",
-            "Buckets abandoned (AbandonAction) after reporting no requests for --rlqs-abandon-after.",
-            own.abandons.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_holders",
-            "Subscriptions on this replica holding a share of a rule's buckets.",
-            own.holders.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_refused",
-            "RLQS streams ended with an error status, by reason.",
-            own.refused.clone(),
-        );
-        metrics.attach(
-            "floodgate_rlqs_reassessments",
-            "Buckets whose share a stream re-evaluated without a report, by result (changed: a new assignment was sent).",
-            own.reassessed.clone(),
-        );
-        Arc::new(own)
+        // A collector, not `Registry::register`: the registry leaves out a family with no
+        // series yet, while RLQS's families are listed from the start, descriptors and all.
+        registry.register_collector(Box::new(Families(vec![
+            (
+                "floodgate_rlqs_streams",
+                "RLQS streams (StreamRateLimitQuotas) open now.",
+                Box::new(own.streams.clone()),
+            ),
+            (
+                "floodgate_rlqs_buckets",
+                "Buckets the open RLQS streams subscribe to.",
+                Box::new(own.buckets.clone()),
+            ),
+            (
+                "floodgate_rlqs_bucket_bytes",
+                "Bytes the RLQS subscriptions are charged against --rlqs-max-bucket-bytes (ended streams' subscriptions included until their assignments expire).",
+                Box::new(own.bucket_bytes.clone()),
+            ),
+            (
+                "floodgate_rlqs_assignments",
+                "Bucket assignments sent to Envoys, by strategy (expire: time to live 0 at shutdown).",
+                Box::new(own.assignments.clone()),
+            ),
+            (
+                "floodgate_rlqs_abandons",
+                "Buckets abandoned (AbandonAction) after reporting no requests for --rlqs-abandon-after.",
+                Box::new(own.abandons.clone()),
+            ),
+            (
+                "floodgate_rlqs_holders",
+                "Subscriptions on this replica holding a share of a rule's buckets.",
+                Box::new(own.holders.clone()),
+            ),
+            (
+                "floodgate_rlqs_refused",
+                "RLQS streams ended with an error status, by reason.",
+                Box::new(own.refused.clone()),
+            ),
+            (
+                "floodgate_rlqs_reassessments",
+                "Buckets whose share a stream re-evaluated without a report, by result (changed: a new assignment was sent).",
+                Box::new(own.reassessed.clone()),
+            ),
+        ])));
+        own
     }
 
     /// A stream opened (`+1`) or ended (`-1`).

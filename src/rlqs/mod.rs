@@ -83,7 +83,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -91,6 +90,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::config::Config;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaService;
 use crate::proto::rlqs::{RateLimitQuotaResponse, RateLimitQuotaUsageReports};
+use crate::sources::Limits;
 pub use ids::BucketIds;
 pub use metrics::RlqsMetrics;
 pub use redis::RedisShares;
@@ -127,7 +127,7 @@ pub struct Rlqs {
     /// Bounds and timings.
     settings: RlqsOptions,
     /// The limits in force (swapped whole by reload and xDS).
-    config: Arc<ArcSwap<Config>>,
+    limits: Limits,
     /// Where holders' shares are settled (this process, or Redis for every replica).
     shares: Arc<dyn Shares>,
     /// The RLQS metrics.
@@ -158,10 +158,17 @@ impl std::fmt::Debug for Rlqs {
 }
 
 impl Rlqs {
-    /// The service's shared state over `config` and `shares`, counting into `metrics`.
+    /// The limits in force.
+    fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.limits.load().config)
+    }
+}
+
+impl Rlqs {
+    /// The service's shared state over `limits` and `shares`, counting into `metrics`.
     pub fn new(
         settings: RlqsOptions,
-        config: Arc<ArcSwap<Config>>,
+        limits: Limits,
         shares: Arc<dyn Shares>,
         metrics: Arc<RlqsMetrics>,
     ) -> Arc<Rlqs> {
@@ -184,7 +191,7 @@ impl Rlqs {
         ));
         Arc::new(Rlqs {
             settings,
-            config,
+            limits,
             shares,
             metrics,
             replica,

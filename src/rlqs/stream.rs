@@ -238,7 +238,7 @@ impl Stream {
     /// Starts tracking a bucket, within the replica's bound.
     fn subscribe(&mut self, key: BucketKey) -> Result<(), StreamError> {
         let held = self.rlqs.ids.subscribe(key, self.peer)?;
-        let config = self.rlqs.config.load_full();
+        let config = self.rlqs.config();
         let key = Arc::clone(held.key());
         let quota = quota(&config, &key.domain, &key.entries);
         if let Quota::Shared(limit) = &quota {
@@ -266,7 +266,7 @@ impl Stream {
         key: &BucketKey,
         demand: Option<u64>,
     ) -> Result<BucketAction, StreamError> {
-        let current = self.rlqs.config.load_full();
+        let current = self.rlqs.config();
         let domain = key.domain.as_str();
         let ttl = self.rlqs.settings.assignment_ttl;
         let Some(subscription) = self.buckets.get_mut(key) else {
@@ -335,7 +335,7 @@ impl Stream {
                 });
             }
         }
-        let current = self.rlqs.config.load_full();
+        let current = self.rlqs.config();
         let changed: Vec<Arc<BucketKey>> = self
             .buckets
             .iter()

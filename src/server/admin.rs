@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use super::{Bounds, Components, RunOptions, ServerError, stopped};
 use crate::http::{self, AdminState, Readiness};
 use crate::service::Decider;
-use crate::telemetry::metrics::Port;
+use crate::transport::Port;
 use crate::transport::{Acceptor, CountAdminCalls, PeerAddr};
 
 /// Serves the admin port on `listener` (none: a task that only ends with the server, which
@@ -29,14 +29,18 @@ pub(super) fn spawn(
             Ok(())
         });
     };
-    let metrics = decider.metrics().clone();
     let admin = http::router(AdminState {
         decider,
         serving,
         json_endpoint: options.json_endpoint,
         console: options.console.clone(),
     });
-    let acceptor = Acceptor::new(listener, options.bounds.http, Port::Http, metrics);
+    let acceptor = Acceptor::new(
+        listener,
+        options.bounds.http,
+        Port::Http,
+        options.transport.clone(),
+    );
     // With the peer's address: the console logs who changed a bucket. Each request counts as
     // a call on its connection: busy connections never make way for new ones.
     let server = axum::serve(
@@ -70,7 +74,12 @@ pub(super) async fn serve_reference_prometheus(
     let addr = listener.local_addr().map_err(ServerError::Http)?;
     let router =
         http::reference_prometheus_router(Arc::clone(stats), &prom.path, prom.response_time_ms);
-    let acceptor = Acceptor::new(listener, bounds.http, Port::Prometheus, Arc::clone(metrics));
+    let acceptor = Acceptor::new(
+        listener,
+        bounds.http,
+        Port::Prometheus,
+        components.transport.clone(),
+    );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(acceptor, CountAdminCalls(router)).await {
             tracing::error!(error = %e, "the reference's Prometheus listener failed");
@@ -94,8 +103,12 @@ pub(super) async fn serve_debug(
         .map_err(|source| ServerError::Bind { addr, source })?;
     let bound = listener.local_addr().map_err(ServerError::Http)?;
     let router = http::debug_router(Arc::clone(&components.decider));
-    let metrics = Arc::clone(components.decider.metrics());
-    let acceptor = Acceptor::new(listener, bounds.http, Port::Debug, metrics);
+    let acceptor = Acceptor::new(
+        listener,
+        bounds.http,
+        Port::Debug,
+        components.transport.clone(),
+    );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(acceptor, CountAdminCalls(router)).await {
             tracing::error!(error = %e, "the debug listener failed");

@@ -11,7 +11,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::{Bounds, RunOptions, ServerError, remote, xds};
@@ -23,14 +22,18 @@ use crate::plan::PlanOptions;
 use crate::rlqs::{MemoryShares, RedisShares, Rlqs, RlqsMetrics, Shares};
 use crate::service::Decider;
 use crate::settings::ServeSettings;
-use crate::sources::Publisher;
 use crate::sources::files::{self, Loader};
+use crate::sources::{Limits, Publisher, Snapshot, SourceMetrics};
 use crate::store::lease::LeaseStore;
 use crate::store::shed::host;
-use crate::store::{FailurePolicy, MemoryStore, RemoteStore, Resilience, ResilientStore, Store};
+use crate::store::{
+    FailurePolicy, LeaseMetrics, MemoryStore, RemoteStore, Resilience, ResilientStore, Store,
+    StoreMetrics,
+};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::otel::Traces;
 use crate::telemetry::statsd::Mapper;
+use crate::transport::TransportMetrics;
 use crate::transport::tls::GrpcTls;
 
 /// How long without a single successful Redis call before failures open the breaker. Under
@@ -57,6 +60,7 @@ impl RunOptions {
             max_connection_age_grace: connections.grpc_max_connection_age_grace,
             keepalive_interval: connections.grpc_keepalive_interval,
             bounds: Bounds::from_settings(&settings.bounds),
+            transport: components.transport.clone(),
             rlqs: Some(components.rlqs.clone()),
             console: ConsoleOptions {
                 token: components.admin_token.clone(),
@@ -69,6 +73,7 @@ impl RunOptions {
                     .filter(|host| !host.is_empty())
                     .collect(),
                 redis: components.redis.clone(),
+                loads: components.sources.history(),
             },
         }
     }
@@ -78,8 +83,13 @@ impl RunOptions {
 pub struct Components {
     /// The request path.
     pub decider: Arc<Decider>,
-    /// The limits in force, shared with the decider; hot reload swaps them.
-    pub config: Arc<ArcSwap<Config>>,
+    /// The limits in force and their rules' series handles, shared with the decider; hot
+    /// reload swaps them.
+    pub limits: Limits,
+    /// Where the limits sources count their loads (and resolve rules' series handles).
+    pub sources: SourceMetrics,
+    /// Where the listeners count connections.
+    pub transport: TransportMetrics,
     /// The memory store, when it is the store (its sweeper starts with the server).
     pub memory: Option<Arc<MemoryStore>>,
     /// The Redis (or Redis Cluster) store with its failure policy, when configured.
@@ -106,7 +116,12 @@ pub struct Components {
 
 /// Loads the limits and builds the request path; fails on anything an operator must fix.
 pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
+    // Each capability registers the families it owns, once, and counts through the handles.
+    let store_metrics = StoreMetrics::register(&metrics);
+    let lease_metrics = LeaseMetrics::register(&metrics);
+    let source_metrics = SourceMetrics::register(&metrics);
+    let transport_metrics = TransportMetrics::register(&metrics);
     metrics.set_max_detailed_series(
         usize::try_from(settings.bounds.metrics_max_detailed_series).unwrap_or(usize::MAX),
     );
@@ -167,11 +182,11 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
             }
             (Config::empty(), Some(Arc::new(watch::Sender::new(ready))))
         }
-        None => load_files(&settings, &metrics)?,
+        None => load_files(&settings, &source_metrics)?,
     };
     let tls = match settings.grpc_tls.files() {
         Some(files) => {
-            let tls = GrpcTls::load(files, metrics.clone())?;
+            let tls = GrpcTls::load(files, transport_metrics.clone())?;
             tracing::info!(mutual = tls.is_mutual(), "gRPC TLS certificate loaded");
             Some(tls)
         }
@@ -181,24 +196,26 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
     let memory_store = || {
         let memory = Arc::new(
             MemoryStore::new(Arc::new(SystemClock))
-                .with_max_buckets(max_buckets, Some(metrics.clone())),
+                .with_max_buckets(max_buckets, Some(store_metrics.clone())),
         );
         // Read at every scrape: exact, and no task to keep alive.
         let weak = Arc::downgrade(&memory);
-        metrics.sample_before_encode(move |metrics| {
+        let gauges = store_metrics.clone();
+        store_metrics.sample(move || {
             if let Some(memory) = weak.upgrade() {
-                metrics.set_memory_buckets(memory.len());
+                gauges.set_memory_buckets(memory.len());
             }
         });
         memory
     };
     // The host's scheduling delay, read at every scrape from the runtime threads' probes.
-    metrics.sample_before_encode(|metrics| metrics.set_host_delay(host::largest()));
+    let gauges = store_metrics.clone();
+    store_metrics.sample(move || gauges.set_host_delay(host::largest()));
     // Leases sit between the failure policy and Redis (store::lease): a Redis fault is still
     // the policy's to answer.
     let mut lease_store = None;
     let (store, memory, redis): (Arc<dyn Store>, _, _) =
-        match remote::remote_store(&settings, &metrics)? {
+        match remote::remote_store(&settings, &metrics, &store_metrics)? {
             None => {
                 let memory = memory_store();
                 (memory.clone(), Some(memory), None)
@@ -209,7 +226,7 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
                         let leases = Arc::new(LeaseStore::new(
                             remote,
                             settings.lease_fraction,
-                            metrics.leases().clone(),
+                            lease_metrics.clone(),
                         ));
                         lease_store = Some(leases.clone());
                         leases as Arc<dyn RemoteStore>
@@ -227,15 +244,16 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
                         shed_deadline: settings.redis_shedding.then_some(settings.redis_timeout_ms),
                     },
                     fallback.clone(),
-                    metrics.clone(),
+                    store_metrics.clone(),
                 ));
                 // The bound on calls to Redis, read at every scrape (as the memory store's size).
                 let weak = Arc::downgrade(&resilient);
-                metrics.sample_before_encode(move |metrics| {
+                let gauges = store_metrics.clone();
+                store_metrics.sample(move || {
                     if let Some((bound, waiting)) =
                         weak.upgrade().and_then(|store| store.calls_bound())
                     {
-                        metrics.set_redis_calls_bound(bound, waiting);
+                        gauges.set_redis_calls_bound(bound, waiting);
                     }
                 });
                 (resilient.clone(), fallback, Some(resilient))
@@ -263,10 +281,12 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
         Some(path) => AdminToken::load(path).map_err(|e| ServerError::Settings(e.to_string()))?,
         None => AdminToken::none(),
     };
-    let config = Arc::new(ArcSwap::from_pointee(config));
+    // The start-up limits' series handles are resolved here, as the publisher resolves a
+    // reload's.
+    let limits = Snapshot::resolved(config, &metrics).swappable();
     let decider = Arc::new(
         Decider::new(
-            config.clone(),
+            limits.clone(),
             store,
             PlanOptions {
                 shadow_mode: settings.shadow_mode,
@@ -283,20 +303,23 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
             },
             metrics.clone(),
         )
+        .with_store_metrics(store_metrics.clone())
         .with_max_in_flight(settings.max_in_flight as usize)
         .with_traces(traces.clone()),
     );
     let rlqs = Rlqs::new(
         settings.rlqs.options(),
-        config.clone(),
-        rlqs_shares(&settings, &metrics)?,
+        limits.clone(),
+        rlqs_shares(&settings, &store_metrics)?,
         RlqsMetrics::register(&metrics),
     );
     Ok(Components {
         rlqs,
         traces,
         decider,
-        config,
+        limits,
+        sources: source_metrics,
+        transport: transport_metrics,
         memory,
         redis,
         leases: lease_store,
@@ -312,13 +335,15 @@ pub fn assemble(settings: ServeSettings) -> Result<Components, ServerError> {
 /// by every replica; without one, this process.
 fn rlqs_shares(
     settings: &ServeSettings,
-    metrics: &Arc<Metrics>,
+    store_metrics: &StoreMetrics,
 ) -> Result<Arc<dyn Shares>, ServerError> {
     let timeout = settings.redis_timeout_ms.max(RLQS_REDIS_TIMEOUT);
-    Ok(match remote::rlqs_topology(settings, metrics, timeout)? {
-        Some(topology) => Arc::new(RedisShares::new(topology, &settings.redis_key_prefix)),
-        None => Arc::new(MemoryShares::new(Arc::new(SystemClock))),
-    })
+    Ok(
+        match remote::rlqs_topology(settings, store_metrics, timeout)? {
+            Some(topology) => Arc::new(RedisShares::new(topology, &settings.redis_key_prefix)),
+            None => Arc::new(MemoryShares::new(Arc::new(SystemClock))),
+        },
+    )
 }
 
 /// The least time an RLQS share call may take: reports come every few seconds, so the
@@ -329,7 +354,7 @@ const RLQS_REDIS_TIMEOUT: Duration = Duration::from_millis(500);
 /// whether they have a domain.
 type Loaded = (Config, Option<Arc<watch::Sender<bool>>>);
 
-fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded, ServerError> {
+fn load_files(settings: &ServeSettings, metrics: &SourceMetrics) -> Result<Loaded, ServerError> {
     let loader = loader(settings)?;
     let config = loader
         .load_within(crate::sources::LOAD_DEADLINE)
@@ -340,7 +365,6 @@ fn load_files(settings: &ServeSettings, metrics: &Arc<Metrics>) -> Result<Loaded
                 errors,
             }
         })?;
-    metrics.resolve_rules(&config);
     metrics.record_config_load_with(
         true,
         &format!("loaded at start-up: {} domain(s)", config.domains().count()),
@@ -451,11 +475,8 @@ pub(super) fn watch_limits(components: &Components) -> Option<FileWatch> {
             loaded.send_replace(now);
         }
     };
-    let publisher = Publisher::new(
-        components.config.clone(),
-        components.decider.metrics().clone(),
-    )
-    .on_publish(on_reload);
+    let publisher =
+        Publisher::new(components.limits.clone(), components.sources.clone()).on_publish(on_reload);
     match files::spawn(loader, publisher) {
         Ok(watch) => Some(watch),
         Err(e) => {
@@ -503,11 +524,8 @@ pub(super) fn follow_xds(
         }
     };
     tracing::info!(node_id = %options.node.id, "limits from an xDS management server");
-    let publisher = Publisher::new(
-        components.config.clone(),
-        components.decider.metrics().clone(),
-    )
-    .on_publish(on_load);
+    let publisher =
+        Publisher::new(components.limits.clone(), components.sources.clone()).on_publish(on_load);
     AbortOnDrop(crate::sources::xds::spawn(options, publisher))
 }
 

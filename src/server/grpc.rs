@@ -24,7 +24,7 @@ use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceSe
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
 use crate::service::{Decider, RlsService};
-use crate::telemetry::metrics::{Metrics, Port};
+use crate::transport::Port;
 use crate::transport::tls::GrpcTls;
 use crate::transport::{Acceptor, CallsLayer, GrpcListener, Guarded, PortBound, TcpListeners};
 
@@ -130,7 +130,6 @@ pub(super) fn spawn(
     grpc: GrpcListener,
     router: GrpcRouter,
     options: &RunOptions,
-    metrics: &Arc<Metrics>,
     stop: &watch::Receiver<bool>,
 ) -> Result<JoinHandle<Result<(), ServerError>>, ServerError> {
     // A connection is cut at age + grace; without a grace it lives until its calls end.
@@ -141,7 +140,7 @@ pub(super) fn spawn(
     match grpc {
         GrpcListener::Tcp(TcpListeners { primary, extra }) => {
             // One connection bound for the port, shared by every serving thread.
-            let bound = PortBound::new(options.bounds.grpc, Port::Grpc, metrics.clone());
+            let bound = PortBound::new(options.bounds.grpc, Port::Grpc, options.transport.clone());
             let mut threads = Vec::with_capacity(extra.len());
             for (index, listener) in extra.into_iter().enumerate() {
                 let (router, tls) = (router.clone(), options.tls.clone());

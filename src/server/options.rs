@@ -43,6 +43,8 @@ pub struct RunOptions {
     pub keepalive_interval: Option<Duration>,
     /// Connection and stream bounds of both ports.
     pub bounds: Bounds,
+    /// Where the listeners count their connections (registered with the decider's metrics).
+    pub transport: crate::transport::TransportMetrics,
     /// The operator console's token, access rules and store health.
     pub console: ConsoleOptions,
     /// The Rate Limit Quota Service, served beside the rate-limit service; `None`: not

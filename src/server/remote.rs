@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::ServerError;
 use crate::settings::ServeSettings;
 use crate::store::RemoteStore;
+use crate::store::StoreMetrics;
 use crate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use crate::store::redis::{PoolCounts, RedisSettings, RedisStore, RedisTls, SentinelSettings};
 use crate::store::split::SplitStore;
@@ -31,8 +32,9 @@ struct Target<'a> {
 pub(super) fn remote_store(
     settings: &ServeSettings,
     metrics: &Arc<Metrics>,
+    store_metrics: &StoreMetrics,
 ) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
-    let main = one_store(settings, &main_target(settings), metrics)?;
+    let main = one_store(settings, &main_target(settings), metrics, store_metrics)?;
     let per_second = &settings.redis_per_second;
     if !per_second.is_set() {
         return Ok(main);
@@ -53,14 +55,14 @@ pub(super) fn remote_store(
         pool_size: per_second.redis_per_second_pool_size,
         connect_timeout: per_second.redis_per_second_connect_timeout_ms,
     };
-    let Some(per_second) = one_store(settings, &target, metrics)? else {
+    let Some(per_second) = one_store(settings, &target, metrics, store_metrics)? else {
         return Ok(Some(main));
     };
     tracing::info!("per-second limits in their own Redis (--redis-per-second-*)");
     Ok(Some(Arc::new(SplitStore::new(
         main,
         per_second,
-        metrics.clone(),
+        store_metrics.clone(),
     ))))
 }
 
@@ -82,7 +84,7 @@ fn main_target(settings: &ServeSettings) -> Target<'_> {
 /// call bounded by `command_timeout`; `None` without a main Redis.
 pub(super) fn rlqs_topology(
     settings: &ServeSettings,
-    metrics: &Arc<Metrics>,
+    store_metrics: &StoreMetrics,
     command_timeout: Duration,
 ) -> Result<Option<crate::rlqs::redis::Topology>, ServerError> {
     use crate::rlqs::redis::Topology;
@@ -92,7 +94,7 @@ pub(super) fn rlqs_topology(
         pool_size: 1,
         ..main_target(settings)
     };
-    let built = build(settings, &target, metrics, command_timeout)?;
+    let built = build(settings, &target, store_metrics, command_timeout)?;
     Ok(built.map(|built| match built {
         Built::Redis(store) => Topology::Redis(store),
         Built::Cluster(store) => Topology::Cluster(store),
@@ -105,9 +107,10 @@ fn one_store(
     settings: &ServeSettings,
     target: &Target<'_>,
     metrics: &Arc<Metrics>,
+    store_metrics: &StoreMetrics,
 ) -> Result<Option<Arc<dyn RemoteStore>>, ServerError> {
     Ok(
-        match build(settings, target, metrics, settings.redis_timeout_ms)? {
+        match build(settings, target, store_metrics, settings.redis_timeout_ms)? {
             None => None,
             Some(Built::Cluster(cluster)) => Some(Arc::new(cluster)),
             Some(Built::Redis(store)) => {
@@ -129,7 +132,7 @@ enum Built {
 fn build(
     settings: &ServeSettings,
     target: &Target<'_>,
-    metrics: &Arc<Metrics>,
+    store_metrics: &StoreMetrics,
     command_timeout: Duration,
 ) -> Result<Option<Built>, ServerError> {
     let tls = RedisTls {
@@ -166,7 +169,7 @@ fn build(
                 connect_timeout: target.connect_timeout,
                 command_timeout,
             },
-            metrics.clone(),
+            store_metrics.clone(),
             certificates,
         )
         .map_err(|e| settings_error(&e))?;

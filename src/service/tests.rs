@@ -2,12 +2,11 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
 use super::{Decider, RequestError};
 use crate::clock::SystemClock;
 use crate::config::Config;
 use crate::plan::PlanOptions;
+use crate::sources::Snapshot;
 use crate::store::memory::MemoryStore;
 use crate::telemetry::metrics::Metrics;
 
@@ -24,9 +23,9 @@ fn in_flight_gauge(metrics: &Metrics) -> Option<String> {
 /// its slot, and metrics only mirrors the count in `floodgate_requests_in_flight`.
 #[test]
 fn decider_bounds_requests_in_flight_and_metrics_mirror_it() {
-    let metrics = Metrics::shared();
+    let metrics = Arc::new(Metrics::new());
     let decider = Decider::new(
-        Arc::new(ArcSwap::from_pointee(Config::empty())),
+        Snapshot::from(Config::empty()).swappable(),
         Arc::new(MemoryStore::new(Arc::new(SystemClock))),
         PlanOptions::default(),
         Arc::clone(&metrics),

@@ -1,19 +1,16 @@
 //! The one way new limits reach the request path, whichever source loaded them.
 //!
-//! A [`Publisher`] holds the `ArcSwap<Config>` the service reads. A source that compiled a
-//! new [`Config`] hands it to [`Publisher::publish`]: it is swapped in, the server's
+//! A [`Publisher`] holds the [`Limits`] the service reads. A source that compiled a new
+//! [`Config`] hands it to [`Publisher::publish`]: telemetry resolves its rules' series
+//! handles, the two are swapped in together as one [`Snapshot`], the server's
 //! `on_publish` hook runs with it (the over-limit cache cleared, readiness updated), and the
 //! load is counted in `floodgate_config_loads_total` and the load history of the console.
 //! A load that fails goes to [`Publisher::reject`]: counted and recorded, and the limits in
 //! force stay. Each source logs its own line (the path reloaded, or the xDS version ACKed or
 //! NACKed), since what happens next differs.
 
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
-
 use crate::config::{Config, ConfigErrors};
-use crate::telemetry::metrics::Metrics;
+use crate::sources::{Limits, Snapshot, SourceMetrics};
 
 /// What the server does with each configuration published, after the swap.
 pub type OnPublish = Box<dyn Fn(&Config) + Send + Sync>;
@@ -21,18 +18,19 @@ pub type OnPublish = Box<dyn Fn(&Config) + Send + Sync>;
 /// Swaps new limits in for the request path and records every load, successful or not.
 pub struct Publisher {
     /// The limits in force, shared with the request path.
-    config: Arc<ArcSwap<Config>>,
-    /// Where loads are counted (`floodgate_config_loads_total`, the load history).
-    metrics: Arc<Metrics>,
+    limits: Limits,
+    /// Where rules are counted (their handles resolved here) and loads are counted
+    /// (`floodgate_config_loads_total`, the load history).
+    metrics: SourceMetrics,
     /// Set by the server: runs after each swap, with the new configuration.
     on_publish: Option<OnPublish>,
 }
 
 impl Publisher {
-    /// A publisher into `config`, counting loads in `metrics`.
-    pub fn new(config: Arc<ArcSwap<Config>>, metrics: Arc<Metrics>) -> Publisher {
+    /// A publisher into `limits`, counting loads in `metrics`.
+    pub fn new(limits: Limits, metrics: SourceMetrics) -> Publisher {
         Publisher {
-            config,
+            limits,
             metrics,
             on_publish: None,
         }
@@ -49,13 +47,15 @@ impl Publisher {
     /// log line.
     pub fn publish(&self, config: Config, what: &str) -> usize {
         let domains = config.domains().count();
-        // The place where per-rule telemetry handles are resolved for `config`: once per
-        // load, before the swap, so the first request on the new limits finds them ready.
-        self.metrics.resolve_rules(&config);
-        self.config.store(Arc::new(config));
+        // Per-rule telemetry handles are resolved for `config` once per load, before the
+        // swap, so the first request on the new limits finds them ready.
+        self.limits.store(std::sync::Arc::new(Snapshot::resolved(
+            config,
+            self.metrics.telemetry(),
+        )));
         // After the swap: a denial cached under the old limits must not outlive them.
         if let Some(hook) = &self.on_publish {
-            hook(&self.config.load());
+            hook(&self.limits.load().config);
         }
         self.metrics
             .record_config_load_with(true, &format!("{what}: {domains} domain(s)"));
@@ -79,7 +79,7 @@ impl Publisher {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use super::*;
     use crate::config::{ConfigError, Defaults};
@@ -96,8 +96,8 @@ mod tests {
     /// records every error on one line.
     #[test]
     fn publish_swaps_then_hooks_and_reject_keeps_the_limits() {
-        let config = Arc::new(ArcSwap::from_pointee(Config::empty()));
-        let metrics = Metrics::shared();
+        let config = Snapshot::from(Config::empty()).swappable();
+        let metrics = SourceMetrics::register(&Arc::new(crate::telemetry::metrics::Metrics::new()));
         let seen_by_hook = Arc::new(Mutex::new(Vec::new()));
         let in_force = config.clone();
         let seen = seen_by_hook.clone();
@@ -106,11 +106,11 @@ mod tests {
             let names = |c: &Config| c.domains().map(|d| d.name.clone()).collect::<Vec<_>>();
             seen.lock()
                 .unwrap()
-                .push((names(new), names(&in_force.load())));
+                .push((names(new), names(&in_force.load().config)));
         });
 
         assert_eq!(publisher.publish(compiled("edge"), "reloaded"), 1);
-        assert!(config.load().domain("edge").is_some());
+        assert!(config.load().config.domain("edge").is_some());
         assert_eq!(
             *seen_by_hook.lock().unwrap(),
             [(vec!["edge".to_string()], vec!["edge".to_string()])]
@@ -133,7 +133,7 @@ mod tests {
             "a.yaml: domain: bad; b.yaml: worse"
         );
         publisher.reject_for("limits path disappeared; previous limits kept");
-        assert!(config.load().domain("edge").is_some());
+        assert!(config.load().config.domain("edge").is_some());
         assert_eq!(seen_by_hook.lock().unwrap().len(), 1);
 
         let loads: Vec<(bool, String)> = metrics

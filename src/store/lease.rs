@@ -4,65 +4,61 @@
 //! a hot bucket (one tenant's global limit) is capped by one Redis core however large the
 //! cluster. A *lease* lifts that cap without admitting past the limit:
 //!
-//! - **Taken like any debit.** When this replica sees steady demand on a bucket, the next
-//!   request that goes to Redis for it asks for `augment` more tokens: the same script, the
-//!   same all-or-nothing, one call. If the request commits, those tokens are this replica's
-//!   lease; if anything denies, nothing was debited and no lease is held.
-//! - **Spent locally, briefly.** Until it is empty or expires ([`LIFETIME`] after Redis
-//!   answered its call; a fixed window's lease also ends with the window it was debited in),
-//!   requests on the bucket take their cost from the lease with no Redis call. Because every
-//!   token was debited in Redis before it is spent, admissions across replicas never exceed
-//!   the limit. Once half is spent (or less than a round trip's demand is left, or in the
-//!   last quarter of its lifetime, while the bucket is hot), the next request renews it in
-//!   its own call, topping it up to its size (below), while the rest answers the requests
-//!   arriving meanwhile; a token bucket's lease does not expire while its renewal is in
-//!   flight. Under steady demand a lease never runs out or expires while its renewal is
-//!   awaited.
-//! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a
-//!   lease taken under other limit parameters (a reload changed the limit), and every lease
-//!   at shutdown send their unspent tokens back as a refund: to a token bucket (never past its
-//!   capacity: the store clamps refunds), to a fixed window only while the window it was
-//!   debited in is current (else dropped, [`crate::limiter::evaluate_refund_of`]).
-//! - **All or nothing still holds.** A request that takes tokens from a lease and sends
-//!   other buckets to Redis gives the tokens back to the lease if Redis denies or fails. A
-//!   lease is asked for only within what Redis last reported left beside the request, and if
-//!   the ask alone is what made Redis deny, the request is sent again without it, so asking
-//!   for a lease never turns an admission into a denial.
-//! - **Bounded cost.** Tokens in one replica's lease are unavailable to the others until spent
-//!   or returned: at most `--lease-fraction` of a bucket's capacity per replica, for at most
+//! - **Taken like any debit.** When this replica sees steady demand on a bucket, the next request
+//!   that goes to Redis for it asks for `augment` more tokens: the same script, the same
+//!   all-or-nothing, one call. If the request commits, those tokens are this replica's lease; if
+//!   anything denies, nothing was debited and no lease is held.
+//! - **Spent locally, briefly.** Until it is empty or expires ([`LIFETIME`] after Redis answered
+//!   its call; a fixed window's lease also ends with the window it was debited in), requests on the
+//!   bucket take their cost from the lease with no Redis call. Because every token was debited in
+//!   Redis before it is spent, admissions across replicas never exceed the limit. Once half is
+//!   spent (or less than a round trip's demand is left, or in the last quarter of its lifetime,
+//!   while the bucket is hot), the next request renews it in its own call, topping it up to its
+//!   size (below), while the rest answers the requests arriving meanwhile; a token bucket's lease
+//!   does not expire while its renewal is in flight. Under steady demand a lease never runs out or
+//!   expires while its renewal is awaited.
+//! - **The rest goes back.** An expired lease (found by the next request or the sweeper), a lease
+//!   taken under other limit parameters (a reload changed the limit), and every lease at shutdown
+//!   send their unspent tokens back as a refund: to a token bucket (never past its capacity: the
+//!   store clamps refunds), to a fixed window only while the window it was debited in is current
+//!   (else dropped, [`crate::limiter::evaluate_refund_of`]).
+//! - **All or nothing still holds.** A request that takes tokens from a lease and sends other
+//!   buckets to Redis gives the tokens back to the lease if Redis denies or fails. A lease is asked
+//!   for only within what Redis last reported left beside the request, and if the ask alone is what
+//!   made Redis deny, the request is sent again without it, so asking for a lease never turns an
+//!   admission into a denial.
+//! - **Bounded cost.** Tokens in one replica's lease are unavailable to the others until spent or
+//!   returned: at most `--lease-fraction` of a bucket's capacity per replica, for at most
 //!   [`LIFETIME`] (and the call renewing it). A replica that dies holding a lease loses those
-//!   tokens: a token bucket refills them at its rate, a fixed window gets them back when it
-//!   ends.
+//!   tokens: a token bucket refills them at its rate, a fixed window gets them back when it ends.
 //!
-//! Sizing: a lease holds half as much again as this replica's demand on the bucket over the
-//! last lifetime, plus what that demand spends during one ask's round trip, at most
-//! `--lease-fraction` × capacity (a token bucket's burst, a fixed window's limit), at most
-//! what Redis last reported left beside the request. A bucket is *hot* once that comes to
-//! [`MIN_LEASE`] tokens; a bucket whose share is below that is never leased, so small limits
-//! behave exactly as without leases.
+//! Sizing: a lease holds half as much again as this replica's demand on the bucket over the last
+//! lifetime, plus what that demand spends during one ask's round trip, at most `--lease-fraction` ×
+//! capacity (a token bucket's burst, a fixed window's limit), at most what Redis last reported left
+//! beside the request. A bucket is *hot* once that comes to [`MIN_LEASE`] tokens; a bucket whose
+//! share is below that is never leased, so small limits behave exactly as without leases.
 //!
-//! Not leased (sent to Redis as without leases): checks and
-//! `is_negative_hits` refunds, shadow-mode buckets, `overdraft` and shaped (`max_wait`)
-//! limits, counters shared with reference pods, sliding windows (their estimate weights the
-//! previous window, which a returned lease would distort).
+//! Not leased (sent to Redis as without leases): checks and `is_negative_hits` refunds, shadow-mode
+//! buckets, `overdraft` and shaped (`max_wait`) limits, counters shared with reference pods,
+//! sliding windows (their estimate weights the previous window, which a returned lease would
+//! distort).
 //!
-//! **Where it sits.** Between [`super::ResilientStore`] and the Redis store (standalone,
-//! Sentinel, Cluster or split: any [`RemoteStore`]): the over-limit cache, the circuit breaker,
-//! the shedder and the failure policy stay in front of it. So a Redis fault is never answered
-//! from a lease beyond its tokens: a call that fails is the failure policy's to answer, and
-//! while the circuit is open no request reaches the leases at all (their tokens stay debited
-//! until they expire, and the sweeper's returns fail until Redis is back: under-admission,
-//! never over-admission). The memory store has no leases: one process has no round trip to
-//! save. A request answered from leases alone ([`RemoteStore::answer_locally`]) is answered
-//! before the shedder: it makes no call, so it neither takes a place among the calls to
-//! Redis nor waits behind them for one (a queue that stands in front of Redis under overload
-//! would otherwise hold up the very answers that need no Redis, and their instant answers
-//! would count as calls' latencies).
+//! **Where it sits.** Between [`super::ResilientStore`] and the Redis store (standalone, Sentinel,
+//! Cluster or split: any [`RemoteStore`]): the over-limit cache, the circuit breaker, the shedder
+//! and the failure policy stay in front of it. So a Redis fault is never answered from a lease
+//! beyond its tokens: a call that fails is the failure policy's to answer, and while the circuit is
+//! open no request reaches the leases at all (their tokens stay debited until they expire, and the
+//! sweeper's returns fail until Redis is back: under-admission, never over-admission). The memory
+//! store has no leases: one process has no round trip to save. A request answered from leases alone
+//! ([`RemoteStore::answer_locally`]) is answered before the shedder: it makes no call, so it
+//! neither takes a place among the calls to Redis nor waits behind them for one (a queue that
+//! stands in front of Redis under overload would otherwise hold up the very answers that need no
+//! Redis, and their instant answers would count as calls' latencies).
 //!
-//! **What a lease answer reports.** `limit_remaining`: what Redis reported left when the lease
-//! was taken plus what the lease has left, at most the capacity — this replica's view, at most
-//! one lifetime old; other replicas may have spent some since. `duration_until_reset`: the
-//! reset Redis reported when the lease was taken, counted down since.
+//! **What a lease answer reports.** `limit_remaining`: what Redis reported left when the lease was
+//! taken plus what the lease has left, at most the capacity — this replica's view, at most one
+//! lifetime old; other replicas may have spent some since. `duration_until_reset`: the reset Redis
+//! reported when the lease was taken, counted down since.
 
 mod ledger;
 
@@ -78,7 +74,7 @@ use async_trait::async_trait;
 use self::ledger::{Entry, Route, Sizing};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
-use crate::telemetry::metrics::LeaseMetrics;
+use crate::store::metrics::LeaseMetrics;
 
 pub use ledger::MIN_LEASE;
 

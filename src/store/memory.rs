@@ -35,7 +35,7 @@ use super::{Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, settle};
 use crate::clock::Clock;
 use crate::limiter::{self, State, Tat};
-use crate::telemetry::metrics::Metrics;
+use crate::store::metrics::StoreMetrics;
 
 /// Number of shards; a power of two well above the core count keeps lock contention low.
 pub const SHARDS: usize = 64;
@@ -202,7 +202,7 @@ pub struct MemoryStore {
     /// Buckets evicted to stay within the bound, since start.
     evictions: AtomicU64,
     /// Where evictions are counted, when the store serves requests.
-    metrics: Option<Arc<Metrics>>,
+    metrics: Option<StoreMetrics>,
 }
 
 impl MemoryStore {
@@ -228,7 +228,7 @@ impl MemoryStore {
 
     /// Holds at most `max` buckets (⌊`max` / [`SHARDS`]⌋ per shard, at least 1), evicting as
     /// the module describes and counting evictions in `metrics`.
-    pub fn with_max_buckets(mut self, max: usize, metrics: Option<Arc<Metrics>>) -> MemoryStore {
+    pub fn with_max_buckets(mut self, max: usize, metrics: Option<StoreMetrics>) -> MemoryStore {
         self.shard_capacity = (max / SHARDS).max(1);
         self.metrics = metrics;
         self

@@ -23,6 +23,7 @@ pub mod breaker;
 pub mod fanout;
 pub mod lease;
 pub mod memory;
+pub mod metrics;
 pub mod overlimit;
 pub mod redis;
 pub mod resilient;
@@ -30,6 +31,7 @@ pub mod shed;
 pub mod split;
 
 pub use memory::MemoryStore;
+pub use metrics::{LeaseMetrics, StoreMetrics};
 pub use resilient::{FailurePolicy, Resilience, ResilientStore};
 
 /// A store failure. Carries whether retrying could help, so callers pick the right answer.

@@ -17,7 +17,6 @@
 //! buckets up: the cache also keeps the latest `until` of any entry it ever held, and while
 //! that has passed it answers "unknown" without a lookup (exact: no entry can deny then).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,7 @@ use moka::sync::Cache;
 
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::View;
-use crate::telemetry::metrics::Metrics;
+use crate::store::metrics::StoreMetrics;
 
 /// What is known about one bucket.
 #[derive(Clone, Copy, Debug)]
@@ -75,7 +74,7 @@ pub struct OverLimitCache {
 
 impl OverLimitCache {
     /// A cache holding at most `capacity` buckets, counting evictions in `metrics` (if any).
-    pub fn new(capacity: u64, metrics: Option<Arc<Metrics>>) -> OverLimitCache {
+    pub fn new(capacity: u64, metrics: Option<StoreMetrics>) -> OverLimitCache {
         let mut builder = Cache::builder()
             .max_capacity(capacity)
             .expire_after(UntilExpiry);

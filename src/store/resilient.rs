@@ -38,7 +38,7 @@ use super::shed::Shedder;
 use super::{MemoryStore, RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, BucketResult};
 use crate::limiter::{LimitParams, View};
-use crate::telemetry::metrics::Metrics;
+use crate::store::metrics::StoreMetrics;
 
 /// Defects (store errors that are not outages) are logged at most this often: each request
 /// meets the same one, and a log line per request would flood the log.
@@ -85,7 +85,7 @@ pub struct ResilientStore {
     /// The stand-in store for policy `local`.
     fallback: Option<Arc<MemoryStore>>,
     /// Store errors, cache hits and availability are counted here.
-    metrics: Arc<Metrics>,
+    metrics: StoreMetrics,
     /// When a defect was last logged, and how many went unlogged since: defects are logged
     /// at most every [`DEFECT_LOG_EVERY`], whatever their text.
     defect_log: std::sync::Mutex<(Option<Instant>, u64)>,
@@ -113,24 +113,24 @@ impl ResilientStore {
         redis: Arc<dyn RemoteStore>,
         resilience: Resilience,
         fallback: Option<Arc<MemoryStore>>,
-        metrics: Arc<Metrics>,
+        metrics: StoreMetrics,
     ) -> ResilientStore {
         let breaker = CircuitBreaker::new(resilience.failure_threshold, resilience.quiet_period);
         // Read from the breaker at every scrape: set at call sites, a request that succeeded
         // as the breaker opened could close it again and leave the gauge at 0 for good.
         let available = breaker.subscribe();
-        metrics.sample_before_encode(move |metrics| {
-            metrics.set_store_available(*available.borrow());
-        });
+        let gauges = metrics.clone();
+        metrics.sample(move || gauges.set_store_available(*available.borrow()));
         let cache = (resilience.cache_capacity > 0).then(|| {
             let cache = Arc::new(OverLimitCache::new(
                 resilience.cache_capacity,
                 Some(metrics.clone()),
             ));
             let weak = Arc::downgrade(&cache);
-            metrics.sample_before_encode(move |metrics| {
+            let gauges = metrics.clone();
+            metrics.sample(move || {
                 if let Some(cache) = weak.upgrade() {
-                    metrics.set_local_cache_entries(cache.len());
+                    gauges.set_local_cache_entries(cache.len());
                 }
             });
             cache

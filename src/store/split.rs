@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use super::fanout::{apply_groups, set_groups};
 use super::{RemoteStore, Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp};
-use crate::telemetry::metrics::Metrics;
+use crate::store::metrics::StoreMetrics;
 
 /// The period routed to the per-second store: one second, in microseconds.
 const ONE_SECOND_US: u64 = 1_000_000;
@@ -30,7 +30,7 @@ pub struct SplitStore {
     /// Buckets of a one-second period.
     per_second: Arc<dyn RemoteStore>,
     /// Where refunds are counted.
-    metrics: Arc<Metrics>,
+    metrics: StoreMetrics,
 }
 
 impl SplitStore {
@@ -38,7 +38,7 @@ impl SplitStore {
     pub fn new(
         main: Arc<dyn RemoteStore>,
         per_second: Arc<dyn RemoteStore>,
-        metrics: Arc<Metrics>,
+        metrics: StoreMetrics,
     ) -> SplitStore {
         SplitStore {
             main,
@@ -177,7 +177,11 @@ mod tests {
     }
 
     fn split(main: &Arc<Fake>, per_second: &Arc<Fake>) -> SplitStore {
-        SplitStore::new(main.clone(), per_second.clone(), Metrics::shared())
+        SplitStore::new(
+            main.clone(),
+            per_second.clone(),
+            StoreMetrics::register(&crate::telemetry::metrics::Metrics::new()),
+        )
     }
 
     /// One-second buckets go to the per-second store, the others to the main one.

@@ -1,4 +1,19 @@
-//! Every metric floodgate exports, with its name and help text, and how it is recorded.
+//! The metric registry and the counting of a request's outcome; and, as one reference, every
+//! metric floodgate exports.
+//!
+//! Each capability registers and owns its families (linkerd2-proxy's way): [`Metrics`] is the
+//! registry, and [`Metrics::register`] hands it to the owner's constructor, which registers
+//! its families once at composition and keeps the handles it counts with. Telemetry itself
+//! owns the per-rule series and the request counters (`floodgate_rule_*`,
+//! `floodgate_requests_*`, `floodgate_domain_requests_total`, …: `metrics/rules.rs`,
+//! `metrics/requests.rs`) and `floodgate_statsd_dropped_lines_total`. The others live with
+//! their owner: the store's (`floodgate_store_*`, `floodgate_memory_*`, `floodgate_local_*`,
+//! refunds, `floodgate_redis_calls_*`, `floodgate_host_delay_seconds`, `floodgate_lease_*`)
+//! in [`crate::store::metrics`], the transport's (`floodgate_connections_*`,
+//! `floodgate_accept_errors_total`, `floodgate_tls_*`) in [`crate::transport::metrics`], the
+//! limits sources' (`floodgate_config_*`) in `sources/metrics.rs` ([`crate::sources::SourceMetrics`]),
+//! RLQS's (`floodgate_rlqs_*`, listed in docs/rlqs.md) in [`crate::rlqs::RlqsMetrics`].
+//! `tests/layering.rs` holds each family to its owner's metrics file.
 //!
 //! Exposed in Prometheus text format on `GET /metrics`. Cardinality is bounded by the
 //! configuration: per-rule series are labelled with the domain and the rule's path from the
@@ -62,16 +77,20 @@
 //! reference's statsd stats ([`crate::telemetry::statsd`]); `docs/observability.md` lists both.
 //!
 //! Gauges whose source is a store (`floodgate_memory_buckets`, `floodgate_local_cache_entries`,
-//! `floodgate_store_available`, `floodgate_redis_calls_*`, `floodgate_host_delay_seconds`) are read from it at every exposition ([`Metrics::sample_before_encode`]), so a scrape is
-//! exact, not the value of some earlier tick.
+//! `floodgate_store_available`, `floodgate_redis_calls_*`, `floodgate_host_delay_seconds`)
+//! and `floodgate_requests_in_flight` are read from it at every exposition by samplers their
+//! owner adds ([`Samplers`]), so a scrape is exact, not the value of some earlier tick.
 //!
 //! Over limit from the local cache stays one store-level counter rather than a per-rule one:
 //! the cache answers per bucket, below the planner, and those answers are also counted per
 //! rule in `floodgate_rule_over_limit_total` like any other denial.
 //!
-//! One file per concern: `metrics/rules.rs` (per-rule series, resolved once per limits
-//! load), `requests.rs`, `store.rs`, `loads.rs` (limits and TLS), `connections.rs`,
-//! `leases.rs`; `labels.rs` holds the label sets.
+//! Telemetry's files: `metrics/rules.rs` (per-rule series, their handles resolved once per
+//! limits load into the [`RuleHandles`] swapped beside the configuration), `requests.rs`;
+//! `labels.rs` holds their label sets.
+//!
+//! The exposition lists telemetry's families first, then each owner's in the order the
+//! composition root registers them (store, leases, limits loads, transport), RLQS's last.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,33 +102,46 @@ use prometheus_client::registry::Registry;
 
 use crate::telemetry::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
 
-mod attached;
-mod connections;
-pub mod history;
 mod labels;
-mod leases;
-mod loads;
 mod requests;
 mod rules;
-mod store;
 #[cfg(test)]
 mod tests;
 
-pub use crate::outcome::RuleSeries;
-pub use history::{LoadHistory, LoadRecord};
-pub use labels::{HandshakeFailure, Port, RequestResult, ShapedEnd};
-pub use leases::LeaseMetrics;
-pub use rules::{DEFAULT_MAX_DETAILED_SERIES, OVERFLOW_RULE, RuleCounts, UNKNOWN_DOMAIN};
+pub use labels::{RequestResult, ShapedEnd};
+pub use rules::{
+    ConfiguredRule, DEFAULT_MAX_DETAILED_SERIES, OVERFLOW_RULE, RuleCounts, RuleHandles,
+    UNKNOWN_DOMAIN,
+};
 
 /// Numbers the registries, for a rule's handles.
 static NEXT_METRICS_ID: AtomicU64 = AtomicU64::new(0);
 
 /// Reads a gauge's value from its source just before an exposition.
-type Sampler = Box<dyn Fn(&Metrics) + Send + Sync>;
+type Sampler = Box<dyn Fn() + Send + Sync>;
 
-/// The registered samplers (a newtype only to be `Debug`).
-#[derive(Default)]
-struct Samplers(Mutex<Vec<Sampler>>);
+/// The samplers run before every exposition: a registry's, shared with the owners that add
+/// theirs ([`Metrics::samplers`]).
+#[derive(Clone, Default)]
+pub struct Samplers(Arc<Mutex<Vec<Sampler>>>);
+
+impl Samplers {
+    /// Runs `sampler` before every exposition, to set a gauge read from its source (a
+    /// store's size). It must be cheap and must not encode the registry.
+    pub fn add(&self, sampler: impl Fn() + Send + Sync + 'static) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(sampler));
+    }
+
+    /// Runs every sampler.
+    fn run(&self) {
+        for sampler in self.0.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            sampler();
+        }
+    }
+}
 
 impl fmt::Debug for Samplers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -121,25 +153,16 @@ impl fmt::Debug for Samplers {
 /// The metric registry and handles to every metric, grouped by concern.
 #[derive(Debug)]
 pub struct Metrics {
-    /// Tells this registry's [`RuleSeries`] handles from another's.
+    /// Tells this registry's [`RuleHandles`] from another's.
     id: u64,
-    registry: Registry,
+    /// Every family, telemetry's and those its owners register ([`Metrics::register`]).
+    registry: Mutex<Registry>,
     /// `floodgate_rule_*` ([`rules`]).
     rules: rules::RuleMetrics,
     /// ShouldRateLimit calls, per domain, held, in flight ([`requests`]).
     requests: requests::RequestMetrics,
-    /// The store's time, size, failures, local cache and refunds ([`store`]).
-    store: store::StoreMetrics,
-    /// Limits and TLS certificate loads ([`loads`]).
-    loads: loads::LoadMetrics,
-    /// Connections by port ([`connections`]).
-    connections: connections::ConnectionMetrics,
-    /// The lease layer's counters ([`LeaseMetrics`]).
-    leases: LeaseMetrics,
     /// Run before every exposition.
     samplers: Samplers,
-    /// Families registered after construction by the modules that own them.
-    attached: attached::Attached,
     /// The reference's statsd stats, when they are sent or exposed.
     statsd: OnceLock<Arc<Stats>>,
     /// statsd lines not sent.
@@ -158,22 +181,10 @@ impl Metrics {
         let mut registry = Registry::default();
         let rules = rules::RuleMetrics::register(&mut registry);
         let requests = requests::RequestMetrics::register(&mut registry);
-        let store = store::StoreMetrics::register_duration(&mut registry);
-        let loads = loads::LoadMetrics::default();
-        loads::LoadMetrics::register_config(&mut registry, &loads);
-        store.register_rest(&mut registry);
         requests.register_shadow(&mut registry);
-        loads::LoadMetrics::register_tls(&mut registry, &loads);
-        store.register_refunds(&mut registry);
         requests.register_shaped(&mut registry);
-        store.register_local_cache(&mut registry);
-        store.register_shedding(&mut registry);
         requests.register_in_flight(&mut registry);
-        let connections = connections::ConnectionMetrics::register(&mut registry);
         rules.register_overflow(&mut registry);
-        let leases = LeaseMetrics::register(&mut registry);
-        let attached = attached::Attached::default();
-        registry.register_collector(Box::new(attached.clone()));
         let statsd_dropped = Counter::default();
         registry.register(
             "floodgate_statsd_dropped_lines",
@@ -182,15 +193,10 @@ impl Metrics {
         );
         Metrics {
             id: NEXT_METRICS_ID.fetch_add(1, Ordering::Relaxed),
-            registry,
+            registry: Mutex::new(registry),
             rules,
             requests,
-            store,
-            loads,
-            connections,
-            leases,
             samplers: Samplers::default(),
-            attached,
             statsd: OnceLock::new(),
             statsd_dropped,
         }
@@ -234,54 +240,40 @@ impl Metrics {
         }
     }
 
+    /// Counts one of the reference's statsd stats by name, when they are counted: the
+    /// typed counter through which an owner's event (a limits load) reaches them.
+    pub fn count_reference_stat(&self, name: StatName) {
+        self.stat(name, 1);
+    }
+
     fn stat(&self, name: StatName, n: u64) {
         if let Some(stats) = self.statsd.get() {
             stats.count(name, n);
         }
     }
 
-    /// A shareable registry.
-    pub fn shared() -> Arc<Metrics> {
-        Arc::new(Metrics::new())
+    /// Hands the registry to `register`, the constructor of a module's own metric families
+    /// (the store's, the transport's, the limits sources', RLQS's): it registers them, at
+    /// zero, and keeps their handles to count with, so every exposition from now on
+    /// includes them. Owners register once each, at composition, like linkerd2-proxy's
+    /// layers; telemetry never names their families.
+    pub fn register<T>(&self, register: impl FnOnce(&mut Registry) -> T) -> T {
+        register(&mut self.registry.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Adds a metric family to every exposition from now on: a module above this one (such
-    /// as `rlqs`) owns its metrics and registers them here once, as the families of this
-    /// module are registered (a counter's name gets `_total` appended; `help` is written as
-    /// given, so it ends with a period like the registry's).
-    pub fn attach(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        metric: impl prometheus_client::encoding::EncodeMetric + Send + Sync + 'static,
-    ) {
-        self.attached.push(name, help, Box::new(metric));
-    }
-
-    /// Runs `sampler` before every exposition, to set gauges read from their source (a
-    /// store's size). It must be cheap and must not call [`Metrics::encode`].
-    pub fn sample_before_encode(&self, sampler: impl Fn(&Metrics) + Send + Sync + 'static) {
-        self.samplers
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(Box::new(sampler));
+    /// The samplers run before every exposition, for an owner to add the gauges it reads
+    /// from their source.
+    pub fn samplers(&self) -> Samplers {
+        self.samplers.clone()
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
-        for sampler in self
-            .samplers
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
-            sampler(self);
-        }
+        self.samplers.run();
         let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut out, &registry);
         out
     }
 }

@@ -32,9 +32,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::PortBound;
+use super::metrics::{Port, TransportMetrics};
 use super::opening::Progress;
 use super::places::{Activity, Place};
-use crate::telemetry::metrics::{Metrics, Port};
 
 /// A connection under its port's bound and deadlines: holds its place until dropped, and
 /// fails its reads once it was told to make way for a new connection (and has answered the
@@ -76,7 +76,7 @@ struct Bounded {
     last_read: Instant,
     /// Counted in `floodgate_connections_open` while the connection lives.
     open: Gauge,
-    metrics: Arc<Metrics>,
+    metrics: TransportMetrics,
     port: Port,
 }
 
@@ -460,6 +460,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::telemetry::metrics::Metrics;
     use crate::transport::ConnectionLimits;
     use crate::transport::places::Taken;
 
@@ -484,7 +485,11 @@ mod tests {
     #[tokio::test]
     async fn an_evicted_connection_fails_its_pending_read() {
         let limits = limits(1, Duration::from_secs(600));
-        let bound = PortBound::new(limits, Port::Grpc, Metrics::shared());
+        let bound = PortBound::new(
+            limits,
+            Port::Grpc,
+            TransportMetrics::register(&Metrics::new()),
+        );
         let (mut idle, _client) = guarded(&bound);
         let read = tokio::spawn(async move { idle.read(&mut [0; 1]).await });
         // The single-threaded test runtime runs the read until it is pending.
@@ -505,7 +510,11 @@ mod tests {
     async fn a_call_racing_its_eviction_is_answered_before_the_close() {
         use futures_util::FutureExt;
         let limits = limits(1, Duration::from_secs(600));
-        let bound = PortBound::new(limits, Port::Http, Metrics::shared());
+        let bound = PortBound::new(
+            limits,
+            Port::Http,
+            TransportMetrics::register(&Metrics::new()),
+        );
         let (mut raced, mut client) = guarded(&bound);
         let (_newcomer, taken) = bound.places.take().unwrap();
         assert_eq!(taken, Taken::Evicted);
@@ -553,8 +562,12 @@ mod tests {
     /// its one timer, for its age: the idle close is not counted, and its writes fail too.
     #[tokio::test]
     async fn an_aged_idle_connection_closes_once_for_its_age() {
-        let metrics = Metrics::shared();
-        let bound = PortBound::new(limits(1, Duration::ZERO), Port::Grpc, metrics.clone());
+        let metrics = Metrics::new();
+        let bound = PortBound::new(
+            limits(1, Duration::ZERO),
+            Port::Grpc,
+            TransportMetrics::register(&metrics),
+        );
         let (guarded, _client) = guarded(&bound);
         let mut guarded = guarded.cut_after(Some(Duration::ZERO));
         let mut buf = [0; 1];

@@ -37,10 +37,10 @@ use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::connection::Abandoned;
+use super::metrics::{HandshakeFailure, TransportMetrics};
 use super::{Acceptor, Guarded};
 use crate::file_watch::{self, FileWatch, WatchError};
 use crate::pem::{self, FileRole, Tls, TlsError};
-use crate::telemetry::metrics::{HandshakeFailure, Metrics};
 
 /// Handshaken connections waiting for tonic to take them.
 const ACCEPTED_BACKLOG: usize = 64;
@@ -64,7 +64,7 @@ pub struct TlsFiles {
 pub struct GrpcTls {
     files: Arc<TlsFiles>,
     config: Arc<ArcSwap<ServerConfig>>,
-    metrics: Arc<Metrics>,
+    metrics: TransportMetrics,
 }
 
 impl fmt::Debug for GrpcTls {
@@ -77,7 +77,7 @@ impl fmt::Debug for GrpcTls {
 
 impl GrpcTls {
     /// Loads the certificate, its key and the client CA (if any); counts the load.
-    pub fn load(files: TlsFiles, metrics: Arc<Metrics>) -> Result<GrpcTls, TlsError> {
+    pub fn load(files: TlsFiles, metrics: TransportMetrics) -> Result<GrpcTls, TlsError> {
         let config = server_config(&files);
         metrics.record_tls_load(config.is_ok());
         Ok(GrpcTls {

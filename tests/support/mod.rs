@@ -23,11 +23,12 @@ use floodgate::proto::rls::{
 };
 use floodgate::server::{self, ServerError};
 use floodgate::service::Decider;
-use floodgate::sources::Publisher;
+use floodgate::sources::{Publisher, Snapshot, SourceMetrics};
 use floodgate::store::redis::cluster::{ClusterSettings, ClusterStore};
 use floodgate::store::redis::{RedisSettings, RedisStore, SentinelSettings};
-use floodgate::store::{MemoryStore, Store};
+use floodgate::store::{MemoryStore, Store, StoreMetrics};
 use floodgate::telemetry::metrics::Metrics;
+use floodgate::transport::TransportMetrics;
 use floodgate::transport::tls::{GrpcTls, TlsFiles};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -186,16 +187,18 @@ impl Setup {
         let clock = Arc::new(ManualClock::new(START_US));
         let metrics = match &self.store {
             Some((_, metrics)) => metrics.clone(),
-            None => Metrics::shared(),
+            None => Arc::new(Metrics::new()),
         };
+        let transport = TransportMetrics::register(&metrics);
         let reloads = Arc::new(AtomicUsize::new(0));
         let mut watches = Vec::new();
         let config = match &self.limits {
-            Limits::Yaml(yaml) => shared(load(yaml)),
+            Limits::Yaml(yaml) => shared(load(yaml), &metrics),
             Limits::Watched(path) => {
                 let config = shared(
                     floodgate::sources::files::load(path, &defaults())
                         .unwrap_or_else(|e| panic!("test limits do not load:\n{e}")),
+                    &metrics,
                 );
                 let counter = reloads.clone();
                 let loader = floodgate::sources::files::Loader {
@@ -203,8 +206,8 @@ impl Setup {
                     defaults: defaults(),
                     merge_domains: false,
                 };
-                let publisher =
-                    Publisher::new(config.clone(), metrics.clone()).on_publish(move |_| {
+                let publisher = Publisher::new(config.clone(), SourceMetrics::register(&metrics))
+                    .on_publish(move |_| {
                         counter.fetch_add(1, Ordering::SeqCst);
                     });
                 let watch = floodgate::sources::files::spawn(loader, publisher).unwrap();
@@ -213,7 +216,7 @@ impl Setup {
             }
         };
         let tls = self.tls.map(|files| {
-            let tls = GrpcTls::load(files, metrics.clone()).unwrap();
+            let tls = GrpcTls::load(files, transport.clone()).unwrap();
             watches.push(tls.watch().unwrap());
             tls
         });
@@ -249,6 +252,7 @@ impl Setup {
                 max_connection_age_grace: None,
                 keepalive_interval: None,
                 bounds: server::Bounds::default(),
+                transport,
                 console: Default::default(),
                 rlqs: None,
             },
@@ -305,10 +309,13 @@ async fn start_store(
         }
         Backend::Cluster => {
             let cluster = redis::RedisCluster::start(3, 0);
-            let store =
-                ClusterStore::new(&cluster_settings(&cluster.seeds()), metrics.clone(), None)
-                    .unwrap()
-                    .with_test_clock(clock.clone());
+            let store = ClusterStore::new(
+                &cluster_settings(&cluster.seeds()),
+                StoreMetrics::register(metrics),
+                None,
+            )
+            .unwrap()
+            .with_test_clock(clock.clone());
             (Arc::new(store), Buckets::Cluster(cluster))
         }
     }
@@ -464,8 +471,8 @@ pub fn load(yaml: &str) -> Config {
     .unwrap_or_else(|e| panic!("test config does not load:\n{e}"))
 }
 
-fn shared(config: Config) -> Arc<ArcSwap<Config>> {
-    Arc::new(ArcSwap::from_pointee(config))
+fn shared(config: Config, metrics: &Metrics) -> Arc<ArcSwap<Snapshot>> {
+    Arc::new(ArcSwap::from_pointee(Snapshot::resolved(config, metrics)))
 }
 
 /// Redis store settings for tests: generous timeouts, so a loaded test machine never turns

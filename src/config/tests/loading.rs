@@ -155,3 +155,36 @@ fn rules_per_load_are_capped() {
     );
     assert!(capped(9).is_err_and(|ConfigErrors(e)| e[0].message.contains("duplicate domain")));
 }
+
+/// Each rule of a compiled configuration has its own index below `rule_count`, numbered by
+/// domain and path, so the same limits number their rules the same way every load.
+#[test]
+fn rules_are_numbered_by_domain_and_path() {
+    let files = sources(&[
+        (
+            "b.yaml",
+            "domain: b\ndescriptors:\n  - {key: z, rate_limit: {unit: second, requests_per_unit: 1}}\n  - key: a\n    value: '*'\n    rate_limit: {unit: second, requests_per_unit: 1}\n    descriptors:\n      - {key: n, rate_limit: {unit: minute, requests_per_unit: 1}}\n",
+        ),
+        ("a.yaml", LIMITS),
+    ]);
+    let numbered = |config: &Config| -> Vec<(String, usize)> {
+        config
+            .domains()
+            .flat_map(|domain| domain.rules())
+            .map(|rule| (rule.path.to_string(), rule.index))
+            .collect()
+    };
+    let config = Config::from_sources(&files, &Defaults::default()).unwrap();
+    assert_eq!(config.rule_count(), 4);
+    assert_eq!(
+        numbered(&config),
+        [
+            ("b.a_*".to_string(), 0),
+            ("b.a_*.n".to_string(), 1),
+            ("b.z".to_string(), 2),
+            ("d.k".to_string(), 3),
+        ]
+    );
+    let again = Config::from_sources(&files, &Defaults::default()).unwrap();
+    assert_eq!(numbered(&again), numbered(&config));
+}

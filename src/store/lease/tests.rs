@@ -3,7 +3,7 @@ use std::sync::atomic::AtomicUsize;
 use super::*;
 use crate::clock::ManualClock;
 use crate::limiter::{Algorithm, LimitParams};
-use crate::store::MemoryStore;
+use crate::store::{MemoryStore, StoreMetrics};
 
 /// The memory store standing in for Redis (same semantics: one shared test suite holds
 /// them equal), counting the calls made to it; while `hold` is set, a call waits for
@@ -240,7 +240,7 @@ async fn a_leased_answer_needs_no_place_among_the_calls_to_redis() {
             shed_deadline: Some(Duration::from_millis(100)),
         },
         None,
-        Arc::new(crate::telemetry::metrics::Metrics::new()),
+        StoreMetrics::register(&crate::telemetry::metrics::Metrics::new()),
     ));
     for _ in 0..30 {
         assert!(store.apply(&[op(b"hot", 1000, 1)]).await.unwrap().committed);

@@ -1,6 +1,7 @@
 use super::*;
 use crate::clock::ManualClock;
 use crate::limiter::{Algorithm, LimitParams};
+use crate::telemetry::metrics::Metrics;
 
 const NOW: i64 = 1_749_945_600_000_000;
 
@@ -234,8 +235,8 @@ fn sweep_after_a_flood_shrinks_the_tables() {
 #[test]
 fn flood_stays_within_bound() {
     let (_, store) = store();
-    let metrics = Metrics::shared();
-    let store = store.with_max_buckets(128, Some(metrics.clone()));
+    let metrics = Arc::new(Metrics::new());
+    let store = store.with_max_buckets(128, Some(StoreMetrics::register(&metrics)));
     for i in 0..10_000 {
         assert!(
             store

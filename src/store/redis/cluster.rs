@@ -35,8 +35,8 @@ use super::script::{self, Action};
 use crate::bucket::{Applied, BucketKey, BucketOp};
 use crate::clock::Clock;
 use crate::store::fanout::{apply_groups, set_groups};
+use crate::store::metrics::StoreMetrics;
 use crate::store::{RemoteStore, Store, StoreError};
-use crate::telemetry::metrics::Metrics;
 
 /// How to reach a Redis Cluster.
 #[derive(Clone)]
@@ -74,7 +74,7 @@ pub struct ClusterStore {
     /// Deadline per slot group call and per refund.
     command_timeout: Duration,
     /// Where refunds are counted.
-    metrics: Arc<Metrics>,
+    metrics: StoreMetrics,
     /// Tests only: a clock whose time is passed to the script instead of Redis `TIME`.
     test_clock: Option<Arc<dyn Clock>>,
 }
@@ -85,7 +85,7 @@ impl ClusterStore {
     /// start-up is an outage for the failure policy, not a start-up failure.
     pub fn new(
         settings: &ClusterSettings,
-        metrics: Arc<Metrics>,
+        metrics: StoreMetrics,
         tls: Option<TlsCertificates>,
     ) -> Result<ClusterStore, StoreError> {
         let invalid = |e: redis::RedisError| {

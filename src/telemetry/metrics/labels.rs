@@ -38,36 +38,6 @@ impl EncodeLabelValue for LabelText {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct PortLabels {
-    pub(super) port: &'static str,
-}
-
-/// The listening port a connection metric is about.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Port {
-    /// The gRPC port (rate-limit service, health, reflection).
-    Grpc,
-    /// The admin HTTP port.
-    Http,
-    /// The reference's Prometheus series' port (`--reference-prometheus-addr`).
-    Prometheus,
-    /// The reference's debug port (`--debug-addr`).
-    Debug,
-}
-
-impl Port {
-    /// The `port` label value.
-    pub fn label(self) -> &'static str {
-        match self {
-            Port::Grpc => "grpc",
-            Port::Http => "http",
-            Port::Prometheus => "prometheus",
-            Port::Debug => "debug",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct ResultLabels {
     pub(super) result: &'static str,
 }
@@ -77,35 +47,6 @@ pub(super) struct ResultLabels {
 pub(super) struct DomainLabels {
     pub(super) domain: LabelText,
     pub(super) result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct KindLabels {
-    pub(super) kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct PolicyLabels {
-    pub(super) policy: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct StoreLabels {
-    pub(super) store: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(super) struct ReasonLabels {
-    pub(super) reason: &'static str,
-}
-
-/// Why a TLS handshake on the gRPC port failed, for `floodgate_tls_handshake_failures_total`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandshakeFailure {
-    /// The handshake was refused (not TLS, no or an untrusted client certificate, …).
-    Error,
-    /// The client did not complete it in time.
-    Timeout,
 }
 
 /// How a ShouldRateLimit call ended, for `floodgate_requests_total`.

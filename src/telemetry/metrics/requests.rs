@@ -206,12 +206,10 @@ impl Metrics {
     /// ([`crate::service::Decider`]) holds the `--max-in-flight` bound and its count; metrics
     /// only shows it, so the request path updates one atomic, not two.
     pub fn mirror_requests_in_flight(&self, count: Arc<AtomicUsize>) {
-        self.sample_before_encode(move |metrics| {
+        let gauge = self.requests.in_flight.clone();
+        self.samplers.add(move || {
             let n = count.load(Ordering::Relaxed);
-            metrics
-                .requests
-                .in_flight
-                .set(i64::try_from(n).unwrap_or(i64::MAX));
+            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
         });
     }
 }

@@ -3,13 +3,13 @@
 //! cap on series that carry request values.
 //!
 //! A configured rule's handles are resolved once per limits load
-//! ([`Metrics::resolve_rules`], which each limits source calls after compiling and before
-//! swapping the configuration in) and kept in the compiled rule's [`RuleSeries`] slot, so
-//! counting a tally is one atomic add per counter: no lock, no hash. Looking a series up in
-//! its family takes the family's lock and hashes both labels; a tally needs two to four
-//! series, plus the reference's statsd counters (a lock and a hash of their own) when those
-//! are on. A reload compiles new rules with new slots; their handles are taken from the same
-//! families, so the counts carry on.
+//! ([`Metrics::resolve_rules`], which the limits publisher calls after compiling and before
+//! swapping the configuration in) into a [`RuleHandles`], indexed by each rule's index in its
+//! configuration and swapped in beside it, so counting a tally is one atomic add per
+//! counter: no lock, no hash. Looking a series up in its family takes the family's lock and
+//! hashes both labels; a tally needs two to four series, plus the reference's statsd
+//! counters (a lock and a hash of their own) when those are on. A reload resolves new
+//! handles from the same families, so the counts carry on.
 //!
 //! Tallies whose rule path holds request values (`detailed_metric`, `value_to_metric`) have
 //! no handles: their labels are known only per request, so each looks its series up, at most
@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 
 use super::Metrics;
 use super::labels::{DomainLabels, LabelText, RequestResult, RuleLabels};
-use crate::outcome::{ConfiguredRule, Outcome, RuleSeries, RuleSet, Tally, Verdict};
+use crate::outcome::{Outcome, Tally, Verdict};
 use crate::telemetry::statsd::{RuleCounters, StatName};
 
 /// The `domain` label of requests for a domain no configuration has: clients choose those
@@ -144,14 +144,69 @@ impl RuleMetrics {
     }
 }
 
-/// The handles of one rule's series in one [`Metrics`], resolved when the rule's limits
-/// load (or, for a configuration no limits source resolved, on the rule's first tally).
-pub(super) struct RuleHandles {
+/// A configured rule, as the limits publisher shows it to [`Metrics::resolve_rules`].
+#[derive(Clone, Copy, Debug)]
+pub struct ConfiguredRule<'a> {
+    /// The rule's index in its configuration ([`Tally::rule_index`] of its tallies).
+    pub index: usize,
+    /// The domain's metric label ([`Outcome::domain`] of its requests).
+    pub domain: &'a Arc<str>,
+    /// The rule's metric path (`domain.key_value.key`).
+    pub path: &'a Arc<str>,
+    /// `detailed_metric`: every tally of the rule holds request values, so its configured
+    /// path is never counted.
+    pub detailed: bool,
+}
+
+/// The series handles of every configured rule of one configuration in one [`Metrics`],
+/// indexed by the rule's index: what the limits publisher swaps in beside the configuration.
+/// Empty ([`RuleHandles::default`]) for a configuration no registry resolved: its tallies
+/// look their series up.
+#[derive(Default)]
+pub struct RuleHandles {
     /// The [`Metrics`] they belong to ([`Metrics::id`]): another registry (tests make many)
     /// looks its series up.
-    metrics: u64,
-    /// The labels they were resolved for: a tally whose labels differ (a rule shared by two
-    /// configurations' domains) looks its series up.
+    metrics: Option<u64>,
+    /// By rule index; `None` for a rule counted only under request values.
+    rules: Box<[Option<RuleHandle>]>,
+}
+
+impl std::fmt::Debug for RuleHandles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let resolved = self.rules.iter().flatten().count();
+        write!(f, "RuleHandles({resolved} rules)")
+    }
+}
+
+impl RuleHandles {
+    /// The handles of the rule at `index`, if they are the series of `domain`/`rule` in the
+    /// registry `metrics`.
+    fn get(
+        &self,
+        metrics: u64,
+        index: usize,
+        domain: &Arc<str>,
+        rule: &Arc<str>,
+    ) -> Option<&RuleHandle> {
+        if self.metrics != Some(metrics) {
+            return None;
+        }
+        let handle = self.rules.get(index)?.as_ref()?;
+        handle.serves(domain, rule).then_some(handle)
+    }
+
+    /// The handles of the rule at `index`, if resolved.
+    #[cfg(test)]
+    pub(super) fn rule(&self, index: usize) -> Option<&RuleHandle> {
+        self.rules.get(index)?.as_ref()
+    }
+}
+
+/// The handles of one rule's series in one [`Metrics`], resolved when the rule's limits
+/// load.
+pub(super) struct RuleHandle {
+    /// The labels they were resolved for: a tally whose labels differ (a rule counted under
+    /// another domain's label) looks its series up.
     domain: Arc<str>,
     rule: Arc<str>,
     /// Each series, taken from its family when it first counts.
@@ -171,15 +226,14 @@ pub(super) struct RuleHandles {
     domain_requests: [OnceLock<Counter>; 5],
 }
 
-impl RuleHandles {
+impl RuleHandle {
     /// The handles of `rule` in `domain`, in `metrics`.
-    fn new(metrics: &Metrics, domain: &Arc<str>, rule: &Arc<str>) -> RuleHandles {
+    fn new(metrics: &Metrics, domain: &Arc<str>, rule: &Arc<str>) -> RuleHandle {
         let statsd = OnceLock::new();
         if let Some(counters) = metrics.statsd.get().and_then(|stats| stats.rule(rule)) {
             let _ = statsd.set(counters);
         }
-        RuleHandles {
-            metrics: metrics.id,
+        RuleHandle {
             domain: Arc::clone(domain),
             rule: Arc::clone(rule),
             hits: OnceLock::new(),
@@ -206,59 +260,60 @@ impl RuleHandles {
         self.errors.get().map(Counter::get)
     }
 
-    /// Whether these handles are the series of `domain`/`rule` in the registry `metrics`.
-    fn serves(&self, metrics: u64, domain: &Arc<str>, rule: &Arc<str>) -> bool {
+    /// Whether these handles are the series of `domain`/`rule`.
+    fn serves(&self, domain: &Arc<str>, rule: &Arc<str>) -> bool {
         let same = |a: &Arc<str>, b: &Arc<str>| Arc::ptr_eq(a, b) || **a == **b;
-        self.metrics == metrics && same(&self.domain, domain) && same(&self.rule, rule)
+        same(&self.domain, domain) && same(&self.rule, rule)
     }
 }
 
 impl Metrics {
     /// Resolves the handles of every configured rule of `rules` in this registry, so that
-    /// requests count them with atomic adds alone. Each limits source calls it on a freshly
-    /// compiled configuration, before swapping it in; the handles live in the compiled rules
-    /// and go with them.
-    pub fn resolve_rules(&self, rules: &dyn RuleSet) {
-        rules.each_rule(&mut |rule: ConfiguredRule<'_>| {
-            // A rule counted only under request values never counts its configured path.
-            if !rule.detailed {
-                self.handles_in(rule.series, rule.domain, rule.path);
-            }
-        });
-    }
-
-    /// The handles in `series` for `domain`/`rule` in this registry, resolved now if no
-    /// limits source resolved them; `None` where they belong to another registry or label.
-    fn handles_in<'s>(
+    /// requests count them with atomic adds alone. The limits publisher calls it on a freshly
+    /// compiled configuration and swaps the handles in beside it.
+    pub fn resolve_rules<'a>(
         &self,
-        series: &'s RuleSeries,
-        domain: &Arc<str>,
-        rule: &Arc<str>,
-    ) -> Option<&'s RuleHandles> {
-        let handles = series
-            .slot()
-            .get_or_init(|| Box::new(RuleHandles::new(self, domain, rule)));
-        // Only this module fills the slot, always with `RuleHandles`.
-        let handles = handles.downcast_ref::<RuleHandles>()?;
-        handles.serves(self.id, domain, rule).then_some(handles)
+        rules: impl IntoIterator<Item = ConfiguredRule<'a>>,
+    ) -> RuleHandles {
+        let mut resolved: Vec<Option<RuleHandle>> = Vec::new();
+        for rule in rules {
+            // A rule counted only under request values never counts its configured path.
+            if rule.detailed {
+                continue;
+            }
+            if resolved.len() <= rule.index {
+                resolved.resize_with(rule.index + 1, || None);
+            }
+            resolved[rule.index] = Some(RuleHandle::new(self, rule.domain, rule.path));
+        }
+        RuleHandles {
+            metrics: Some(self.id),
+            rules: resolved.into_boxed_slice(),
+        }
     }
 
-    /// The handles of `tally`'s rule in this registry; `None` for a tally that must look its
-    /// series up (its path holds request values, or see [`RuleHandles`]).
-    fn handles<'t>(&self, domain: &Arc<str>, tally: &'t Tally) -> Option<&'t RuleHandles> {
-        match &tally.series {
-            Some(series) if !tally.detailed => self.handles_in(series, domain, &tally.rule),
+    /// The handles of `tally`'s rule in `rules`; `None` for a tally that must look its
+    /// series up (its path holds request values, or see [`RuleHandles::get`]).
+    fn handles<'h>(
+        &self,
+        domain: &Arc<str>,
+        tally: &Tally,
+        rules: &'h RuleHandles,
+    ) -> Option<&'h RuleHandle> {
+        match tally.rule_index {
+            Some(index) if !tally.detailed => rules.get(self.id, index, domain, &tally.rule),
             _ => None,
         }
     }
 
-    /// Counts a planned request's per-rule verdicts and its result.
-    pub fn record_outcome(&self, outcome: &Outcome, result: RequestResult) {
+    /// Counts a planned request's per-rule verdicts and its result, through the handles
+    /// `rules` resolved for the configuration that planned it.
+    pub fn record_outcome(&self, outcome: &Outcome, rules: &RuleHandles, result: RequestResult) {
         // Tallies exist only for a configured domain.
         let mut rule = None;
         if let Some(domain) = &outcome.domain {
             for tally in &outcome.tallies {
-                rule = self.record_tally(domain, tally).or(rule);
+                rule = self.record_tally(domain, tally, rules).or(rule);
             }
         }
         let labels = || DomainLabels {
@@ -289,17 +344,18 @@ impl Metrics {
         self.record_request(result);
     }
 
-    /// Counts one tally: with its rule's handles when it has them ([`RuleSeries`]), else
-    /// by looking each series up. Returns the handles used.
+    /// Counts one tally: with its rule's handles in `rules` when it has them, else by
+    /// looking each series up. Returns the handles used.
     ///
     /// With handles, each counter is one atomic add (its series is taken from its family
     /// the first time it counts, so the exposition shows what a lookup would create).
-    pub(super) fn record_tally<'t>(
+    pub(super) fn record_tally<'h>(
         &self,
         domain: &Arc<str>,
-        tally: &'t Tally,
-    ) -> Option<&'t RuleHandles> {
-        let Some(resolved) = self.handles(domain, tally) else {
+        tally: &Tally,
+        rules: &'h RuleHandles,
+    ) -> Option<&'h RuleHandle> {
+        let Some(resolved) = self.handles(domain, tally, rules) else {
             self.look_up_tally(domain, tally);
             return None;
         };
@@ -399,18 +455,20 @@ impl Metrics {
 
     /// Counts, per rule, the hits of a request that failed with a store error (`rules`:
     /// each matched rule's path, whether it holds request values, its hits, and the
-    /// configured rule's handles where the path is the configured one). Only the error path
-    /// calls it, but during a store outage that is every request: configured rules count
-    /// through their handles, as tallies do.
+    /// configured rule's index where the path is the configured one; `handles`: those
+    /// resolved for the configuration that planned it). Only the error path calls it, but
+    /// during a store outage that is every request: configured rules count through their
+    /// handles, as tallies do.
     pub fn record_rule_errors<'a>(
         &self,
         domain: &Arc<str>,
-        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64, Option<&'a RuleSeries>)>,
+        rules: impl IntoIterator<Item = (&'a Arc<str>, bool, u64, Option<usize>)>,
+        handles: &RuleHandles,
     ) {
-        for (rule, detailed, hits, series) in rules {
-            let handles = series
+        for (rule, detailed, hits, index) in rules {
+            let handles = index
                 .filter(|_| !detailed)
-                .and_then(|series| self.handles_in(series, domain, rule));
+                .and_then(|index| handles.get(self.id, index, domain, rule));
             match handles {
                 Some(handles) => handles
                     .errors

@@ -4,8 +4,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::outcome::{ConfiguredRule, Outcome, RuleSet, Tally, Verdict};
-use rules::RuleHandles;
+use crate::outcome::{Outcome, Tally, Verdict};
 
 fn tally(rule: &str, detailed: bool) -> Tally {
     Tally {
@@ -15,7 +14,7 @@ fn tally(rule: &str, detailed: bool) -> Tally {
         verdict: Verdict::WithinLimit,
         near_limit: 0,
         local_cache: false,
-        series: None,
+        rule_index: None,
     }
 }
 
@@ -26,12 +25,13 @@ fn detailed_labels_are_escaped_and_capped() {
     let metrics = Metrics::new();
     metrics.set_max_detailed_series(2);
     let domain: Arc<str> = "d".into();
+    let none = RuleHandles::default();
     for rule in ["d.user_a\"b", "d.user_x\ny", "d.user_back\\", "d.user_more"] {
-        metrics.record_tally(&domain, &tally(rule, true));
+        metrics.record_tally(&domain, &tally(rule, true), &none);
     }
     // Seen before the cap: still its own series.
-    metrics.record_tally(&domain, &tally("d.user_a\"b", true));
-    metrics.record_tally(&domain, &tally("d.k", false));
+    metrics.record_tally(&domain, &tally("d.user_a\"b", true), &none);
+    metrics.record_tally(&domain, &tally("d.k", false), &none);
     let text = metrics.encode();
     assert!(text.contains(r#"rule="d.user_a\"b"} 2"#), "{text}");
     assert!(text.contains(r#"rule="d.user_x\ny""#), "{text}");
@@ -58,8 +58,8 @@ fn lines(metrics: &Metrics) -> Vec<String> {
 /// in another.
 #[test]
 fn rule_handles_export_what_lookups_export() {
-    let series = RuleSeries::default();
     let domain: Arc<str> = "d".into();
+    let rule: Arc<str> = "d.k".into();
     let tallies = [
         (Verdict::WithinLimit, 0, false),
         (Verdict::WithinLimit, 1, false),
@@ -67,25 +67,27 @@ fn rule_handles_export_what_lookups_export() {
         (Verdict::ShadowOverLimit, 0, false),
     ];
     let (handles, lookups) = (Metrics::new(), Metrics::new());
+    let resolved = handles.resolve_rules([configured(0, &domain, &rule, false)]);
+    let none = RuleHandles::default();
     for (i, (verdict, near_limit, local_cache)) in tallies.into_iter().enumerate() {
-        let tally = |series: Option<RuleSeries>| Tally {
+        let tally = Tally {
             verdict,
             near_limit,
             local_cache,
             hits: 2,
-            series,
+            rule_index: Some(0),
             ..tally("d.k", false)
         };
-        handles.record_tally(&domain, &tally(Some(series.clone())));
-        lookups.record_tally(&domain, &tally(None));
+        handles.record_tally(&domain, &tally, &resolved);
+        lookups.record_tally(&domain, &tally, &none);
         assert_eq!(lines(&handles), lines(&lookups), "after tally {i}");
     }
-    let outcome = |series: Option<RuleSeries>| Outcome {
+    let outcome = Outcome {
         response: Default::default(),
         over: false,
         domain: Some(Arc::clone(&domain)),
         tallies: vec![Tally {
-            series,
+            rule_index: Some(0),
             ..tally("d.k", false)
         }],
         shadowed: false,
@@ -95,26 +97,18 @@ fn rule_handles_export_what_lookups_export() {
         RequestResult::OverLimit,
         RequestResult::Ok,
     ] {
-        handles.record_outcome(&outcome(Some(series.clone())), result);
-        lookups.record_outcome(&outcome(None), result);
+        handles.record_outcome(&outcome, &resolved, result);
+        lookups.record_outcome(&outcome, &none, result);
     }
     assert_eq!(lines(&handles), lines(&lookups));
     // The same rule counted in another registry, and under another domain label.
     let other = Metrics::new();
-    other.record_tally(
-        &domain,
-        &Tally {
-            series: Some(series.clone()),
-            ..tally("d.k", false)
-        },
-    );
-    handles.record_tally(
-        &"e".into(),
-        &Tally {
-            series: Some(series.clone()),
-            ..tally("d.k", false)
-        },
-    );
+    let indexed = Tally {
+        rule_index: Some(0),
+        ..tally("d.k", false)
+    };
+    other.record_tally(&domain, &indexed, &resolved);
+    handles.record_tally(&"e".into(), &indexed, &resolved);
     let text = other.encode();
     assert!(
         text.contains(r#"floodgate_rule_hits_total{domain="d",rule="d.k"} 1"#),
@@ -131,25 +125,19 @@ fn rule_handles_export_what_lookups_export() {
     );
 }
 
-/// Rules as a compiled configuration shows them: (domain, path, detailed_metric, slot).
-struct Rules(Vec<(Arc<str>, Arc<str>, bool, RuleSeries)>);
-
-impl RuleSet for Rules {
-    fn each_rule(&self, visit: &mut dyn FnMut(ConfiguredRule<'_>)) {
-        for (domain, path, detailed, series) in &self.0 {
-            visit(ConfiguredRule {
-                domain,
-                path,
-                detailed: *detailed,
-                series,
-            });
-        }
+/// A configured rule as the limits publisher shows it to telemetry.
+fn configured<'a>(
+    index: usize,
+    domain: &'a Arc<str>,
+    path: &'a Arc<str>,
+    detailed: bool,
+) -> ConfiguredRule<'a> {
+    ConfiguredRule {
+        index,
+        domain,
+        path,
+        detailed,
     }
-}
-
-/// The handles in `series`, if they were resolved.
-fn handles(series: &RuleSeries) -> Option<&RuleHandles> {
-    series.slot().get()?.downcast_ref::<RuleHandles>()
 }
 
 /// Loading limits resolves each configured rule's handles, the reference's statsd counters
@@ -161,27 +149,13 @@ fn rules_are_resolved_when_limits_load() {
     let metrics = Metrics::new();
     metrics.attach_reference_stats(None, None);
     let domain: Arc<str> = "d".into();
-    let rules = Rules(vec![
-        (
-            Arc::clone(&domain),
-            "d.k".into(),
-            false,
-            RuleSeries::default(),
-        ),
-        (
-            Arc::clone(&domain),
-            "d.user".into(),
-            true,
-            RuleSeries::default(),
-        ),
+    let (plain, detailed): (Arc<str>, Arc<str>) = ("d.k".into(), "d.user".into());
+    let rules = metrics.resolve_rules([
+        configured(0, &domain, &plain, false),
+        configured(1, &domain, &detailed, true),
     ]);
-    metrics.resolve_rules(&rules);
-    let (plain, detailed) = (&rules.0[0].3, &rules.0[1].3);
-    assert!(
-        handles(detailed).is_none(),
-        "a detailed rule has no handles"
-    );
-    let resolved = handles(plain).expect("resolved at load");
+    assert!(rules.rule(1).is_none(), "a detailed rule has no handles");
+    let resolved = rules.rule(0).expect("resolved at load");
     let stats = metrics.reference_stats().expect("attached");
     let counters = resolved.statsd().expect("statsd counters resolved at load");
     assert!(Arc::ptr_eq(counters, &stats.rule(&"d.k".into()).unwrap()));
@@ -189,11 +163,11 @@ fn rules_are_resolved_when_limits_load() {
 
     let tally = Tally {
         hits: 3,
-        series: Some(plain.clone()),
+        rule_index: Some(0),
         ..tally("d.k", false)
     };
     let used = metrics
-        .record_tally(&domain, &tally)
+        .record_tally(&domain, &tally, &rules)
         .expect("counted by handles");
     assert!(
         std::ptr::eq(used, resolved),
@@ -216,28 +190,25 @@ fn rules_are_resolved_when_limits_load() {
 /// looking the series up exports; a path with request values still looks its series up.
 #[test]
 fn rule_errors_through_handles_export_what_lookups_export() {
-    let series = RuleSeries::default();
     let domain: Arc<str> = "d".into();
     let (rule, user): (Arc<str>, Arc<str>) = ("d.k".into(), "d.user_u1".into());
     let (counted, lookups) = (Metrics::new(), Metrics::new());
-    counted.resolve_rules(&Rules(vec![(
-        Arc::clone(&domain),
-        Arc::clone(&rule),
-        false,
-        series.clone(),
-    )]));
+    let rules = counted.resolve_rules([configured(0, &domain, &rule, false)]);
+    let none = RuleHandles::default();
     for hits in [2, 3] {
         counted.record_rule_errors(
             &domain,
-            [(&rule, false, hits, Some(&series)), (&user, true, 1, None)],
+            [(&rule, false, hits, Some(0)), (&user, true, 1, None)],
+            &rules,
         );
         lookups.record_rule_errors(
             &domain,
             [(&rule, false, hits, None), (&user, true, 1, None)],
+            &none,
         );
     }
     assert_eq!(lines(&counted), lines(&lookups));
-    let errors = handles(&series).and_then(RuleHandles::errors_counted);
+    let errors = rules.rule(0).and_then(|rule| rule.errors_counted());
     assert_eq!(errors, Some(5), "counted through the rule's handles");
     let text = counted.encode();
     assert!(
