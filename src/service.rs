@@ -124,7 +124,7 @@ pub enum EntryPoint {
 }
 
 impl Decider {
-    /// A limiter over `config` and `store`, with no practical bound on requests in flight
+    /// A decider over `config` and `store`, with no practical bound on requests in flight
     /// (see [`Decider::with_max_in_flight`]).
     pub fn new(
         config: Arc<ArcSwap<Config>>,
@@ -173,7 +173,7 @@ impl Decider {
         self.config.load_full()
     }
 
-    /// The metrics this limiter records into.
+    /// The metrics this decider records into.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -603,16 +603,16 @@ impl Drop for Admitted {
 /// The gRPC face of [`Decider`].
 #[derive(Clone)]
 pub struct RlsService {
-    limiter: Arc<Decider>,
+    decider: Arc<Decider>,
     /// The largest request message decoded (tonic's 4 MiB when `None`).
     max_decoding_message_size: Option<usize>,
 }
 
 impl RlsService {
-    /// Serves `limiter` over gRPC.
-    pub fn new(limiter: Arc<Decider>) -> RlsService {
+    /// Serves `decider` over gRPC.
+    pub fn new(decider: Arc<Decider>) -> RlsService {
         RlsService {
-            limiter,
+            decider,
             max_decoding_message_size: None,
         }
     }
@@ -625,7 +625,7 @@ impl RlsService {
 
     /// The decider that answers the calls.
     pub fn decider(&self) -> &Arc<Decider> {
-        &self.limiter
+        &self.decider
     }
 
     /// The largest request message decoded, if bounded.
@@ -658,7 +658,7 @@ impl RlsService {
         async move {
             let started = Instant::now();
             let answered = if admitted {
-                self.limiter
+                self.decider
                     .answer_traced(
                         request.get_ref(),
                         EntryPoint::Grpc,
@@ -666,7 +666,7 @@ impl RlsService {
                     )
                     .await
             } else {
-                self.limiter
+                self.decider
                     .should_rate_limit_from(
                         request.get_ref(),
                         EntryPoint::Grpc,
@@ -676,7 +676,7 @@ impl RlsService {
             };
             // The reference's interceptor times every call that reaches the handler, errors
             // included.
-            self.limiter.metrics().record_grpc_call(started.elapsed());
+            self.decider.metrics().record_grpc_call(started.elapsed());
             answered.map(Response::new).map_err(Status::from)
         }
     }

@@ -7,7 +7,7 @@
 //! depend.
 //!
 //! Inside each module the same holds for its files: the files of a module's direct children
-//! (`src/config/load.rs`, `src/config/validate.rs`, …) never use each other, directly or around a
+//! (`src/config/parse.rs`, `src/config/compile.rs`, …) never use each other, directly or around a
 //! circle. Their edges are read from every `crate::`, `super::` and `self::` path, resolved as
 //! the compiler resolves them (inline `mod tests { … }` included), to the file they land in; a
 //! path through a parent's re-export counts as a use of the parent.
