@@ -3,7 +3,7 @@
 //! # How a request flows
 //!
 //! ```text
-//! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
+//! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐   (each call holding an admission::Place)
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::Decider
 //!                                                     │ 1. plan::Plan::build   (config matching, costs;
 //!                                                     │    reference counters stamped with the
@@ -31,11 +31,8 @@
 //!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
 //!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
-//! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
-//!   first frame, undecodable requests are `INVALID_ARGUMENT`, and ShouldRateLimit calls are
-//!   decoded, handed to `service::RlsService` and encoded right there; the admin endpoints
-//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes), whose
-//!   writes must be JSON from the port's own origin.
+//! - [`http`]: the admin endpoints (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and
+//!   the console's routes), whose writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::set`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
@@ -46,7 +43,14 @@
 //!   TLS, certificates reloaded from disk ([`transport::tls`]).
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
 //!   each limit's rate shared among the Envoys that report on it.
-//! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
+//! - [`service`]: the request path (`service::Decider`, one entry point, for a call holding
+//!   a place in the bound on calls in flight), the gRPC face (every gRPC stream takes its
+//!   place from its first frame; ShouldRateLimit calls are decoded, decided and encoded
+//!   right there), and the one mapping from errors to gRPC statuses.
+//! - [`admission`]: the bounds on what the replica takes in at once: calls in flight
+//!   (`--max-in-flight`: `admission::InFlight`, a `admission::Place` per call) and request
+//!   bytes (`--max-in-flight-bytes`); the request codec (undecodable requests are
+//!   `INVALID_ARGUMENT`).
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua
