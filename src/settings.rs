@@ -48,10 +48,7 @@ pub use per_second::PerSecondRedisSettings;
 pub use reference::{ReferenceOverrides, ReferenceReport, SettingsError, apply_reference_env};
 pub use response::ResponseSettings;
 
-use parse::{
-    parse_lease_fraction, parse_max_wait, parse_millis, parse_positive_seconds, parse_ratio,
-    parse_seconds,
-};
+use parse::{parse_lease_fraction, parse_max_wait, parse_millis, parse_seconds, redact_urls};
 
 /// floodgate: a global rate-limit server for Envoy (RLS v3).
 #[derive(Debug, Parser)]
@@ -459,10 +456,4 @@ impl fmt::Debug for ServeSettings {
             .field("algorithm_choice", &self.algorithm_choice)
             .finish()
     }
-}
-
-/// Redis URLs (cluster seeds, sentinels) with their passwords redacted, for logs and `Debug`:
-/// the main Redis and the per-second one alike.
-fn redact_urls(urls: &[String]) -> Vec<String> {
-    urls.iter().map(|url| redact_url(url)).collect()
 }

@@ -18,7 +18,9 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
-use super::{RunOptions, ServerError, stopped};
+use super::error::ServerError;
+use super::options::RunOptions;
+use super::stop::stopped;
 use crate::admission::BodyBudget;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};

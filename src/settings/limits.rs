@@ -6,7 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{ServeSettings, SettingsError};
+use super::ServeSettings;
+use super::reference::SettingsError;
 use crate::limiter::Algorithm;
 use crate::sources::files::Source;
 
