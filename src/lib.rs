@@ -3,7 +3,7 @@
 //! # How a request flows
 //!
 //! ```text
-//! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐   (each call holding an admission::Place)
+//! Envoy ──gRPC──▶ server ──▶ service::RlsService ─┐
 //! curl ───HTTP──▶ server ──▶ http (POST /json) ───┴─▶ service::Decider
 //!                                                     │ 1. plan::Plan::build   (config matching, costs;
 //!                                                     │    reference counters stamped with the

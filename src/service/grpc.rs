@@ -131,10 +131,10 @@ where
     }
 }
 
-/// Answers a ShouldRateLimit call that holds `place` as tonic's generated service would (same codec, same
-/// message bound, same `Grpc::unary`), and counts a request that [`RequestCodec`] refused
-/// before the handler saw it as the handler counts its own invalid requests, and one whose
-/// bytes `budget` refused as an overload.
+/// Answers a ShouldRateLimit call that holds `place` as tonic's generated service would
+/// (same codec, same message bound, same `Grpc::unary`), and counts a request that
+/// [`RequestCodec`] refused before the handler saw it as the handler counts its own invalid
+/// requests, and one whose bytes `budget` refused as an overload.
 ///
 /// The body's charge ends once the message is decoded; the decoded request, whose entries
 /// are slices of the body's buffer, is charged again (its encoded length) until it is

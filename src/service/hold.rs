@@ -41,9 +41,10 @@ impl Holder<'_> {
     /// Holds a committed request for the delay its `max_wait` limits admitted it with. Its
     /// tokens are already debited, so later requests queue behind it. It is served at its
     /// turn, never earlier: when shutdown will cut the connections off before that turn
-    /// (see [`crate::service::Decider::shutting_down`]), its debits are given back and it is refused at
-    /// once instead. If the caller drops the request while it waits (the client cancelled
-    /// or timed out), its debits are given back too: the tokens go to the next request.
+    /// (see [`crate::service::Decider::shutting_down`]), its debits are given back and it is
+    /// refused at once instead. If the caller drops the request while it waits (the client
+    /// cancelled or timed out), its debits are given back too: the tokens go to the next
+    /// request.
     pub(super) async fn hold(&self, plan: &Plan<'_>, applied: &Applied, domain: &Arc<str>) -> Hold {
         let mut waiting = Waiting {
             store: self.store,
