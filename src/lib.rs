@@ -30,15 +30,16 @@
 //! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
 //!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
-//!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
+//!   its own `SO_REUSEPORT` listener, so responses are batched per connection, and each with
+//!   the host's scheduling-delay probe ([`runtime::host`]).
 //! - [`http`]: the admin endpoints (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and
 //!   the console's routes), whose writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::set`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
 //! - [`transport`]: connections on every port: binds the listeners (TCP, `SO_REUSEPORT`, the
-//!   gRPC unix socket), accepts within a bound per port (the longest-idle connection makes way
-//!   for a new one), and wraps each connection once, with one timer for its deadlines (the
+//!   gRPC unix socket), accepts within a bound per port (`transport::connection_bound`: the
+//!   longest-idle connection makes way for a new one), and wraps each connection once, with one timer for its deadlines (the
 //!   handshake and idle timeouts, the gRPC age cut); the gRPC port's optional TLS / mutual
 //!   TLS, certificates reloaded from disk ([`transport::tls`]).
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
