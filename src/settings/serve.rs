@@ -350,7 +350,7 @@ impl ServeSettings {
     }
 
     /// The limits path: `--config`, or the directory the reference's `RUNTIME_*` variables
-    /// name (filled in by [`apply_reference_env`]).
+    /// name (filled in by [`apply_reference_env`](super::apply_reference_env)).
     pub fn limits_path(&self) -> Result<&Path, SettingsError> {
         self.config.as_deref().ok_or(SettingsError::NoLimits)
     }
