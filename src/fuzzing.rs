@@ -25,7 +25,7 @@ use crate::config::{Config, Defaults};
 use crate::limiter::Algorithm;
 use crate::plan::{HeaderOptions, PlanOptions};
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response::Code};
-use crate::service::{Decider, RequestError};
+use crate::service::{Call, Decider, RequestError};
 use crate::sources::Snapshot;
 use crate::store::{MemoryStore, StoreMetrics};
 use crate::telemetry::metrics::{Metrics, RuleHandles};
@@ -132,7 +132,7 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
         dynamic_metadata: true,
         ..PlanOptions::default()
     };
-    let limiter = Decider::new(
+    let decider = Decider::new(
         Arc::new(ArcSwap::from_pointee(Snapshot {
             config: LIMITS.clone(),
             rules: RuleHandles::default(),
@@ -146,7 +146,11 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
     let check_only = request.descriptors.iter().all(|d| d.hits_addend == Some(0));
     let mut responses = Vec::new();
     for _ in 0..2 {
-        match block_on(limiter.should_rate_limit(request)) {
+        let answered = match decider.in_flight().take() {
+            Ok(place) => block_on(decider.decide(&place, Call::new(request))),
+            Err(overloaded) => Err(RequestError::from(overloaded)),
+        };
+        match answered {
             Ok(response) => {
                 check_response(request, &response);
                 if check_only {
@@ -160,7 +164,7 @@ fn answer(request: &RateLimitRequest) -> Vec<RateLimitResponse> {
         }
         clock.advance(STEP_US);
     }
-    let _ = limiter.metrics().encode();
+    let _ = decider.metrics().encode();
     responses
 }
 

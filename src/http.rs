@@ -44,7 +44,7 @@ use crate::proto::common::{
     rate_limit_descriptor::{Entry, RateLimitOverride},
 };
 use crate::proto::rls::{RateLimitRequest, RateLimitResponse, rate_limit_response};
-use crate::service::{Decider, EntryPoint, RequestError};
+use crate::service::{Call, Decider, EntryPoint, RequestError};
 use crate::telemetry::statsd::Stats;
 
 /// What the HTTP handlers share.
@@ -284,11 +284,14 @@ async fn json_should_rate_limit(
         Ok(request) => request,
         Err(e) => return error(StatusCode::BAD_REQUEST, &format!("invalid JSON body: {e}")),
     };
-    match state
-        .decider
-        .should_rate_limit_from(&request, EntryPoint::Json, &headers)
-        .await
-    {
+    let answered = match state.decider.in_flight().take() {
+        Ok(place) => {
+            let call = Call::with_headers(&request, EntryPoint::Json, &headers);
+            state.decider.decide(&place, call).await
+        }
+        Err(overloaded) => Err(RequestError::from(overloaded)),
+    };
+    match answered {
         Ok(response) => {
             let status = if response.overall_code == rate_limit_response::Code::OverLimit as i32 {
                 StatusCode::TOO_MANY_REQUESTS

@@ -31,24 +31,29 @@
 //! - [`settings`]: flags and environment (floodgate's own, or the reference's) to the typed
 //!   settings of every layer below.
 //! - [`runtime`]: the thread layout: one single-threaded runtime per gRPC thread, each with
-//!   its own `SO_REUSEPORT` listener, so responses are batched per connection.
-//! - [`admission`], [`http`]: every gRPC stream takes a `--max-in-flight` place from its
-//!   first frame, undecodable requests are `INVALID_ARGUMENT`, and ShouldRateLimit calls are
-//!   decoded, handed to `service::RlsService` and encoded right there; the admin endpoints
-//!   (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and the console's routes), whose
-//!   writes must be JSON from the port's own origin.
+//!   its own `SO_REUSEPORT` listener, so responses are batched per connection, and each with
+//!   the host's scheduling-delay probe ([`runtime::host`]).
+//! - [`http`]: the admin endpoints (`/healthcheck`, `/json`, `/metrics`, `/rlconfig`, and
+//!   the console's routes), whose writes must be JSON from the port's own origin.
 //! - [`console`]: the operator console on the admin port: bucket inspection, reset and
 //!   set-remaining (a check-only plan; `store::Store::set`), the live dashboard at `/`, the
 //!   admin token, and the client of `floodgate bucket`.
 //! - [`transport`]: connections on every port: binds the listeners (TCP, `SO_REUSEPORT`, the
-//!   gRPC unix socket), accepts within a bound per port (the longest-idle connection makes way
-//!   for a new one), and wraps each connection once, with one timer for its deadlines (the
+//!   gRPC unix socket), accepts within a bound per port (`transport::connection_bound`: the
+//!   longest-idle connection makes way for a new one), and wraps each connection once, with one timer for its deadlines (the
 //!   handshake and idle timeouts, the gRPC age cut); the gRPC port's optional TLS / mutual
 //!   TLS, certificates reloaded from disk ([`transport::tls`]); the connection and TLS
 //!   metrics it registers and counts ([`transport::metrics`]).
 //! - [`rlqs`]: Envoy's Rate Limit Quota Service: usage reports in, quota assignments out,
 //!   each limit's rate shared among the Envoys that report on it; its own metrics.
-//! - [`service`]: the request path, and the one mapping from errors to gRPC statuses.
+//! - [`service`]: the request path (`service::Decider`, one entry point, for a call holding
+//!   a place in the bound on calls in flight), the gRPC face (every gRPC stream takes its
+//!   place from its first frame; ShouldRateLimit calls are decoded, decided and encoded
+//!   right there), and the one mapping from errors to gRPC statuses.
+//! - [`admission`]: the bounds on what the replica takes in at once: calls in flight
+//!   (`--max-in-flight`: `admission::InFlight`, a `admission::Place` per call) and request
+//!   bytes (`--max-in-flight-bytes`); the request codec (undecodable requests are
+//!   `INVALID_ARGUMENT`).
 //! - [`plan`]: pure: request + limits → bucket operations; store answer → response, with
 //!   its rate-limit headers and dynamic metadata ([`plan::headers`]).
 //! - [`store`]: the `Store` trait; the in-process memory store; the Redis store (one Lua

@@ -22,12 +22,14 @@
 //! A unix socket (`--grpc-uds`) is served by the first thread alone.
 //!
 //! Each of these runtimes also runs the host's scheduling-delay probe
-//! ([`crate::store::shed::host::probe`]): with no work stealing, a busy thread delays the
+//! ([`host::probe`]): with no work stealing, a busy thread delays the
 //! calls it serves, and the bound on calls to Redis takes that delay out of their latency.
 
 use std::future::Future;
 use std::io;
 use std::thread::JoinHandle;
+
+pub mod host;
 
 /// Starts a thread named `name` that runs `task` to completion on a single-threaded runtime
 /// of its own (I/O and timers enabled). The handle yields `task`'s output, or the error of
@@ -45,7 +47,7 @@ where
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.spawn(crate::store::shed::host::probe());
+        runtime.spawn(host::probe());
         Ok(runtime.block_on(task()))
     })
 }
@@ -56,7 +58,7 @@ pub fn main_runtime() -> io::Result<tokio::runtime::Runtime> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.spawn(crate::store::shed::host::probe());
+    runtime.spawn(host::probe());
     Ok(runtime)
 }
 

@@ -21,8 +21,6 @@
 //! is served at its turn if that comes before the cut, else refunded and refused
 //! ([`Decider::shutting_down`]).
 
-use std::io;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,24 +29,24 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::ConfigErrors;
-use crate::pem::TlsError;
 use crate::service::Decider;
 use crate::settings::ServeSettings;
 use crate::store::{FailurePolicy, Store};
-use crate::telemetry::otel::TraceError;
 use crate::transport::{GrpcListener, TcpListeners};
 
 mod admin;
 pub mod compose;
+mod error;
 mod grpc;
 pub mod health;
 mod options;
 mod remote;
+mod stop;
 mod xds;
 
 pub use compose::{Components, assemble};
 use compose::{Following, follow_xds, watch_limits, watch_tls};
+pub use error::ServerError;
 pub use options::{Bounds, RunOptions};
 
 /// How often a Redis behind an open circuit breaker is probed.
@@ -60,53 +58,6 @@ const LEASE_RETURN_DEADLINE: Duration = Duration::from_secs(1);
 
 /// How often the memory store drops expired buckets.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Why the server could not start or stopped with an error.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// The limits could not be loaded at start-up.
-    #[error("cannot load limits from {path}:\n{errors}")]
-    Config {
-        /// The configured path.
-        path: String,
-        /// Every problem found.
-        errors: ConfigErrors,
-    },
-    /// A TLS file (the gRPC port's, the xDS client's) cannot be used at start-up.
-    #[error("{0}")]
-    Tls(#[from] TlsError),
-    /// A setting cannot be honoured.
-    #[error("{0}")]
-    Settings(String),
-    /// A listener could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// The cause.
-        source: io::Error,
-    },
-    /// The gRPC unix socket could not be bound.
-    #[error("cannot listen on unix socket {path}: {source}")]
-    BindUnix {
-        /// The socket's path.
-        path: PathBuf,
-        /// The cause.
-        source: io::Error,
-    },
-    /// The gRPC server failed.
-    #[error("gRPC server failed: {0}")]
-    Grpc(#[from] tonic::transport::Error),
-    /// The HTTP server failed.
-    #[error("HTTP server failed: {0}")]
-    Http(io::Error),
-    /// Reflection could not be built from the embedded descriptors (a build defect).
-    #[error("reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
-    /// The trace exporter cannot be built as configured.
-    #[error("tracing: {0}")]
-    Traces(#[from] TraceError),
-}
 
 /// Binds the configured addresses and serves until SIGTERM or SIGINT.
 pub async fn serve(components: Components) -> Result<(), ServerError> {
@@ -418,12 +369,6 @@ async fn drain(
             Ok(())
         }
     }
-}
-
-/// Completes once `stop` says true (or its sender is gone, which only happens once the
-/// server is stopping anyway).
-async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|stop| *stop).await;
 }
 
 fn flatten(

@@ -12,7 +12,7 @@
 //! - **At most `max_connections` at once per port; idle ones make way.** At the bound, a new
 //!   connection closes the connection that has been idle longest (no call in flight; PINGs
 //!   and other control frames do not count) and takes its place, counted in
-//!   `floodgate_connections_evicted_total` (`transport/places.rs` says how idleness is
+//!   `floodgate_connections_evicted_total` (`transport/connection_bound.rs` says how idleness is
 //!   known). Only when every connection has a call in flight is the new one closed at once
 //!   (counted in `floodgate_connections_refused_total`, logged at most every
 //!   [`LOG_EVERY`]): a client learns at once, rather than hanging in the kernel's backlog,
@@ -49,9 +49,9 @@ use tokio::time::Instant;
 pub mod bind;
 mod calls;
 mod connection;
+mod connection_bound;
 pub mod metrics;
 mod opening;
-mod places;
 pub mod tls;
 
 pub use bind::{GrpcListener, TcpListeners, UnixSocket};
@@ -60,9 +60,9 @@ pub use calls::{
 };
 use connection::Guard;
 pub use connection::{Guarded, GuardedInfo};
+use connection_bound::{ConnectionBound, Taken};
 pub use metrics::{HandshakeFailure, Port, TransportMetrics};
 use opening::Opening;
-use places::{Places, Taken};
 
 /// Pause after a failed `accept` (e.g. out of file descriptors), so the loop does not spin.
 pub const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -88,7 +88,7 @@ pub struct ConnectionLimits {
 #[derive(Clone, Debug)]
 pub struct PortBound {
     limits: ConnectionLimits,
-    places: Arc<Places>,
+    connections: Arc<ConnectionBound>,
     port: Port,
     metrics: TransportMetrics,
     open: Gauge,
@@ -103,7 +103,7 @@ impl PortBound {
     pub fn new(limits: ConnectionLimits, port: Port, metrics: TransportMetrics) -> PortBound {
         PortBound {
             limits,
-            places: Arc::new(Places::new(limits.max_connections)),
+            connections: Arc::new(ConnectionBound::new(limits.max_connections)),
             port,
             open: metrics.connections_open(port),
             metrics,
@@ -173,7 +173,7 @@ impl Acceptor {
                     continue;
                 }
             };
-            let Some((place, taken)) = bound.places.take() else {
+            let Some((place, taken)) = bound.connections.take() else {
                 // Closed at once: the client learns now, and no descriptor is held.
                 drop(stream);
                 bound.metrics.record_connection_refused(bound.port);

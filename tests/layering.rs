@@ -7,10 +7,13 @@
 //! depend.
 //!
 //! Inside each module the same holds for its files: the files of a module's direct children
-//! (`src/config/tree.rs`, `src/config/limit.rs`, …) never use each other, directly or around a
+//! (`src/config/parse.rs`, `src/config/compile.rs`, …) never use each other, directly or around a
 //! circle. Their edges are read from every `crate::`, `super::` and `self::` path, resolved as
 //! the compiler resolves them (inline `mod tests { … }` included), to the file they land in; a
 //! path through a parent's re-export counts as a use of the parent.
+//!
+//! A child file of `admission`, `runtime`, `server`, `service` or `settings` imports no name
+//! from its parent's file (tests aside): what siblings share has a file of its own.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -917,4 +920,88 @@ fn reads_family_owners() {
     assert!(misplaced_family("src/telemetry/metrics/store.rs", "floodgate_store_errors").is_some());
     assert!(misplaced_family("src/store/resilient.rs", "floodgate_store_errors").is_some());
     assert!(misplaced_family("src/rlqs/metrics.rs", "floodgate_made_up").is_some());
+
+/// Each `use` of its parent file's own items by a child file (tests aside), as `file uses
+/// parent (crate::path)`: a name two files of a module share lives in a file of its own,
+/// which both import (`server/error.rs`), never in the parent that declares them.
+fn parent_imports(files: &[SourceFile]) -> Vec<String> {
+    let modules: BTreeMap<&[String], &str> = files
+        .iter()
+        .map(|f| (f.module.as_slice(), f.shown.as_str()))
+        .collect();
+    let mut found = Vec::new();
+    for file in files {
+        let Some((_, parent)) = file.module.split_last() else {
+            continue;
+        };
+        // A module's unit tests are its child file `tests.rs` (or folder): they test the parent.
+        if parent.is_empty() || file.module.iter().any(|m| m == "tests") {
+            continue;
+        }
+        // An inline test module (`#[cfg(test)] mod tests { … }`, last in its file) is tests.
+        let code = file
+            .text
+            .split("#[cfg(test)]\nmod tests {")
+            .next()
+            .unwrap_or("");
+        for path in crate_paths(&file.module, code) {
+            let target = (1..=path.len())
+                .rev()
+                .map(|n| &path[..n])
+                .find(|p| modules.contains_key(p));
+            if target == Some(parent) && path.len() > parent.len() {
+                let line = format!(
+                    "{} uses {} (crate::{})",
+                    file.shown,
+                    modules[parent],
+                    path.join("::")
+                );
+                if !found.contains(&line) {
+                    found.push(line);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// The modules whose child files the check holds to the rule: a module joins the list once
+/// what its children share has files of its own.
+const PARENTS_CHECKED: &[&str] = &["admission", "runtime", "server", "service", "settings"];
+
+#[test]
+/// A child file imports no name from its parent's file: what siblings share has a file of its
+/// own (tests aside).
+fn child_files_do_not_import_their_parent() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut paths = Vec::new();
+    sources(&src, &mut paths);
+    paths.sort();
+    let files: Vec<SourceFile> = paths
+        .iter()
+        .filter_map(|path| {
+            Some(SourceFile {
+                module: module_path(&src, path)?,
+                shown: path.strip_prefix(root).unwrap().display().to_string(),
+                text: fs::read_to_string(path).unwrap(),
+            })
+        })
+        .collect();
+    let found: Vec<String> = parent_imports(&files)
+        .into_iter()
+        .filter(|line| {
+            PARENTS_CHECKED.iter().any(|parent| {
+                line.split(" uses ")
+                    .nth(1)
+                    .is_some_and(|to| to.starts_with(&format!("src/{parent}.rs ")))
+            })
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "child files that import their parent file's items (give what they share a file of \
+         its own):\n  {}",
+        found.join("\n  ")
+    );
 }

@@ -1,236 +1,425 @@
-//! Parsing limits files (their names and text, as a source read them) and merging their
-//! domains; `validate` checks and compiles each file's descriptors.
+//! Compiling one file's descriptors into a matching tree, checking each as it goes.
 //!
-//! Every error is collected — every file is parsed even after one fails — each with its file,
-//! its path inside the file and a reason, so an operator fixes a config in one round.
+//! Paths in errors are built here (`descriptors[1].rate_limits[0].burst`); the reference's
+//! error messages are reused where it has one for the same mistake.
 
 use std::collections::HashMap;
 
-use super::error::{ConfigError, ConfigErrors, error};
-use super::limit::Defaults;
-use super::model::FileModel;
-use super::tree::{Children, Domain};
-use super::typecheck::{self, Hidden};
-use super::validate::Builder;
+use super::error::ConfigError;
+use super::limit::{self, Defaults, Limit, Rule, Unit, algorithm_name};
+use super::model::{AlgorithmModel, DescriptorModel, RateLimitModel};
+use super::tree::{Children, Node};
+use super::typecheck::Hidden;
+use crate::limiter::{Algorithm, MAX_WAIT_US};
 
-/// Most rules one load may hold by default (`--max-load-rules`): every descriptor of every
-/// file (or pushed `RateLimitConfig`), nested ones included, counted before anything is
-/// compiled. A pushed configuration has no file size to bound it: a 3.4 MB protobuf
-/// message carries 200,000 descriptors, and each rule costs a few KiB from the YAML it is
-/// converted to up to the matching tree, so this keeps a load within a pod's memory.
-pub const MAX_LOAD_RULES: usize = 20_000;
+/// Longest period the limiter accepts: its arithmetic must stay below 2^53 µs in Lua doubles.
+const MAX_PERIOD_MS: u128 = 1 << 36;
+/// Largest token-bucket span (emission interval × burst) the limiter accepts, in µs.
+const MAX_BUCKET_SPAN_US: u128 = 1 << 50;
 
-/// Parses and validates `(file name, content)` pairs into domains, sorted by name. A domain
-/// in two files is an error, unless `merge_domains` (the reference's `MERGE_DOMAIN_CONFIG`):
-/// then the later file's top-level descriptors join the domain's, and one composite key
-/// defined twice is the error, as in the reference. `lenient`: read files as the reference
-/// does (reference mode).
-pub(crate) fn compile(
-    sources: &[(String, String)],
-    defaults: &Defaults,
-    merge_domains: bool,
-    lenient: bool,
-) -> Result<Vec<Domain>, ConfigErrors> {
-    let mut errors = Vec::new();
-    // Name, root, hash tag, and the file that defined the domain first.
-    let mut domains: Vec<(String, Children, bool, &str)> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    // Rules counted so far, and the file that took the load past `max_rules`: from it on,
-    // files are only parsed and counted (to name the total), never compiled.
-    let mut rules = 0usize;
-    let mut past_cap: Option<&str> = None;
-    for (file, content) in sources {
-        let (model, hidden) = parse(file, content, lenient, &mut errors);
-        let Some(model) = model else {
-            continue;
-        };
-        rules = rules.saturating_add(model.rule_count());
-        if rules > defaults.max_rules {
-            past_cap.get_or_insert(file);
-            continue;
+/// Validates one file's descriptors and compiles them, pushing every error it finds.
+pub(crate) struct Builder<'a> {
+    /// The file being validated, for error labels.
+    pub(crate) file: &'a str,
+    /// Loader defaults (algorithm).
+    pub(crate) defaults: &'a Defaults,
+    /// Where errors go.
+    pub(crate) errors: &'a mut Vec<ConfigError>,
+    /// Paths whose error the parse already reported (a key of the wrong type, dropped): an
+    /// error at or below one would restate it, and is left out.
+    pub(crate) hidden: &'a Hidden,
+}
+
+impl Builder<'_> {
+    fn push(&mut self, path: &str, message: impl Into<String>) {
+        if self.hidden.covers(path) {
+            return;
         }
-        let name = model.domain.unwrap_or_default();
-        let existing = index.get(&name).copied();
-        if name.is_empty() && !hidden.covers("domain") {
-            errors.push(error(
-                file,
-                "domain",
-                "config file cannot have empty domain",
-            ));
-        } else if let (Some(at), false) = (existing, merge_domains) {
-            let first = domains[at].3;
-            let message = format!(
-                "duplicate domain '{name}' (already defined in {first}){}",
-                dot_directory_hint(first, file)
-            );
-            errors.push(error(file, "domain", message));
-        }
-        let mut builder = Builder {
-            file,
-            defaults,
-            errors: &mut errors,
-            hidden: &hidden,
-        };
-        let descriptors = model.descriptors.unwrap_or_default();
-        let hash_tag = model.redis_hash_tag.unwrap_or(false);
-        match existing {
-            Some(at) if merge_domains && !name.is_empty() => {
-                let (_, root, tagged, _) = &mut domains[at];
-                builder.extend_level(root, &descriptors, "", &name);
-                // One file asking for the hash tag tags the whole merged domain.
-                *tagged |= hash_tag;
+        self.errors.push(ConfigError {
+            file: self.file.to_owned(),
+            path: path.to_owned(),
+            message: message.into(),
+        });
+    }
+
+    /// One level: `prefix` is the YAML path of the parent (`descriptors[0].`), `metric` the
+    /// parent's metric key (the domain at the top).
+    pub(crate) fn level(
+        &mut self,
+        models: &[DescriptorModel],
+        prefix: &str,
+        metric: &str,
+    ) -> Children {
+        let mut children = Children::default();
+        self.extend_level(&mut children, models, prefix, metric);
+        children
+    }
+
+    /// Adds `models` to a level that may already hold nodes (from another file of the same
+    /// domain, when domains are merged): a composite key already there is a duplicate too.
+    pub(crate) fn extend_level(
+        &mut self,
+        children: &mut Children,
+        models: &[DescriptorModel],
+        prefix: &str,
+        metric: &str,
+    ) {
+        let mut seen: HashMap<(&str, Option<&str>), usize> = HashMap::new();
+        for (i, model) in models.iter().enumerate() {
+            let at = format!("{prefix}descriptors[{i}]");
+            let key = model.key.as_deref().unwrap_or_default();
+            if key.is_empty() {
+                self.push(&format!("{at}.key"), "descriptor has empty key");
             }
-            _ => {
-                let root = builder.level(&descriptors, "", &name);
-                if !name.is_empty() && existing.is_none() {
-                    index.insert(name.clone(), domains.len());
-                    domains.push((name, root, hash_tag, file.as_str()));
+            let value = model.value.as_deref().filter(|v| !v.is_empty());
+            let composite = match value {
+                Some(value) => format!("{key}_{value}"),
+                None => key.to_owned(),
+            };
+            let path = format!("{metric}.{composite}");
+            let duplicate = seen.get(&(key, value)).copied();
+            if let Some(first) = duplicate {
+                let message = format!(
+                    "duplicate descriptor composite key '{path}' (first defined at \
+                     {prefix}descriptors[{first}])"
+                );
+                self.push(&at, message);
+            }
+            let elsewhere = duplicate.is_none() && children.contains(key, value);
+            if elsewhere {
+                let message = format!(
+                    "duplicate descriptor composite key '{path}' (already defined in another \
+                     file of the domain)"
+                );
+                self.push(&at, message);
+            }
+            // Built even when it will be dropped, to report the errors inside it too.
+            let node = self.node(model, &at, &path, value);
+            if key.is_empty() || duplicate.is_some() || elsewhere {
+                continue;
+            }
+            seen.insert((key, value), i);
+            children.insert(key, value, node);
+        }
+    }
+
+    fn node(&mut self, model: &DescriptorModel, at: &str, path: &str, value: Option<&str>) -> Node {
+        let share_threshold = model.share_threshold.unwrap_or(false);
+        if share_threshold && !value.is_some_and(|v| v.contains('*')) {
+            let message = "share_threshold can only be used with a wildcard value (one \
+                           containing '*')";
+            self.push(&format!("{at}.share_threshold"), message);
+        }
+        let limits = match (&model.rate_limit, &model.rate_limits) {
+            (Some(_), Some(_)) => {
+                self.push(
+                    at,
+                    "has both `rate_limit` and `rate_limits`; use one of them",
+                );
+                Vec::new()
+            }
+            (Some(one), None) => self.limits(
+                std::slice::from_ref(one),
+                &format!("{at}.rate_limit"),
+                false,
+            ),
+            (None, Some(many)) if many.is_empty() => {
+                self.push(&format!("{at}.rate_limits"), "must list at least one limit");
+                Vec::new()
+            }
+            (None, Some(many)) => self.limits(many, &format!("{at}.rate_limits"), true),
+            (None, None) => Vec::new(),
+        };
+        let metadata = match model.metadata.as_ref().map(super::metadata::compile) {
+            Some(Ok(metadata)) => metadata,
+            Some(Err(message)) => {
+                self.push(&format!("{at}.metadata"), message);
+                None
+            }
+            None => None,
+        };
+        let rule = (!limits.is_empty()).then(|| Rule {
+            path: path.into(),
+            limits,
+            shadow_mode: model.shadow_mode.unwrap_or(false),
+            detailed_metric: model.detailed_metric.unwrap_or(false),
+            value_to_metric: model.value_to_metric.unwrap_or(false),
+            quota_mode: model.quota_mode.unwrap_or(false),
+            metadata,
+            // Assigned once every domain is compiled (`Config::of`).
+            index: 0,
+        });
+        let descriptors = model.descriptors.as_deref().unwrap_or_default();
+        Node {
+            rule,
+            value_to_metric: model.value_to_metric.unwrap_or(false),
+            share_threshold,
+            children: self.level(descriptors, &format!("{at}."), path),
+        }
+    }
+
+    /// Validates the limits of one node; `indexed` for `rate_limits` (paths get an index).
+    /// Returns only the valid limits.
+    fn limits(&mut self, models: &[RateLimitModel], at: &str, indexed: bool) -> Vec<Limit> {
+        let mut limits: Vec<Limit> = Vec::new();
+        let mut seen: HashMap<(Algorithm, u64), usize> = HashMap::new();
+        for (i, model) in models.iter().enumerate() {
+            let at = if indexed {
+                format!("{at}[{i}]")
+            } else {
+                at.to_owned()
+            };
+            let Some(limit) = self.limit(model, &at) else {
+                continue;
+            };
+            if models.len() > 1 && limit.unlimited {
+                self.push(
+                    &at,
+                    "an unlimited limit cannot be combined with other limits",
+                );
+                continue;
+            }
+            if !limit.unlimited {
+                // Same algorithm and period would mean the same bucket in the store.
+                let identity = (limit.algorithm, limit.period_seconds());
+                if let Some(first) = seen.insert(identity, i) {
+                    let message = format!(
+                        "same algorithm ({}) and period as rate_limits[{first}]; two limits on \
+                         one descriptor need different periods or algorithms",
+                        algorithm_name(limit.algorithm)
+                    );
+                    self.push(&at, message);
+                    continue;
                 }
             }
+            limits.push(limit);
         }
+        limits
     }
-    if let Some(file) = past_cap {
-        errors.push(too_many_rules(file, rules, defaults.max_rules));
-    }
-    if !errors.is_empty() {
-        return Err(ConfigErrors(errors));
-    }
-    let mut domains: Vec<Domain> = domains
-        .into_iter()
-        .map(|(name, root, hash_tag, _)| Domain::new(name, root, hash_tag))
-        .collect();
-    domains.sort_by(|a, b| a.name.cmp(&b.name));
-    for domain in &domains {
-        tracing::debug!(domain = %domain.name, rules = domain.rules().len(), "loaded domain");
-    }
-    Ok(domains)
-}
 
-/// The error of a load holding `rules` rules, more than `max_rules`; `file` is the one that
-/// took it past the cap.
-pub(crate) fn too_many_rules(file: &str, rules: usize, max_rules: usize) -> ConfigError {
-    error(
-        file,
-        "",
-        format!(
-            "the load holds {rules} rules (descriptors, nested ones included), more than the \
-             {max_rules} one load may hold (--max-load-rules); nothing of it is loaded"
-        ),
-    )
-}
-
-/// A hint for a domain defined twice because a Kubernetes volume's `..<timestamp>` copy was
-/// read beside the file itself (the reference's layout with `RUNTIME_IGNOREDOTFILES` false).
-fn dot_directory_hint(first: &str, second: &str) -> &'static str {
-    let in_dot_directory = |file: &str| {
-        std::path::Path::new(file)
-            .components()
-            .any(|c| c.as_os_str().to_string_lossy().starts_with(".."))
-    };
-    if in_dot_directory(first) || in_dot_directory(second) {
-        "; a mounted volume's `..` directory was read because RUNTIME_IGNOREDOTFILES is not \
-         true: set RUNTIME_IGNOREDOTFILES=true (the reference needs it too)"
-    } else {
-        ""
-    }
-}
-
-/// Deserializes one file. A YAML syntax error is one error with line and column, and hides
-/// the rest of the file; the type errors (and unknown keys) of a valid YAML file are all
-/// reported ([`typecheck`]), the first with its line and column, and what is left of the file
-/// is returned for validation, with the paths whose errors are already reported. With
-/// `lenient` (reference mode), a file is first read as the reference reads it
-/// ([`super::lenient`]).
-fn parse(
-    file: &str,
-    content: &str,
-    lenient: bool,
-    errors: &mut Vec<ConfigError>,
-) -> (Option<FileModel>, Hidden) {
-    if content.trim().is_empty() {
-        // serde_yaml_ng reports an empty document as a type error; the reference's complaint
-        // about such a file is its empty domain, which is clearer.
-        return (Some(FileModel::default()), Hidden::default());
-    }
-    if lenient && let Some(model) = super::lenient::parse(file, content) {
-        return (Some(model), Hidden::default());
-    }
-    let deserializer = serde_yaml_ng::Deserializer::from_str(content);
-    let (first_path, first_message) =
-        match serde_path_to_error::deserialize::<_, FileModel>(deserializer) {
-            Ok(model) => return (Some(model), Hidden::default()),
-            Err(e) => {
-                let path = match e.path().to_string() {
-                    root if root == "." => String::new(),
-                    path => path,
-                };
-                let message = yaml_message(e.inner(), &path);
-                (path, message)
+    fn limit(&mut self, model: &RateLimitModel, at: &str) -> Option<Limit> {
+        let before = self.errors.len();
+        let name = model.name.clone().filter(|n| !n.is_empty());
+        let mut replaces = Vec::new();
+        for (j, item) in model.replaces.iter().flatten().enumerate() {
+            let item_at = format!("{at}.replaces[{j}].name");
+            match item.name.as_deref().unwrap_or_default() {
+                "" => self.push(&item_at, "should not have an empty replaces entry"),
+                n if Some(n) == name.as_deref() => {
+                    self.push(
+                        &item_at,
+                        "replaces should not contain name of same descriptor",
+                    );
+                }
+                n => replaces.push(n.to_owned()),
+            }
+        }
+        let unit_text = model.unit.as_deref().filter(|u| !u.is_empty());
+        if model.unlimited.unwrap_or(false) {
+            self.unlimited(model, at, unit_text);
+            return (self.errors.len() == before).then_some(Limit {
+                name,
+                unlimited: true,
+                unit: Unit::Second,
+                unit_multiplier: 1,
+                requests_per_unit: 0,
+                algorithm: self.defaults.algorithm,
+                burst: 0,
+                replaces,
+                overdraft: false,
+                max_wait_us: 0,
+            });
+        }
+        let unit = match unit_text.map(|u| (u, Unit::from_name(u))) {
+            Some((_, Some(unit))) => Some(unit),
+            Some((text, None)) => {
+                let message = format!(
+                    "invalid rate limit unit '{text}' (expected second, minute, hour, day, week, \
+                     month or year)"
+                );
+                self.push(&format!("{at}.unit"), message);
+                None
+            }
+            None => {
+                self.push(&format!("{at}.unit"), "missing rate limit unit");
+                None
             }
         };
-    // serde stops at its first error: a file that is valid YAML is checked again key by key,
-    // for the others.
-    let mut value = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(content) {
-        Ok(value) => value,
-        Err(_) => {
-            let message = format!(
-                "{first_message}; nothing else in this file is checked until it is valid YAML"
+        if model.requests_per_unit.is_none() {
+            self.push(
+                &format!("{at}.requests_per_unit"),
+                "missing requests_per_unit",
             );
-            errors.push(error(file, &first_path, message));
-            return (None, Hidden::default());
         }
-    };
-    if lenient {
-        super::lenient::read_quietly(&mut value);
-    }
-    let checked = typecheck::check(value);
-    if checked.errors.is_empty() {
-        // Not expected (serde refused the file, so some key must fail alone); never lost.
-        errors.push(error(file, &first_path, first_message));
-        return (None, Hidden::default());
-    }
-    for found in checked.errors {
-        // The strict parse's message has the position; the key-by-key one cannot.
-        let message = if found.path == first_path {
-            first_message.clone()
-        } else {
-            found.message
+        let requests_per_unit = model.requests_per_unit.unwrap_or(0);
+        let unit_multiplier = model.unit_multiplier.unwrap_or(1);
+        if unit_multiplier == 0 {
+            self.push(
+                &format!("{at}.unit_multiplier"),
+                "unit_multiplier must be at least 1",
+            );
+        }
+        let algorithm = match model.algorithm {
+            Some(AlgorithmModel::TokenBucket) => Algorithm::TokenBucket,
+            Some(AlgorithmModel::FixedWindow) => Algorithm::FixedWindow,
+            Some(AlgorithmModel::SlidingWindow) => Algorithm::SlidingWindow,
+            None => self.defaults.algorithm,
         };
-        let message = match found.hides {
-            "" => message,
-            hides => format!("{message}; {hides}"),
+        let burst = match (algorithm, model.burst) {
+            (Algorithm::TokenBucket, Some(0)) => {
+                self.push(&format!("{at}.burst"), "burst must be at least 1");
+                0
+            }
+            (Algorithm::TokenBucket, Some(burst)) => burst,
+            (_, Some(_)) => {
+                let message = format!(
+                    "burst applies only to token_bucket; {} has no burst",
+                    algorithm_name(algorithm)
+                );
+                self.push(&format!("{at}.burst"), message);
+                requests_per_unit
+            }
+            (_, None) => requests_per_unit,
         };
-        errors.push(error(file, &found.path, message));
+        let overdraft = model.overdraft.unwrap_or(false);
+        let max_wait_us = self.max_wait(model, at, algorithm, overdraft);
+        let limit = Limit {
+            name,
+            unlimited: false,
+            unit: unit?,
+            unit_multiplier,
+            requests_per_unit,
+            algorithm,
+            burst,
+            replaces,
+            overdraft,
+            max_wait_us,
+        };
+        if self.errors.len() == before {
+            self.check_bounds(&limit, at);
+        }
+        (self.errors.len() == before).then_some(limit)
     }
-    (checked.model, checked.hidden)
-}
 
-/// serde_yaml_ng's message without the path and position it embeds (we report the path
-/// ourselves), followed by `(line L, column C)`. Syntax errors from the YAML parser keep their
-/// own positions and get an `invalid YAML:` prefix.
-fn yaml_message(e: &serde_yaml_ng::Error, path: &str) -> String {
-    let message = e.to_string();
-    let Some(location) = e.location() else {
-        return message;
-    };
-    let embedded = format!(" at line {} column {}", location.line(), location.column());
-    // serde_yaml_ng leaves the position out at the very start of the document.
-    let at_start = (location.line(), location.column()) == (1, 1) && !message.contains(" at line ");
-    let Some(message) = message
-        .strip_suffix(&embedded)
-        .or(at_start.then_some(message.as_str()))
-    else {
-        return format!("invalid YAML: {message}");
-    };
-    let message = typecheck::name_structs(message);
-    let message = match message.split_once(": ") {
-        // serde_yaml_ng prefixes the path it tracked, which ends where ours ends or before.
-        Some((head, tail)) if !head.contains(' ') && path.starts_with(head) => tail,
-        _ => &message,
-    };
-    format!(
-        "{message} (line {}, column {})",
-        location.line(),
-        location.column()
-    )
+    /// `max_wait:` in µs (0 when absent), or an error at `<at>.max_wait`: a duration, on a
+    /// token bucket without overdraft, at most [`MAX_WAIT_US`].
+    fn max_wait(
+        &mut self,
+        model: &RateLimitModel,
+        at: &str,
+        algorithm: Algorithm,
+        overdraft: bool,
+    ) -> u64 {
+        let Some(text) = model.max_wait.as_deref() else {
+            return 0;
+        };
+        let field = format!("{at}.max_wait");
+        let wait = match limit::parse_wait(text) {
+            Ok(wait) => wait,
+            Err(message) => {
+                self.push(&field, message);
+                return 0;
+            }
+        };
+        if wait == 0 {
+            return 0;
+        }
+        if algorithm != Algorithm::TokenBucket {
+            let message = format!(
+                "max_wait applies only to token_bucket; {} has no order to queue requests in \
+                 (it could only admit the next window's requests at its boundary)",
+                algorithm_name(algorithm)
+            );
+            self.push(&field, message);
+        } else if overdraft {
+            self.push(
+                &field,
+                "max_wait and overdraft exclude each other: an overdraft debit is always \
+                 admitted at once",
+            );
+        } else if wait > MAX_WAIT_US {
+            let message = format!(
+                "max_wait {text} exceeds the longest supported, {}",
+                limit::format_wait(MAX_WAIT_US)
+            );
+            self.push(&field, message);
+        }
+        wait
+    }
+
+    /// `unlimited: true` takes no rate. `requests_per_unit` is tolerated (and ignored) because
+    /// the reference accepts it there; it rejects a unit, and the extensions make no sense.
+    fn unlimited(&mut self, model: &RateLimitModel, at: &str, unit: Option<&str>) {
+        if unit.is_some() {
+            self.push(
+                &format!("{at}.unit"),
+                "should not specify rate limit unit when unlimited",
+            );
+        }
+        let extensions = [
+            ("algorithm", model.algorithm.is_some()),
+            ("burst", model.burst.is_some()),
+            ("unit_multiplier", model.unit_multiplier.is_some()),
+            ("overdraft", model.overdraft.is_some()),
+            ("max_wait", model.max_wait.is_some()),
+        ];
+        for (field, present) in extensions {
+            if present {
+                self.push(
+                    &format!("{at}.{field}"),
+                    format!("should not specify {field} when unlimited"),
+                );
+            }
+        }
+        if model.requests_per_unit.is_some() {
+            tracing::warn!(
+                file = self.file,
+                path = at,
+                "requests_per_unit ignored: the limit is unlimited"
+            );
+        }
+    }
+
+    /// Bounds that keep the limiter's integer arithmetic exact in Lua doubles (< 2^53).
+    fn check_bounds(&mut self, limit: &Limit, at: &str) {
+        let period_s = u128::from(limit.unit.seconds()) * u128::from(limit.unit_multiplier);
+        if period_s * 1000 > MAX_PERIOD_MS {
+            let message = format!(
+                "period of {} × {} is too long: at most 2^36 ms (about 795 days)",
+                limit.unit_multiplier, limit.unit
+            );
+            let field = if limit.unit_multiplier > 1 {
+                "unit_multiplier"
+            } else {
+                "unit"
+            };
+            self.push(&format!("{at}.{field}"), message);
+            return;
+        }
+        if limit.algorithm != Algorithm::TokenBucket || limit.requests_per_unit == 0 {
+            return;
+        }
+        // Any rate up to u32::MAX per second is representable (the token bucket counts in
+        // ticks finer than a µs when it must); only the time to refill `burst` is bounded.
+        let period_us = period_s * 1_000_000;
+        let rate = u128::from(limit.requests_per_unit);
+        let interval_us = period_us.div_ceil(rate);
+        if interval_us * u128::from(limit.burst) + u128::from(limit.max_wait_us)
+            > MAX_BUCKET_SPAN_US
+        {
+            let message = format!(
+                "burst {} × {interval_us} µs per token{} exceeds 2^50 µs (about 35 years); \
+                 lower burst or raise requests_per_unit",
+                limit.burst,
+                if limit.max_wait_us > 0 {
+                    " plus max_wait"
+                } else {
+                    ""
+                }
+            );
+            // Only an explicit burst can get here: the default (requests_per_unit) spans about
+            // one period, which the period bound already keeps below 2^47 µs.
+            self.push(&format!("{at}.burst"), message);
+        }
+    }
 }

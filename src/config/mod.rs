@@ -15,11 +15,11 @@
 //! - `model` — the file as written (serde, unknown keys rejected);
 //! - `depth` — the nesting depth of a file's text, checked before the YAML parser sees it;
 //! - `lenient` — reference mode: a file read as the reference reads it (misplaced keys);
-//! - `compile` — parsing each file, error collection, counting rules, merging domains;
+//! - `parse` — parsing each file, error collection, counting rules, merging domains;
 //! - `typecheck` — a file that serde refuses, checked key by key, so that every type error is
 //!   reported and the rest of the file is still validated;
 //! - `metadata` — a descriptor's `metadata:`, compiled for dynamic metadata;
-//! - `validate` — semantic checks, compiling the tree;
+//! - `compile` — semantic checks, compiling the tree;
 //! - `tree` — the compiled tree and the matching walk;
 //! - `limit` — [`Rule`], [`Limit`], [`Unit`], [`Defaults`];
 //! - `error` — [`ConfigError`], [`ConfigErrors`].
@@ -33,9 +33,9 @@ mod lenient;
 mod limit;
 mod metadata;
 mod model;
+mod parse;
 mod tree;
 mod typecheck;
-mod validate;
 
 #[cfg(test)]
 pub(crate) mod tests;
@@ -43,12 +43,12 @@ pub(crate) mod tests;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-pub use compile::MAX_LOAD_RULES;
-pub(crate) use compile::too_many_rules;
 pub use depth::{MAX_FLOW_DEPTH, check_flow_depth};
 pub use error::{ConfigError, ConfigErrors};
 pub use limit::{Defaults, Limit, Rule, Unit, algorithm_name, format_wait, parse_wait};
 pub use metadata::{Metadata, merge as merge_metadata};
+pub use parse::MAX_LOAD_RULES;
+pub(crate) use parse::too_many_rules;
 pub use tree::{Domain, Match, Step};
 
 /// A loaded limits configuration: every domain, by name.
@@ -75,7 +75,7 @@ impl Config {
         defaults: &Defaults,
         merge_domains: bool,
     ) -> Result<Config, ConfigErrors> {
-        compile::compile(sources, defaults, merge_domains, false).map(Config::of)
+        parse::parse_files(sources, defaults, merge_domains, false).map(Config::of)
     }
 
     /// [`Config::compile`] in reference mode: each file is read as the reference reads it
@@ -85,7 +85,7 @@ impl Config {
         defaults: &Defaults,
         merge_domains: bool,
     ) -> Result<Config, ConfigErrors> {
-        compile::compile(sources, defaults, merge_domains, true).map(Config::of)
+        parse::parse_files(sources, defaults, merge_domains, true).map(Config::of)
     }
 
     fn of(domains: Vec<Domain>) -> Config {

@@ -8,7 +8,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::{Bounds, Components, RunOptions, ServerError, stopped};
+use super::compose::Components;
+use super::error::ServerError;
+use super::options::{Bounds, RunOptions};
+use super::stop::stopped;
 use crate::http::{self, AdminState, Readiness};
 use crate::service::Decider;
 use crate::transport::Port;

@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{Bounds, RunOptions, ServerError, remote, xds};
+use super::error::ServerError;
+use super::options::{Bounds, RunOptions};
+use super::{remote, xds};
 use crate::clock::SystemClock;
 use crate::config::{Config, Defaults, format_wait};
 use crate::console::{AdminToken, ConsoleOptions};

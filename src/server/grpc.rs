@@ -18,12 +18,14 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic_health::pb::health_server::{Health, HealthServer};
 
-use super::{RunOptions, ServerError, stopped};
-use crate::admission::{AdmissionLayer, BodyBudget};
+use super::error::ServerError;
+use super::options::RunOptions;
+use super::stop::stopped;
+use crate::admission::BodyBudget;
 use crate::proto::rlqs::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use crate::proto::{self, rls::rate_limit_service_server::RateLimitServiceServer};
 use crate::runtime;
-use crate::service::{Decider, RlsService};
+use crate::service::{AdmissionLayer, Decider, RlsService};
 use crate::transport::Port;
 use crate::transport::tls::GrpcTls;
 use crate::transport::{Acceptor, CallsLayer, GrpcListener, Guarded, PortBound, TcpListeners};
@@ -63,7 +65,8 @@ pub(super) fn router(
     // calls hold together is bounded by the bytes budget below (crate::admission).
     let rls_service = RlsService::new(decider.clone())
         .with_max_decoding_message_size(options.grpc_max_message_bytes);
-    // ShouldRateLimit calls are answered by the admission layer itself (crate::admission);
+    // ShouldRateLimit calls are answered by the admission layer itself
+    // (crate::service::AdmissionLayer);
     // the generated service answers the path's other methods (UNIMPLEMENTED).
     let rls = RateLimitServiceServer::new(rls_service.clone())
         .max_decoding_message_size(options.grpc_max_message_bytes);

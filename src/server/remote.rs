@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::ServerError;
+use super::error::ServerError;
 use crate::settings::ServeSettings;
 use crate::store::RemoteStore;
 use crate::store::StoreMetrics;

@@ -8,7 +8,7 @@ use prost_types::{Struct, Value, value::Kind};
 use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use super::ServerError;
+use super::error::ServerError;
 use crate::config::Defaults;
 use crate::pem::{self, FileRole, Tls};
 use crate::proto::envoy::config::core::v3::{Node, node::UserAgentVersionType};

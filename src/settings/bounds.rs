@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::parse_positive_seconds;
+use super::parse::parse_positive_seconds;
 
 /// Bounds on connections, streams and metric labels (see docs/security.md).
 #[derive(Clone, Debug, Args)]

@@ -6,9 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::{ServeSettings, SettingsError};
 use crate::limiter::Algorithm;
-use crate::sources::files::Source;
 
 /// Why the default algorithm (`--default-algorithm`) is the one in force.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -34,17 +32,6 @@ impl AlgorithmChoice {
                  answers are the reference's; FLOODGATE_DEFAULT_ALGORITHM=token_bucket \
                  chooses token buckets"
             }
-        }
-    }
-}
-
-impl ServeSettings {
-    /// Where the limits files are: the reference's runtime layout when its variables located
-    /// them, else `--config`.
-    pub fn limits_source(&self) -> Result<Source, SettingsError> {
-        match &self.runtime_layout {
-            Some(layout) => Ok(Source::Runtime(layout.clone())),
-            None => Ok(Source::Path(self.limits_path()?.to_path_buf())),
         }
     }
 }

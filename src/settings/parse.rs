@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::store::redis::redact::redact_url;
+
 pub(super) fn parse_positive_seconds(text: &str) -> Result<Duration, String> {
     match parse_seconds(text)? {
         seconds if seconds > Duration::ZERO => Ok(seconds),
@@ -47,4 +49,10 @@ pub(super) fn parse_seconds(text: &str) -> Result<Duration, String> {
         .ok()
         .and_then(|s| Duration::try_from_secs_f64(s).ok())
         .ok_or_else(|| format!("'{text}' is not a number of seconds (0 or more)"))
+}
+
+/// Redis URLs (cluster seeds, sentinels) with their passwords redacted, for logs and `Debug`:
+/// the main Redis and the per-second one alike.
+pub(super) fn redact_urls(urls: &[String]) -> Vec<String> {
+    urls.iter().map(|url| redact_url(url)).collect()
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{parse_millis, redact_urls};
+use super::parse::{parse_millis, redact_urls};
 use crate::store::redis::redact::redact_url;
 
 /// Where per-second buckets live, when not in the main Redis.

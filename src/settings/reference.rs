@@ -21,43 +21,13 @@ use std::net::{IpAddr, Ipv4Addr};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 
-use super::{LogFormat, ServeSettings};
+pub use super::error::SettingsError;
+use super::serve::{LogFormat, ServeSettings};
 
 /// Approximate bytes one entry of the reference's local cache (freecache) takes: a Redis key
 /// of ~100 bytes plus freecache's entry header and slack. `LOCAL_CACHE_SIZE_IN_BYTES` is
 /// divided by it to size floodgate's cache, which counts entries.
 const LOCAL_CACHE_BYTES_PER_ENTRY: u64 = 128;
-
-/// A setting that cannot be used; `main` exits with code 64.
-#[derive(Debug, thiserror::Error)]
-pub enum SettingsError {
-    /// A reference environment variable holds a value floodgate cannot parse.
-    #[error("environment variable {name}={value:?}: {reason}")]
-    BadReferenceValue {
-        /// The variable.
-        name: &'static str,
-        /// Its value (`***` for secrets).
-        value: String,
-        /// What was expected.
-        reason: String,
-    },
-    /// A reference environment variable asks for something floodgate cannot do.
-    #[error("environment variable {name}={value:?} is not supported: {why}")]
-    Refused {
-        /// The variable.
-        name: &'static str,
-        /// Its value.
-        value: String,
-        /// Why, and what to do instead.
-        why: String,
-    },
-    /// Neither `--config` nor the reference's `RUNTIME_*` variables say where the limits are.
-    #[error(
-        "no limits to load: give --config FILE|DIR (or FLOODGATE_CONFIG), or the reference \
-         server's RUNTIME_ROOT / RUNTIME_SUBDIRECTORY / RUNTIME_APPDIRECTORY"
-    )]
-    NoLimits,
-}
 
 /// Reference settings that belong to the response-header and metrics options (their flags
 /// live elsewhere): recorded here, for those options to take when their own flags are unset.

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use super::parse_ratio;
+use super::parse::parse_ratio;
 
 /// What a response carries besides its statuses, and the near-limit metric's threshold.
 #[derive(Clone, Debug, Args)]

@@ -39,7 +39,7 @@ pub struct StatsdSettings {
 
     /// Send counters every this many seconds (timers are sent every second).
     #[arg(long, env = "FLOODGATE_STATSD_FLUSH_INTERVAL", value_name = "SECONDS",
-          value_parser = super::parse_positive_seconds, default_value = "10")]
+          value_parser = super::parse::parse_positive_seconds, default_value = "10")]
     pub statsd_flush_interval: Duration,
 
     /// Tags on every stat, `key1:value1,key2:value2` (the reference's `EXTRA_TAGS`).

@@ -1,7 +1,14 @@
 //! Parsing `floodgate serve` and `check-config` flags: defaults, bounds, conflicts, and
 //! the redaction of secrets.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
 use super::*;
+use crate::plan::RequestLimits;
+use crate::store::FailurePolicy;
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(std::iter::once("floodgate").chain(args.iter().copied()))

@@ -54,17 +54,17 @@ pub struct XdsSettings {
 
     /// How long one connection attempt may take, in seconds.
     #[arg(long, env = "FLOODGATE_XDS_CONNECT_TIMEOUT", value_name = "SECONDS",
-          value_parser = super::parse_positive_seconds, default_value = "3")]
+          value_parser = super::parse::parse_positive_seconds, default_value = "3")]
     pub xds_connect_timeout: Duration,
 
     /// First delay before reconnecting, in seconds (doubles up to the maximum).
     #[arg(long, env = "FLOODGATE_XDS_BACKOFF_INITIAL", value_name = "SECONDS",
-          value_parser = super::parse_positive_seconds, default_value = "10")]
+          value_parser = super::parse::parse_positive_seconds, default_value = "10")]
     pub xds_backoff_initial: Duration,
 
     /// Longest delay before reconnecting, in seconds.
     #[arg(long, env = "FLOODGATE_XDS_BACKOFF_MAX", value_name = "SECONDS",
-          value_parser = super::parse_positive_seconds, default_value = "60")]
+          value_parser = super::parse::parse_positive_seconds, default_value = "60")]
     pub xds_backoff_max: Duration,
 
     /// Each delay is drawn within ± this fraction of itself (0 to 1), so replicas do not

@@ -1,6 +1,7 @@
-//! Admission in front of Redis: an adaptive bound on the calls in flight, and a queue in front
-//! of it, so that past Redis's capacity the calls Redis can answer in time are answered, and
-//! a call that cannot be is answered by the failure policy without touching Redis.
+//! The bound on calls to Redis (`--redis-shedding`): an adaptive bound on the calls to Redis
+//! in flight, and a queue in front of it, so that past Redis's capacity the calls Redis can
+//! answer in time are answered, and a call that cannot be is shed: answered by the failure
+//! policy without touching Redis.
 //!
 //! Envoy's fleet is an open loop: requests keep arriving whether or not floodgate answers the
 //! earlier ones. Past what Redis can run, calls queue in front of Redis, every call waits
@@ -36,8 +37,8 @@
 //! Why the rise and not the latency alone: a delay every call has had for a while, whatever
 //! the bound — the host's CPU shared by the server, Redis and the load beyond what the probe
 //! below sees (Redis's own wait for a core, the load generator's), or a distant Redis — is
-//! not one that fewer calls in flight remove. An AIMD bound cut whenever latency passes a fixed target reads it as
-//! congestion and cuts every round trip, to its floor, where it stays while the load lasts
+//! not one that fewer calls in flight remove. An AIMD bound cut whenever latency passes a
+//! fixed target reads it as congestion and cuts every round trip, to its floor, where it stays while the load lasts
 //! (the bound then runs `floor / latency` calls a second, a fraction of what Redis can); the
 //! long-term latency absorbs such a delay within about a long window, and the bound stays
 //! where it was. A queue the bound itself builds in Redis is a rise, and is cut. A latency
@@ -101,8 +102,8 @@
 //! Cost on the request path while under the bound: one increment and one decrement of the
 //! calls in flight, a load of the waiting count, one thread-local update that keeps the
 //! host's probe awake ([`host::call_started`]), two thread-local reads of the host's delay,
-//! two moving averages and one compare-and-swap of the bound per completion while it grows. The queue's mutex is only taken while calls
-//! wait.
+//! two moving averages and one compare-and-swap of the bound per completion while it grows.
+//! The queue's mutex is only taken while calls wait.
 //!
 //! Time is passed in as a value (ns since the shedder's start), so [`Controller`] runs the
 //! same under a simulated clock (`simulation`, the tests below) as under the real one.
@@ -150,24 +151,24 @@ pub struct Shedder {
     controller: Controller<oneshot::Sender<()>>,
 }
 
-/// A call holding a place until it is dropped or [`Admitted::end`]ed: a drop without `end`
+/// A call to Redis holding a place until it is dropped or [`RedisCall::end`]ed: a drop without `end`
 /// is a cancelled call (the request went away while the store worked).
 #[derive(Debug)]
 #[must_use = "dropping the call ends it at once"]
-pub struct Admitted<'a> {
+pub struct RedisCall<'a> {
     shedder: &'a Shedder,
     sent_ns: u64,
     end: End,
 }
 
-impl Admitted<'_> {
+impl RedisCall<'_> {
     /// Ends the call: `failed` when the store failed or timed out.
     pub fn end(mut self, failed: bool) {
         self.end = if failed { End::Failed } else { End::Answered };
     }
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for RedisCall<'_> {
     fn drop(&mut self) {
         let shedder = self.shedder;
         shedder
@@ -212,7 +213,7 @@ impl Shedder {
 
     /// A place for a call — at once, or after a short wait in the queue — or `None` to shed
     /// the call: the queue is full, or its wait ran out.
-    pub async fn admit(&self) -> Option<Admitted<'_>> {
+    pub async fn admit(&self) -> Option<RedisCall<'_>> {
         host::call_started();
         let deadline_ns = CALL_DEADLINE
             .try_with(|deadline| *deadline)
@@ -248,7 +249,7 @@ impl Shedder {
                 }
             }
         }
-        Some(Admitted {
+        Some(RedisCall {
             shedder: self,
             sent_ns: self.now_ns(),
             end: End::Cancelled,

@@ -346,7 +346,7 @@ impl Stats {
 
     /// Records one `ShouldRateLimit` call: `total_requests`, and `response_time` in whole
     /// milliseconds (the reference truncates to milliseconds too).
-    pub fn should_rate_limit(&self, elapsed: Duration) {
+    pub fn record_call(&self, elapsed: Duration) {
         self.count(StatName::TotalRequests, 1);
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         self.response_times.observe(ms);

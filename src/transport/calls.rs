@@ -1,5 +1,5 @@
 //! Counting each connection's calls in flight, so that the port knows which connections are
-//! idle ([`super::places`]): a tower layer for the gRPC server ([`CallsLayer`]) and a
+//! idle ([`super::connection_bound`]): a tower layer for the gRPC server ([`CallsLayer`]) and a
 //! make-service wrapper for the admin servers ([`CountAdminCalls`]).
 //!
 //! A gRPC call counts from the moment hyper hands it to the service (a stream's HEADERS) until
@@ -20,7 +20,7 @@ use std::task::{Context, Poll};
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tower::{Layer, Service};
 
-use super::places::{Activity, Call};
+use super::connection_bound::{Activity, Call};
 use super::{Acceptor, GuardedInfo};
 
 /// Counts every gRPC call on its connection's activity (connections with no bound, such as

@@ -32,13 +32,13 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
 use super::PortBound;
+use super::connection_bound::{Activity, Place};
 use super::metrics::{Port, TransportMetrics};
 use super::opening::Progress;
-use super::places::{Activity, Place};
 
 /// A connection under its port's bound and deadlines: holds its place until dropped, and
 /// fails its reads once it was told to make way for a new connection (and has answered the
-/// calls it had in flight then: `transport/places.rs`), once it has not sent its opening
+/// calls it had in flight then: `transport/connection_bound.rs`), once it has not sent its opening
 /// within the handshake timeout, once nothing has been read for the idle timeout, or once it
 /// outlived its maximum age and grace ([`Guarded::cut_after`]; then its writes fail too).
 ///
@@ -462,7 +462,7 @@ mod tests {
     use super::*;
     use crate::telemetry::metrics::Metrics;
     use crate::transport::ConnectionLimits;
-    use crate::transport::places::Taken;
+    use crate::transport::connection_bound::Taken;
 
     fn limits(max_connections: usize, idle_timeout: Duration) -> ConnectionLimits {
         ConnectionLimits {
@@ -473,7 +473,7 @@ mod tests {
     }
 
     fn guarded(bound: &PortBound) -> (Guarded<tokio::io::DuplexStream>, tokio::io::DuplexStream) {
-        let (place, _) = bound.places.take().unwrap();
+        let (place, _) = bound.connections.take().unwrap();
         let (client, server) = tokio::io::duplex(64);
         let guard = Guard::new(place, bound, Instant::now());
         (Guarded::new(server, guard), client)
@@ -500,7 +500,7 @@ mod tests {
         let error = read.expect("the read was not woken").unwrap().unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
         let _call = busy.activity().unwrap().begin_call();
-        assert!(bound.places.take().is_none());
+        assert!(bound.connections.take().is_none());
     }
 
     /// A call that starts on a connection just chosen to make way (hyper read its HEADERS
@@ -516,7 +516,7 @@ mod tests {
             TransportMetrics::register(&Metrics::new()),
         );
         let (mut raced, mut client) = guarded(&bound);
-        let (_newcomer, taken) = bound.places.take().unwrap();
+        let (_newcomer, taken) = bound.connections.take().unwrap();
         assert_eq!(taken, Taken::Evicted);
         let call = raced.activity().unwrap().begin_call();
         // The rest of the call's request still reaches it.

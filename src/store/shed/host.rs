@@ -9,29 +9,18 @@
 //! host about what an answer from Redis costs), so a bound cut for it only sheds calls Redis
 //! could have answered, down to its floor.
 //!
-//! How: [`probe`] runs on each runtime thread (spawned by [`crate::runtime`]). Every
-//! [`PERIOD`] it sleeps until a due time and measures how late it woke (less the timer's
-//! granularity), then yields once and measures how long the thread took to come back to it
-//! (one round of its run queue): the larger is the sample. [`Delay`] smooths the samples; the
-//! result sits in a thread-local cell that [`current`] reads. An answer waits at least two
-//! such rounds (the connection's task reads it, then the call's task takes it), so a call is
-//! credited twice the delay. The request path pays one
-//! thread-local read per call and completion; no lock, no syscall. A thread without a probe
-//! (a test's runtime) reads 0: no delay is taken out.
+//! How: a probe task on each runtime thread (`runtime::host`, spawned by [`crate::runtime`])
+//! samples how long a ready task waits for its thread every [`PERIOD`] and publishes the
+//! smoothed sample ([`Delay`]) here: in a thread-local cell that [`current`] reads, and in a
+//! cell of its own that [`largest`] reads (for `floodgate_host_delay_seconds`, at every
+//! scrape). An answer waits at least two such rounds (the connection's task reads it, then
+//! the call's task takes it), so a call is credited twice the delay. The request path pays
+//! one thread-local read per call and completion; no lock, no syscall. A thread without a
+//! probe (a test's runtime) reads 0: no delay is taken out.
 //!
-//! Each probe also publishes its smoothed delay in a cell of its own, registered once when it
-//! starts; [`largest`] reads them all (for `floodgate_host_delay_seconds`, at every scrape),
-//! so an operator sees when the host, not Redis, is what slows the answers. The probe pays
-//! one relaxed store per sample for it.
-//!
-//! **Idle, it sleeps.** The delay is only read by calls to Redis on the probe's thread, so a
-//! probe whose thread began no such call ([`call_started`], from [`super::Shedder::admit`])
-//! for [`IDLE_SAMPLES`] samples in a row (100 ms) parks: its delay reads 0, and it takes no
-//! timer and no wake-up until the thread's next call wakes it (one thread-local read and
-//! write per call). An idle server's threads then sleep instead of waking 200 times a
-//! second each; under load a thread never goes 100 ms without a call, and the first calls
-//! after a pause see no delay until the probe's first samples (5 ms later, rising half-way
-//! per sample).
+//! The probe runs only while its thread makes calls to Redis ([`call_started`], from
+//! [`super::Shedder::admit`], wakes a parked one). This file holds what the calls and the
+//! probe share; the probe's task is `runtime::host`'s, as the runtime threads are.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,16 +28,10 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::{Poll, Waker};
 use std::time::Duration;
 
-use super::controller::nanos;
-
 /// How often the probe samples: often enough that the delay is known within a round trip or
 /// two of the host saturating, rarely enough that a thread barely wakes for it (an idle one
 /// not at all: the probe parks, see the module doc).
 pub const PERIOD: Duration = Duration::from_millis(5);
-
-/// tokio's timers fire on whole milliseconds: a wake up to this late is the timer's rounding,
-/// not the host's delay.
-const GRANULARITY: Duration = Duration::from_millis(1);
 
 /// A probe whose thread began no call to Redis for this many samples in a row (100 ms) parks
 /// until the next one.
@@ -74,8 +57,8 @@ pub fn call_started() {
     }
 }
 
-/// Waits until this thread begins a call to Redis after `seen` calls.
-async fn parked(seen: u64) {
+/// Waits until this thread begins a call to Redis after `seen` calls: a parked probe.
+pub async fn parked(seen: u64) {
     std::future::poll_fn(|cx| {
         let woken = CALLS.with(Cell::get) != seen;
         IS_PARKED.with(|parked| parked.set(!woken));
@@ -110,7 +93,7 @@ pub fn largest() -> Duration {
 /// How many times a call's answer waits for its thread at least: the Redis connection's task
 /// is polled to read the reply, then the call's own task to take it (the request's way out
 /// through the connection's task is not counted).
-const ROUNDS_PER_ANSWER: u64 = 2;
+pub const ROUNDS_PER_ANSWER: u64 = 2;
 
 /// The delay the calling thread's runtime adds to a call's answer now (ns; 0 without a
 /// probe): twice its smoothed scheduling delay (`ROUNDS_PER_ANSWER`).
@@ -145,52 +128,45 @@ impl Delay {
     }
 }
 
-/// Samples the calling thread's scheduling delay every [`PERIOD`] while the thread makes
-/// calls to Redis, parked meanwhile (see the module doc), for ever: spawn it once on each
-/// single-threaded runtime whose calls go through a [`super::Shedder`].
-pub async fn probe() {
-    let mut delay = Delay::default();
+/// Calls to Redis this thread began so far ([`call_started`]).
+pub fn calls_started() -> u64 {
+    CALLS.with(Cell::get)
+}
+
+/// A probe starts on this thread: its cell among those [`largest`] reads.
+pub fn register() -> Arc<AtomicU64> {
     let published = Arc::new(AtomicU64::new(0));
     PROBES
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(Arc::downgrade(&published));
-    let mut seen = CALLS.with(Cell::get);
-    let mut idle = 0;
-    loop {
-        let due = tokio::time::Instant::now() + PERIOD;
-        tokio::time::sleep_until(due).await;
-        let woke = tokio::time::Instant::now();
-        let late = woke
-            .saturating_duration_since(due)
-            .saturating_sub(GRANULARITY);
-        // Back of the run queue: polled again once the tasks ready now have run.
-        tokio::task::yield_now().await;
-        let round = woke.elapsed();
-        let smoothed = delay.observe(nanos(late.max(round)));
-        DELAY_NS.with(|cell| cell.set(smoothed));
-        published.store(smoothed, Ordering::Relaxed);
-        SAMPLES.with(|samples| samples.set(samples.get() + 1));
-        let calls = CALLS.with(Cell::get);
-        if calls == seen {
-            idle += 1;
-        } else {
-            (seen, idle) = (calls, 0);
-        }
-        if idle >= IDLE_SAMPLES {
-            // Nobody on this thread reads the delay: forget it, sleep until a call.
-            delay = Delay::default();
-            DELAY_NS.with(|cell| cell.set(0));
-            published.store(0, Ordering::Relaxed);
-            parked(seen).await;
-            (seen, idle) = (CALLS.with(Cell::get), 0);
-        }
-    }
+    published
+}
+
+/// The probe of this thread took a sample: its smoothed delay (ns) is now `smoothed`, for
+/// the calls of this thread ([`current`]) and for [`largest`] (through `published`).
+pub fn publish(published: &AtomicU64, smoothed: u64) {
+    DELAY_NS.with(|cell| cell.set(smoothed));
+    published.store(smoothed, Ordering::Relaxed);
+    SAMPLES.with(|samples| samples.set(samples.get() + 1));
+}
+
+/// The probe of this thread parks: nobody on it reads the delay, which reads 0 until it
+/// samples again.
+pub fn forget(published: &AtomicU64) {
+    DELAY_NS.with(|cell| cell.set(0));
+    published.store(0, Ordering::Relaxed);
+}
+
+/// Samples this thread's probe took, and whether it is parked now.
+#[cfg(test)]
+pub fn probe_state() -> (u64, bool) {
+    (SAMPLES.with(Cell::get), IS_PARKED.with(Cell::get))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::Delay;
 
     /// The smoothed delay rises half-way to a larger sample and falls an eighth of the way to
     /// a smaller one.
@@ -201,94 +177,5 @@ mod tests {
         assert_eq!(delay.observe(8_000), 6_000);
         assert_eq!(delay.observe(0), 5_250);
         assert_eq!(delay.get(), 5_250);
-    }
-
-    /// Runs the probe on a current-thread runtime of this thread, keeps the thread busy 20 ms
-    /// at a time (the probe waits behind it) until the probe has published a delay (at most
-    /// 1,000 rounds), then runs `check` while the probe still runs.
-    fn with_a_busy_probed_thread(check: impl FnOnce()) {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let probe = tokio::spawn(probe());
-            let mut rounds = 0;
-            while current() == 0 && rounds < 1_000 {
-                // The thread makes calls to Redis: its probe runs.
-                call_started();
-                std::thread::sleep(Duration::from_millis(20));
-                tokio::task::yield_now().await;
-                rounds += 1;
-            }
-            check();
-            probe.abort();
-        });
-    }
-
-    /// On a thread whose runtime runs the probe, the delay is published to that thread; a
-    /// thread without one reads 0.
-    #[test]
-    fn the_probe_publishes_its_threads_delay() {
-        assert_eq!(current(), 0);
-        with_a_busy_probed_thread(|| {
-            assert!(current() > 0, "the busy thread's delay was published");
-        });
-        let other = std::thread::spawn(current).join().unwrap();
-        assert_eq!(other, 0);
-    }
-
-    /// A running probe's delay is among those [`largest`] reads, the gauge's source (other
-    /// tests' probes may publish too: the largest is at least this one's).
-    #[test]
-    fn the_largest_delay_covers_every_probing_thread() {
-        with_a_busy_probed_thread(|| {
-            assert!(current() > 0, "the probe published a delay");
-            assert!(
-                largest() >= Duration::from_nanos(current() / ROUNDS_PER_ANSWER),
-                "the largest delay covers this thread's"
-            );
-        });
-    }
-
-    /// A probe whose thread makes no call to Redis parks after exactly [`IDLE_SAMPLES`]
-    /// samples and takes none while parked (an idle server's threads sleep); the thread's
-    /// next call wakes it and it samples again.
-    #[test]
-    fn an_idle_probe_parks_until_the_next_call() {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let probe = tokio::spawn(probe());
-            let parked = || IS_PARKED.with(Cell::get);
-            let samples = || SAMPLES.with(Cell::get);
-            for _ in 0..2_000 {
-                if parked() {
-                    break;
-                }
-                tokio::time::sleep(PERIOD).await;
-            }
-            assert!(parked(), "the idle probe parked");
-            assert_eq!(
-                samples(),
-                u64::from(IDLE_SAMPLES),
-                "samples before it parked"
-            );
-            assert_eq!(current(), 0, "a parked probe's thread reads no delay");
-            tokio::time::sleep(PERIOD * 4).await;
-            assert_eq!(samples(), u64::from(IDLE_SAMPLES), "no sample while parked");
-            call_started();
-            for _ in 0..2_000 {
-                if samples() > u64::from(IDLE_SAMPLES) {
-                    break;
-                }
-                tokio::time::sleep(PERIOD).await;
-            }
-            assert!(samples() > u64::from(IDLE_SAMPLES), "a call woke the probe");
-            assert!(!parked());
-            probe.abort();
-        });
     }
 }

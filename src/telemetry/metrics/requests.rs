@@ -142,7 +142,7 @@ impl Metrics {
     /// request counter is `floodgate_requests_total`.
     pub fn record_grpc_call(&self, elapsed: Duration) {
         if let Some(stats) = self.statsd.get() {
-            stats.should_rate_limit(elapsed);
+            stats.record_call(elapsed);
         }
     }
 

@@ -353,7 +353,7 @@ mod tests {
             let counters = stats.rule(&rule.into()).unwrap();
             counters.over_limit.fetch_add(2, Ordering::Relaxed);
         }
-        stats.should_rate_limit(std::time::Duration::from_millis(3));
+        stats.record_call(std::time::Duration::from_millis(3));
         let text = stats.encode_prometheus(false);
         assert!(text.contains("# TYPE ratelimit_service_rate_limit_over_limit counter\n"));
         assert!(text.contains(

@@ -267,7 +267,7 @@ mod tests {
             counters.total_hits.fetch_add(3, Ordering::Relaxed);
         }
         stats.domain_not_found("nope", 1);
-        stats.should_rate_limit(std::time::Duration::from_millis(7));
+        stats.record_call(std::time::Duration::from_millis(7));
         let text = stats.encode_prometheus(true);
         assert!(
             text.contains(
@@ -326,7 +326,7 @@ mappings:
         stats.count(StatName::ConfigLoadSuccess, 3);
         stats.count(StatName::ConfigLoadError, 1);
         for ms in [3, 4, 7, 8] {
-            stats.should_rate_limit(std::time::Duration::from_millis(ms));
+            stats.record_call(std::time::Duration::from_millis(ms));
         }
         let text = stats.encode_prometheus(false);
         for line in [
@@ -343,7 +343,7 @@ mappings:
 
         let timer = "mappings:\n  - match: ratelimit_server.*.response_time\n    name: rt\n";
         let summary = mapped(timer);
-        summary.should_rate_limit(std::time::Duration::from_millis(2));
+        summary.record_call(std::time::Duration::from_millis(2));
         let text = summary.encode_prometheus(false);
         assert!(
             text.contains("# TYPE rt summary\nrt_sum 2\nrt_count 1\n"),
@@ -354,7 +354,7 @@ mappings:
             "{timer}  - match: ratelimit.service.config_load_success\n    name: rt\n"
         ));
         conflict.count(StatName::ConfigLoadSuccess, 1);
-        conflict.should_rate_limit(std::time::Duration::from_millis(1));
+        conflict.record_call(std::time::Duration::from_millis(1));
         let text = conflict.encode_prometheus(false);
         assert!(text.contains("# TYPE rt counter\nrt 1\n"), "{text}");
         assert!(!text.contains("rt_sum"), "{text}");

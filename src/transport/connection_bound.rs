@@ -1,9 +1,9 @@
-//! The places of one port: how many connections are open (at most the port's bound), which of
+//! The connection bound of one port: how many connections are open (at most the port's bound), which of
 //! them have a call in flight, and, when every place is taken, which connection has been idle
 //! longest, so that it can be closed to admit the new one.
 //!
 //! Place in the flow: [`super::Acceptor`] takes a [`Place`] for every accepted connection
-//! ([`Places::take`]); the connection's [`super::Guarded`] holds it until the connection is
+//! ([`ConnectionBound::take`]); the connection's [`super::Guarded`] holds it until the connection is
 //! dropped. The HTTP layers above count each call on the place's [`Activity`]
 //! ([`super::calls`]): a gRPC stream from its HEADERS until its response, an admin request
 //! until its response.
@@ -52,7 +52,7 @@ const FLAGS: u32 = EVICTED | ANSWERED;
 
 /// The places of one port (shared by all its listeners).
 #[derive(Debug)]
-pub(crate) struct Places {
+pub(crate) struct ConnectionBound {
     /// Connections open at once.
     max: usize,
     /// Places taken: connections open, less those evicted (an evicted connection's place
@@ -76,10 +76,10 @@ pub(crate) enum Taken {
     Evicted,
 }
 
-impl Places {
+impl ConnectionBound {
     /// At most `max` (at least one) connections at once.
-    pub(crate) fn new(max: usize) -> Places {
-        Places {
+    pub(crate) fn new(max: usize) -> ConnectionBound {
+        ConnectionBound {
             max: max.max(1),
             taken: AtomicUsize::new(0),
             next_id: AtomicU64::new(0),
@@ -90,7 +90,7 @@ impl Places {
 
     /// A place for a new connection: a free one, else the place of the connection idle
     /// longest (which is told to close); `None` when every connection has a call in flight.
-    pub(crate) fn take(self: &Arc<Places>) -> Option<(Place, Taken)> {
+    pub(crate) fn take(self: &Arc<ConnectionBound>) -> Option<(Place, Taken)> {
         let taken = if self.take_free() {
             Taken::Free
         } else if self.evict_longest_idle() {
@@ -110,7 +110,7 @@ impl Places {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(id, activity.clone());
         let place = Place {
-            places: self.clone(),
+            bound: self.clone(),
             id,
             activity,
         };
@@ -170,7 +170,7 @@ fn micros_since(epoch: Instant) -> u64 {
 /// One connection's place under its port's bound; freed when dropped.
 #[derive(Debug)]
 pub(crate) struct Place {
-    places: Arc<Places>,
+    bound: Arc<ConnectionBound>,
     id: u64,
     activity: Arc<Activity>,
 }
@@ -184,10 +184,10 @@ impl Place {
 
 impl Drop for Place {
     fn drop(&mut self) {
-        self.places.lock().remove(&self.id);
+        self.bound.lock().remove(&self.id);
         // An evicted connection's place already belongs to the one that evicted it.
         if !self.activity.is_evicted() {
-            self.places.taken.fetch_sub(1, Ordering::AcqRel);
+            self.bound.taken.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -296,7 +296,7 @@ mod tests {
     /// accepted relative to busy ones; a busy connection never does; with all busy, none.
     #[test]
     fn the_longest_idle_connection_makes_way() {
-        let places = Arc::new(Places::new(3));
+        let places = Arc::new(ConnectionBound::new(3));
         let (a, taken) = places.take().unwrap();
         assert_eq!(taken, Taken::Free);
         let (b, _) = places.take().unwrap();
@@ -330,7 +330,7 @@ mod tests {
     /// A connection that finished its calls more recently is kept over one idle longer.
     #[test]
     fn idle_time_counts_from_the_last_call() {
-        let places = Arc::new(Places::new(2));
+        let places = Arc::new(ConnectionBound::new(2));
         let (old, _) = places.take().unwrap();
         let (young, _) = places.take().unwrap();
         let call = old.activity().begin_call();
@@ -346,7 +346,7 @@ mod tests {
     /// Freed places are taken again without evicting anyone.
     #[test]
     fn freed_places_are_reused() {
-        let places = Arc::new(Places::new(1));
+        let places = Arc::new(ConnectionBound::new(1));
         let (first, _) = places.take().unwrap();
         drop(first);
         let (second, taken) = places.take().unwrap();
