@@ -22,8 +22,6 @@ mod response;
 pub mod rlqs;
 mod serve;
 pub mod statsd;
-#[cfg(test)]
-mod tests;
 pub mod traces;
 pub mod xds;
 
@@ -40,3 +38,6 @@ pub use reference::{ReferenceOverrides, ReferenceReport, apply_reference_env};
 pub use response::ResponseSettings;
 
 pub use serve::{Cli, Command, LogFormat, ServeSettings};
+
+#[cfg(test)]
+mod tests;

@@ -920,6 +920,7 @@ fn reads_family_owners() {
     assert!(misplaced_family("src/telemetry/metrics/store.rs", "floodgate_store_errors").is_some());
     assert!(misplaced_family("src/store/resilient.rs", "floodgate_store_errors").is_some());
     assert!(misplaced_family("src/rlqs/metrics.rs", "floodgate_made_up").is_some());
+}
 
 /// Each `use` of its parent file's own items by a child file (tests aside), as `file uses
 /// parent (crate::path)`: a name two files of a module share lives in a file of its own,

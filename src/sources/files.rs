@@ -23,8 +23,6 @@
 
 mod list;
 mod read;
-#[cfg(test)]
-mod tests;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -249,3 +247,6 @@ fn attempt(path: &Path, loader: &Loader) -> Attempt {
         Err(errors) => Attempt::Failed(errors),
     }
 }
+
+#[cfg(test)]
+mod tests;

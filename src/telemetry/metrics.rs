@@ -105,8 +105,6 @@ use crate::telemetry::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
 mod labels;
 mod requests;
 mod rules;
-#[cfg(test)]
-mod tests;
 
 pub use labels::{RequestResult, ShapedEnd};
 pub use rules::{
@@ -277,3 +275,6 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -37,9 +37,6 @@ mod parse;
 mod tree;
 mod typecheck;
 
-#[cfg(test)]
-pub(crate) mod tests;
-
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -236,3 +233,6 @@ fn describe_limit(rule: &Rule, limit: &Limit) -> String {
     }
     line
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -56,7 +56,7 @@ pub use token::{AdminToken, Refusal, TokenError};
 
 /// The page served at `/`: self-contained (no external script, font or stylesheet), as
 /// clusters are often offline.
-const PAGE: &str = include_str!("page.html");
+const PAGE: &str = include_str!("console/page.html");
 
 /// What the console needs besides the request path.
 #[derive(Clone, Default)]

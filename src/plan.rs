@@ -33,8 +33,6 @@ mod build;
 pub mod headers;
 mod respond;
 mod stated;
-#[cfg(test)]
-mod tests;
 mod validate;
 
 pub use headers::HeaderOptions;
@@ -312,3 +310,6 @@ impl<'c> Plan<'c> {
         )
     }
 }
+
+#[cfg(test)]
+mod tests;
