@@ -14,6 +14,10 @@
 //!
 //! A child file of `admission`, `runtime`, `server`, `service` or `settings` imports no name
 //! from its parent's file (tests aside): what siblings share has a file of its own.
+//!
+//! And the layout holds (docs/architecture.md, "Layout and tests"): no `mod.rs` under `src/`,
+//! no inline `mod tests { … }` there (a module's unit tests live in its child file
+//! `tests.rs`), and no source file over 600 lines, tests aside.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -1004,5 +1008,138 @@ fn child_files_do_not_import_their_parent() {
         "child files that import their parent file's items (give what they share a file of \
          its own):\n  {}",
         found.join("\n  ")
+    );
+}
+
+/// The most lines a source file under `src/` may have; a longer one is split by what it does.
+/// Unit tests do not count (`tests.rs` files and the files under a `tests/` folder).
+const MAX_LINES: usize = 600;
+
+/// Every `.rs` file under `src/` as its path from the crate root (`/`-separated) and its text.
+fn crate_sources() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut paths = Vec::new();
+    sources(&root.join("src"), &mut paths);
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| {
+            let shown = path.strip_prefix(root).unwrap();
+            let shown: Vec<&str> = shown.iter().map(|c| c.to_str().unwrap()).collect();
+            (shown.join("/"), fs::read_to_string(path).unwrap())
+        })
+        .collect()
+}
+
+/// The files named `mod.rs`: a module with children is `foo.rs` beside its folder `foo/`.
+fn mod_rs_files(files: &[(String, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(path, _)| path == "mod.rs" || path.ends_with("/mod.rs"))
+        .map(|(path, _)| path.clone())
+        .collect()
+}
+
+/// Each inline `mod tests { … }` (comments aside) as `path:line`: a module's unit tests live in
+/// its child file `foo/tests.rs`, declared `#[cfg(test)] mod tests;`.
+fn inline_test_modules(files: &[(String, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, text) in files {
+        for (n, line) in code(text).lines().enumerate() {
+            let spaced = line.replace('{', " { ");
+            let mut words = spaced.split_whitespace().peekable();
+            // Past a visibility: `pub`, `pub(crate)`, `pub(super)`.
+            if words.peek().is_some_and(|w| w.starts_with("pub")) {
+                words.next();
+            }
+            if words.next() == Some("mod")
+                && words.next() == Some("tests")
+                && words.next() == Some("{")
+            {
+                found.push(format!("{path}:{}", n + 1));
+            }
+        }
+    }
+    found
+}
+
+/// Whether `path` holds unit tests, which the line bound leaves out.
+fn is_test_file(path: &str) -> bool {
+    path.ends_with("/tests.rs") || path.split('/').any(|part| part == "tests")
+}
+
+/// The source files over [`MAX_LINES`] lines, tests aside, as `path (lines)`.
+fn long_files(files: &[(String, String)]) -> Vec<(String, usize)> {
+    files
+        .iter()
+        .filter(|(path, _)| !is_test_file(path))
+        .map(|(path, text)| (path.clone(), text.lines().count()))
+        .filter(|(_, lines)| *lines > MAX_LINES)
+        .collect()
+}
+
+#[test]
+/// No `mod.rs` under `src/`: one module layout, `foo.rs` + `foo/`.
+fn no_mod_rs_files() {
+    let found = mod_rs_files(&crate_sources());
+    assert!(
+        found.is_empty(),
+        "modules laid out as `foo/mod.rs` (move each to `foo.rs`, beside its folder):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+/// No inline `mod tests { … }` under `src/`: unit tests live in `foo/tests.rs`.
+fn unit_tests_live_in_tests_files() {
+    let found = inline_test_modules(&crate_sources());
+    assert!(
+        found.is_empty(),
+        "inline test modules (move each body to the module's child file `tests.rs`, \
+         declared `#[cfg(test)] mod tests;`):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+/// No source file under `src/` over 600 lines, tests aside.
+fn source_files_stay_under_600_lines() {
+    let long = long_files(&crate_sources());
+    let offenders: Vec<String> = long
+        .iter()
+        .map(|(path, lines)| format!("{path} ({lines} lines)"))
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "source files over {MAX_LINES} lines, tests aside (split each by what it does):\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+/// The layout checks find each kind of offender, and only offenders.
+fn layout_checks_find_offenders() {
+    let file = |path: &str, text: &str| (path.to_string(), text.to_string());
+    let long = "fn f() {}\n".repeat(MAX_LINES + 1);
+    let files = [
+        file("src/a/mod.rs", "mod b;"),
+        file("src/mod.rs", ""),
+        file("src/model.rs", "// mod tests { in a comment }\n"),
+        file("src/b.rs", "fn f() {}\n#[cfg(test)]\nmod tests {\n}\n"),
+        file("src/c.rs", "#[cfg(test)]\npub(crate) mod tests {}\n"),
+        file(
+            "src/d.rs",
+            "#[cfg(test)]\nmod tests;\nmod tests_support {}\n",
+        ),
+        file("src/long.rs", &long),
+        file("src/long/tests.rs", &long),
+        file("src/config/tests/loading.rs", &long),
+        file("src/short.rs", &"\n".repeat(MAX_LINES)),
+    ];
+    assert_eq!(mod_rs_files(&files), ["src/a/mod.rs", "src/mod.rs"]);
+    assert_eq!(inline_test_modules(&files), ["src/b.rs:3", "src/c.rs:2"]);
+    assert_eq!(
+        long_files(&files),
+        [("src/long.rs".to_string(), MAX_LINES + 1)]
     );
 }
