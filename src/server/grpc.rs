@@ -66,8 +66,8 @@ pub(super) fn router(
     let rls_service = RlsService::new(decider.clone())
         .with_max_decoding_message_size(options.grpc_max_message_bytes);
     // ShouldRateLimit calls are answered by the admission layer itself
-    // (crate::service::AdmissionLayer);
-    // the generated service answers the path's other methods (UNIMPLEMENTED).
+    // (crate::service::AdmissionLayer); the generated service answers the path's other
+    // methods (UNIMPLEMENTED).
     let rls = RateLimitServiceServer::new(rls_service.clone())
         .max_decoding_message_size(options.grpc_max_message_bytes);
     // Usage reports: the same bound, and the same budget (the body is charged by the

@@ -148,7 +148,8 @@ impl fmt::Debug for Samplers {
     }
 }
 
-/// The metric registry and handles to every metric, grouped by concern.
+/// The metric registry every capability registers its families in, and handles to the
+/// families telemetry owns (per-rule series, requests).
 #[derive(Debug)]
 pub struct Metrics {
     /// Tells this registry's [`RuleHandles`] from another's.
@@ -174,7 +175,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A registry with every metric registered at zero (in the order of the table above).
+    /// A registry with telemetry's own families registered at zero; each capability adds its
+    /// own through [`Metrics::register`].
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let rules = rules::RuleMetrics::register(&mut registry);

@@ -1,6 +1,6 @@
 //! Request metrics: ShouldRateLimit calls by result and their time, answers per configured
-//! domain, requests held by `max_wait` limits, requests in flight (a mirror of the decider's
-//! count: [`crate::service::Decider`] holds the bound), and the reference's call and
+//! domain, requests held by `max_wait` limits, requests in flight (a mirror of the bound's
+//! count, which `admission::InFlight` holds), and the reference's call and
 //! domain-not-found stats.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -202,9 +202,9 @@ impl Metrics {
         self.requests.shaped_delay.observe(held.as_secs_f64());
     }
 
-    /// Reads `floodgate_requests_in_flight` from `count` at every exposition: the decider
-    /// ([`crate::service::Decider`]) holds the `--max-in-flight` bound and its count; metrics
-    /// only shows it, so the request path updates one atomic, not two.
+    /// Reads `floodgate_requests_in_flight` from `count` at every exposition: admission
+    /// (`admission::InFlight`) holds the `--max-in-flight` bound and its count; metrics only
+    /// shows it, so the request path updates one atomic, not two.
     pub fn mirror_requests_in_flight(&self, count: Arc<AtomicUsize>) {
         let gauge = self.requests.in_flight.clone();
         self.samplers.add(move || {

@@ -255,7 +255,17 @@ impl Conn {
                     // The script calls merging before it go first: the order of replies is
                     // the order of commands.
                     state.write_merged();
-                    call.write(&mut state.out);
+                    let before = state.out.len();
+                    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        call.write(&mut state.out)
+                    }));
+                    if let Err(panic) = written {
+                        // Half a command would take the next caller's command for its rest
+                        // (and that caller its reply): take it back before the panic goes on.
+                        state.out.truncate(before);
+                        drop(guard);
+                        std::panic::resume_unwind(panic);
+                    }
                     self.wait(state, 0, reply_cap(reply_bytes))
                 }
             }

@@ -63,10 +63,20 @@ impl Merging {
     }
 
     /// Adds `call`'s keys and operations, encoded from the borrowed call straight into the
-    /// merging buffers.
+    /// merging buffers. Should the encoding panic (a defect), the half-written call is taken
+    /// back before the panic goes on: left in the buffers, it would shift every later reply
+    /// on the connection to the wrong caller.
     pub(super) fn push(&mut self, call: &ScriptCall<'_>) {
-        write_keys(&mut self.keys, call);
-        write_blob(&mut self.blobs, call);
+        let before = (self.keys.len(), self.blobs.len());
+        let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            write_keys(&mut self.keys, call);
+            write_blob(&mut self.blobs, call);
+        }));
+        if let Err(panic) = written {
+            self.keys.truncate(before.0);
+            self.blobs.truncate(before.1);
+            std::panic::resume_unwind(panic);
+        }
         self.sha = call.sha;
         self.key_count += call.ops.len();
         self.calls += 1;
