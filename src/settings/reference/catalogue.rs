@@ -8,7 +8,8 @@
 //! variable set is applied, reported, or refused — never ignored — and a mapping added
 //! later for one of them takes over from its entry here without anything else changing.
 
-use super::{Mapping, SettingsError};
+use super::mapping::Mapping;
+use crate::settings::error::SettingsError;
 
 /// Every variable the reference server reads, in the order of its settings.
 pub const REFERENCE_VARIABLES: &[&str] = &[

@@ -1,8 +1,9 @@
 //! `CACHE_KEY_PREFIX` and `EXPIRATION_JITTER_MAX_SECONDS` for the counters shared with
 //! reference pods ([`crate::settings::counters`]).
 
-use super::{Mapping, SettingsError, bad};
+use super::mapping::{Mapping, bad};
 use crate::settings::ServeSettings;
+use crate::settings::error::SettingsError;
 
 impl Mapping<'_> {
     /// The reference counters' prefix (`CACHE_KEY_PREFIX`, the reference pods' own, even when

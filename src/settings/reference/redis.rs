@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use super::{Mapping, ServeSettings, SettingsError, bad, encode};
+use super::mapping::{Mapping, bad, encode};
+use crate::settings::error::SettingsError;
+use crate::settings::serve::ServeSettings;
 
 /// The names of one Redis's variables.
 struct RedisVars {

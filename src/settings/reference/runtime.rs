@@ -10,7 +10,8 @@
 
 use std::path::PathBuf;
 
-use super::{Mapping, SettingsError};
+use super::mapping::Mapping;
+use crate::settings::error::SettingsError;
 use crate::settings::{AlgorithmArg, AlgorithmChoice, ServeSettings};
 use crate::sources::files::RuntimeLayout;
 

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::duration::parse_go_duration;
-use super::{Mapping, ServeSettings, SettingsError, bad};
+use super::mapping::{Mapping, bad};
+use crate::settings::error::SettingsError;
+use crate::settings::serve::ServeSettings;
 
 /// The reference's `GRPC_MAX_CONNECTION_AGE` default, which applies when only the grace is
 /// given.

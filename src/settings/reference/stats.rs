@@ -11,7 +11,9 @@
 use crate::settings::statsd::{StatsdProtocol, TagList};
 use crate::telemetry::statsd::parse_tags;
 
-use super::{Mapping, ServeSettings, SettingsError, bad};
+use super::mapping::{Mapping, bad};
+use crate::settings::error::SettingsError;
+use crate::settings::serve::ServeSettings;
 
 /// The reference's defaults.
 const DEFAULT_HOST: &str = "localhost";

@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::{CommandFactory, FromArgMatches};
 
 use super::*;
+use crate::settings::serve::LogFormat;
 use crate::settings::traces::OtlpProtocol;
 use crate::settings::{Cli, Command};
 use crate::telemetry::statsd::{Flavor, Protocol};

@@ -14,7 +14,9 @@
 
 use crate::settings::traces::{OtlpProtocol, TraceSettings, parse_rate};
 
-use super::{Mapping, ServeSettings, SettingsError, bad};
+use super::mapping::{Mapping, bad};
+use crate::settings::error::SettingsError;
+use crate::settings::serve::ServeSettings;
 
 /// The reference's default `service.name`.
 const REFERENCE_SERVICE_NAME: &str = "RateLimit";

@@ -2,7 +2,9 @@
 //! `--config-xds` / `--xds-*` settings, unless floodgate's own flag set the value. Defaults
 //! are the reference's (server `localhost:18000`, node `default`, backoff 10 s to 60 s).
 
-use super::{Mapping, ServeSettings, SettingsError, bad};
+use super::mapping::{Mapping, bad};
+use crate::settings::error::SettingsError;
+use crate::settings::serve::ServeSettings;
 
 /// The reference's management-server default.
 const REFERENCE_SERVER_URL: &str = "localhost:18000";
