@@ -303,10 +303,12 @@ for request = 1, n_requests do
     -- and its `debited_in` comes in the slot of `wait`.
     local flags, rate, period, cost, burst, max_wait, debited_at
     flags, rate, period, cost, burst, max_wait, debited_at, pos = unpack(OP_FORMAT, blob, pos)
-    -- `x % 1 ~= 0` is true for fractions, NaN and infinities.
-    if flags % 1 ~= 0 or rate % 1 ~= 0 or period % 1 ~= 0 or cost % 1 ~= 0 or burst % 1 ~= 0
-      or max_wait % 1 ~= 0 or debited_at % 1 ~= 0 or flags < 0 or flags >= 64 or rate < 0
-      or period < 0 or burst < 0 or max_wait < 0 or debited_at < 0
+    -- `x % 1` is 0 for a whole number, in (0, 1) for a fraction and NaN for NaN and the
+    -- infinities: a sum of such terms is 0 only when every term is (none is negative, so
+    -- none cancels another), which one comparison checks for all seven values.
+    if flags % 1 + rate % 1 + period % 1 + cost % 1 + burst % 1 + max_wait % 1 + debited_at % 1 ~= 0
+      or flags < 0 or flags >= 64 or rate < 0 or period < 0 or burst < 0 or max_wait < 0
+      or debited_at < 0
     then
       failed, failed_at = 1, i
       break
@@ -471,7 +473,10 @@ for request = 1, n_requests do
           reset = floor((debt + scale - 1) / scale)
         end
         if debt <= tolerance then
-          remaining = floor((tolerance - debt) / interval)
+          -- floor(a / b) as (a - a % b) / b: Lua's `%` is a - floor(a / b) * b, exact below
+          -- 2^53, so the same quotient, computed in the VM instead of by a call of math.floor.
+          local spare = tolerance - debt
+          remaining = (spare - spare % interval) / interval
         end
         local new_debt, shaped -- the debt to store, if any; the delay of a shaped debit
         if cost == 0 and set then
@@ -512,7 +517,8 @@ for request = 1, n_requests do
           -- now as limiter::Tat displays it; the bucket is full again (absent) when it expires.
           local kr, ks = 0, new_debt
           if new_debt <= tolerance then
-            kr = floor((tolerance - new_debt) / interval)
+            local spare = tolerance - new_debt
+            kr = (spare - spare % interval) / interval -- floor(spare / interval), as above
           end
           local tat
           if scale == 1 then
@@ -1022,14 +1028,22 @@ for request = 1, n_requests do
         -- The committed view (without a write, the current one is the committed one), and a
         -- window's index, which a refund of this debit names.
         reply[5 * i], reply[5 * i + 1] = writes[w + 1], writes[w + 2]
+        local key = keys[first + i]
         if kind ~= 0 then
           reply[5 * i + 3] = state.w
+          if bucket then
+            settle(key) -- a token bucket's write waiting on this key goes first
+          end
         end
-        local key = keys[first + i]
-        if bucket and kind ~= 0 then
-          settle(key) -- a token bucket's write waiting on this key goes first
-        end
-        if bucket and kind == 0 then
+        if kind == 0 and not bucket then
+          -- A token bucket of a call of its own, the commonest write, tested first.
+          if ttl == 0 then
+            rcall('DEL', key)
+          else
+            -- ceil(ttl / 1000): '%d' truncates, which for a non-negative number is floor.
+            rcall('SET', key, state, 'PX', format('%d', (ttl + 999) / 1000))
+          end
+        elseif bucket and kind == 0 then
           -- In a batch: written once, after the last request (`bucket`).
           if ttl == 0 then
             bucket[key], unwritten[key] = false, 0
@@ -1050,21 +1064,16 @@ for request = 1, n_requests do
         elseif ttl == 0 then
           rcall('DEL', key)
         else
-          -- ceil(ttl / 1000): '%d' truncates, which for a non-negative number is floor.
-          local ttl_ms = format('%d', (ttl + 999) / 1000)
-          if kind == 0 then
-            rcall('SET', key, state, 'PX', ttl_ms)
+          -- A window's hash. DEL first: the key may hold another type or stray fields (only
+          -- ever after corruption or a duplicate key in one call), and the hash must be
+          -- exactly the state. The TTL is ceil(ttl / 1000) ms as a token bucket's.
+          rcall('DEL', key)
+          if kind == 1 then
+            rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c))
           else
-            -- DEL first: the key may hold another type or stray fields (only ever after
-            -- corruption or a duplicate key in one call), and the hash must be exactly the state.
-            rcall('DEL', key)
-            if kind == 1 then
-              rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c))
-            else
-              rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c), 'p', format('%d', state.p))
-            end
-            rcall('PEXPIRE', key, ttl_ms)
+            rcall('HSET', key, 'w', format('%d', state.w), 'c', format('%d', state.c), 'p', format('%d', state.p))
           end
+          rcall('PEXPIRE', key, format('%d', (ttl + 999) / 1000))
         end
       end
     end
