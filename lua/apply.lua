@@ -314,69 +314,73 @@ for request = 1, n_requests do
       break
     end
     local set -- the operator's set: the stored state is taken as absent
-    if flags >= 32 then
-      set, flags = true, flags - 32
-    end
     local expiry -- a reference counter's EXPIRE in seconds (its `burst`), nil for a bucket
-    if flags >= 16 then
-      expiry, flags = burst, flags - 16
+    local dropped -- a refund answered as a check (below)
+    local key = keys[first + i]
+    if flags >= 16 or cost < 0 then
+      -- A set, a counter or a refund: tested once here, so the commonest operations (debits
+      -- and checks of buckets and windows) skip every test below.
+      if flags >= 32 then
+        set, flags = true, flags - 32
+      end
+      if flags >= 16 then
+        expiry, flags = burst, flags - 16
+      end
+      -- This operation's set marker (see Storage), for a set or a refund of this server's own
+      -- debit; the function naming it is built at a call's first such operation.
+      local marker
+      if set or (cost < 0 and debited_at > 0) then
+        if not marker_of then
+          marker_of = function(k)
+            local open = find(k, '{', 1, true)
+            if not open then
+              if find(k, '}', 1, true) then
+                return nil
+              end
+              return k .. '{' .. k .. '}~set' -- the key itself as its hash tag
+            end
+            local close = find(k, '}', open + 1, true)
+            if close and close > open + 1 then
+              return k .. '~set' -- its hash tag, hence its slot, kept
+            end
+            return nil
+          end
+        end
+        marker = marker_of(key)
+      end
+      if set and marker then
+        -- How long the set is remembered (limiter::set_memory_us); written in phase 2.
+        local memory
+        if flags % 4 == 0 and not expiry then
+          memory = 0
+          if rate > 0 then
+            memory = floor((burst * rate + period - 1) / period) + MAX_WAIT
+          end
+        else
+          memory = 2 * min(max(period, 1000), MAX_PERIOD)
+        end
+        if memory > 0 then
+          if not marked then
+            marked = {}
+          end
+          marked[#marked + 1], marked[#marked + 2] = marker, memory
+        end
+      end
+      -- A refund of a debit made at or before a set of the bucket its marker remembers: the
+      -- debit is no longer there, so the refund is answered as a check, writing nothing.
+      if marker and not set then
+        local v = rpcall('GET', marker)
+        if type(v) == 'string' then
+          local at, untl = match(v, '^(%d+):(%d+)$')
+          if at and now < tonumber(untl) and tonumber(at) >= debited_at - 1 then
+            cost, dropped = 0, true
+          end
+        end
+      end
     end
     local algorithm = flags % 4
     local enforce = flags % 8 >= 4
     local overdraft = flags >= 8
-    local key = keys[first + i]
-    -- This operation's set marker (see Storage), for a set or a refund of this server's own
-    -- debit; the function naming it is built at a call's first such operation.
-    local marker
-    if set or (cost < 0 and debited_at > 0) then
-      if not marker_of then
-        marker_of = function(k)
-          local open = find(k, '{', 1, true)
-          if not open then
-            if find(k, '}', 1, true) then
-              return nil
-            end
-            return k .. '{' .. k .. '}~set' -- the key itself as its hash tag
-          end
-          local close = find(k, '}', open + 1, true)
-          if close and close > open + 1 then
-            return k .. '~set' -- its hash tag, hence its slot, kept
-          end
-          return nil
-        end
-      end
-      marker = marker_of(key)
-    end
-    if set and marker then
-      -- How long the set is remembered (limiter::set_memory_us); written in phase 2.
-      local memory
-      if algorithm == 0 and not expiry then
-        memory = 0
-        if rate > 0 then
-          memory = floor((burst * rate + period - 1) / period) + MAX_WAIT
-        end
-      else
-        memory = 2 * min(max(period, 1000), MAX_PERIOD)
-      end
-      if memory > 0 then
-        if not marked then
-          marked = {}
-        end
-        marked[#marked + 1], marked[#marked + 2] = marker, memory
-      end
-    end
-    -- A refund of a debit made at or before a set of the bucket its marker remembers: the
-    -- debit is no longer there, so the refund is answered as a check, writing nothing.
-    local dropped = false
-    if marker and not set then
-      local v = rpcall('GET', marker)
-      if type(v) == 'string' then
-        local at, untl = match(v, '^(%d+):(%d+)$')
-        if at and now < tonumber(untl) and tonumber(at) >= debited_at - 1 then
-          cost, dropped = 0, true
-        end
-      end
-    end
     -- This operation's answer: admitted, retry_after_us (-1 = never) and the current view.
     local admitted, retry, remaining, reset
     if algorithm == 0 and not expiry then
@@ -575,7 +579,7 @@ for request = 1, n_requests do
       -- 1 + the window a refund's debit was counted in, or false: the current window.
       windows[n + 9] = max_wait > 0 and max_wait - 1
       windows[n + 10] = set or false
-      windows[n + 11] = dropped
+      windows[n + 11] = dropped or false
     end
     if dropped and admitted ~= nil then
       admitted, retry = true, 0 -- a dropped refund, answered as a check that never denies
