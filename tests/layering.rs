@@ -670,15 +670,14 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec
     state.out
 }
 
-#[test]
-/// No two files of one module use each other, directly or around a circle.
-fn files_of_a_module_do_not_use_each_other() {
+/// Every file under `src/` with its module path, as the file checks read them.
+fn source_files() -> Vec<SourceFile> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");
     let mut paths = Vec::new();
     sources(&src, &mut paths);
     paths.sort();
-    let files: Vec<SourceFile> = paths
+    paths
         .iter()
         .filter_map(|path| {
             Some(SourceFile {
@@ -687,7 +686,13 @@ fn files_of_a_module_do_not_use_each_other() {
                 text: fs::read_to_string(path).unwrap(),
             })
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+/// No two files of one module use each other, directly or around a circle.
+fn files_of_a_module_do_not_use_each_other() {
+    let files = source_files();
     let cycles: Vec<String> = file_cycles(&files)
         .into_iter()
         .filter(|(module, members, _)| {
@@ -985,21 +990,7 @@ const PARENTS_CHECKED: &[&str] = &[
 /// A child file imports no name from its parent's file: what siblings share has a file of its
 /// own (tests aside).
 fn child_files_do_not_import_their_parent() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join("src");
-    let mut paths = Vec::new();
-    sources(&src, &mut paths);
-    paths.sort();
-    let files: Vec<SourceFile> = paths
-        .iter()
-        .filter_map(|path| {
-            Some(SourceFile {
-                module: module_path(&src, path)?,
-                shown: path.strip_prefix(root).unwrap().display().to_string(),
-                text: fs::read_to_string(path).unwrap(),
-            })
-        })
-        .collect();
+    let files = source_files();
     let found: Vec<String> = parent_imports(&files)
         .into_iter()
         .filter(|line| {

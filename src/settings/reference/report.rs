@@ -21,7 +21,7 @@ pub struct ReferenceOverrides {
     pub log_filter: Option<String>,
 }
 
-/// What [`apply_reference_env`] did, for the start-up log.
+/// What [`super::apply_reference_env`] did, for the start-up log.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReferenceReport {
     /// Reference variables that set something (names, with a note where the mapping is
