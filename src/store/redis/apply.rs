@@ -272,4 +272,4 @@ pub fn batch_command(prefix: &[u8], requests: &[&[BucketOp]], now_us: Option<i64
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

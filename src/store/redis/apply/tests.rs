@@ -3,7 +3,9 @@ use redis::{Cmd, Script};
 use super::*;
 use crate::limiter::LimitParams;
 
-fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
+/// A debit (or check) of `edge`/`ip`=`10.0.0.1` at 7 per 60 s, burst 9: the ops these tests
+/// and the framing's encode.
+pub(crate) fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
     let params = LimitParams::of(algorithm, 7, 60, 9);
     BucketOp {
         enforce,
@@ -113,7 +115,7 @@ fn command_layout() {
 
 /// A fixed window of cost 2 on a counter shared with reference pods (`rl_edge_ip_…`,
 /// stamped in the minute starting at 1_700_000_100).
-fn shared_counter_op() -> BucketOp {
+pub(crate) fn shared_counter_op() -> BucketOp {
     use crate::bucket::{ReferenceCounter, ReferenceKey};
     let mut counter = ReferenceCounter::new(ReferenceKey::new(
         b"rl_",

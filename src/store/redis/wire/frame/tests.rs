@@ -1,6 +1,6 @@
 use super::*;
-use crate::bucket::BucketOp;
-use crate::limiter::{Algorithm, LimitParams};
+use crate::limiter::Algorithm;
+use crate::store::redis::apply::tests::{op, shared_counter_op};
 use crate::store::redis::apply::{Action, command};
 
 /// The length of the whole frame at the start of `buf`, parsed in one go with no cap.
@@ -194,29 +194,6 @@ fn bulk_payload_is_the_bytes() {
     assert_eq!(bulk_payload(b"$0\r\n\r\n"), Some(&b""[..]));
     assert_eq!(bulk_payload(b"$-1\r\n"), None);
     assert_eq!(bulk_payload(b"-ERR x\r\n"), None);
-}
-
-fn op(algorithm: Algorithm, cost: i64, enforce: bool) -> BucketOp {
-    let params = LimitParams::of(algorithm, 7, 60, 9);
-    BucketOp {
-        enforce,
-        ..BucketOp::debit("edge", "ip", b"10.0.0.1", params, cost)
-    }
-}
-
-/// A fixed window of cost 2 on a counter shared with reference pods (`rl_edge_ip_…`,
-/// stamped in the minute starting at 1_700_000_100).
-fn shared_counter_op() -> BucketOp {
-    use crate::bucket::{ReferenceCounter, ReferenceKey};
-    let mut counter = ReferenceCounter::new(ReferenceKey::new(
-        b"rl_",
-        "edge",
-        [(&b"ip"[..], &b"10.0.0.1"[..])],
-    ));
-    counter.stamp(1_700_000_123, 60, 0, 0);
-    let mut shared = op(Algorithm::FixedWindow, 2, true);
-    shared.reference = Some(counter);
-    shared
 }
 
 /// The RESP the store writes itself is byte for byte what redis-rs packs for
