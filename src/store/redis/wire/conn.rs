@@ -86,6 +86,9 @@ pub(super) struct Waiting {
     /// The most bytes its reply may take ([`reply_cap`]); for a merged script call's first
     /// call, the whole merged reply's.
     pub(super) most: usize,
+    /// The first call of a script call (merged or alone): its reply ends one of
+    /// [`State::scripts_out`].
+    pub(super) script: bool,
 }
 
 /// What the callers and the connection's task share. Only the connection's own thread
@@ -96,6 +99,10 @@ pub(super) struct State {
     pub(super) out: Vec<u8>,
     /// Script calls written after `out`'s commands, still merging into one.
     pub(super) merging: Merging,
+    /// Script calls written (each one `EVALSHA`, merged or alone) whose reply has not come.
+    /// While there is one, the task leaves the script calls written since merging (group
+    /// commit): they go out together when its reply comes, or when they fill a merged call.
+    pub(super) scripts_out: usize,
     /// The callers waiting for a reply, in the order their commands were written.
     pub(super) waiting: VecDeque<Waiting>,
     /// The earliest deadline of the calls written since the task last looked: it sets the
@@ -249,7 +256,10 @@ impl Conn {
                         state.write_merged();
                     }
                     state.merging.push(script);
-                    self.wait(state, reply_bytes, reply_cap(reply_bytes))
+                    // While a script call is out, the task leaves the calls merging until its
+                    // reply comes: no need to wake it, unless there is something to write.
+                    let wake = state.scripts_out == 0 || !state.out.is_empty();
+                    self.wait(state, reply_bytes, reply_cap(reply_bytes), wake)
                 }
                 _ => {
                     // The script calls merging before it go first: the order of replies is
@@ -266,7 +276,7 @@ impl Conn {
                         drop(guard);
                         std::panic::resume_unwind(panic);
                     }
-                    self.wait(state, 0, reply_cap(reply_bytes))
+                    self.wait(state, 0, reply_cap(reply_bytes), true)
                 }
             }
         };
@@ -274,12 +284,14 @@ impl Conn {
     }
 
     /// Queues the caller of the command just written (`part`: its bytes of a merged script
-    /// call's reply; `most`: the most bytes its reply may take) and wakes the task.
+    /// call's reply; `most`: the most bytes its reply may take) and, if `wake`, wakes the
+    /// task.
     fn wait(
         &self,
         state: &mut State,
         part: usize,
         most: usize,
+        wake: bool,
     ) -> oneshot::Receiver<Result<Frame, Closed>> {
         let (sender, reply) = oneshot::channel();
         state.waiting.push_back(Waiting {
@@ -288,13 +300,14 @@ impl Conn {
             shares: 0,
             part,
             most,
+            script: false,
         });
         if let Some(deadline) = self.deadline
             && state.soonest.is_none_or(|soonest| deadline < soonest)
         {
             state.soonest = Some(deadline);
         }
-        if let Some(task) = state.task.take() {
+        if wake && let Some(task) = state.task.take() {
             task.wake();
         }
         reply
@@ -323,6 +336,7 @@ impl State {
         State {
             out: Vec::with_capacity(4096),
             merging: Merging::default(),
+            scripts_out: 0,
             waiting: VecDeque::new(),
             soonest: None,
             task: None,
@@ -333,14 +347,18 @@ impl State {
     }
 
     /// Writes the script calls merging into `out` as one `EVALSHA` (one call: exactly its
-    /// own command), and marks their first caller as sharing the reply with the others.
+    /// own command), marks their first caller as the script call's (and, merged, as sharing
+    /// the reply with the others), and counts it out ([`State::scripts_out`]).
     pub(super) fn write_merged(&mut self) {
         let calls = self.merging.write_into(&mut self.out);
-        if calls > 1
-            && let Some(first) = self.waiting.len().checked_sub(calls)
-        {
-            let payload = self.waiting.range(first..).map(|call| call.part).sum();
-            let first = &mut self.waiting[first];
+        let Some(first) = self.waiting.len().checked_sub(calls).filter(|_| calls > 0) else {
+            return;
+        };
+        self.scripts_out += 1;
+        let payload = self.waiting.range(first..).map(|call| call.part).sum();
+        let first = &mut self.waiting[first];
+        first.script = true;
+        if calls > 1 {
             first.shares = calls;
             first.most = reply_cap(payload);
         }

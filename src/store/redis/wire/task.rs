@@ -152,6 +152,7 @@ impl Task {
             state.task = None;
             // Never written: their callers are among the waiting, failed below.
             state.merging = Merging::default();
+            state.scripts_out = 0;
             (closed, std::mem::take(&mut state.waiting))
         };
         for caller in waiting {
@@ -267,8 +268,12 @@ impl Task {
                 }
                 if self.written == self.writing.len() {
                     // Everything taken before is out: take what callers wrote since, the
-                    // script calls written together merged into one.
-                    state.write_merged();
+                    // script calls written together merged into one, unless a script call
+                    // is out: they wait for its reply and go out together then (group
+                    // commit; a full merged call is already in `out`).
+                    if state.scripts_out == 0 {
+                        state.write_merged();
+                    }
                     self.writing.clear();
                     self.written = 0;
                     if self.writing.capacity() > OUT_KEEP {
@@ -371,6 +376,10 @@ impl Task {
             let caller = {
                 let mut state = lock(&self.shared);
                 let caller = state.waiting.pop_front().ok_or_else(|| unasked(frame))?;
+                if caller.script {
+                    // The calls merging since go out on the task's next pass.
+                    state.scripts_out = state.scripts_out.saturating_sub(1);
+                }
                 if caller.shares > 1 {
                     // Queued together, so all there.
                     let more = caller.shares - 1;

@@ -63,6 +63,63 @@ async fn peer(
     (url.into_connection_info().unwrap(), read, go)
 }
 
+/// A peer on a loopback port that plays Redis one command at a time: it reports each whole
+/// command it reads on the channel returned, then writes the next of `replies` once `go`
+/// says so. It keeps the socket open once every reply is written.
+async fn gated_peer(
+    replies: &'static [&'static [u8]],
+) -> (
+    ConnectionInfo,
+    tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    tokio::sync::mpsc::UnboundedSender<()>,
+) {
+    use redis::IntoConnectionInfo;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}/", listener.local_addr().unwrap());
+    let (commands, commands_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (go, mut go_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        for reply in replies {
+            let len = loop {
+                if let Some(len) = frame_len(&seen).unwrap() {
+                    break len;
+                }
+                let n = socket.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the connection closed early");
+                seen.extend_from_slice(&buf[..n]);
+            };
+            commands.send(seen.drain(..len).collect()).unwrap();
+            go_rx.recv().await.unwrap();
+            socket.write_all(reply).await.unwrap();
+        }
+        drop(commands);
+        // Keep the socket open until the test is done with it.
+        let _ = socket.read(&mut buf).await;
+    });
+    (url.into_connection_info().unwrap(), commands_rx, go)
+}
+
+/// A [`gated_peer`] that answers each command as soon as it has read it, and the commands it
+/// read, once it has answered them all.
+async fn stepped_peer(
+    replies: &'static [&'static [u8]],
+) -> (ConnectionInfo, impl Future<Output = Vec<Vec<u8>>>) {
+    let (info, mut commands, go) = gated_peer(replies).await;
+    let read = async move {
+        let mut read = Vec::new();
+        while let Some(command) = commands.recv().await {
+            read.push(command);
+            let _ = go.send(());
+        }
+        read
+    };
+    (info, read)
+}
+
 fn echo(word: &'static str) -> Cmd {
     let mut cmd = redis::cmd("ECHO");
     cmd.arg(word);
@@ -143,7 +200,8 @@ async fn merged_script_calls_get_their_own_parts() {
 /// (merged) before it, the ones after it merge apart, and every reply reaches its caller.
 #[tokio::test]
 async fn a_command_between_script_calls_keeps_its_place() {
-    let (info, read, go) = peer(3, b"$2\r\nxx\r\n$5\r\nhello\r\n$4\r\nyyyz\r\n").await;
+    let (info, commands) =
+        stepped_peer(&[b"$2\r\nxx\r\n", b"$5\r\nhello\r\n", b"$4\r\nyyyz\r\n"]).await;
     let conn = open(&info).await;
     let calls = async {
         tokio::join!(
@@ -153,19 +211,82 @@ async fn a_command_between_script_calls_keeps_its_place() {
             script_call(&conn, "c", 1)
         )
     };
-    let go = async {
-        read.await.unwrap();
-        go.send(()).unwrap();
-    };
     // Bounded, so that commands sent otherwise than as three fail the test.
-    let ((a, echoed, b, c), ()) =
-        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
-            .await
-            .expect("not three commands: a, the ECHO, then b and c merged");
+    let ((a, echoed, b, c), commands) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(calls, commands)
+    })
+    .await
+    .expect("not three commands: a, the ECHO, then b and c merged");
+    assert_eq!(commands.len(), 3);
     assert_eq!(a.unwrap(), b"$2\r\nxx\r\n");
     assert_eq!(echoed.unwrap(), b"$5\r\nhello\r\n");
     assert_eq!(b.unwrap(), b"$3\r\nyyy\r\n");
     assert_eq!(c.unwrap(), b"$1\r\nz\r\n");
+}
+
+/// Script calls written while a script call is out wait for its reply, whatever else the
+/// connection's task does meanwhile (another command's reply handed out), and then go out
+/// merged into one `EVALSHA` (group commit), each caller still getting its own part.
+#[tokio::test]
+async fn script_calls_wait_for_the_one_out_and_go_out_together() {
+    let (info, mut commands, go) =
+        gated_peer(&[b"$1\r\ne\r\n", b"$2\r\nxx\r\n", b"$4\r\nyyyz\r\n"]).await;
+    let conn = open(&info).await;
+    let queued = |calls: usize| {
+        let conn = conn.clone();
+        async move {
+            while lock(&conn.handle.0).waiting.len() < calls {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let script = |word: &'static str, reply_bytes| {
+        let conn = conn.clone();
+        tokio::spawn(async move { script_call(&conn, word, reply_bytes).await })
+    };
+    let echoed = tokio::spawn({
+        let conn = conn.clone();
+        async move { conn.call(&Call::Command(&echo("e"))).await }
+    });
+    queued(1).await;
+    let a = script("a", 2);
+    queued(2).await;
+    assert!(commands.recv().await.unwrap().ends_with(b"$1\r\ne\r\n"));
+    let b = script("b", 3);
+    queued(3).await;
+    go.send(()).unwrap();
+    assert_eq!(echoed.await.unwrap().unwrap(), b"$1\r\ne\r\n");
+    // The connection's task, which handed out the ECHO's reply, runs before the test's
+    // task resumes.
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        lock(&conn.handle.0).merging.calls,
+        1,
+        "b waits while a is out"
+    );
+    // EVALSHA sha 1 key_a "" blob_a
+    assert!(
+        commands.recv().await.unwrap().starts_with(b"*6\r\n"),
+        "a alone"
+    );
+    let c = script("c", 1);
+    queued(3).await;
+    go.send(()).unwrap();
+    let merged = tokio::time::timeout(Duration::from_secs(60), commands.recv())
+        .await
+        .expect("b and c never went out")
+        .unwrap();
+    // EVALSHA sha 2 key_b key_c "" blob_b blob_c
+    assert!(
+        merged.starts_with(b"*8\r\n"),
+        "b and c merged into one call"
+    );
+    go.send(()).unwrap();
+    assert_eq!(a.await.unwrap().unwrap(), b"$2\r\nxx\r\n");
+    assert_eq!(b.await.unwrap().unwrap(), b"$3\r\nyyy\r\n");
+    assert_eq!(c.await.unwrap().unwrap(), b"$1\r\nz\r\n");
 }
 
 /// A merged call's caller that gave up before the reply (its future dropped, as a
@@ -202,19 +323,18 @@ async fn a_dropped_call_in_a_merged_call_keeps_its_part() {
 async fn calls_past_the_cap_start_another_command() {
     let mut replies = format!("${MERGE_CALLS}\r\n").into_bytes();
     replies.extend((0..MERGE_CALLS).map(|i| b'A' + (i % 26) as u8));
-    replies.extend_from_slice(b"\r\n$1\r\nZ\r\n");
-    let (info, read, go) = peer(2, Vec::leak(replies)).await;
+    replies.extend_from_slice(b"\r\n");
+    let (info, commands) =
+        stepped_peer(Vec::leak(vec![&*Vec::leak(replies), b"$1\r\nZ\r\n"])).await;
     let conn = open(&info).await;
     let calls =
         futures_util::future::join_all((0..=MERGE_CALLS).map(|_| script_call(&conn, "k", 1)));
-    let go = async {
-        read.await.unwrap();
-        go.send(()).unwrap();
-    };
-    let (answers, ()) =
-        tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(calls, go) })
-            .await
-            .expect("not two commands");
+    let (answers, commands) = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::join!(calls, commands)
+    })
+    .await
+    .expect("not two commands");
+    assert_eq!(commands.len(), 2);
     for (i, answer) in answers.into_iter().enumerate() {
         let expected = if i < MERGE_CALLS {
             b'A' + (i % 26) as u8

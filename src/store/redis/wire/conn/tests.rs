@@ -1,23 +1,12 @@
-use std::collections::VecDeque;
-
 use super::*;
 use crate::store::redis::wire::frame::MAX_REPLY;
 
 /// The merged calls' command is `EVALSHA sha K keys… "" blob_1 … blob_N`, and one call
 /// alone is exactly its own `EVALSHA sha k keys… "" blob`; the first caller of a merged
-/// call is marked as sharing the reply with the others.
+/// call is marked as sharing the reply with the others, and the call is counted out.
 #[test]
 fn merged_calls_are_one_evalsha() {
-    let mut state = State {
-        out: Vec::new(),
-        merging: Merging::default(),
-        waiting: VecDeque::new(),
-        soonest: None,
-        task: None,
-        closed: None,
-        retiring: false,
-        script_loads: [None; SCRIPT_LOADS],
-    };
+    let mut state = State::new();
     for (calls, expected) in [
         (&[("k1", "b1")][..], &["k1", "", "b1"][..]),
         (
@@ -40,6 +29,7 @@ fn merged_calls_are_one_evalsha() {
                 shares: 0,
                 part: 8,
                 most: MAX_REPLY,
+                script: false,
             });
         }
         state.write_merged();
@@ -48,7 +38,10 @@ fn merged_calls_are_one_evalsha() {
         assert_eq!(state.out, command.get_packed_command());
         let shares = if calls.len() > 1 { calls.len() } else { 0 };
         assert_eq!(state.waiting[0].shares, shares);
+        assert!(state.waiting[0].script);
+        assert_eq!(state.scripts_out, 1);
         assert_eq!(state.merging.calls, 0);
+        state.scripts_out = 0;
         state.out.clear();
         state.waiting.clear();
     }

@@ -1,10 +1,9 @@
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
 use super::*;
-use crate::store::redis::wire::conn::{SCRIPT_LOADS, shared};
+use crate::store::redis::wire::conn::shared;
 use crate::store::redis::wire::frame::{bulk_payload, reply_cap};
 
 /// After a reply larger than the read buffer and a command larger than the output
@@ -34,16 +33,9 @@ async fn buffers_shrink_back_after_a_large_reply() {
         server.write_all(&reply).await.unwrap();
         let _ = server.read(&mut seen).await;
     });
-    let shared = shared(State {
-        out: command,
-        merging: Merging::default(),
-        waiting: VecDeque::new(),
-        soonest: None,
-        task: None,
-        closed: None,
-        retiring: false,
-        script_loads: [None; SCRIPT_LOADS],
-    });
+    let mut state = State::new();
+    state.out = command;
+    let shared = shared(state);
     let (sender, mut reply) = oneshot::channel();
     lock(&shared).waiting.push_back(Waiting {
         reply: Some(sender),
@@ -52,6 +44,7 @@ async fn buffers_shrink_back_after_a_large_reply() {
         part: 0,
         // A call expecting a reply this large (a script call alone of many keys).
         most: reply_cap(BIG),
+        script: false,
     });
     let mut task = Task::new(Stream::Tcp(client), Arc::clone(&shared));
     let frame = std::future::poll_fn(|cx| {
