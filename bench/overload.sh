@@ -57,7 +57,9 @@
 #    call (INFO commandstats), the share answered from leases alone, requests sent to Redis
 #    and leases taken per 1,000 OK answers, tokens per lease, floodgate's and Redis's CPU
 #    per OK answer; and the mean store call, the RSS, the bound and the not-OK answers by
-#    kind (FLOODGATE_REDIS_TIMEOUT_MS=200 removes the timeouts a loaded host causes).
+#    kind, and the connections Redis accepted during the run (each call that misses its
+#    deadline retires its connection; FLOODGATE_REDIS_TIMEOUT_MS=200 removes the timeouts a
+#    loaded host causes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
@@ -290,6 +292,7 @@ s["calls"], s["usec"] = (int(script.group(1)), int(script.group(2))) if script e
 s["redis_cpu_s"] = field("used_cpu_sys") + field("used_cpu_user")
 s["commands"] = field("total_commands_processed")
 s["expired"] = field("expired_keys")
+s["connections"] = field("total_connections_received")
 print(json.dumps(s))
 PY
 }
@@ -312,7 +315,7 @@ not_ok = sum(results.values()) - ok
 shed = errors.get("shed", 0)
 ok_s = ok / float(seconds)
 base = float(base) if base else ok_s
-why = ", ".join(f"{k} {int(v)}" for k, v in list(results.items())[1:] + [(f"store {k}", v) for k, v in errors.items() if k != "shed"] if v)
+why = ", ".join(f"{k} {int(v)}" for k, v in list(results.items())[1:] + [(f"store {k}", v) for k, v in errors.items() if k != "shed"] + [("Redis connections opened", d("connections"))] if v)
 per_ok = lambda v: v / ok if ok else float("nan")
 calls = d("calls")
 print(f"| {label} | {ok_s:.0f} | {int(not_ok)} ({int(shed)}) | {ok_s / max(base, 1):.2f} "
@@ -334,7 +337,8 @@ if [[ " $PARTS " == *" closed "* ]]; then
     echo "(INFO commandstats), the share of OK answers decided from leases alone, the mean store"
     echo "call (ms, shedder's wait included), floodgate's and Redis's CPU µs per OK answer, the"
     echo "server's RSS and the bound on calls to Redis at the end of the run, and the answers"
-    echo "not OK by why (result, then store error kinds other than shed)."
+    echo "not OK by why (result, then store error kinds other than shed), and the connections Redis"
+    echo "accepted during the run."
     echo
     echo "| binary | descriptors | in flight | OK/s | not OK (shed) | OK/s ÷ OK/s at 128 | calls/OK | Redis µs/call | leased | store ms | CPU µs/OK | Redis CPU µs/OK | to Redis per 1k OK | leases per 1k OK | tokens per lease | RSS MB | bound | not OK: why |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -65,10 +65,25 @@ pub(super) const RETIRED: &str = "the connection is retired: a call on it missed
 /// What a call that ran out of its deadline fails with (see [`is_late`]).
 pub(super) const LATE: &str = "the call's deadline passed before Redis answered";
 
-/// Whether `error` is a call's deadline passing ([`Conn::until`]): the store answers it as the
-/// call's timeout.
+/// What a script call that ran out of its deadline before it was sent fails with: it was
+/// waiting for the script call out on its connection ([`State::scripts_out`]), so its
+/// deadline says nothing of Redis (see [`was_held`]).
+pub(super) const HELD: &str =
+    "the call's deadline passed before it was sent (behind the script call out)";
+
+/// Whether `error` is a call's deadline passing ([`Conn::until`]), sent or not: the store
+/// answers it as the call's timeout.
 pub fn is_late(error: &RedisError) -> bool {
-    error.is_timeout() && error.to_string().contains(LATE)
+    error.is_timeout() && {
+        let text = error.to_string();
+        text.contains(LATE) || text.contains(HELD)
+    }
+}
+
+/// Whether `error` is the deadline of a call that was never sent ([`HELD`]): its connection
+/// keeps serving, as no reply of Redis's was late.
+pub fn was_held(error: &RedisError) -> bool {
+    error.is_timeout() && error.to_string().contains(HELD)
 }
 
 /// A call written and not yet answered.
@@ -256,10 +271,7 @@ impl Conn {
                         state.write_merged();
                     }
                     state.merging.push(script);
-                    // While a script call is out, the task leaves the calls merging until its
-                    // reply comes: no need to wake it, unless there is something to write.
-                    let wake = state.scripts_out == 0 || !state.out.is_empty();
-                    self.wait(state, reply_bytes, reply_cap(reply_bytes), wake)
+                    self.wait(state, reply_bytes, reply_cap(reply_bytes))
                 }
                 _ => {
                     // The script calls merging before it go first: the order of replies is
@@ -276,7 +288,7 @@ impl Conn {
                         drop(guard);
                         std::panic::resume_unwind(panic);
                     }
-                    self.wait(state, 0, reply_cap(reply_bytes), true)
+                    self.wait(state, 0, reply_cap(reply_bytes))
                 }
             }
         };
@@ -284,14 +296,13 @@ impl Conn {
     }
 
     /// Queues the caller of the command just written (`part`: its bytes of a merged script
-    /// call's reply; `most`: the most bytes its reply may take) and, if `wake`, wakes the
-    /// task.
+    /// call's reply; `most`: the most bytes its reply may take) and wakes the task (which
+    /// keeps its deadline, even while the call waits merging).
     fn wait(
         &self,
         state: &mut State,
         part: usize,
         most: usize,
-        wake: bool,
     ) -> oneshot::Receiver<Result<Frame, Closed>> {
         let (sender, reply) = oneshot::channel();
         state.waiting.push_back(Waiting {
@@ -307,7 +318,7 @@ impl Conn {
         {
             state.soonest = Some(deadline);
         }
-        if wake && let Some(task) = state.task.take() {
+        if let Some(task) = state.task.take() {
             task.wake();
         }
         reply
