@@ -14,6 +14,9 @@
 #   HF_ROWS="floor floodgate-memory floodgate-redis" bench/h2_frames.sh
 #   BENCH_BIN=/path/floodgate FLOOR_BIN=/path/floor bench/h2_frames.sh
 #
+# The filter's timeout is HF_RLS_TIMEOUT (1s, not deploy/envoy/envoy.yaml's 75 ms): the relay
+# adds a hop, and a call Envoy gives up on is reset (RST_STREAM) instead of answered, which
+# is not what an answer costs.
 # Each row (a fresh server):
 #   - tapped: a front Envoy whose rate-limit cluster is the relay; HF_REQUESTS requests,
 #     closed loop, 16 connections × 4 streams, one thread, over EP's paths /k/<n>. The relay
@@ -33,16 +36,17 @@
 # included); the response HEADERS frame's size on the connection's first answer and its most
 # common size after it (steady: what HPACK's dynamic table leaves), and the trailers'; the
 # relay's reads per answer each way (bounded by the sender's writes). Then each side's
-# SETTINGS and the HPACK make-up of the steady answer (bench/h2tap.py's words). OK answers:
-# the server's floodgate_requests_total{result="ok"} (the floor and floodgate) and Envoy's
-# filter counters (cluster.backend.ratelimit.ok / over_limit / error) over both runs.
+# SETTINGS and the HPACK make-up of the steady answer (bench/h2tap.py's words). OK answers
+# over both runs: the server's own count (floodgate_requests_total{result="ok"} for the floor
+# and floodgate, Limitador's authorized_calls), Envoy's filter counters
+# (cluster.backend.ratelimit.ok / over_limit / error) and h2load's HTTP status classes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
 need_h2load
 REQUESTS=${HF_REQUESTS:-5000}
 KEYS=${EP_KEYS:-100000}
-RLS_TIMEOUT=${EP_RLS_TIMEOUT:-0.075s}
+RLS_TIMEOUT=${HF_RLS_TIMEOUT:-1s}
 read -r -a ROWS <<<"${HF_ROWS:-floor floodgate-memory limitador-memory}"
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -131,8 +135,13 @@ row() {
             END { printf "%.2f %.2f\n", w / n, r / n }' "$WORK/perf.out")
     fi
     s1=$(ratelimit_stats)
-    local ok=-
-    [ "${row%-*}" = limitador ] || ok=$(ok_answers "$RLS_HTTP")
+    local ok
+    if [ "${row%-*}" = limitador ]; then
+        ok=$(curl -s "127.0.0.1:$RLS_HTTP/metrics" |
+            awk '$1 ~ /^authorized_calls/ { ok += $2 } END { print ok + 0 }')
+    else
+        ok=$(ok_answers "$RLS_HTTP")
+    fi
     stop_front
     kill "$SRV_PID"; wait "$SRV_PID" 2>/dev/null || true
     local done2xx
@@ -201,6 +210,8 @@ for row, r, *_ in rows:
         d = r[way]
         print(f"  {who} SETTINGS: {d['settings']}; WINDOW_UPDATE frames {d['window_updates']}, "
               f"increments {d['window_increments']}; PING {d['pings']}")
+    for kind, shape, count in r["up"]["hpack_common"][:1]:
+        print(f"  Envoy {kind} HPACK ({count}×): {shape}")
     for kind, shape, count in r["down"]["hpack_common"][:2]:
         print(f"  server {kind} HPACK ({count}×): {shape}")
     for kind, shape in r["down"]["hpack_first"]:
