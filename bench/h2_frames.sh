@@ -11,7 +11,7 @@
 #   bench/h2_frames.sh                        # 5,000 answers per server and run
 #   HF_CLIENTS=1 HF_STREAMS=1 bench/h2_frames.sh   # one call at a time
 #   HF_REQUESTS=20000 bench/h2_frames.sh
-#   HF_ROWS="floor floodgate-memory floodgate-redis" bench/h2_frames.sh
+#   HF_ROWS="floor floodgate-memory floodgate-redis limitador-redis" bench/h2_frames.sh
 #   BENCH_BIN=/path/floodgate FLOOR_BIN=/path/floor bench/h2_frames.sh
 #
 # The filter's timeout is HF_RLS_TIMEOUT (1s, not deploy/envoy/envoy.yaml's 75 ms): the relay
@@ -19,7 +19,7 @@
 # is not what an answer costs.
 # Each row (a fresh server):
 #   - tapped: a front Envoy whose rate-limit cluster is the relay; HF_REQUESTS requests,
-#     closed loop, 16 connections × 4 streams, one thread, over EP's paths /k/<n>. The relay
+#     closed loop, over EP_KEYS (100,000) paths /k/<n> (one descriptor value each). The relay
 #     counts every frame of the run, the connection's set-up included (its SETTINGS and first
 #     WINDOW_UPDATEs), so a figure per answer is the run's total over the answers (the
 #     server's trailers frames) it saw;
@@ -27,7 +27,8 @@
 #     CPU µs per request (user + system, /proc/<pid>/stat, over the requests h2load
 #     completed), and the server's write calls (write, writev, sendto, sendmsg) and read calls
 #     per answer, all threads, counted by the kernel's syscall tracepoints (perf stat, which
-#     does not slow the server; HF_PERF=0 or no perf leaves them out).
+#     does not slow the server; HF_PERF=0 or no perf leaves them out; with Redis they count
+#     the server's calls to Redis too).
 # The load's shape: HF_CLIENTS (16) connections × HF_STREAMS (4) streams, one thread. At
 # 64 in flight Envoy sends the server its calls in batches, and a server answers a batch in
 # one write; HF_CLIENTS=1 HF_STREAMS=1 shows one call at a time.
