@@ -175,3 +175,178 @@ h2_failed() {
     cat "$@" | sed -n 's/.* succeeded, \([0-9]*\) failed, \([0-9]*\) errored.*/\1 \2/p' |
         awk '{ bad += $1 + $2 } END { print bad + 0 }'
 }
+
+# --- The data path through Envoy (bench/envoy_path.sh, bench/h2_frames.sh) ---------------
+# ENVOY is the Envoy binary; the configs and logs go to $WORK.
+
+# start_envoy NAME CONFIG : starts an Envoy on CONFIG (one worker, no hot restart); sets
+# ENVOY_PID and ENVOY_ADMIN (host:port) once it is ready.
+start_envoy() {
+    local name=$1 config=$2
+    rm -f "$WORK/$name.admin"
+    "$ENVOY" --concurrency 1 --disable-hot-restart -l warning -c "$config" \
+        --admin-address-path "$WORK/$name.admin" >"$WORK/$name.log" 2>&1 &
+    ENVOY_PID=$!
+    PIDS+=("$ENVOY_PID")
+    local deadline=$((SECONDS + 60))
+    until [ -s "$WORK/$name.admin" ] &&
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "$(cat "$WORK/$name.admin")/ready")" = 200 ]; do
+        if [ $SECONDS -ge $deadline ] || ! kill -0 "$ENVOY_PID" 2>/dev/null; then
+            echo "Envoy $name did not come up; its log:" >&2
+            cat "$WORK/$name.log" >&2
+            exit 1
+        fi
+        sleep 0.1
+    done
+    ENVOY_ADMIN=$(cat "$WORK/$name.admin")
+}
+
+# listener_port ADMIN NAME : the port the listener NAME is bound to.
+listener_port() {
+    curl -s "$1/listeners?format=json" | python3 -c '
+import json, sys
+for status in json.load(sys.stdin)["listener_statuses"]:
+    if status["name"] == sys.argv[1]:
+        print(status["local_address"]["socket_address"]["port_value"])' "$2"
+}
+
+# hcm PREFIX ROUTE FILTERS : an HTTP connection manager (YAML, indented for a filter chain).
+hcm() {
+    cat <<YAML
+          - name: envoy.filters.network.http_connection_manager
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+              stat_prefix: $1
+              route_config:
+                virtual_hosts:
+                  - name: $1
+                    domains: ["*"]
+                    routes:
+                      - match: {prefix: "/"}
+$2
+              http_filters:
+$3
+                - name: envoy.filters.http.router
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+YAML
+}
+
+# start_backend : the backend Envoy, a direct response 200 to every request; sets
+# BACKEND_PORT.
+start_backend() {
+    cat >"$WORK/backend.yaml" <<YAML
+static_resources:
+  listeners:
+    - name: backend
+      address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+      filter_chains:
+        - filters:
+$(hcm backend '                        direct_response: {status: 200, body: {inline_string: ok}}' '')
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
+YAML
+    start_envoy backend "$WORK/backend.yaml"
+    BACKEND_PORT=$(listener_port "$ENVOY_ADMIN" backend)
+}
+
+# front_config RLS_PORT : the front Envoy's bootstrap, forwarding to the backend at
+# BACKEND_PORT, with the rate-limit filter (timeout RLS_TIMEOUT) asking the server at
+# RLS_PORT, or no filter when RLS_PORT is empty.
+front_config() {
+    local rls=$1 filter=""
+    if [ -n "$rls" ]; then
+        filter=$(cat <<YAML
+                - name: envoy.filters.http.ratelimit
+                  typed_config:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+                    domain: one
+                    timeout: $RLS_TIMEOUT
+                    failure_mode_deny: false
+                    enable_x_ratelimit_headers: DRAFT_VERSION_03
+                    rate_limit_service:
+                      transport_api_version: V3
+                      grpc_service: {envoy_grpc: {cluster_name: ratelimit}}
+YAML
+)
+    fi
+    cat <<YAML
+static_resources:
+  listeners:
+    - name: front
+      address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+      filter_chains:
+        - filters:
+$(hcm front '                        route:
+                          cluster: backend
+                          rate_limits:
+                            - actions:
+                                - request_headers: {header_name: ":path", descriptor_key: k0}' "$filter")
+  clusters:
+    - name: backend
+      type: STATIC
+      connect_timeout: 1s
+      load_assignment:
+        cluster_name: backend
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: $BACKEND_PORT}}}}]}]
+    - name: ratelimit
+      type: STATIC
+      connect_timeout: 1s
+      typed_extension_protocol_options:
+        envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+          "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+          explicit_http_config: {http2_protocol_options: {}}
+      load_assignment:
+        cluster_name: ratelimit
+        endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: ${rls:-1}}}}}]}]
+admin: {address: {socket_address: {address: 127.0.0.1, port_value: 0}}}
+YAML
+}
+
+# start_rls ROW : starts the row's rate-limit server (none for nobody): ROW is floor,
+# floodgate-memory, floodgate-redis, limitador-memory or limitador-redis, from FLOOR, BIN and
+# LIMITADOR, with $WORK's limits and the Redis at REDIS_PORT (flushed); sets GRPC_PORT,
+# RLS_HTTP (its HTTP port) and SRV_PID (all empty for nobody).
+start_rls() {
+    local server=${1%-*} store=${1#*-}
+    GRPC_PORT="" SRV_PID="" RLS_HTTP=""
+    [ "$1" != nobody ] || return 0
+    GRPC_PORT=$(free_port)
+    RLS_HTTP=$(free_port)
+    local http=$RLS_HTTP
+    redis-cli -p "$REDIS_PORT" flushall >/dev/null
+    case $server in
+        floor)
+            "$FLOOR" --grpc-addr "127.0.0.1:$GRPC_PORT" --http-addr "127.0.0.1:$http" \
+                >"$WORK/server.log" 2>&1 &
+            ;;
+        floodgate)
+            local args=()
+            [ "$store" = redis ] && args=(--redis-url "redis://127.0.0.1:$REDIS_PORT/")
+            RUST_LOG=warn "$BIN" serve --config "$WORK/limits" --grpc-addr "127.0.0.1:$GRPC_PORT" \
+                --http-addr "127.0.0.1:$http" "${args[@]}" >"$WORK/server.log" 2>&1 &
+            ;;
+        limitador)
+            local args=(memory)
+            [ "$store" = redis ] && args=(redis "redis://127.0.0.1:$REDIS_PORT")
+            "$LIMITADOR" -b 127.0.0.1 -p "$GRPC_PORT" -B 127.0.0.1 -P "$http" \
+                "$WORK/limitador.yaml" "${args[@]}" >"$WORK/server.log" 2>&1 &
+            ;;
+    esac
+    SRV_PID=$!
+    PIDS+=("$SRV_PID")
+    until python3 -c "import socket; socket.create_connection(('127.0.0.1', $GRPC_PORT), 0.2)" 2>/dev/null; do
+        kill -0 "$SRV_PID" 2>/dev/null || { cat "$WORK/server.log" >&2; exit 1; }
+        sleep 0.1
+    done
+}
+
+# cpu_ticks PID : the user + system clock ticks PID has used (0 when PID is empty).
+cpu_ticks() { [ -n "$1" ] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
+
+# ratelimit_stats : the front Envoy's filter counters so far: "ok over_limit error".
+ratelimit_stats() {
+    curl -s "$ENVOY_ADMIN/stats?filter=cluster.backend.ratelimit" | awk -F': ' '
+        { v[$1] = $2 }
+        END { print v["cluster.backend.ratelimit.ok"] + 0, v["cluster.backend.ratelimit.over_limit"] + 0,
+                    v["cluster.backend.ratelimit.error"] + 0 }'
+}
