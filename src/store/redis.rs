@@ -362,14 +362,10 @@ fn late(timeout: Duration) -> StoreError {
 
 /// [`classify`], and retire the pooled connection (the pool replaces it) when the error says
 /// it is unusable ([`retires_connection`]). A call whose deadline passed is the outage
-/// [`late`] names, and retires its connection too, unless it was never sent
-/// ([`wire::was_held`]: it waited behind the script call out on its connection, and Redis's
-/// replies were not late).
+/// [`late`] names, and retires its connection too.
 fn classify_on(conn: &Lent, error: RedisError) -> StoreError {
     if wire::is_late(&error) {
-        if !wire::was_held(&error) {
-            conn.broken.store(true, Ordering::Relaxed);
-        }
+        conn.broken.store(true, Ordering::Relaxed);
         return late(conn.timeout);
     }
     if retires_connection(&error) {

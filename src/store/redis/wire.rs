@@ -38,7 +38,7 @@ mod frame;
 mod merge;
 mod task;
 
-pub use conn::{Conn, SCRIPT_LOAD_WINDOW, SCRIPT_LOADS, is_late, was_held};
+pub use conn::{Conn, SCRIPT_LOAD_WINDOW, SCRIPT_LOADS, is_late};
 pub use connect::connect;
 pub use frame::{Call, Frame, MAX_REPLY, bulk_payload};
 pub use merge::{LARGEST_MERGED_REPLY, MERGE_BYTES, MERGE_CALLS, MERGE_KEYS};

@@ -65,25 +65,10 @@ pub(super) const RETIRED: &str = "the connection is retired: a call on it missed
 /// What a call that ran out of its deadline fails with (see [`is_late`]).
 pub(super) const LATE: &str = "the call's deadline passed before Redis answered";
 
-/// What a script call that ran out of its deadline before it was sent fails with: it was
-/// waiting for the script call out on its connection ([`State::scripts_out`]), so its
-/// deadline says nothing of Redis (see [`was_held`]).
-pub(super) const HELD: &str =
-    "the call's deadline passed before it was sent (behind the script call out)";
-
-/// Whether `error` is a call's deadline passing ([`Conn::until`]), sent or not: the store
-/// answers it as the call's timeout.
+/// Whether `error` is a call's deadline passing ([`Conn::until`]): the store answers it as the
+/// call's timeout.
 pub fn is_late(error: &RedisError) -> bool {
-    error.is_timeout() && {
-        let text = error.to_string();
-        text.contains(LATE) || text.contains(HELD)
-    }
-}
-
-/// Whether `error` is the deadline of a call that was never sent ([`HELD`]): its connection
-/// keeps serving, as no reply of Redis's was late.
-pub fn was_held(error: &RedisError) -> bool {
-    error.is_timeout() && error.to_string().contains(HELD)
+    error.is_timeout() && error.to_string().contains(LATE)
 }
 
 /// A call written and not yet answered.
@@ -271,7 +256,11 @@ impl Conn {
                         state.write_merged();
                     }
                     state.merging.push(script);
-                    self.wait(state, reply_bytes, reply_cap(reply_bytes))
+                    // While a script call is out, the task leaves the calls merging until its
+                    // reply comes: it is woken only to write (a merged call filled at the
+                    // cap) or to keep a deadline sooner than those it was told of.
+                    let write = state.scripts_out == 0 || !state.out.is_empty();
+                    self.wait(state, reply_bytes, reply_cap(reply_bytes), write)
                 }
                 _ => {
                     // The script calls merging before it go first: the order of replies is
@@ -288,7 +277,7 @@ impl Conn {
                         drop(guard);
                         std::panic::resume_unwind(panic);
                     }
-                    self.wait(state, 0, reply_cap(reply_bytes))
+                    self.wait(state, 0, reply_cap(reply_bytes), true)
                 }
             }
         };
@@ -296,13 +285,14 @@ impl Conn {
     }
 
     /// Queues the caller of the command just written (`part`: its bytes of a merged script
-    /// call's reply; `most`: the most bytes its reply may take) and wakes the task (which
-    /// keeps its deadline, even while the call waits merging).
+    /// call's reply; `most`: the most bytes its reply may take) and wakes the task if it has
+    /// something to `write`, or a deadline sooner than those it was told of to keep.
     fn wait(
         &self,
         state: &mut State,
         part: usize,
         most: usize,
+        write: bool,
     ) -> oneshot::Receiver<Result<Frame, Closed>> {
         let (sender, reply) = oneshot::channel();
         state.waiting.push_back(Waiting {
@@ -313,12 +303,14 @@ impl Conn {
             most,
             script: false,
         });
+        let mut wake = write;
         if let Some(deadline) = self.deadline
             && state.soonest.is_none_or(|soonest| deadline < soonest)
         {
             state.soonest = Some(deadline);
+            wake = true;
         }
-        if let Some(task) = state.task.take() {
+        if wake && let Some(task) = state.task.take() {
             task.wake();
         }
         reply

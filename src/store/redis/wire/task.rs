@@ -23,7 +23,7 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 use tokio_rustls::client::TlsStream;
 
-use super::conn::{Closed, HELD, LATE, RETIRED, Shared, State, Waiting, lock};
+use super::conn::{Closed, LATE, RETIRED, Shared, State, Waiting, lock};
 use super::frame::{MAX_REPLY, OUT_KEEP, Parser};
 use super::merge::{Merging, Split};
 
@@ -172,18 +172,13 @@ impl Task {
     }
 
     /// Fails the waiting calls whose deadline is `now` or past (the connection then retires,
-    /// [`State::retiring`], unless every one of them was still merging, never sent: their
-    /// wait was for the script call out, not a reply of Redis's late), and returns the
-    /// earliest deadline of those still waiting.
+    /// [`State::retiring`]), and returns the earliest deadline of those still waiting.
     fn expire(&self, now: Instant) -> Option<Instant> {
         let late = Closed::new(io::ErrorKind::TimedOut, LATE);
-        let held = Closed::new(io::ErrorKind::TimedOut, HELD);
         let mut state = lock(&self.shared);
-        // The calls merging are the last ones waiting.
-        let unsent = state.waiting.len().saturating_sub(state.merging.calls);
         let mut next: Option<Instant> = None;
         let mut retire = false;
-        for (at, call) in state.waiting.iter_mut().enumerate() {
+        for call in &mut state.waiting {
             let Some(deadline) = call.deadline else {
                 continue;
             };
@@ -192,11 +187,10 @@ impl Task {
                 continue;
             }
             if deadline <= now {
-                let sent = at < unsent;
                 if let Some(reply) = call.reply.take() {
-                    let _ = reply.send(Err(if sent { late.clone() } else { held.clone() }));
+                    let _ = reply.send(Err(late.clone()));
                 }
-                retire |= sent;
+                retire = true;
             } else if next.is_none_or(|next| deadline < next) {
                 next = Some(deadline);
             }
