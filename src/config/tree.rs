@@ -15,6 +15,8 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 /// The tables' hasher: foldhash, randomly seeded. A request's keys and values only look these
 /// tables up, never add to them (their keys are the configuration's), so the flooding that
 /// SipHash guards a growing table against cannot happen here, and a lookup hashes its bytes
@@ -61,8 +63,9 @@ pub enum Step<'a> {
 pub struct Match<'a> {
     /// The matched rule.
     pub rule: &'a Rule,
-    /// One step per request entry, in order.
-    pub steps: Vec<Step<'a>>,
+    /// One step per request entry, in order (on the stack up to four: one is built for
+    /// every descriptor of every request).
+    pub steps: SmallVec<[Step<'a>; 4]>,
     /// The domain name, for [`Match::metric_key`].
     domain: &'a str,
     /// `value_to_metric` of the node each entry reached; empty when no node has it set.
@@ -151,7 +154,7 @@ impl Domain {
     pub fn find<'a>(&'a self, entries: &[(&[u8], &[u8])]) -> Option<Match<'a>> {
         let last = entries.len().checked_sub(1)?;
         let mut children = &self.root;
-        let mut steps = Vec::with_capacity(entries.len());
+        let mut steps = SmallVec::with_capacity(entries.len());
         let mut value_to_metric = Vec::new();
         for (i, &(key, value)) in entries.iter().enumerate() {
             let (node, step) = children.lookup(key, value)?;
