@@ -92,9 +92,10 @@ impl<'c> Plan<'c> {
 
         let mut ops = Ops::default();
         let mut limits = Vec::with_capacity(matched_limits.len());
-        let mut matched_limits = matched_limits.into_iter();
+        // Drained in place: moving a list into an iterator would copy its inline items.
+        let mut matched_limits = matched_limits.drain(..);
         let descriptors = matched
-            .into_iter()
+            .drain(..)
             .map(|matched| PlannedDescriptor {
                 cost: matched.cost,
                 plan: ops.plan_descriptor(
