@@ -272,11 +272,7 @@ impl Decider {
         span: Option<&RequestSpan<'_>>,
     ) -> Result<(RateLimitResponse, RequestResult), RequestError> {
         // One load: the plan's rule indexes and the handles that count them belong together.
-        // A guard, not a clone of the `Arc`: a clone and its drop write the reference count,
-        // one cache line that every serving thread would write on every request; the guard
-        // writes a slot of this thread's own (arc-swap's debts; past its few slots, as when
-        // many requests on one thread wait for Redis, it takes a clone itself).
-        let limits = self.limits.load();
+        let limits = self.limits.load_full();
         let mut plan = Plan::build(request, &limits.config, &self.options).inspect_err(|e| {
             self.metrics.record_request(RequestResult::Invalid);
             tracing::debug!(domain = %request.domain, error = %e, "invalid request");
