@@ -121,7 +121,8 @@ ab_setup() {
 # ab_start BIN ROW LOG [ARGS…] : starts `BIN serve` for ROW on free ports (under the command
 # in the array AB_PREFIX, e.g. valgrind, when set), with ROW's store and ARGS, on a flushed
 # Redis, and waits (at most 120 s) for its healthcheck; sets AB_PID, AB_HTTP (its admin
-# port), AB_URL (ShouldRateLimit) and AB_BODY (ROW's request body).
+# port), AB_URL (ShouldRateLimit) and AB_BODY (ROW's request body). A BIN named `floor` is
+# the floor (examples/floor.rs), started with its own flags (ARGS not passed).
 ab_start() {
     local bin=$1 row=$2 log=$3 grpc
     shift 3
@@ -131,9 +132,18 @@ ab_start() {
     [ "$row" = memory ] && store_args=() && body=one
     AB_BODY=$WORK/$body.bin
     AB_URL="http://127.0.0.1:$grpc/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
-    RUST_LOG=warn "${AB_PREFIX[@]}" "$bin" serve --config "$WORK/limits" \
-        --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" "${store_args[@]}" "$@" \
-        >"$log" 2>&1 &
+    if [ "$(basename "$bin")" = floor ]; then
+        # The floor (examples/floor.rs) takes no configuration, store or server flags: it
+        # states the row's limit in each status, none on the no-store row.
+        local statuses=limited
+        [ "$row" = none ] && statuses=bare
+        "${AB_PREFIX[@]}" "$bin" --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" \
+            --statuses "$statuses" >"$log" 2>&1 &
+    else
+        RUST_LOG=warn "${AB_PREFIX[@]}" "$bin" serve --config "$WORK/limits" \
+            --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$AB_HTTP" \
+            "${store_args[@]}" "$@" >"$log" 2>&1 &
+    fi
     AB_PID=$!
     local deadline=$((SECONDS + 120))
     until curl -sf "127.0.0.1:$AB_HTTP/healthcheck" >/dev/null; do

@@ -9,6 +9,7 @@
 #   IR_TOP=25 bench/ir_ab.sh BIN                      # plus each run's top inclusive functions
 #   IR_KEEP=/tmp/cg bench/ir_ab.sh BIN                # keep callgrind's files (callgrind_annotate)
 #   IR_CACHE=1 bench/ir_ab.sh OLD_BIN NEW_BIN         # plus simulated cache misses per OK answer
+#   IR_ROWS="none memory" bench/ir_ab.sh target/production/examples/floor BIN  # over the floor
 #
 # Each run starts one server under callgrind with instrumentation off (`--instr-atstart=no`),
 # sends IR_WARMUP requests, switches counting on (`callgrind_control -i on`), sends
@@ -21,7 +22,9 @@
 # slower, and a call past the default 10 ms deadline would be an error answer, which costs
 # less than an OK one. Prints one line per run (Ir per OK answer, answers not OK), then per
 # row and binary the median. Any answer not OK marks the run: a binary that errs is broken,
-# not cheaper.
+# not cheaper. A binary named `floor` is the floor (examples/floor.rs, started with its own
+# flags: `--statuses bare` on the no-store row), on the memory and no-store rows (it has no
+# store); bench/cpu_ab.sh and bench/allocs.sh take it alike.
 #
 # IR_CACHE=1 runs callgrind's cache simulation too (`--cache-sim=yes`: a first-level data
 # cache (D1) and a last-level cache (LL) shaped like the host's; every data access of the
@@ -42,7 +45,7 @@ cd "$(dirname "$0")/.."
 . bench/common.sh
 command -v valgrind >/dev/null && command -v callgrind_control >/dev/null ||
     { echo "needs valgrind (callgrind, callgrind_control)" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,31p' "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,34p' "$0"; exit 2; }
 BINS=("$@")
 ROUNDS=${IR_ROUNDS:-2}
 REQUESTS=${IR_REQUESTS:-5000}

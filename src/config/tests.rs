@@ -53,5 +53,11 @@ pub(crate) fn find(config: &Config, domain: &str, entries: &[(&str, &str)]) -> O
 }
 
 pub(super) fn steps<'a>(config: &'a Config, entries: &[(&[u8], &[u8])]) -> Vec<Step<'a>> {
-    config.domain("d").unwrap().find(entries).unwrap().steps
+    config
+        .domain("d")
+        .unwrap()
+        .find(entries)
+        .unwrap()
+        .steps
+        .into_vec()
 }

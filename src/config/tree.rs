@@ -15,6 +15,14 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
+/// The tables' hasher: foldhash, randomly seeded. A request's keys and values only look these
+/// tables up, never add to them (their keys are the configuration's), so the flooding that
+/// SipHash guards a growing table against cannot happen here, and foldhash costs fewer
+/// instructions per lookup, the more so the longer the value.
+type Hasher = foldhash::fast::RandomState;
+
 use super::limit::Rule;
 
 /// The limits of one domain, compiled for matching.
@@ -55,8 +63,9 @@ pub enum Step<'a> {
 pub struct Match<'a> {
     /// The matched rule.
     pub rule: &'a Rule,
-    /// One step per request entry, in order.
-    pub steps: Vec<Step<'a>>,
+    /// One step per request entry, in order (on the stack up to four: one is built for
+    /// every descriptor of every request).
+    pub steps: SmallVec<[Step<'a>; 4]>,
     /// The domain name, for [`Match::metric_key`].
     domain: &'a str,
     /// `value_to_metric` of the node each entry reached; empty when no node has it set.
@@ -145,7 +154,7 @@ impl Domain {
     pub fn find<'a>(&'a self, entries: &[(&[u8], &[u8])]) -> Option<Match<'a>> {
         let last = entries.len().checked_sub(1)?;
         let mut children = &self.root;
-        let mut steps = Vec::with_capacity(entries.len());
+        let mut steps = SmallVec::with_capacity(entries.len());
         let mut value_to_metric = Vec::new();
         for (i, &(key, value)) in entries.iter().enumerate() {
             let (node, step) = children.lookup(key, value)?;
@@ -211,13 +220,13 @@ pub(crate) struct Node {
 /// The nodes of one level, grouped by key so a lookup is two hash probes and no allocation.
 #[derive(Debug, Default)]
 pub(crate) struct Children {
-    by_key: HashMap<Box<[u8]>, KeyNodes>,
+    by_key: HashMap<Box<[u8]>, KeyNodes, Hasher>,
 }
 
 /// The nodes of one level that share a key.
 #[derive(Debug, Default)]
 struct KeyNodes {
-    exact: HashMap<Box<[u8]>, Node>,
+    exact: HashMap<Box<[u8]>, Node, Hasher>,
     /// In file order: the first matching pattern wins.
     wildcards: Vec<(Pattern, Node)>,
     bare: Option<Box<Node>>,

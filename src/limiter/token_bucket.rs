@@ -202,6 +202,15 @@ pub fn ticks(params: &LimitParams) -> Option<Ticks> {
 /// rounding of `T` and of the µs), but never to 0 while the bucket is not full. Unchanged
 /// when `T` is exact or the rate is 0.
 pub fn reset_at_configured_rate(params: &LimitParams, reset_us: u64) -> u64 {
+    // A rate that divides its period makes `T` exact at whole µs (no finer ticks, scale 1):
+    // nothing to rescale, and no constants to work out for every status of every request.
+    let (period, rate) = (
+        super::period_us(params).unsigned_abs(),
+        super::limit(params),
+    );
+    if rate == 0 || period.is_multiple_of(rate) {
+        return reset_us;
+    }
     let Some(gcra) = Gcra::new(params) else {
         return reset_us;
     };

@@ -2,6 +2,8 @@
 
 use std::borrow::Cow;
 
+use smallvec::SmallVec;
+
 use super::*;
 use crate::bucket::value_digest;
 use crate::config::{Domain, Match};
@@ -23,11 +25,13 @@ impl<'c> Plan<'c> {
         // Request-level hits_addend 0 means 1 (Envoy leaves it unset for ordinary requests).
         let request_hits = u64::from(request.hits_addend.max(1));
 
-        // One vector each for the whole request, not one per descriptor: the entries (reused
-        // from one descriptor to the next) and the matched limits (a range per descriptor).
-        let mut entries = Vec::new();
-        let mut matched_limits = Vec::new();
-        let mut matched = Vec::with_capacity(request.descriptors.len());
+        // One list each for the whole request, not one per descriptor, each on the stack up
+        // to four items (an allocation and its free cost some 100 instructions): the entries
+        // (reused from one descriptor to the next), the matched limits (a range per
+        // descriptor) and what each descriptor matched.
+        let mut entries: Few<(&[u8], &[u8])> = SmallVec::new();
+        let mut matched_limits: Few<MatchedLimit<'c>> = SmallVec::new();
+        let mut matched: Few<MatchedDescriptor<'c>> = SmallVec::new();
         let mut oversized = 0;
         let mut ignored_overrides = 0;
         let max_len = options.limits.max_value_len;
@@ -88,9 +92,10 @@ impl<'c> Plan<'c> {
 
         let mut ops = Ops::default();
         let mut limits = Vec::with_capacity(matched_limits.len());
-        let mut matched_limits = matched_limits.into_iter();
+        // Drained in place: moving a list into an iterator would copy its inline items.
+        let mut matched_limits = matched_limits.drain(..);
         let descriptors = matched
-            .into_iter()
+            .drain(..)
             .map(|matched| PlannedDescriptor {
                 cost: matched.cost,
                 plan: ops.plan_descriptor(
@@ -122,6 +127,10 @@ impl<'c> Plan<'c> {
         })
     }
 }
+
+/// A list of a request's few items (descriptors, their entries, their matched limits), kept
+/// on the stack up to four.
+type Few<T> = SmallVec<[T; 4]>;
 
 /// What one descriptor matched, before `replaces` is applied.
 struct MatchedDescriptor<'c> {
@@ -208,7 +217,7 @@ fn match_descriptor<'c>(
     entries: Entries<'_>,
     domain: &'c Domain,
     options: &PlanOptions,
-    limits: &mut Vec<MatchedLimit<'c>>,
+    limits: &mut Few<MatchedLimit<'c>>,
 ) -> Found<'c> {
     let mut ignored_override = false;
     if let Some(limit) = &descriptor.limit {
@@ -284,7 +293,7 @@ fn match_rule<'c>(
     domain: &Domain,
     entries: &[(&[u8], &[u8])],
     options: &PlanOptions,
-    limits: &mut Vec<MatchedLimit<'c>>,
+    limits: &mut Few<MatchedLimit<'c>>,
 ) -> Option<&'c Metadata> {
     let rule = found.rule;
     // The rule's path, or with request values where the rule opted in

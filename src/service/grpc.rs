@@ -287,7 +287,9 @@ impl RlsService {
         request: Request<RateLimitRequest>,
     ) -> impl Future<Output = Result<Response<RateLimitResponse>, Status>> + Send + 'a {
         async move {
-            let started = Instant::now();
+            // Timed only where the time is counted (statsd): the two clock reads are some 70 ns
+            // of a call that costs a few µs in all.
+            let started = self.decider.metrics().times_grpc_calls().then(Instant::now);
             let call = Call::with_headers(
                 request.get_ref(),
                 EntryPoint::Grpc,
@@ -296,7 +298,9 @@ impl RlsService {
             let answered = self.decider.decide(place, call).await;
             // The reference's interceptor times every call that reaches the handler, errors
             // included.
-            self.decider.metrics().record_grpc_call(started.elapsed());
+            if let Some(started) = started {
+                self.decider.metrics().record_grpc_call(started.elapsed());
+            }
             answered.map(Response::new).map_err(Status::from)
         }
     }

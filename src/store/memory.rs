@@ -25,6 +25,9 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
+use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -115,10 +118,27 @@ impl Entry {
     }
 }
 
+/// A bucket key's hash, computed once per request ([`MemoryStore::hash_of`]): its low bits
+/// choose the shard, and the shard's table takes it rotated, so that the bits a table indexes
+/// by are not the ones every key of the shard shares.
+#[derive(Debug, Clone, Copy)]
+struct KeyHash(u64);
+
+impl KeyHash {
+    fn shard(self) -> usize {
+        // SHARDS is a power of two; the low bits of a SipHash are well mixed.
+        (self.0 as usize) & (SHARDS - 1)
+    }
+
+    fn table(self) -> u64 {
+        self.0.rotate_left(32)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Shard {
-    /// The buckets of this shard.
-    map: HashMap<BucketKey, Entry>,
+    /// The buckets of this shard, by [`KeyHash::table`].
+    map: HashTable<(BucketKey, Entry)>,
     /// No entry expires before this (a lower bound, µs): a full shard sweeps only when some
     /// entry can have expired, so a flood of live buckets does not rescan it on every insert.
     earliest_expiry_us: i64,
@@ -129,19 +149,34 @@ struct Shard {
 }
 
 impl Shard {
+    /// The entry stored for `key`, whose hash is `hash`.
+    fn get(&self, hash: KeyHash, key: &BucketKey) -> Option<&Entry> {
+        self.map
+            .find(hash.table(), |(k, _)| k == key)
+            .map(|(_, e)| e)
+    }
+
+    /// Removes the entry stored for `key`, whose hash is `hash`, if any.
+    fn remove(&mut self, hash: KeyHash, key: &BucketKey) {
+        if let Ok(entry) = self.map.find_entry(hash.table(), |(k, _)| k == key) {
+            entry.remove();
+        }
+    }
+
     /// Drops expired entries, and gives back the table's memory when it is mostly empty
     /// (`retain` keeps the capacity a flood of keys grew it to); returns how many it dropped.
-    fn sweep(&mut self, now: i64) -> usize {
+    /// `hasher` rehashes the entries a smaller table keeps.
+    fn sweep(&mut self, now: i64, hasher: &RandomState) -> usize {
         let before = self.map.len();
-        self.map.retain(|_, e| e.expires_at_us() > now);
+        self.map.retain(|(_, e)| e.expires_at_us() > now);
         self.sets.retain(|_, &mut (_, until)| until > now);
         if self.map.len() < self.map.capacity() / 4 {
-            self.map.shrink_to_fit();
+            self.map.shrink_to_fit(|(k, _)| hash_of(hasher, k).table());
         }
         self.earliest_expiry_us = self
             .map
-            .values()
-            .map(|e| e.expires_at_us())
+            .iter()
+            .map(|(_, e)| e.expires_at_us())
             .min()
             .unwrap_or(i64::MAX);
         before - self.map.len()
@@ -163,26 +198,32 @@ impl Shard {
     /// Makes room for one new entry when the shard holds `capacity` or more: sweeps if
     /// something can have expired, then evicts per the module's policy, never a key `in_use`.
     /// Returns how many entries it evicted.
-    fn make_room(&mut self, capacity: usize, now: i64, in_use: &[BucketOp]) -> u64 {
+    fn make_room(
+        &mut self,
+        capacity: usize,
+        now: i64,
+        in_use: &[BucketOp],
+        hasher: &RandomState,
+    ) -> u64 {
         if self.map.len() < capacity {
             return 0;
         }
         if self.earliest_expiry_us <= now {
-            self.sweep(now);
+            self.sweep(now, hasher);
         }
         let mut evicted = 0;
         while self.map.len() >= capacity {
             let victim = self
                 .map
                 .iter()
-                .filter(|(key, _)| !in_use.iter().any(|op| &op.key == *key))
+                .filter(|(key, _)| !in_use.iter().any(|op| &op.key == key))
                 .take(EVICTION_SAMPLE)
                 .min_by_key(|(_, e)| e.expires_at_us())
                 .map(|(key, _)| key.clone());
             // Only the request's own buckets are left: let the shard exceed its capacity by
             // them rather than lose a debit mid-request.
             let Some(key) = victim else { break };
-            self.map.remove(&key);
+            self.remove(hash_of(hasher, &key), &key);
             evicted += 1;
         }
         evicted
@@ -212,7 +253,7 @@ impl MemoryStore {
             shards: (0..SHARDS)
                 .map(|_| {
                     Mutex::new(Shard {
-                        map: HashMap::new(),
+                        map: HashTable::new(),
                         earliest_expiry_us: i64::MAX,
                         sets: HashMap::new(),
                     })
@@ -260,7 +301,7 @@ impl MemoryStore {
         let now = self.clock.now_us();
         let mut removed = 0;
         for shard in self.shards.iter() {
-            removed += lock(shard).sweep(now);
+            removed += lock(shard).sweep(now, &self.hasher);
         }
         removed
     }
@@ -269,10 +310,10 @@ impl MemoryStore {
     /// not yet expired. For tests that compare stores.
     pub fn state_of(&self, key: &BucketKey) -> Option<(State, i64)> {
         let now = self.clock.now_us();
-        let shard = lock(&self.shards[self.shard_of(key)]);
+        let hash = self.hash_of(key);
+        let shard = lock(&self.shards[hash.shard()]);
         shard
-            .map
-            .get(key)
+            .get(hash, key)
             .filter(|e| e.expires_at_us() > now)
             .map(|e| (e.state(), e.expires_at_us()))
     }
@@ -293,9 +334,13 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    fn hash_of(&self, key: &BucketKey) -> KeyHash {
+        hash_of(&self.hasher, key)
+    }
+
+    #[cfg(test)]
     fn shard_of(&self, key: &BucketKey) -> usize {
-        // SHARDS is a power of two; the low bits of a SipHash are well mixed.
-        (self.hasher.hash_one(key) as usize) & (SHARDS - 1)
+        self.hash_of(key).shard()
     }
 
     fn apply_now(&self, ops: &[BucketOp]) -> Applied {
@@ -305,24 +350,25 @@ impl MemoryStore {
     /// Reads, evaluates, settles and writes `ops` under their shards' locks, doing `action`.
     fn run(&self, ops: &[BucketOp], action: Action) -> Applied {
         let now = self.clock.now_us();
-        let shard_ids: Vec<usize> = ops.iter().map(|op| self.shard_of(&op.key)).collect();
-        let mut order = shard_ids.clone();
+        // Each key hashed once, for its shard and its table; the lists below stay on the
+        // stack for up to four buckets.
+        let hashes: SmallVec<[KeyHash; 4]> = ops.iter().map(|op| self.hash_of(&op.key)).collect();
+        let mut order: SmallVec<[usize; 4]> = hashes.iter().map(|h| h.shard()).collect();
         order.sort_unstable();
         order.dedup();
         // Lock in ascending shard order: no two requests can wait on each other in a cycle.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 4]> =
             order.iter().map(|&i| (i, lock(&self.shards[i]))).collect();
         let guard_index = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
-        let evaluations: Vec<_> = ops
+        let evaluations: SmallVec<[_; 4]> = ops
             .iter()
-            .zip(&shard_ids)
-            .map(|(op, &shard)| {
-                let shard = &guards[guard_index(shard)].1;
+            .zip(&hashes)
+            .map(|(op, &hash)| {
+                let shard = &guards[guard_index(hash.shard())].1;
                 let state = match action {
                     Action::Apply => shard
-                        .map
-                        .get(&op.key)
+                        .get(hash, &op.key)
                         .filter(|e| e.expires_at_us() > now)
                         .map(Entry::state),
                     Action::Set => None,
@@ -345,12 +391,10 @@ impl MemoryStore {
             result.at_us = Some(now);
         }
         let mut evicted = 0;
-        for ((op, evaluation), (&shard, write)) in ops
-            .iter()
-            .zip(&evaluations)
-            .zip(shard_ids.iter().zip(writes))
+        for ((op, evaluation), (&hash, write)) in
+            ops.iter().zip(&evaluations).zip(hashes.iter().zip(writes))
         {
-            let shard = &mut guards[guard_index(shard)].1;
+            let shard = &mut guards[guard_index(hash.shard())].1;
             if action == Action::Set && applied.committed {
                 let memory = i64::try_from(limiter::set_memory_us(&op.params)).unwrap_or(i64::MAX);
                 if memory > 0 {
@@ -362,7 +406,7 @@ impl MemoryStore {
             // A set that debits nothing leaves a full bucket: no state at all.
             if action == Action::Set && op.cost == 0 {
                 if applied.committed {
-                    shard.map.remove(&op.key);
+                    shard.remove(hash, &op.key);
                 }
                 continue;
             }
@@ -370,18 +414,22 @@ impl MemoryStore {
                 continue;
             };
             if ttl_us == 0 {
-                shard.map.remove(&op.key);
+                shard.remove(hash, &op.key);
             } else {
                 let expires_at_us = now.saturating_add(i64::try_from(ttl_us).unwrap_or(i64::MAX));
                 let entry = Entry::new(state, expires_at_us);
                 let expiry_us = entry.expires_at_us();
                 // A stored bucket is updated in place: its key is cloned (an allocation)
                 // only for a new one.
-                match shard.map.get_mut(&op.key) {
-                    Some(stored) => *stored = entry,
+                match shard.map.find_mut(hash.table(), |(k, _)| k == &op.key) {
+                    Some((_, stored)) => *stored = entry,
                     None => {
-                        evicted += shard.make_room(self.shard_capacity, now, ops);
-                        shard.map.insert(op.key.clone(), entry);
+                        evicted += shard.make_room(self.shard_capacity, now, ops, &self.hasher);
+                        shard
+                            .map
+                            .insert_unique(hash.table(), (op.key.clone(), entry), |(k, _)| {
+                                hash_of(&self.hasher, k).table()
+                            });
                     }
                 }
                 shard.earliest_expiry_us = shard.earliest_expiry_us.min(expiry_us);
@@ -405,6 +453,12 @@ enum Action {
     Apply,
     /// Replaces them ([`Store::set`]): each op is evaluated against a full bucket.
     Set,
+}
+
+/// The hash of `key` under the store's `hasher` (randomly seeded: keys come from request
+/// values).
+fn hash_of(hasher: &RandomState, key: &BucketKey) -> KeyHash {
+    KeyHash(hasher.hash_one(key))
 }
 
 /// A poisoned shard only means another request panicked mid-update of plain data; the map

@@ -146,6 +146,13 @@ impl Metrics {
         }
     }
 
+    /// Whether [`Metrics::record_grpc_call`] counts anything (statsd or the reference's
+    /// series are on): the caller reads the clock for a call's time only then, as two clock
+    /// reads are a visible share of a request that does nothing else.
+    pub fn times_grpc_calls(&self) -> bool {
+        self.statsd.get().is_some()
+    }
+
     /// Counts the descriptors of a request for a domain no configuration has (the
     /// reference's `domain_not_found`, counted per descriptor as it looks each one up).
     pub fn record_domain_not_found(&self, domain: &str, descriptors: usize) {
