@@ -25,14 +25,13 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-
-use hashbrown::HashTable;
-use smallvec::SmallVec;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
+use smallvec::SmallVec;
 
 use super::{Store, StoreError};
 use crate::bucket::{Applied, BucketKey, BucketOp, settle};
