@@ -189,6 +189,20 @@ h2_failed() {
 # --- The data path through Envoy (bench/envoy_path.sh, bench/h2_frames.sh) ---------------
 # ENVOY is the Envoy binary; the configs and logs go to $WORK.
 
+# envoy_and_servers: the Envoy binary (ENVOY_BIN, or the pinned one, installed when missing)
+# and the production floodgate and floor (BENCH_BIN and FLOOR_BIN, or built): sets ENVOY,
+# BIN and FLOOR.
+envoy_and_servers() {
+    local target=${CARGO_TARGET_DIR:-target} build=()
+    ENVOY=${ENVOY_BIN:-.tools/bin/envoy}
+    [ -x "$ENVOY" ] || scripts/install-test-tools.sh envoy >/dev/null
+    [ -n "${BENCH_BIN:-}" ] || build+=(--bin floodgate)
+    [ -n "${FLOOR_BIN:-}" ] || build+=(--example floor)
+    [ ${#build[@]} -eq 0 ] || cargo build --profile production --quiet "${build[@]}"
+    BIN=${BENCH_BIN:-$target/production/floodgate}
+    FLOOR=${FLOOR_BIN:-$target/production/examples/floor}
+}
+
 # start_envoy NAME CONFIG : starts an Envoy on CONFIG (one worker, no hot restart); sets
 # ENVOY_PID and ENVOY_ADMIN (host:port) once it is ready.
 start_envoy() {

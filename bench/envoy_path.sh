@@ -56,15 +56,7 @@ OPEN_SHARE=${EP_OPEN_SHARE:-0.5}
 RLS_TIMEOUT=${EP_RLS_TIMEOUT:-0.075s}
 read -r -a ROWS <<<"${EP_ROWS:-nobody floor floodgate-memory floodgate-redis limitador-memory limitador-redis}"
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
-TARGET=${CARGO_TARGET_DIR:-target}
-ENVOY=${ENVOY_BIN:-.tools/bin/envoy}
-[ -x "$ENVOY" ] || scripts/install-test-tools.sh envoy >/dev/null
-BUILD=()
-[ -n "${BENCH_BIN:-}" ] || BUILD+=(--bin floodgate)
-[ -n "${FLOOR_BIN:-}" ] || BUILD+=(--example floor)
-[ ${#BUILD[@]} -eq 0 ] || cargo build --profile production --quiet "${BUILD[@]}"
-BIN=${BENCH_BIN:-$TARGET/production/floodgate}
-FLOOR=${FLOOR_BIN:-$TARGET/production/examples/floor}
+envoy_and_servers
 
 find_limitador
 write_side_by_side_limits

@@ -50,15 +50,7 @@ KEYS=${EP_KEYS:-100000}
 RLS_TIMEOUT=${HF_RLS_TIMEOUT:-1s}
 read -r -a ROWS <<<"${HF_ROWS:-floor floodgate-memory limitador-memory}"
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
-TARGET=${CARGO_TARGET_DIR:-target}
-ENVOY=${ENVOY_BIN:-.tools/bin/envoy}
-[ -x "$ENVOY" ] || scripts/install-test-tools.sh envoy >/dev/null
-BUILD=()
-[ -n "${BENCH_BIN:-}" ] || BUILD+=(--bin floodgate)
-[ -n "${FLOOR_BIN:-}" ] || BUILD+=(--example floor)
-[ ${#BUILD[@]} -eq 0 ] || cargo build --profile production --quiet "${BUILD[@]}"
-BIN=${BENCH_BIN:-$TARGET/production/floodgate}
-FLOOR=${FLOOR_BIN:-$TARGET/production/examples/floor}
+envoy_and_servers
 CLIENTS=${HF_CLIENTS:-16}
 STREAMS=${HF_STREAMS:-4}
 # The server's syscalls, counted by the kernel's tracepoints (perf stat: no slow-down).
