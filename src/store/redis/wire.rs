@@ -9,7 +9,9 @@
 //! into a `Value`, about a third of the client work the Redis path adds to a request
 //! (docs/performance.md, "Where the Redis path's CPU goes"). The script calls written
 //! together are merged into one `EVALSHA` as the task takes them, each caller still handed
-//! its own reply.
+//! its own reply; while one such call is out, the task leaves the script calls written since
+//! merging until its reply comes (group commit), so a connection under load sends few,
+//! large calls (docs/redis.md, "One `EVALSHA` for the requests ready together").
 //!
 //! A call goes down once and its reply comes up once: the caller hands [`Conn::call`] a
 //! [`Call`], a value describing the command (a redis-rs `Cmd`, or a

@@ -1,5 +1,6 @@
 //! The connection's task: the one place its socket is read and written. It writes what
-//! callers buffered (`conn.rs`), in one write per pass; reads replies, framed by
+//! callers buffered (`conn.rs`), in one write per pass, the script calls merging held back
+//! while a script call is out ([`State::scripts_out`]); reads replies, framed by
 //! `frame.rs`, and hands each to the caller waiting longest (a merged script call's to each
 //! of its callers, split by `merge.rs`); and fails the calls whose deadline passed, on one
 //! timer for all of them. It runs on the runtime that opened the connection (each thread's
