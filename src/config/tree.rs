@@ -17,13 +17,13 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::limit::Rule;
+
 /// The tables' hasher: foldhash, randomly seeded. A request's keys and values only look these
 /// tables up, never add to them (their keys are the configuration's), so the flooding that
 /// SipHash guards a growing table against cannot happen here, and foldhash costs fewer
 /// instructions per lookup, the more so the longer the value.
 type Hasher = foldhash::fast::RandomState;
-
-use super::limit::Rule;
 
 /// The limits of one domain, compiled for matching.
 #[derive(Debug)]

@@ -354,7 +354,10 @@ impl State {
     /// the reply with the others), and counts it out ([`State::scripts_out`]).
     pub(super) fn write_merged(&mut self) {
         let calls = self.merging.write_into(&mut self.out);
-        let Some(first) = self.waiting.len().checked_sub(calls).filter(|_| calls > 0) else {
+        if calls == 0 {
+            return;
+        }
+        let Some(first) = self.waiting.len().checked_sub(calls) else {
             return;
         };
         self.scripts_out += 1;
