@@ -8,7 +8,12 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::proto::rls::RateLimitResponse;
+
+/// A request's tallies ([`Outcome::tallies`]): no allocation for up to two.
+pub type Tallies = SmallVec<[Tally; 2]>;
 
 /// How one limit of one descriptor fared, for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,8 +59,9 @@ pub struct Outcome {
     /// The request's domain as a metric label; `None` when no domain is configured by that
     /// name (then there are no tallies).
     pub domain: Option<Arc<str>>,
-    /// One tally per evaluated limit.
-    pub tallies: Vec<Tally>,
+    /// One tally per evaluated limit; on the stack up to two (the metrics count them as the
+    /// request ends).
+    pub tallies: Tallies,
     /// The request would have been denied but for global shadow mode.
     pub shadowed: bool,
 }

@@ -23,7 +23,7 @@ use prost_types::Duration;
 use crate::bucket::{Applied, BucketKey, BucketOp, KeyValue, ReferenceCounter, ReferenceKey, Undo};
 use crate::config::{Config, Limit, Metadata, Step, Unit};
 use crate::limiter::{Algorithm, Cost, LimitParams};
-pub use crate::outcome::{Outcome, Tally, Verdict};
+pub use crate::outcome::{Outcome, Tallies, Tally, Verdict};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse,
     rate_limit_response::{Code, DescriptorStatus, RateLimit},

@@ -6,6 +6,8 @@
 //! a store evaluates all of them with [`crate::limiter::evaluate`] and commits all or none of
 //! them, as [`settle`] decides.
 
+use smallvec::SmallVec;
+
 use super::{BucketKey, ReferenceCounter};
 use crate::limiter::{Algorithm, Cost, Evaluation, LimitParams, State, View};
 
@@ -129,13 +131,14 @@ impl Applied {
 /// An overdraft bucket ([`LimitParams::overdraft`]) never blocks either, and when the request
 /// commits its debit is stored whether it fitted or not (its `admitted` stays as evaluated).
 ///
-/// Returns the answer and, for each op, whether its `next` state must be stored.
-pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, Vec<bool>) {
+/// Returns the answer and, for each op, whether its `next` state must be stored (on the
+/// stack up to eight ops).
+pub fn settle(ops: &[BucketOp], evaluations: &[Evaluation]) -> (Applied, SmallVec<[bool; 8]>) {
     let committed = ops
         .iter()
         .zip(evaluations)
         .all(|(op, e)| e.admitted || !op.enforce || op.params.overdraft);
-    let mut store = Vec::with_capacity(ops.len());
+    let mut store = SmallVec::with_capacity(ops.len());
     let delay_us = ops
         .iter()
         .zip(evaluations)

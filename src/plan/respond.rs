@@ -77,7 +77,7 @@ impl<'c> Plan<'c> {
     /// the headers and metadata `options` ask for.
     pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome {
         let over = self.denies(applied);
-        let mut tallies = Vec::new();
+        let mut tallies = Tallies::new();
         // What the rate-limit headers are made of: nothing to collect without them.
         let mut reported = Vec::new();
         let mut admitted_metadata = std::collections::BTreeMap::new();
@@ -161,7 +161,7 @@ impl<'c> Plan<'c> {
         &self,
         limits: &[PlannedLimit<'c>],
         context: &StatusContext<'_>,
-        tallies: &mut Vec<Tally>,
+        tallies: &mut Tallies,
     ) -> (DescriptorStatus, Option<Reported>) {
         let applied = context.applied;
         let mut chosen: Option<(&PlannedLimit<'c>, bool)> = None;

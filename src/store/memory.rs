@@ -472,6 +472,10 @@ impl Store for MemoryStore {
         Ok(self.apply_now(ops))
     }
 
+    fn apply_at_once(&self, ops: &[BucketOp]) -> Option<Applied> {
+        Some(self.apply_now(ops))
+    }
+
     /// Under the same shard locks as a request: nothing lands between reading and writing.
     async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         Ok(self.run(ops, Action::Set))

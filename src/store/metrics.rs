@@ -16,10 +16,10 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::histogram::exponential_buckets;
 use prometheus_client::registry::Registry;
 
-use crate::telemetry::metrics::{Metrics, Samplers};
+use crate::telemetry::metrics::{DurationHistogram, Metrics, Samplers};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
@@ -84,10 +84,10 @@ impl StoreMetrics {
 /// The store's families and handles.
 #[derive(Debug)]
 struct Families {
-    duration: Family<StoreLabels, Histogram>,
+    duration: Family<StoreLabels, DurationHistogram>,
     /// The `duration` series of the first store recorded: a process has one store,
     /// so its requests record without looking the series up.
-    duration_first: OnceLock<(&'static str, Histogram)>,
+    duration_first: OnceLock<(&'static str, DurationHistogram)>,
     memory_buckets: Gauge,
     memory_evictions: Counter,
     errors: Family<KindLabels, Counter>,
@@ -111,8 +111,9 @@ impl Families {
         let store = Families {
             // 50 µs … ~0.8 s: the memory store sits at the bottom, a Redis round trip in the
             // middle.
-            duration: Family::<StoreLabels, Histogram>::new_with_constructor(
-                (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 15))) as fn() -> Histogram,
+            duration: Family::<StoreLabels, DurationHistogram>::new_with_constructor(
+                (|| DurationHistogram::new(exponential_buckets(0.000_05, 2.0, 15)))
+                    as fn() -> DurationHistogram,
             ),
             duration_first: OnceLock::new(),
             memory_buckets: Gauge::default(),
@@ -245,12 +246,12 @@ impl StoreMetrics {
             )
         });
         if *first == store {
-            histogram.observe(elapsed.as_secs_f64());
+            histogram.observe(elapsed);
         } else {
             self.families
                 .duration
                 .get_or_create(&StoreLabels { store })
-                .observe(elapsed.as_secs_f64());
+                .observe(elapsed);
         }
     }
 

@@ -102,10 +102,12 @@ use prometheus_client::registry::Registry;
 
 use crate::telemetry::statsd::{Mapper, Sample, StatName, Stats, StatsdConfig};
 
+mod duration;
 mod labels;
 mod requests;
 mod rules;
 
+pub use duration::DurationHistogram;
 pub use labels::{RequestResult, ShapedEnd};
 pub use rules::{
     ConfiguredRule, DEFAULT_MAX_DETAILED_SERIES, OVERFLOW_RULE, RuleCounts, RuleHandles,

@@ -41,7 +41,7 @@ fn settle_overdraft_never_blocks_and_always_stores() {
         .collect();
     let (applied, store) = settle(&ops, &evaluations);
     assert!(applied.committed);
-    assert_eq!(store, [true, true]);
+    assert_eq!(store[..], [true, true]);
     assert!(!applied.buckets[0].admitted);
     assert_eq!(applied.buckets[0].view.remaining, 0);
     let ops = [op(b"a", true, 1), op(b"b", false, 5)];
@@ -51,7 +51,7 @@ fn settle_overdraft_never_blocks_and_always_stores() {
         .collect();
     let (applied, store) = settle(&ops, &evaluations);
     assert!(!applied.committed);
-    assert_eq!(store, [false, false]);
+    assert_eq!(store[..], [false, false]);
 }
 
 /// What is given back: only debits that were stored, overdraft ones only when the

@@ -302,3 +302,23 @@ fn request_buckets_are_never_evicted() {
     assert!(store.state_of(&a.key).is_none() && store.state_of(&b.key).is_none());
     assert!(store.state_of(&c.key).is_some() && store.state_of(&d.key).is_some());
 }
+
+/// The request path's synchronous answer ([`Store::apply_at_once`]) is [`Store::apply`]'s:
+/// the same debits, stored alike, through the store's trait object as the decider calls it.
+#[tokio::test]
+async fn the_answer_at_once_is_the_awaited_answer() {
+    let (_clock, at_once) = store();
+    let (_clock, awaited) = store();
+    let (at_once, awaited): (Arc<dyn Store>, Arc<dyn Store>) =
+        (Arc::new(at_once), Arc::new(awaited));
+    let ops = [
+        op("a", Algorithm::TokenBucket, 3, 1),
+        op("b", Algorithm::FixedWindow, 5, 2),
+    ];
+    for _ in 0..4 {
+        let now = at_once
+            .apply_at_once(&ops)
+            .expect("the memory store answers at once");
+        assert_eq!(now, awaited.apply(&ops).await.unwrap());
+    }
+}

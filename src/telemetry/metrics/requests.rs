@@ -11,6 +11,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+use super::duration::DurationHistogram;
 use prometheus_client::registry::Registry;
 
 use super::Metrics;
@@ -25,7 +27,7 @@ pub(super) struct RequestMetrics {
     /// `floodgate_requests_total` and `floodgate_request_duration_seconds` by result, resolved
     /// once: every request records both, so none looks its series up.
     total: [Counter; 5],
-    duration: [Histogram; 5],
+    duration: [DurationHistogram; 5],
     /// `floodgate_domain_requests_total`; a request with a tally reaches its domain's series
     /// through the tally's rule handles ([`super::rules`]).
     pub(super) domain: Family<DomainLabels, Counter>,
@@ -48,8 +50,9 @@ impl RequestMetrics {
         let requests = Family::<ResultLabels, Counter>::default();
         // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
         // middle, a Redis outage's timeouts near the top.
-        let request_duration = Family::<ResultLabels, Histogram>::new_with_constructor(
-            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 16))) as fn() -> Histogram,
+        let request_duration = Family::<ResultLabels, DurationHistogram>::new_with_constructor(
+            (|| DurationHistogram::new(exponential_buckets(0.000_05, 2.0, 16)))
+                as fn() -> DurationHistogram,
         );
         let ours = RequestMetrics {
             total: RequestResult::ALL.map(|r| requests.get_or_create(&result_labels(r)).clone()),
@@ -185,7 +188,7 @@ impl Metrics {
 
     /// Records one ShouldRateLimit call's time, from its decoded request to its answer.
     pub fn record_request_duration(&self, result: RequestResult, elapsed: Duration) {
-        self.requests.duration[result.index()].observe(elapsed.as_secs_f64());
+        self.requests.duration[result.index()].observe(elapsed);
     }
 
     /// ShouldRateLimit calls so far by result (`ok`, `over_limit`, `invalid`, `store_error`,

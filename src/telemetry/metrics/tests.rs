@@ -86,7 +86,7 @@ fn rule_handles_export_what_lookups_export() {
         response: Default::default(),
         over: false,
         domain: Some(Arc::clone(&domain)),
-        tallies: vec![Tally {
+        tallies: smallvec::smallvec![Tally {
             rule_index: Some(0),
             ..tally("d.k", false)
         }],
