@@ -115,13 +115,22 @@ impl Holder<'_> {
 
 /// Applies `refunds` (each the index of the op it gives back, and the refund) and
 /// writes each refunded bucket's view after its refund into `applied`.
+///
+/// The store call runs as a task of its own, which the caller awaits: a caller that goes
+/// away mid-refund (the client cancelled, or Envoy's timeout reset the stream) would
+/// otherwise drop the call with it, and the debits it gives back, already stored, would stay
+/// until the buckets refill. Only these rare steps (a quota-mode denial, a held request
+/// refused at shutdown) pay for the task.
 pub(super) async fn refund(
     store: &Arc<dyn Store>,
     refunds: &[(usize, BucketOp)],
     applied: &mut Applied,
 ) -> Result<(), StoreError> {
     let ops: Vec<BucketOp> = refunds.iter().map(|(_, op)| op.clone()).collect();
-    let undone = store.apply(&ops).await?;
+    let store = Arc::clone(store);
+    let undone = tokio::spawn(async move { store.apply(&ops).await })
+        .await
+        .map_err(|error| StoreError::Failed(format!("the refund's task ended early: {error}")))??;
     for ((index, _), result) in refunds.iter().zip(&undone.buckets) {
         if let Some(bucket) = applied.buckets.get_mut(*index) {
             bucket.view = result.view;
