@@ -20,9 +20,9 @@ fn timeout(value: &str) -> Option<Duration> {
 /// admission layer's box, which holds the whole call (tonic's decoding and encoding, the
 /// service, the decider's answer) and is copied whole as it is made, and the decider's
 /// answer within it (a `max_wait` hold and a quota-mode refund, both rare, boxed apart).
-/// The bounds leave about a fifth of room over the sizes measured (1,848 and 432 bytes): a
-/// dependency update may move them a little, a regression (the call's request held twice,
-/// the rare steps inline: 5,312 and 1,024) much more.
+/// The bounds leave about a fifth of room over the sizes measured (2,168 and 496 bytes, debug
+/// and release builds alike): a dependency update may move them a little, a regression (the
+/// call's request held twice, the rare steps inline: 5,312 and 1,024) much more.
 #[tokio::test]
 async fn a_call_keeps_a_small_state_across_the_store_wait() {
     use crate::clock::SystemClock;
@@ -51,12 +51,12 @@ async fn a_call_keeps_a_small_state_across_the_store_wait() {
         .unwrap();
     let call = admit.call(request);
     let boxed = std::mem::size_of_val(&*call);
-    assert!(boxed <= 2_304, "the admission layer's box is {boxed} bytes");
+    assert!(boxed <= 2_560, "the admission layer's box is {boxed} bytes");
     let rls_request = RateLimitRequest::default();
     let place = decider.in_flight().take().unwrap();
     let answer = decider.decide(&place, Call::new(&rls_request));
     let answer = std::mem::size_of_val(&answer);
-    assert!(answer <= 544, "the decider's answer is {answer} bytes");
+    assert!(answer <= 608, "the decider's answer is {answer} bytes");
 }
 
 /// `grpc-timeout` is read in each of gRPC's units; anything else is no deadline.
