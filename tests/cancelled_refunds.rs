@@ -48,15 +48,7 @@ impl Store for HoldsOneCall {
     }
 }
 
-const LIMITS: &str = r#"
-domain: q
-descriptors:
-  - key: soft
-    quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: hard
-    rate_limit: {unit: minute, requests_per_unit: 2}
-"#;
+const LIMITS: &str = support::limits::QUOTA;
 
 /// The quota-mode denial's refund (the store's third call) is held; the client cancels the
 /// request meanwhile and the server drops it. Released afterwards, the refund still lands:

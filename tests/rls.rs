@@ -693,19 +693,7 @@ async fn health_reports_serving(backend: Backend) {
     server.stop().await;
 }
 
-const QUOTA_LIMITS: &str = r#"
-domain: q
-descriptors:
-  - key: soft
-    quota_mode: true
-    rate_limit: {unit: minute, requests_per_unit: 1}
-  - key: hard
-    rate_limit: {unit: minute, requests_per_unit: 2}
-  - key: tokens
-    rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: metered
-    rate_limit: {unit: minute, requests_per_unit: 100, overdraft: true}
-"#;
+const QUOTA_LIMITS: &str = support::limits::QUOTA;
 
 fn quota_options() -> floodgate::plan::PlanOptions {
     floodgate::plan::PlanOptions {
