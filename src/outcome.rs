@@ -6,6 +6,7 @@
 //! module map, counts an outcome without importing either: a tally names its rule by path and
 //! by index, plain data.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -13,13 +14,18 @@ use smallvec::SmallVec;
 use crate::proto::rls::RateLimitResponse;
 
 /// A request's tallies ([`Outcome::tallies`]): no allocation for up to two.
-pub type Tallies = SmallVec<[Tally; 2]>;
+pub type Tallies<'c> = SmallVec<[Tally<'c>; 2]>;
 
 /// How one limit of one descriptor fared, for metrics.
+///
+/// The labels it names are the configuration's, borrowed (`'c`): a reference count of the
+/// configuration's is written by every serving thread, a cache line that would cross between
+/// cores on every request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tally {
-    /// The rule's metric path (`domain.key_value.key`), shared with the configuration.
-    pub rule: Arc<str>,
+pub struct Tally<'c> {
+    /// The rule's metric path (`domain.key_value.key`): the configuration's, or built for this
+    /// request where it holds request values (`detailed`).
+    pub rule: Cow<'c, Arc<str>>,
     /// `rule` holds request values (`detailed_metric`, `value_to_metric`), so it is not one
     /// of the configuration's bounded set of paths.
     pub detailed: bool,
@@ -50,7 +56,7 @@ pub enum Verdict {
 
 /// The response and what metrics should count.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Outcome {
+pub struct Outcome<'c> {
     /// The answer for Envoy.
     pub response: RateLimitResponse,
     /// Whether the answer is OVER_LIMIT (`response.overall_code`), as decided: what metrics
@@ -58,10 +64,10 @@ pub struct Outcome {
     pub over: bool,
     /// The request's domain as a metric label; `None` when no domain is configured by that
     /// name (then there are no tallies).
-    pub domain: Option<Arc<str>>,
+    pub domain: Option<&'c Arc<str>>,
     /// One tally per evaluated limit; on the stack up to two (the metrics count them as the
     /// request ends).
-    pub tallies: Tallies,
+    pub tallies: Tallies<'c>,
     /// The request would have been denied but for global shadow mode.
     pub shadowed: bool,
 }

@@ -14,6 +14,7 @@
 //! remaining, reset) so that the headers built from it agree; [`headers`] writes what a
 //! response carries besides its statuses (rate-limit headers, dynamic metadata).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -142,7 +143,7 @@ enum LimitSource<'c> {
 struct MatchedLimit<'c> {
     source: LimitSource<'c>,
     /// Metric path.
-    rule: MetricPath,
+    rule: MetricPath<'c>,
     /// Not a shadow-mode rule.
     enforce: bool,
     /// A quota-mode descriptor (per rule, or global).
@@ -156,8 +157,9 @@ struct MatchedLimit<'c> {
 /// `value_to_metric`): such paths are as many as the values clients send, so metrics caps
 /// them.
 #[derive(Clone, Debug)]
-struct MetricPath {
-    path: Arc<str>,
+struct MetricPath<'c> {
+    /// The configuration's path, borrowed, or one built for this request.
+    path: Cow<'c, Arc<str>>,
     detailed: bool,
     /// The configured rule's [`crate::config::Rule::index`]; `None` for a path with request
     /// values.
@@ -169,7 +171,7 @@ struct PlannedLimit<'c> {
     source: LimitSource<'c>,
     /// Metric path of the rule (shared with the configuration; built per request only where
     /// the rule opts in with `detailed_metric` / `value_to_metric`).
-    rule: MetricPath,
+    rule: MetricPath<'c>,
     /// Index into [`Plan::ops`].
     op: usize,
     /// Not a shadow-mode rule: going over makes the descriptor's status OVER_LIMIT.
@@ -183,7 +185,7 @@ enum DescriptorPlan<'c> {
     /// Unknown domain, no entries, no matching rule, or every matched limit replaced.
     Unmatched,
     /// Matched an `unlimited` rule: always OK, no store access.
-    Unlimited { rule: MetricPath },
+    Unlimited { rule: MetricPath<'c> },
     /// One or more limits, each backed by a bucket op (`Plan::limits[range]`), and the rule's
     /// `metadata:`.
     Limited(Range<usize>, Option<&'c Metadata>),
@@ -201,8 +203,9 @@ struct PlannedDescriptor<'c> {
 /// What a request asks of the store, and how to answer it afterwards.
 #[derive(Debug)]
 pub struct Plan<'c> {
-    /// The domain's metric label; `None` for an unknown domain (which has no tallies).
-    domain: Option<Arc<str>>,
+    /// The domain's metric label, the configuration's; `None` for an unknown domain (which
+    /// has no tallies).
+    domain: Option<&'c Arc<str>>,
     /// The request's descriptors, in request order.
     descriptors: Vec<PlannedDescriptor<'c>>,
     /// Every descriptor's matched limits, in request order, in one vector per request rather
@@ -265,8 +268,8 @@ impl<'c> Plan<'c> {
     }
 
     /// The request's domain as a metric label; `None` when no such domain is configured.
-    pub fn domain_label(&self) -> Option<&Arc<str>> {
-        self.domain.as_ref()
+    pub fn domain_label(&self) -> Option<&'c Arc<str>> {
+        self.domain
     }
 
     /// Each matched limit's rule (path, whether it holds request values, hits asked, the
@@ -279,7 +282,7 @@ impl<'c> Plan<'c> {
                 let hits = u64::try_from(descriptor.cost).unwrap_or(0);
                 rules.extend(self.limits[limits.clone()].iter().map(|limit| {
                     let rule = &limit.rule;
-                    (&rule.path, rule.detailed, hits, rule.index)
+                    (&*rule.path, rule.detailed, hits, rule.index)
                 }));
             }
         }

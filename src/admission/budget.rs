@@ -10,9 +10,10 @@
 //! What a charge covers: the bytes of a message still arriving (tonic buffers them until the
 //! message is whole) are held by the body; once a message is whole and tonic asks for more,
 //! its bytes are given back. A ShouldRateLimit request's decoded entries are slices of that
-//! same buffer, so its call charges the decoded request again ([`BodyBudget::hold`]) until
+//! same buffer, so its call charges the decoded request again ([`Held::charge`]) until
 //! its answer is ready. A stream that ends, or is cancelled, gives back all it holds.
 
+use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -63,11 +64,7 @@ impl BodyBudget {
 
     /// Charges `bytes` until the returned guard is dropped, or refuses at once.
     pub fn hold(self: &Arc<BodyBudget>, bytes: usize) -> Result<Held, Status> {
-        self.charge(bytes)?;
-        Ok(Held {
-            budget: Arc::clone(self),
-            bytes,
-        })
+        Held::charge(Arc::clone(self), bytes)
     }
 
     /// What a call over the budget is answered: RESOURCE_EXHAUSTED, as for `--max-in-flight`,
@@ -81,25 +78,36 @@ impl BodyBudget {
     }
 }
 
-/// Bytes charged to a [`BodyBudget`] until dropped.
+/// Bytes charged to a [`BodyBudget`] until dropped, through `H`: an `Arc`, a reference, or
+/// any handle that reaches the budget (a serving thread's own: `service::grpc`).
 #[derive(Debug)]
-pub struct Held {
-    budget: Arc<BodyBudget>,
+pub struct Held<H: Deref<Target = BodyBudget> = Arc<BodyBudget>> {
+    budget: H,
     bytes: usize,
 }
 
-impl Drop for Held {
+impl<H: Deref<Target = BodyBudget>> Held<H> {
+    /// Charges `bytes` to the budget `budget` reaches until the guard is dropped, or refuses
+    /// at once (charging nothing).
+    pub fn charge(budget: H, bytes: usize) -> Result<Held<H>, Status> {
+        budget.charge(bytes)?;
+        Ok(Held { budget, bytes })
+    }
+}
+
+impl<H: Deref<Target = BodyBudget>> Drop for Held<H> {
     fn drop(&mut self) {
         self.budget.release(self.bytes);
     }
 }
 
 /// A request body whose DATA frames are charged to a [`BodyBudget`] as they arrive (see the
-/// module's documentation). Its error is a [`Status`], which tonic answers as it is.
+/// module's documentation), reached through `H` (as [`Held`]). Its error is a [`Status`],
+/// which tonic answers as it is.
 #[derive(Debug)]
-pub struct ChargedBody<B> {
+pub struct ChargedBody<B, H: Deref<Target = BodyBudget> = Arc<BodyBudget>> {
     inner: B,
-    budget: Arc<BodyBudget>,
+    budget: H,
     /// Bytes charged and not yet given back.
     charged: usize,
     /// Of those, the bytes of messages already whole, given back at the next poll.
@@ -107,9 +115,9 @@ pub struct ChargedBody<B> {
     framing: Framing,
 }
 
-impl<B> ChargedBody<B> {
+impl<B, H: Deref<Target = BodyBudget>> ChargedBody<B, H> {
     /// `inner`, charged to `budget`.
-    pub fn new(inner: B, budget: Arc<BodyBudget>) -> ChargedBody<B> {
+    pub fn new(inner: B, budget: H) -> ChargedBody<B, H> {
         ChargedBody {
             inner,
             budget,
@@ -120,14 +128,15 @@ impl<B> ChargedBody<B> {
     }
 }
 
-impl<B> Drop for ChargedBody<B> {
+impl<B, H: Deref<Target = BodyBudget>> Drop for ChargedBody<B, H> {
     fn drop(&mut self) {
         self.budget.release(self.charged);
     }
 }
 
-impl<B> Body for ChargedBody<B>
+impl<B, H> Body for ChargedBody<B, H>
 where
+    H: Deref<Target = BodyBudget> + Unpin,
     // Request bodies of the HTTP/2 server are `Unpin`; requiring it keeps this wrapper free
     // of a box or a pin projection.
     B: Body + Unpin,

@@ -82,11 +82,12 @@ impl<'a> Match<'a> {
     ///   and matched bare or by an unshared wildcard shows the request's value (`key_value`, or
     ///   `key` if the value is empty).
     ///
-    /// Non-UTF-8 bytes are replaced by U+FFFD. Shares [`Rule::path`] when nothing differs;
-    /// only rules that opt in build a string per request.
-    pub fn metric_key(&self, entries: &[(&[u8], &[u8])]) -> Arc<str> {
+    /// Non-UTF-8 bytes are replaced by U+FFFD. Borrows [`Rule::path`] when nothing differs
+    /// (no reference count written: it is the configuration's, shared by every serving
+    /// thread); only rules that opt in build a string per request.
+    pub fn metric_key(&self, entries: &[(&[u8], &[u8])]) -> Cow<'a, Arc<str>> {
         if !self.rule.detailed_metric && self.value_to_metric.is_empty() {
-            return Arc::clone(&self.rule.path);
+            return Cow::Borrowed(&self.rule.path);
         }
         let any_shared = self
             .steps
@@ -118,7 +119,7 @@ impl<'a> Match<'a> {
                 key.push_str(&shown);
             }
         }
-        key.into()
+        Cow::Owned(key.into())
     }
 }
 

@@ -113,7 +113,7 @@ impl<'c> Plan<'c> {
             .collect();
 
         Ok(Plan {
-            domain: domain.map(|d| Arc::clone(d.metric_label())),
+            domain: domain.map(Domain::metric_label),
             descriptors,
             limits,
             ops: ops.ops,
@@ -275,7 +275,7 @@ fn match_override<'c>(
         // (`domain.key_value.key`), so as many as clients send: capped like detailed_metric
         // paths.
         rule: MetricPath {
-            path: override_metric_path(&domain.name, entries),
+            path: Cow::Owned(override_metric_path(&domain.name, entries)),
             detailed: true,
             index: None,
         },
@@ -299,7 +299,7 @@ fn match_rule<'c>(
     // The rule's path, or with request values where the rule opted in
     // (detailed_metric / value_to_metric).
     let metric = found.metric_key(entries);
-    let detailed = !Arc::ptr_eq(&metric, &rule.path);
+    let detailed = matches!(metric, Cow::Owned(_));
     let metric = MetricPath {
         detailed,
         path: metric,

@@ -75,7 +75,7 @@ impl<'c> Plan<'c> {
 
     /// Builds the response from the store's answer (one result per op of this plan), with
     /// the headers and metadata `options` ask for.
-    pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome {
+    pub fn respond(&self, applied: &Applied, options: &PlanOptions) -> Outcome<'c> {
         let over = self.denies(applied);
         let mut tallies = Tallies::new();
         // What the rate-limit headers are made of: nothing to collect without them.
@@ -145,7 +145,7 @@ impl<'c> Plan<'c> {
                 ..Default::default()
             },
             over,
-            domain: self.domain.clone(),
+            domain: self.domain,
             tallies,
             shadowed: self.global_shadow && self.over(applied),
         }
@@ -161,7 +161,7 @@ impl<'c> Plan<'c> {
         &self,
         limits: &[PlannedLimit<'c>],
         context: &StatusContext<'_>,
-        tallies: &mut Tallies,
+        tallies: &mut Tallies<'c>,
     ) -> (DescriptorStatus, Option<Reported>) {
         let applied = context.applied;
         let mut chosen: Option<(&PlannedLimit<'c>, bool)> = None;

@@ -355,7 +355,7 @@ fn shadow_denial_is_ok_and_tallied() {
     let outcome = plan.respond(&answer(&plan, false, 0, 1), &options());
     assert_eq!(outcome.response.overall_code, Code::Ok as i32);
     assert_eq!(outcome.tallies[0].verdict, Verdict::ShadowOverLimit);
-    assert_eq!(&*outcome.tallies[0].rule, "d.b");
+    assert_eq!(&**outcome.tallies[0].rule, "d.b");
 }
 
 /// The reported reset of a non-divisible token bucket rate uses the configured rate.
@@ -606,7 +606,13 @@ descriptors:
 
 /// Plans `keys` (one descriptor each, domain `q`) and answers with each op admitted or
 /// not: (overall code, each status's code, the outcome).
-fn modes(keys: &[&str], admitted: &[bool], options: &PlanOptions) -> (i32, Vec<i32>, Outcome) {
+/// The outcome borrows the configuration's labels, so the configuration is leaked: a test's
+/// few, small.
+fn modes(
+    keys: &[&str],
+    admitted: &[bool],
+    options: &PlanOptions,
+) -> (i32, Vec<i32>, Outcome<'static>) {
     let config = Config::from_sources(
         &[("q.yaml".to_string(), MODES.to_string())],
         &Defaults {
@@ -615,9 +621,10 @@ fn modes(keys: &[&str], admitted: &[bool], options: &PlanOptions) -> (i32, Vec<i
         },
     )
     .unwrap();
+    let config: &'static Config = Box::leak(Box::new(config));
     let mut req = request(keys.iter().map(|k| descriptor(k, "v")).collect());
     req.domain = "q".into();
-    let plan = Plan::build(&req, &config, options).unwrap();
+    let plan = Plan::build(&req, config, options).unwrap();
     let mut applied = answer(&plan, true, 1, 1);
     for (bucket, &ok) in applied.buckets.iter_mut().zip(admitted) {
         bucket.admitted = ok;

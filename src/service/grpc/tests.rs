@@ -1,5 +1,5 @@
-//! Unit tests of the gRPC face: what a call keeps across the store's wait, and the client's
-//! deadline read from `grpc-timeout`.
+//! Unit tests of the gRPC face: what a call keeps across the store's wait, the client's
+//! deadline read from `grpc-timeout`, and each serving thread's handle.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,8 +7,25 @@ use std::time::Duration;
 use tower::{Layer, Service};
 
 use super::{AdmissionLayer, RlsService, SHOULD_RATE_LIMIT, grpc_timeout};
-use crate::admission::{BodyBudget, ChargedBody};
+use crate::admission::{BodyBudget, ChargedBody, Held};
+use crate::clock::SystemClock;
+use crate::config::Config;
+use crate::plan::PlanOptions;
 use crate::proto::rls::RateLimitRequest;
+use crate::service::{Call, Decider};
+use crate::sources::Snapshot;
+use crate::store::MemoryStore;
+use crate::telemetry::metrics::Metrics;
+
+/// A decider over no limits and the in-process store.
+fn decider() -> Arc<Decider> {
+    Arc::new(Decider::new(
+        Snapshot::from(Config::empty()).swappable(),
+        Arc::new(MemoryStore::new(Arc::new(SystemClock))),
+        PlanOptions::default(),
+        Arc::new(Metrics::new()),
+    ))
+}
 
 fn timeout(value: &str) -> Option<Duration> {
     let mut headers = http::HeaderMap::new();
@@ -25,23 +42,10 @@ fn timeout(value: &str) -> Option<Duration> {
 /// call's request held twice, the rare steps inline: 5,312 and 1,024) much more.
 #[tokio::test]
 async fn a_call_keeps_a_small_state_across_the_store_wait() {
-    use crate::clock::SystemClock;
-    use crate::config::Config;
-    use crate::plan::PlanOptions;
-    use crate::service::{Call, Decider};
-    use crate::sources::Snapshot;
-    use crate::store::MemoryStore;
-    use crate::telemetry::metrics::Metrics;
-
-    let decider = Arc::new(Decider::new(
-        Snapshot::from(Config::empty()).swappable(),
-        Arc::new(MemoryStore::new(Arc::new(SystemClock))),
-        PlanOptions::default(),
-        Arc::new(Metrics::new()),
-    ));
+    let decider = decider();
     let rls = RlsService::new(Arc::clone(&decider));
     let mut admit = AdmissionLayer::new(rls, BodyBudget::new(1 << 20)).layer(tower::service_fn(
-        |_: http::Request<ChargedBody<tonic::body::Body>>| async {
+        |_: http::Request<ChargedBody<tonic::body::Body, super::ThreadHandle>>| async {
             Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::empty()))
         },
     ));
@@ -72,4 +76,29 @@ fn grpc_timeout_is_read_in_every_unit_and_nothing_else() {
         assert_eq!(timeout(bad), None, "{bad:?}");
     }
     assert_eq!(grpc_timeout(&http::HeaderMap::new()), None);
+}
+
+/// Each application of the layer (tonic applies it once per `serve`, one per serving thread)
+/// has a handle of its own, whose reference count that thread alone writes; the clones tonic
+/// makes per call share it; every handle reaches the one budget.
+#[test]
+fn each_serving_thread_has_a_handle_of_its_own() {
+    let decider = decider();
+    let budget = BodyBudget::new(100);
+    let layer = AdmissionLayer::new(RlsService::new(decider), Arc::clone(&budget));
+    let (one, other) = (layer.layer(()), layer.layer(()));
+    let call = one.clone();
+    assert!(
+        Arc::ptr_eq(&one.local.0, &call.local.0),
+        "a call's clone shares its thread's"
+    );
+    assert!(
+        !Arc::ptr_eq(&one.local.0, &other.local.0),
+        "each thread has its own"
+    );
+    let held = Held::charge(other.local.clone(), 60).unwrap();
+    assert_eq!(budget.used(), 60, "one budget behind every handle");
+    assert!(Held::charge(&*one.local, 41).is_err());
+    drop(held);
+    assert_eq!(budget.used(), 0);
 }

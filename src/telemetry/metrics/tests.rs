@@ -6,9 +6,9 @@ use std::sync::Arc;
 use super::*;
 use crate::outcome::{Outcome, Tally, Verdict};
 
-fn tally(rule: &str, detailed: bool) -> Tally {
+fn tally(rule: &str, detailed: bool) -> Tally<'static> {
     Tally {
-        rule: rule.into(),
+        rule: std::borrow::Cow::Owned(rule.into()),
         detailed,
         hits: 1,
         verdict: Verdict::WithinLimit,
@@ -85,7 +85,7 @@ fn rule_handles_export_what_lookups_export() {
     let outcome = Outcome {
         response: Default::default(),
         over: false,
-        domain: Some(Arc::clone(&domain)),
+        domain: Some(&domain),
         tallies: smallvec::smallvec![Tally {
             rule_index: Some(0),
             ..tally("d.k", false)
