@@ -203,12 +203,13 @@ envoy_and_servers() {
     FLOOR=${FLOOR_BIN:-$target/production/examples/floor}
 }
 
-# start_envoy NAME CONFIG : starts an Envoy on CONFIG (one worker, no hot restart); sets
-# ENVOY_PID and ENVOY_ADMIN (host:port) once it is ready.
+# start_envoy NAME CONFIG : starts an Envoy on CONFIG (one worker, no hot restart), on CPU
+# ENVOY_CPU only when that is set; sets ENVOY_PID and ENVOY_ADMIN (host:port) once it is ready.
 start_envoy() {
-    local name=$1 config=$2
+    local name=$1 config=$2 pin=()
+    [ -z "${ENVOY_CPU:-}" ] || pin=(taskset -c "$ENVOY_CPU")
     rm -f "$WORK/$name.admin"
-    "$ENVOY" --concurrency 1 --disable-hot-restart -l warning -c "$config" \
+    "${pin[@]}" "$ENVOY" --concurrency 1 --disable-hot-restart -l warning -c "$config" \
         --admin-address-path "$WORK/$name.admin" >"$WORK/$name.log" 2>&1 &
     ENVOY_PID=$!
     PIDS+=("$ENVOY_PID")

@@ -10,6 +10,7 @@
 #   EP_SECONDS=5 EP_ROUNDS=1 bench/envoy_path.sh
 #   EP_ROWS="nobody floor floodgate-memory" bench/envoy_path.sh   # "nobody" always runs first
 #   BENCH_BIN=/path/floodgate FLOOR_BIN=/path/floor bench/envoy_path.sh
+#   EP_PIN=1 bench/envoy_path.sh                 # the front Envoy alone on CPU 0
 #
 # The set-up:
 #   - The front Envoy: one worker (--concurrency 1), hot restart off, admin and listener on
@@ -36,6 +37,13 @@
 #     (bench/latency.py): p50 and p99,
 #     and what each adds over no-filter's at the same rate. The rate h2load reached is printed
 #     beside the target: a row that cannot keep up shows it there and in its latencies.
+# EP_PIN=1 pins the front Envoy to CPU 0 and everything else (h2load, the backend, the
+# rate-limit server, Redis) to CPU 1 (`taskset`; the server then sees one CPU and serves on
+# one thread): the front's throughput is then what its own work per request allows, the
+# filter's gRPC client included, and no longer what is left of two cores once the
+# rate-limit server and Redis have taken their share. In production the rate-limit server
+# and Redis run on machines of their own; pinned, a row's share says what its answers cost
+# Envoy itself (and what their latency costs it: 64 in flight).
 # CPU per request (closed loop): Envoy's (the front's user + system time, /proc/<pid>/stat)
 # and the rate-limit server's, per request h2load completed, and the server's over Envoy's:
 # rate-limit server cores per Envoy core at this load. Answers: h2load's HTTP status classes
@@ -56,6 +64,13 @@ OPEN_SHARE=${EP_OPEN_SHARE:-0.5}
 RLS_TIMEOUT=${EP_RLS_TIMEOUT:-0.075s}
 read -r -a ROWS <<<"${EP_ROWS:-nobody floor floodgate-memory floodgate-redis limitador-memory limitador-redis}"
 export FLOODGATE_LEASE_FRACTION=${FLOODGATE_LEASE_FRACTION:-0}
+PIN=${EP_PIN:-0} FRONT_CPU="" CORES=$(nproc)
+if [ "$PIN" = 1 ]; then
+    [ "$CORES" -ge 2 ] || { echo "EP_PIN=1 needs 2 CPUs" >&2; exit 2; }
+    # This shell and so everything it starts on CPU 1; the front Envoy alone on CPU 0.
+    taskset -pc 1 $$ >/dev/null
+    FRONT_CPU=0
+fi
 envoy_and_servers
 
 find_limitador
@@ -78,7 +93,7 @@ run() {
     local row=$1 nofilter=$2
     start_rls "$row"
     front_config "$GRPC_PORT" >"$WORK/front.yaml"
-    start_envoy front "$WORK/front.yaml"
+    ENVOY_CPU=$FRONT_CPU start_envoy front "$WORK/front.yaml"
     local front_pid=$ENVOY_PID
     FRONT_PORT=$(listener_port "$ENVOY_ADMIN" front)
     h2 -n "$WARMUP_REQUESTS" -c 16 -m 4 >/dev/null 2>&1
@@ -148,4 +163,4 @@ PY
     done
 done
 echo
-echo "machine: $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Envoy $("$ENVOY" --version 2>/dev/null | awk '/version:/{print $NF}'), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), $KEYS paths, $SECONDS_PER_RUN s per run, open loop at $OPEN_SHARE of no-filter, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"
+echo "machine: $CORES cores, pinned: $PIN, $(date -u '+%Y-%m-%d %H:%M UTC'), load average before: $LOAD_BEFORE, after: $(cut -d' ' -f1-3 /proc/loadavg), Envoy $("$ENVOY" --version 2>/dev/null | awk '/version:/{print $NF}'), Redis $(redis-server --version | awk '{sub("v=", "", $3); print $3}'), $(h2load --version | head -1), $KEYS paths, $SECONDS_PER_RUN s per run, open loop at $OPEN_SHARE of no-filter, FLOODGATE_LEASE_FRACTION=$FLOODGATE_LEASE_FRACTION"

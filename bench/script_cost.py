@@ -33,7 +33,8 @@ on 4 string keys (PARTS below): an empty script (EVALSHA itself: the command rea
 ARGV built, the reply written), then the same plus TIME, four GETs, one MGET, four SET … PX.
 With IR_BATCH (batch sizes, e.g. "8 32") it also counts apply.lua's batch convention: N copies
 of the captured request in one EVALSHA (the same keys N times, one blob per request: what
-floodgate's connection sends when N such requests are ready together), per *request*.
+floodgate's connection sends when N such requests are ready together), per *request*; with
+IR_DISTINCT=1 each copy has keys of its own (the uniform-key rows' shape: no bucket shared).
 """
 import glob
 import json
@@ -270,7 +271,11 @@ def instructions(calls, captures):
                 for n in os.environ.get("IR_BATCH", "").split():
                     n = int(n)
                     conn.call("FLUSHALL")
-                    args = ["EVALSHA", sha, str(n * len(k))] + k * n + a[:1] + a[1:] * n
+                    batch_keys = k * n
+                    if os.environ.get("IR_DISTINCT"):
+                        # Each request of the batch on buckets of its own (uniform keys).
+                        batch_keys = [key + b"#%d" % j for j in range(n) for key in k]
+                    args = ["EVALSHA", sha, str(n * len(k))] + batch_keys + a[:1] + a[1:] * n
                     try:
                         conn.call(*args)
                     except RuntimeError as e:  # a script without the batch convention

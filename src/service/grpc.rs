@@ -54,7 +54,7 @@ impl<S> Layer<S> for AdmissionLayer {
     type Service = Admit<S>;
 
     /// tonic applies its layers once per `serve`, and each serving thread serves its own
-    /// clone of the router: so each thread gets a [`ThreadHandle`] of its own here.
+    /// clone of the router: so each thread gets a `ThreadHandle` of its own here.
     fn layer(&self, inner: S) -> Admit<S> {
         Admit {
             inner,
