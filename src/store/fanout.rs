@@ -16,7 +16,12 @@
 //!
 //! Between steps 1 and 3 another request can see a debit that is then refunded (one round
 //! trip); a refund that fails is logged, reported to the caller's `on_refund` (for its
-//! metric), and leaves that request's cost debited until the bucket refills. A credit
+//! metric), and leaves that request's cost debited until the bucket refills. The refunds run
+//! in a task of their own, which the call awaits: a caller that goes away meanwhile (its
+//! client cancelled, or Envoy's timeout reset the stream) leaves them running, so a denied
+//! request debits nothing whether or not anyone waits for its answer (as the decider's own
+//! refunds, `service::hold::refund`). Hence the group runner's futures and `on_refund` own
+//! what they use (`'static`). A credit
 //! (`is_negative_hits`) stored by a committed group of a denied request stays stored: taking
 //! it back could over-debit a bucket the credit filled to capacity.
 
@@ -33,16 +38,16 @@ pub type GroupAnswer = Result<Applied, StoreError>;
 
 /// Applies `ops` as `groups` (indices into `ops`; each op in exactly one group):
 /// `run(g, ops of group g)` for every group at once, then refunds as the module docs say.
-/// `on_refund(ok)` is told the outcome of every refund sent.
+/// `on_refund(ok)` is told the outcome of every refund sent, from the refunds' own task.
 pub async fn apply_groups<F, Fut>(
     ops: &[BucketOp],
     groups: &[Vec<usize>],
     run: F,
-    on_refund: impl Fn(bool),
+    on_refund: impl Fn(bool) + Send + 'static,
 ) -> Result<Applied, StoreError>
 where
     F: Fn(usize, Vec<BucketOp>) -> Fut,
-    Fut: Future<Output = GroupAnswer>,
+    Fut: Future<Output = GroupAnswer> + Send + 'static,
 {
     let Joined {
         mut buckets,
@@ -52,7 +57,7 @@ where
         debited_groups,
     } = join_groups(ops, groups, &run).await;
     if !committed {
-        refund(ops, groups, &debited_groups, &mut buckets, &run, &on_refund).await;
+        refund(ops, groups, &debited_groups, &mut buckets, &run, on_refund).await;
     }
     match failure {
         Some(error) => Err(error),
@@ -164,18 +169,19 @@ where
     }
 }
 
-/// Refunds what the groups flagged in `debited_groups` (those that committed) debited, and
-/// writes each refunded bucket's view after its refund into `buckets`.
+/// Refunds what the groups flagged in `debited_groups` (those that committed) debited, in a
+/// task of its own (see the module docs), and writes each refunded bucket's view after its
+/// refund into `buckets`.
 async fn refund<F, Fut>(
     ops: &[BucketOp],
     groups: &[Vec<usize>],
     debited_groups: &[bool],
     buckets: &mut [BucketResult],
     run: &F,
-    on_refund: &impl Fn(bool),
+    on_refund: impl Fn(bool) + Send + 'static,
 ) where
     F: Fn(usize, Vec<BucketOp>) -> Fut,
-    Fut: Future<Output = GroupAnswer>,
+    Fut: Future<Output = GroupAnswer> + Send + 'static,
 {
     let (refunds, undos): (Vec<_>, Vec<_>) = groups
         .iter()
@@ -190,29 +196,42 @@ async fn refund<F, Fut>(
             (!debited.is_empty()).then_some(((g, debited), undo))
         })
         .unzip();
-    let answers = join_all(
-        refunds
-            .iter()
-            .zip(undos)
-            .map(|((g, _), undo)| run(*g, undo)),
-    )
-    .await;
-    for ((_, debited), answer) in refunds.iter().zip(answers) {
-        match answer {
-            Ok(refunded) => {
-                on_refund(true);
-                for (&i, after) in debited.iter().zip(&refunded.buckets) {
-                    buckets[i].view = after.view;
-                }
-            }
-            Err(error) => {
+    if refunds.is_empty() {
+        return;
+    }
+    let sizes: Vec<usize> = refunds.iter().map(|(_, debited)| debited.len()).collect();
+    let runs: Vec<Fut> = refunds
+        .iter()
+        .zip(undos)
+        .map(|((g, _), undo)| run(*g, undo))
+        .collect();
+    // Counted and logged in the task, so a refund whose caller left is counted too.
+    let task = tokio::spawn(async move {
+        let answers = join_all(runs).await;
+        for (answer, size) in answers.iter().zip(sizes) {
+            on_refund(answer.is_ok());
+            if let Err(error) = answer {
                 // The debit stays until the bucket refills: at most this request's cost.
-                on_refund(false);
                 tracing::warn!(
                     %error,
-                    buckets = debited.len(),
+                    buckets = size,
                     "refund failed: a denied request stays debited until its buckets refill"
                 );
+            }
+        }
+        answers
+    });
+    let answers = match task.await {
+        Ok(answers) => answers,
+        Err(error) => {
+            tracing::warn!(%error, "refund task ended early: its debits stay until refilled");
+            return;
+        }
+    };
+    for ((_, debited), answer) in refunds.iter().zip(answers) {
+        if let Ok(refunded) = answer {
+            for (&i, after) in debited.iter().zip(&refunded.buckets) {
+                buckets[i].view = after.view;
             }
         }
     }

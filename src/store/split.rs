@@ -48,12 +48,8 @@ impl SplitStore {
     }
 
     /// The side of `g` (0: main, 1: per second).
-    fn side(&self, g: usize) -> &dyn RemoteStore {
-        if g == 0 {
-            self.main.as_ref()
-        } else {
-            self.per_second.as_ref()
-        }
+    fn side(&self, g: usize) -> &Arc<dyn RemoteStore> {
+        if g == 0 { &self.main } else { &self.per_second }
     }
 }
 
@@ -75,11 +71,16 @@ impl Store for SplitStore {
         if main.is_empty() {
             return self.per_second.apply(ops).await;
         }
+        // The runners own what they use: a refund outlives a caller that goes away (fanout).
+        let metrics = self.metrics.clone();
         apply_groups(
             ops,
             &[main, per_second],
-            |g, group| async move { self.side(g).apply(&group).await },
-            |ok| self.metrics.record_per_second_refund(ok),
+            |g, group| {
+                let side = Arc::clone(self.side(g));
+                async move { side.apply(&group).await }
+            },
+            move |ok| metrics.record_per_second_refund(ok),
         )
         .await
     }

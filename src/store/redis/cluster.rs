@@ -19,6 +19,7 @@
 //! `SCRIPT FLUSH`) sends the call once more as `EVAL`, which also caches the script there.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -165,13 +166,24 @@ impl ClusterStore {
 
     /// Runs the script for `ops`, all in one slot, within the command timeout.
     async fn run(&self, ops: &[BucketOp], now: Option<i64>, action: Action) -> Group {
+        self.runner(ops, now, action).await
+    }
+
+    /// [`ClusterStore::run`] as a future that owns what it uses (the command, built now, and a
+    /// handle on the connection), so that it can run in a task of its own.
+    fn runner(
+        &self,
+        ops: &[BucketOp],
+        now: Option<i64>,
+        action: Action,
+    ) -> impl Future<Output = Group> + Send + use<> {
         let command = script::command_doing(&self.prefix, ops, now, action);
         let mut conn = self.conn.clone();
-        deadline(self.command_timeout, async {
+        let (timeout, count) = (self.command_timeout, ops.len());
+        deadline(timeout, async move {
             let reply = call(&mut conn, &command).await.map_err(|e| classify(&e))?;
-            script::decode(&reply, ops.len())
+            script::decode(&reply, count)
         })
-        .await
     }
 }
 
@@ -254,11 +266,13 @@ impl Store for ClusterStore {
             _ => {}
         }
         let groups: Vec<Vec<usize>> = groups.into_iter().map(|(_, members)| members).collect();
+        // The runners own what they use: a refund outlives a caller that goes away (fanout).
+        let metrics = self.metrics.clone();
         apply_groups(
             ops,
             &groups,
-            |_, group| async move { self.run(&group, now, Action::Apply).await },
-            |ok| self.metrics.record_cluster_refund(ok),
+            |_, group| self.runner(&group, now, Action::Apply),
+            move |ok| metrics.record_cluster_refund(ok),
         )
         .await
     }

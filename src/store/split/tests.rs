@@ -2,14 +2,23 @@ use super::*;
 use crate::clock::ManualClock;
 use crate::limiter::{Algorithm, LimitParams};
 use crate::store::MemoryStore;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
 
 const NOW: i64 = 1_749_945_600_000_000;
 
-/// A memory store standing in for a Redis; `down` makes it fail like an outage.
+/// A memory store standing in for a Redis; `down` makes it fail like an outage. Its
+/// `held`-th call to `apply` (0-based; none by default) says it has `entered`, waits for
+/// `release`, and says when it has been `applied`.
 struct Fake {
     memory: MemoryStore,
     down: AtomicBool,
+    calls: AtomicUsize,
+    held: AtomicUsize,
+    entered: Notify,
+    release: Notify,
+    applied: Notify,
 }
 
 #[async_trait]
@@ -18,7 +27,14 @@ impl Store for Fake {
         if self.down.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("down".into()));
         }
-        self.memory.apply(ops).await
+        if self.calls.fetch_add(1, Ordering::SeqCst) != self.held.load(Ordering::SeqCst) {
+            return self.memory.apply(ops).await;
+        }
+        self.entered.notify_one();
+        self.release.notified().await;
+        let applied = self.memory.apply(ops).await;
+        self.applied.notify_one();
+        applied
     }
     async fn set(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
         if self.down.load(Ordering::SeqCst) {
@@ -45,6 +61,11 @@ fn fake() -> Arc<Fake> {
     Arc::new(Fake {
         memory: MemoryStore::new(Arc::new(ManualClock::new(NOW))),
         down: AtomicBool::new(false),
+        calls: AtomicUsize::new(0),
+        held: AtomicUsize::new(usize::MAX),
+        entered: Notify::new(),
+        release: Notify::new(),
+        applied: Notify::new(),
     })
 }
 
@@ -107,6 +128,31 @@ async fn a_denial_on_one_side_refunds_the_other() {
     let denied = store.apply(&request).await.unwrap();
     assert!(!denied.committed && denied.buckets[1].admitted);
     assert_eq!(denied.buckets[1].view.remaining, 9);
+}
+
+/// A refund outlives its caller: the request denied on the per-second side goes away (its
+/// client cancelled) while the main side's refund is on its way, and the refund still lands.
+#[tokio::test]
+async fn a_refund_lands_when_the_caller_goes_away() {
+    let (main, per_second) = (fake(), fake());
+    let store = Arc::new(split(&main, &per_second));
+    let request = [op("minute", 60, 10), op("second", 1, 1)];
+    assert!(store.apply(&request).await.unwrap().committed);
+    // The main side's calls: 0 the first request, 1 the second's debit, 2 its refund.
+    main.held.store(2, Ordering::SeqCst);
+    let denied = tokio::spawn({
+        let (store, request) = (Arc::clone(&store), request.clone());
+        async move { store.apply(&request).await }
+    });
+    main.entered.notified().await;
+    denied.abort();
+    assert!(denied.await.unwrap_err().is_cancelled());
+    main.release.notify_one();
+    tokio::time::timeout(Duration::from_secs(30), main.applied.notified())
+        .await
+        .expect("the refund was dropped with the request that made it");
+    let check = store.apply(&[op("minute", 60, 10)]).await.unwrap();
+    assert_eq!(check.buckets[0].view.remaining, 8, "one debit, not two");
 }
 
 /// A failed side fails the request, and the other side's debit is refunded.
