@@ -7,46 +7,13 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use floodgate::bucket::{Applied, BucketOp};
 use floodgate::clock::SystemClock;
 use floodgate::proto::rls::rate_limit_response::Code;
-use floodgate::store::{MemoryStore, Store, StoreError};
 use floodgate::telemetry::metrics::Metrics;
+use support::held::HeldStore;
 use support::*;
-use tokio::sync::Notify;
-
-/// The memory store, with its `held`-th call (0-based) held until the test releases it, and
-/// a notice once that call has been applied.
-struct HoldsOneCall {
-    inner: MemoryStore,
-    calls: AtomicUsize,
-    held: usize,
-    entered: Notify,
-    release: Notify,
-    applied: Notify,
-}
-
-#[async_trait]
-impl Store for HoldsOneCall {
-    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
-        if self.calls.fetch_add(1, Ordering::SeqCst) != self.held {
-            return self.inner.apply(ops).await;
-        }
-        self.entered.notify_one();
-        self.release.notified().await;
-        let applied = self.inner.apply(ops).await;
-        self.applied.notify_one();
-        applied
-    }
-
-    fn name(&self) -> &'static str {
-        "holds-one-call"
-    }
-}
 
 const LIMITS: &str = support::limits::QUOTA;
 
@@ -55,14 +22,7 @@ const LIMITS: &str = support::limits::QUOTA;
 /// `hard` has both of its hits left for the next request.
 #[tokio::test]
 async fn a_quota_denials_refund_lands_when_the_caller_goes_away() {
-    let store = Arc::new(HoldsOneCall {
-        inner: MemoryStore::new(Arc::new(SystemClock)),
-        calls: AtomicUsize::new(0),
-        held: 2,
-        entered: Notify::new(),
-        release: Notify::new(),
-        applied: Notify::new(),
-    });
+    let store = HeldStore::one_call(2, Arc::new(SystemClock));
     let server = TestServer::with(LIMITS)
         .store(store.clone(), Arc::new(Metrics::new()))
         .start()
@@ -80,7 +40,7 @@ async fn a_quota_denials_refund_lands_when_the_caller_goes_away() {
     );
     let mut client = server.client().await;
     let cancelled = tokio::spawn(async move { client.should_rate_limit(mixed).await });
-    store.entered.notified().await;
+    store.arrived().await;
     cancelled.abort();
     let _ = cancelled.await;
     // The server has dropped the request once its place in flight is given back.
@@ -96,8 +56,8 @@ async fn a_quota_denials_refund_lands_when_the_caller_goes_away() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    store.release.notify_one();
-    tokio::time::timeout(EVENTUALLY, store.applied.notified())
+    store.release(1);
+    tokio::time::timeout(EVENTUALLY, store.applied())
         .await
         .expect("the refund was dropped with the request that made it");
     let response = server.ask(simple("q", "hard", "h")).await;

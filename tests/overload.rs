@@ -10,53 +10,17 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
-use floodgate::bucket::{Applied, BucketOp};
 use floodgate::clock::ManualClock;
 use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_response::Code;
 use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use floodgate::store::{MemoryStore, Store, StoreError};
 use floodgate::telemetry::metrics::Metrics;
+use support::held::HeldStore;
 use support::http::{metric, post_json};
 use support::load::{ms, report};
 use support::process::Floodgate;
 use support::redis::RedisServer;
 use support::*;
-use tokio::sync::{Semaphore, mpsc};
-
-/// A store that holds every call until the test hands out passes, reporting each arrival.
-struct HeldStore {
-    inner: MemoryStore,
-    entered: mpsc::UnboundedSender<()>,
-    passes: Semaphore,
-}
-
-impl HeldStore {
-    fn new() -> (Arc<HeldStore>, mpsc::UnboundedReceiver<()>) {
-        let (entered, arrivals) = mpsc::unbounded_channel();
-        let store = HeldStore {
-            inner: MemoryStore::new(Arc::new(ManualClock::new(START_US))),
-            entered,
-            passes: Semaphore::new(0),
-        };
-        (Arc::new(store), arrivals)
-    }
-}
-
-#[async_trait]
-impl Store for HeldStore {
-    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
-        let _ = self.entered.send(());
-        // Never closed: a pass is always granted eventually by the test.
-        self.passes.acquire().await.unwrap().forget();
-        self.inner.apply(ops).await
-    }
-
-    fn name(&self) -> &'static str {
-        "held"
-    }
-}
 
 const LIMITS: &str = support::limits::D_K_100_PER_MINUTE;
 
@@ -64,7 +28,7 @@ const LIMITS: &str = support::limits::D_K_100_PER_MINUTE;
 /// refused at once with RESOURCE_EXHAUSTED / 503 and counted; once released, requests succeed.
 #[tokio::test]
 async fn beyond_max_in_flight_is_refused_at_once() {
-    let (store, mut arrivals) = HeldStore::new();
+    let store = HeldStore::every_call(Arc::new(ManualClock::new(START_US)));
     let metrics = Arc::new(Metrics::new());
     let server = TestServer::with(LIMITS)
         .store(store.clone(), metrics.clone())
@@ -88,8 +52,8 @@ async fn beyond_max_in_flight_is_refused_at_once() {
             })
         })
         .collect();
-    arrivals.recv().await.unwrap();
-    arrivals.recv().await.unwrap();
+    store.arrived().await;
+    store.arrived().await;
 
     let refused = server.ask_err(simple("d", "k", "third")).await;
     assert_eq!(
@@ -110,7 +74,7 @@ async fn beyond_max_in_flight_is_refused_at_once() {
         metrics.encode()
     );
 
-    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    store.release_all();
     for request in held {
         let response = request.await.unwrap().expect("held request answered");
         assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
@@ -128,8 +92,8 @@ async fn beyond_max_in_flight_is_refused_at_once() {
 #[tokio::test]
 async fn oversized_grpc_request_is_refused() {
     let metrics = Arc::new(Metrics::new());
-    let (store, _arrivals) = HeldStore::new();
-    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    let store = HeldStore::every_call(Arc::new(ManualClock::new(START_US)));
+    store.release_all();
     let server = TestServer::with(LIMITS)
         .store(store, metrics)
         .tuning(Tuning {
@@ -163,7 +127,7 @@ async fn oversized_grpc_request_is_refused() {
 /// they are answered it is answered too.
 #[tokio::test]
 async fn requests_held_by_the_store_keep_their_bytes_charged() {
-    let (store, mut arrivals) = HeldStore::new();
+    let store = HeldStore::every_call(Arc::new(ManualClock::new(START_US)));
     let metrics = Arc::new(Metrics::new());
     let server = TestServer::with(LIMITS)
         .store(store.clone(), metrics.clone())
@@ -185,8 +149,8 @@ async fn requests_held_by_the_store_keep_their_bytes_charged() {
             })
         })
         .collect();
-    arrivals.recv().await.unwrap();
-    arrivals.recv().await.unwrap();
+    store.arrived().await;
+    store.arrived().await;
     let medium = simple("d", "k", &"m".repeat(40 * 1024));
     let refused = server.ask_err(medium.clone()).await;
     assert_eq!(
@@ -205,7 +169,7 @@ async fn requests_held_by_the_store_keep_their_bytes_charged() {
         "{}",
         metrics.encode()
     );
-    store.passes.add_permits(Semaphore::MAX_PERMITS / 2);
+    store.release_all();
     for request in held {
         let response = request.await.unwrap().expect("held request answered");
         assert_eq!(response.into_inner().overall_code, Code::Ok as i32);

@@ -9,34 +9,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use floodgate::bucket::{Applied, BucketOp};
 use floodgate::clock::ManualClock;
 use floodgate::proto::rls::rate_limit_response::Code;
-use floodgate::store::{MemoryStore, Store, StoreError};
 use floodgate::telemetry::metrics::Metrics;
+use support::held::HeldStore;
 use support::*;
-use tokio::sync::Notify;
-
-/// A store that holds every call until the test releases it.
-struct HeldStore {
-    inner: MemoryStore,
-    entered: Notify,
-    release: Notify,
-}
-
-#[async_trait]
-impl Store for HeldStore {
-    async fn apply(&self, ops: &[BucketOp]) -> Result<Applied, StoreError> {
-        self.entered.notify_one();
-        self.release.notified().await;
-        self.inner.apply(ops).await
-    }
-
-    fn name(&self) -> &'static str {
-        "held"
-    }
-}
 
 const LIMITS: &str =
     "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
@@ -44,11 +21,7 @@ const LIMITS: &str =
 /// A request in flight when shutdown begins is answered; new connections are refused meanwhile.
 #[tokio::test]
 async fn shutdown_drains_in_flight_requests() {
-    let store = Arc::new(HeldStore {
-        inner: MemoryStore::new(Arc::new(ManualClock::new(START_US))),
-        entered: Notify::new(),
-        release: Notify::new(),
-    });
+    let store = HeldStore::every_call(Arc::new(ManualClock::new(START_US)));
     let mut server = TestServer::with(LIMITS)
         .store(store.clone(), Arc::new(Metrics::new()))
         .start()
@@ -57,7 +30,7 @@ async fn shutdown_drains_in_flight_requests() {
     let mut client = server.client().await;
     let in_flight =
         tokio::spawn(async move { client.should_rate_limit(simple("d", "k", "v")).await });
-    store.entered.notified().await;
+    store.arrived().await;
 
     server.begin_stop();
     // The listener closes while the request is still held inside the store.
@@ -71,7 +44,7 @@ async fn shutdown_drains_in_flight_requests() {
         "the held request cannot have finished"
     );
 
-    store.release.notify_one();
+    store.release(1);
     let response = in_flight
         .await
         .unwrap()

@@ -39,6 +39,7 @@ pub mod certs;
 pub mod configmap;
 pub mod envoy;
 pub mod h2raw;
+pub mod held;
 pub mod http;
 pub mod limits;
 pub mod load;
