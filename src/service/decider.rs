@@ -228,7 +228,7 @@ impl Decider {
     /// `call.headers` when tracing is on.
     pub async fn decide(
         &self,
-        _place: &Place,
+        _place: &Place<'_>,
         call: Call<'_>,
     ) -> Result<RateLimitResponse, RequestError> {
         let Call {

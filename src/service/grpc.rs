@@ -25,7 +25,7 @@ use tower::{Layer, Service};
 
 use super::decider::{Call, Decider, EntryPoint};
 use super::error::RequestError;
-use crate::admission::{BodyBudget, ChargedBody, Held, Place, RequestCodec};
+use crate::admission::{BodyBudget, ChargedBody, Held, Overloaded, Place, RequestCodec};
 use crate::proto::rls::{
     RateLimitRequest, RateLimitResponse, rate_limit_service_server::RateLimitService,
 };
@@ -130,13 +130,6 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let place = match self.local.0.rls.decider().in_flight().take() {
-            Ok(place) => place,
-            Err(overloaded) => {
-                let response = Status::from(RequestError::from(overloaded)).into_http();
-                return Box::pin(async move { Ok(response) });
-            }
-        };
         // The client's deadline runs from when its stream opened (now), not from when its
         // body is decoded: the store calls it makes wait for a place only while they can
         // still be answered before it (crate::store::shed).
@@ -146,26 +139,40 @@ where
             // Built here and wrapped by `map`, not awaited in an async block: the block would
             // keep the request (captured) beside the call that holds it, and the whole box
             // is copied as it is made.
-            let call = within_deadline(
-                deadline,
-                should_rate_limit(self.local.clone(), place, request),
-            );
+            let call = within_deadline(deadline, should_rate_limit(self.local.clone(), request));
             return Box::pin(call.map(Ok));
         }
         // The service that was polled ready serves this call; the clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let local = self.local.clone();
         Box::pin(async move {
-            let response = within_deadline(deadline, inner.call(request)).await;
-            drop(place);
-            response
+            // Taken as the future is first polled, which the server does at once.
+            let _place = match local.take_place() {
+                Ok(place) => place,
+                Err(overloaded) => return Ok(refusal(overloaded)),
+            };
+            within_deadline(deadline, inner.call(request)).await
         })
     }
 }
 
-/// Answers a ShouldRateLimit call that holds `place` as tonic's generated service would
-/// (same codec, same message bound, same `Grpc::unary`), with the service and budget of
-/// `local`, and counts a request that [`RequestCodec`] refused before the handler saw it as
+impl ThreadHandle {
+    /// A place in the bound on calls in flight, borrowed from this handle (so a call's future
+    /// that owns the handle holds its place without a reference count every thread writes).
+    fn take_place(&self) -> Result<Place<'_>, Overloaded> {
+        self.0.rls.decider().in_flight().take()
+    }
+}
+
+/// What a call refused by the bound on calls in flight is answered, at once.
+fn refusal(overloaded: Overloaded) -> http::Response<tonic::body::Body> {
+    Status::from(RequestError::from(overloaded)).into_http()
+}
+
+/// Takes a place in the bound on calls in flight for a ShouldRateLimit call (or refuses it
+/// at once) and answers it as tonic's generated service would (same codec, same message
+/// bound, same `Grpc::unary`), with the service and budget of `local`, and counts a request that [`RequestCodec`] refused before the handler saw it as
 /// the handler counts its own invalid requests, and one whose bytes the budget refused as an
 /// overload.
 ///
@@ -179,7 +186,6 @@ where
 #[allow(clippy::manual_async_fn)]
 fn should_rate_limit<B>(
     local: ThreadHandle,
-    place: Place,
     request: http::Request<B>,
 ) -> impl Future<Output = http::Response<tonic::body::Body>> + Send
 where
@@ -187,6 +193,10 @@ where
     B::Error: Into<StdError> + Send + 'static,
 {
     async move {
+        let place = match local.take_place() {
+            Ok(place) => place,
+            Err(overloaded) => return refusal(overloaded),
+        };
         let rls = &local.0.rls;
         let reached = AtomicBool::new(false);
         let handler = Handler(|request: tonic::Request<RateLimitRequest>| {
@@ -317,7 +327,7 @@ impl RlsService {
     #[allow(clippy::manual_async_fn)]
     pub fn answer<'a>(
         &'a self,
-        place: &'a Place,
+        place: &'a Place<'a>,
         request: Request<RateLimitRequest>,
     ) -> impl Future<Output = Result<Response<RateLimitResponse>, Status>> + Send + 'a {
         async move {

@@ -87,7 +87,10 @@
 //!
 //! Telemetry's files: `metrics/rules.rs` (per-rule series, their handles resolved once per
 //! limits load into the [`RuleHandles`] swapped beside the configuration), `requests.rs`;
-//! `labels.rs` holds their label sets.
+//! `labels.rs` holds their label sets; `duration.rs` and `striped.rs` the histograms and the
+//! counters that serving threads write without writing one another's cache lines (the
+//! duration histograms; `floodgate_requests_total`, and a configured domain's and rule's hit
+//! and verdict series once their handles are resolved).
 //!
 //! The exposition lists telemetry's families first, then each owner's in the order the
 //! composition root registers them (store, leases, limits loads, transport), RLQS's last.
@@ -106,6 +109,7 @@ mod duration;
 mod labels;
 mod requests;
 mod rules;
+mod striped;
 
 pub use duration::DurationHistogram;
 pub use labels::{RequestResult, ShapedEnd};
@@ -113,6 +117,17 @@ pub use rules::{
     ConfiguredRule, DEFAULT_MAX_DETAILED_SERIES, OVERFLOW_RULE, RuleCounts, RuleHandles,
     UNKNOWN_DOMAIN,
 };
+
+/// The text exposition of a registry that holds `metric` alone, as `name`: for unit tests
+/// that hold a metric type of floodgate's to what prometheus-client's own writes.
+#[cfg(test)]
+fn exposition_of(name: &str, metric: impl prometheus_client::registry::Metric) -> String {
+    let mut registry = Registry::default();
+    registry.register(name, "help", metric);
+    let mut out = String::new();
+    encode(&mut out, &registry).expect("a registry encodes");
+    out
+}
 
 /// Numbers the registries, for a rule's handles.
 static NEXT_METRICS_ID: AtomicU64 = AtomicU64::new(0);

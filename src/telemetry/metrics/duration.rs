@@ -19,7 +19,7 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 
 /// Stripes per histogram: more than the serving threads of a typical pod, few enough that a
 /// histogram stays a few KiB.
-const STRIPES: usize = 8;
+pub(super) const STRIPES: usize = 8;
 
 /// The most finite buckets a histogram may have.
 const MAX_BUCKETS: usize = 20;
@@ -110,7 +110,7 @@ impl DurationHistogram {
 }
 
 /// This thread's stripe, given out in turn the first time a thread observes anything.
-fn stripe_index() -> usize {
+pub(super) fn stripe_index() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     thread_local! {
         static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };

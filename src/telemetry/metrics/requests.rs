@@ -3,7 +3,6 @@
 //! count, which `admission::InFlight` holds), and the reference's call and
 //! domain-not-found stats.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 use super::duration::DurationHistogram;
+use super::striped::StripedCounter;
 use prometheus_client::registry::Registry;
 
 use super::Metrics;
@@ -25,15 +25,16 @@ use crate::telemetry::statsd::StatName;
 #[derive(Debug)]
 pub(super) struct RequestMetrics {
     /// `floodgate_requests_total` and `floodgate_request_duration_seconds` by result, resolved
-    /// once: every request records both, so none looks its series up.
-    total: [Counter; 5],
+    /// once: every request records both, so none looks its series up. Spread
+    /// ([`super::striped`]): every serving thread counts them.
+    total: [StripedCounter; 5],
     duration: [DurationHistogram; 5],
     /// `floodgate_domain_requests_total`; a request with a tally reaches its domain's series
     /// through the tally's rule handles ([`super::rules`]).
-    pub(super) domain: Family<DomainLabels, Counter>,
+    pub(super) domain: Family<DomainLabels, StripedCounter>,
     /// The `_unknown` domain's series of `domain`, by [`RequestResult::index`], each taken
-    /// from the family when first counted.
-    pub(super) unknown_domain: [OnceLock<Counter>; 5],
+    /// from the family (and spread) when first counted.
+    pub(super) unknown_domain: [OnceLock<StripedCounter>; 5],
     pub(super) global_shadow_mode: Counter,
     shaped: Family<DomainLabels, Counter>,
     shaped_delay: Histogram,
@@ -47,7 +48,7 @@ pub(super) struct RequestMetrics {
 impl RequestMetrics {
     /// The request counters and times and the domain answers, registered in `registry`.
     pub(super) fn register(registry: &mut Registry) -> RequestMetrics {
-        let requests = Family::<ResultLabels, Counter>::default();
+        let requests = Family::<ResultLabels, StripedCounter>::default();
         // 50 µs … ~1.6 s: an answer from memory at the bottom, Envoy's 20 ms timeout in the
         // middle, a Redis outage's timeouts near the top.
         let request_duration = Family::<ResultLabels, DurationHistogram>::new_with_constructor(
@@ -55,7 +56,11 @@ impl RequestMetrics {
                 as fn() -> DurationHistogram,
         );
         let ours = RequestMetrics {
-            total: RequestResult::ALL.map(|r| requests.get_or_create(&result_labels(r)).clone()),
+            total: RequestResult::ALL.map(|r| {
+                let total = requests.get_or_create(&result_labels(r)).clone();
+                total.inner().spread();
+                total
+            }),
             duration: RequestResult::ALL
                 .map(|r| request_duration.get_or_create(&result_labels(r)).clone()),
             domain: Family::default(),
@@ -215,11 +220,10 @@ impl Metrics {
     /// Reads `floodgate_requests_in_flight` from `count` at every exposition: admission
     /// (`admission::InFlight`) holds the `--max-in-flight` bound and its count; metrics only
     /// shows it, so the request path updates one atomic, not two.
-    pub fn mirror_requests_in_flight(&self, count: Arc<AtomicUsize>) {
+    pub fn mirror_requests_in_flight(&self, count: impl Fn() -> usize + Send + Sync + 'static) {
         let gauge = self.requests.in_flight.clone();
         self.samplers.add(move || {
-            let n = count.load(Ordering::Relaxed);
-            gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+            gauge.set(i64::try_from(count()).unwrap_or(i64::MAX));
         });
     }
 }

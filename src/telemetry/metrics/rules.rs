@@ -25,6 +25,7 @@ use prometheus_client::registry::Registry;
 
 use super::Metrics;
 use super::labels::{DomainLabels, LabelText, RequestResult, RuleLabels};
+use super::striped::StripedCounter;
 use crate::outcome::{Outcome, Tally, Verdict};
 use crate::telemetry::statsd::{RuleCounters, StatName};
 
@@ -49,13 +50,13 @@ pub const DEFAULT_MAX_DETAILED_SERIES: usize = 10_000;
 /// The per-rule families and the cap on detailed series.
 #[derive(Debug)]
 pub(super) struct RuleMetrics {
-    hits: Family<RuleLabels, Counter>,
-    within_limit: Family<RuleLabels, Counter>,
-    over_limit: Family<RuleLabels, Counter>,
-    shadow_mode: Family<RuleLabels, Counter>,
-    over_limit_local_cache: Family<RuleLabels, Counter>,
-    near_limit: Family<RuleLabels, Counter>,
-    errors: Family<RuleLabels, Counter>,
+    hits: Family<RuleLabels, StripedCounter>,
+    within_limit: Family<RuleLabels, StripedCounter>,
+    over_limit: Family<RuleLabels, StripedCounter>,
+    shadow_mode: Family<RuleLabels, StripedCounter>,
+    over_limit_local_cache: Family<RuleLabels, StripedCounter>,
+    near_limit: Family<RuleLabels, StripedCounter>,
+    errors: Family<RuleLabels, StripedCounter>,
     /// Tallies counted under the overflow series because the cap was reached.
     detailed_overflow: Counter,
     /// Distinct detailed rule paths with their own series.
@@ -210,20 +211,20 @@ pub(super) struct RuleHandle {
     domain: Arc<str>,
     rule: Arc<str>,
     /// Each series, taken from its family when it first counts.
-    hits: OnceLock<Counter>,
-    within_limit: OnceLock<Counter>,
-    over_limit: OnceLock<Counter>,
-    shadow_mode: OnceLock<Counter>,
-    over_limit_local_cache: OnceLock<Counter>,
-    near_limit: OnceLock<Counter>,
-    errors: OnceLock<Counter>,
+    hits: OnceLock<StripedCounter>,
+    within_limit: OnceLock<StripedCounter>,
+    over_limit: OnceLock<StripedCounter>,
+    shadow_mode: OnceLock<StripedCounter>,
+    over_limit_local_cache: OnceLock<StripedCounter>,
+    near_limit: OnceLock<StripedCounter>,
+    errors: OnceLock<StripedCounter>,
     /// The reference's statsd counters of the rule path: resolved with the handles when the
     /// stats are on (and the name cap admits the path), else on the first tally that finds
     /// them on.
     statsd: OnceLock<Arc<RuleCounters>>,
     /// `floodgate_domain_requests_total` of the rule's domain, by [`RequestResult::index`]:
     /// a request with a tally reaches its domain's series through the tally's rule.
-    domain_requests: [OnceLock<Counter>; 5],
+    domain_requests: [OnceLock<StripedCounter>; 5],
 }
 
 impl RuleHandle {
@@ -257,7 +258,13 @@ impl RuleHandle {
     /// What the error counter these handles hold has counted, if it was taken.
     #[cfg(test)]
     pub(super) fn errors_counted(&self) -> Option<u64> {
-        self.errors.get().map(Counter::get)
+        self.errors.get().map(StripedCounter::get)
+    }
+
+    /// Whether the hit series these handles hold, if taken, is spread over stripes.
+    #[cfg(test)]
+    pub(super) fn hits_spread(&self) -> Option<bool> {
+        self.hits.get().map(|series| series.inner().is_spread())
     }
 
     /// Whether these handles are the series of `domain`/`rule`.
@@ -333,7 +340,11 @@ impl Metrics {
         };
         match cell {
             Some(cell) => cell
-                .get_or_init(|| self.requests.domain.get_or_create_owned(&labels()))
+                .get_or_init(|| {
+                    let series = self.requests.domain.get_or_create_owned(&labels());
+                    series.inner().spread();
+                    series
+                })
                 .inc(),
             None => self.requests.domain.get_or_create(&labels()).inc(),
         };
@@ -375,26 +386,49 @@ impl Metrics {
             domain: LabelText(Arc::clone(domain)),
             rule: LabelText(Arc::clone(&tally.rule)),
         };
-        let add = |cell: &OnceLock<Counter>, family: &Family<RuleLabels, Counter>, n: u64| {
-            cell.get_or_init(|| family.get_or_create_owned(&labels()))
-                .inc_by(n);
+        // `spread`: the hit and verdict series, which every request of the rule counts, get
+        // per-thread stripes ([`super::striped`]); the rarer ones stay one atomic.
+        let add = |cell: &OnceLock<StripedCounter>,
+                   family: &Family<RuleLabels, StripedCounter>,
+                   spread: bool,
+                   n: u64| {
+            cell.get_or_init(|| {
+                let series = family.get_or_create_owned(&labels());
+                if spread {
+                    series.inner().spread();
+                }
+                series
+            })
+            .inc_by(n);
         };
-        add(&resolved.hits, &self.rules.hits, tally.hits);
+        add(&resolved.hits, &self.rules.hits, true, tally.hits);
         match tally.verdict {
-            Verdict::WithinLimit => {
-                add(&resolved.within_limit, &self.rules.within_limit, tally.hits)
-            }
-            Verdict::OverLimit | Verdict::ShadowOverLimit => {
-                add(&resolved.over_limit, &self.rules.over_limit, tally.hits)
-            }
+            Verdict::WithinLimit => add(
+                &resolved.within_limit,
+                &self.rules.within_limit,
+                true,
+                tally.hits,
+            ),
+            Verdict::OverLimit | Verdict::ShadowOverLimit => add(
+                &resolved.over_limit,
+                &self.rules.over_limit,
+                true,
+                tally.hits,
+            ),
         }
         if tally.verdict == Verdict::ShadowOverLimit {
-            add(&resolved.shadow_mode, &self.rules.shadow_mode, tally.hits);
+            add(
+                &resolved.shadow_mode,
+                &self.rules.shadow_mode,
+                false,
+                tally.hits,
+            );
         }
         if tally.local_cache && tally.verdict != Verdict::WithinLimit {
             add(
                 &resolved.over_limit_local_cache,
                 &self.rules.over_limit_local_cache,
+                false,
                 tally.hits,
             );
         }
@@ -402,6 +436,7 @@ impl Metrics {
             add(
                 &resolved.near_limit,
                 &self.rules.near_limit,
+                false,
                 tally.near_limit,
             );
         }
@@ -494,8 +529,9 @@ impl Metrics {
             domain: LabelText(Arc::clone(domain)),
             rule: LabelText(Arc::clone(rule)),
         };
-        let read =
-            |family: &Family<RuleLabels, Counter>| family.get(&labels).map_or(0, |c| c.get());
+        let read = |family: &Family<RuleLabels, StripedCounter>| {
+            family.get(&labels).map_or(0, |c| c.get())
+        };
         RuleCounts {
             hits: read(&self.rules.hits),
             within_limit: read(&self.rules.within_limit),

@@ -101,6 +101,9 @@ fn rule_handles_export_what_lookups_export() {
         lookups.record_outcome(&outcome, &none, result);
     }
     assert_eq!(lines(&handles), lines(&lookups));
+    // What every request counts through handles is spread over stripes (super::striped).
+    let handle = resolved.rule(0).expect("resolved");
+    assert_eq!(handle.hits_spread(), Some(true));
     // The same rule counted in another registry, and under another domain label.
     let other = Metrics::new();
     let indexed = Tally {

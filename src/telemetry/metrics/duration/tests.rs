@@ -1,8 +1,7 @@
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 
 use super::*;
+use crate::telemetry::metrics::exposition_of;
 
 /// The exposition is what prometheus-client's `Histogram` writes for the same
 /// observations (whole-µs durations, exact in both), whichever threads observe them.
@@ -25,15 +24,8 @@ fn exposes_what_the_locked_histogram_exposes() {
             });
         }
     });
-    let text = |register: &dyn Fn(&mut Registry)| {
-        let mut registry = Registry::default();
-        register(&mut registry);
-        let mut out = String::new();
-        encode(&mut out, &registry).unwrap();
-        out
-    };
-    let ours_text = text(&|r| r.register("d", "help", ours.clone()));
-    let theirs_text = text(&|r| r.register("d", "help", theirs.clone()));
+    let ours_text = exposition_of("d", ours.clone());
+    let theirs_text = exposition_of("d", theirs.clone());
     assert_eq!(ours_text, theirs_text);
     assert_eq!(ours.count(), micros.len() as u64);
     assert!(
