@@ -172,9 +172,9 @@ fn refusal(overloaded: Overloaded) -> http::Response<tonic::body::Body> {
 
 /// Takes a place in the bound on calls in flight for a ShouldRateLimit call (or refuses it
 /// at once) and answers it as tonic's generated service would (same codec, same message
-/// bound, same `Grpc::unary`), with the service and budget of `local`, and counts a request that [`RequestCodec`] refused before the handler saw it as
-/// the handler counts its own invalid requests, and one whose bytes the budget refused as an
-/// overload.
+/// bound, same `Grpc::unary`), with the service and budget of `local`, and counts a request
+/// that [`RequestCodec`] refused before the handler saw it as the handler counts its own
+/// invalid requests, and one whose bytes the budget refused as an overload.
 ///
 /// The body's charge ends once the message is decoded; the decoded request, whose entries
 /// are slices of the body's buffer, is charged again (its encoded length) until it is

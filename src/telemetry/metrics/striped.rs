@@ -2,12 +2,13 @@
 //! for the series every request counts.
 //!
 //! A prometheus-client `Counter` is one atomic: every serving thread adds to the same line in
-//! turn, and each add first takes that line from the core that wrote it last (some 20–50 ns
-//! on a two-core VM, several per request). [`StripedCounter`] is the same `Counter`, with
-//! [`Striped`] as its store: one atomic until [`Striped::spread`] gives it a stripe per
-//! thread (as [`super::DurationHistogram`] has), after which an add is one relaxed atomic
-//! add on a line its thread alone writes, and a read adds the stripes up. Its exposition is
-//! the `Counter`'s own, byte for byte.
+//! turn, and each add first takes that line from the core that wrote it last, more often the
+//! more threads serve. [`StripedCounter`] is the same `Counter`, with [`Striped`] as its
+//! store: one atomic until [`Striped::spread`] gives it stripes (one per CPU, threads given
+//! them in turn as [`super::DurationHistogram`]'s are), after which an add is one relaxed
+//! atomic add on a line its thread alone writes (while the threads are no more than the
+//! stripes), and a read adds the stripes up. Its exposition is the `Counter`'s own, byte for
+//! byte.
 //!
 //! Only series that every request counts are spread, when their handle is resolved
 //! (`floodgate_requests_total`, a configured domain's and a configured rule's hit and verdict
