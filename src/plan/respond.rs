@@ -306,8 +306,10 @@ pub(super) fn near_limit_hits(op: &BucketOp, remaining: u64, hits: u64, ratio: f
         Algorithm::TokenBucket => op.params.burst,
         Algorithm::FixedWindow | Algorithm::SlidingWindow => op.params.requests_per_period,
     };
-    // The reference multiplies in float32, then floors.
-    let threshold = (capacity as f32 * ratio).floor() as u64;
+    // The reference multiplies in float32, then floors. The saturating cast is that floor
+    // for every input (truncation and floor differ only below 0, where both give 0) without
+    // a call to libm's `floorf` (baseline x86-64 has no rounding instruction).
+    let threshold = (capacity as f32 * ratio) as u64;
     let after = capacity.saturating_sub(remaining);
     let before = after.saturating_sub(cost);
     if after <= threshold {

@@ -14,23 +14,34 @@
 //! still go to it): health starts NOT_SERVING and turns SERVING once Redis has answered, as
 //! the reference's does.
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-#[derive(Debug)]
-struct State {
-    /// Consecutive failures, or `None` while open.
-    failures: Option<u32>,
-    /// When a call last succeeded (`None`: never).
-    last_success: Option<Instant>,
-}
-
 /// The breaker's state, shared by every request.
+///
+/// Every Redis call asks whether the circuit is closed and records its success, from every
+/// serving thread, so those two read or write only what the steady state leaves unchanged:
+/// `open` and `steady` are read, and the time of the last success is written at most once a
+/// millisecond. Transitions (a failure, the success after one, opening, closing) take the
+/// lock, which keeps them one at a time and logs each once.
 #[derive(Debug)]
 pub struct CircuitBreaker {
-    state: Mutex<State>,
+    /// Consecutive failures, or `None` while open. Written under the lock only.
+    failures: Mutex<Option<u32>>,
+    /// `failures` is `None`: mirrored for the request path, which reads it without the lock.
+    open: AtomicBool,
+    /// Closed, no failure since the last success, and a call has succeeded: a success then
+    /// changes nothing but the time of the last success.
+    steady: AtomicBool,
+    /// When a call last succeeded, in whole milliseconds after `epoch`, plus 1 (0: never).
+    /// Kept to the millisecond (a success within the same millisecond as the one recorded
+    /// writes nothing), so a quiet period can seem to have begun at most 1 ms earlier.
+    last_success_ms: AtomicU64,
+    /// The origin of `last_success_ms`.
+    epoch: Instant,
     /// Consecutive transient failures that open the circuit.
     threshold: u32,
     /// How long without any success before failures may open the circuit.
@@ -44,10 +55,11 @@ impl CircuitBreaker {
     /// call has succeeded for `quiet`.
     pub fn new(threshold: u32, quiet: Duration) -> CircuitBreaker {
         CircuitBreaker {
-            state: Mutex::new(State {
-                failures: Some(0),
-                last_success: None,
-            }),
+            failures: Mutex::new(Some(0)),
+            open: AtomicBool::new(false),
+            steady: AtomicBool::new(false),
+            last_success_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             threshold: threshold.max(1),
             quiet,
             available: watch::Sender::new(false),
@@ -56,15 +68,26 @@ impl CircuitBreaker {
 
     /// True while requests may go to the store.
     pub fn is_closed(&self) -> bool {
-        self.lock().failures.is_some()
+        !self.open.load(Ordering::Acquire)
     }
 
     /// True when no call has succeeded for the quiet period (or ever): worth probing even
     /// while closed, so an idle replica learns of an outage without traffic.
     pub fn is_idle(&self) -> bool {
-        self.lock()
-            .last_success
-            .is_none_or(|at| at.elapsed() >= self.quiet)
+        self.quiet_now()
+    }
+
+    /// No call has succeeded for the quiet period, or none ever has.
+    fn quiet_now(&self) -> bool {
+        match self.last_success_ms.load(Ordering::Acquire) {
+            0 => true,
+            ms => {
+                self.epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(ms - 1))
+                    >= self.quiet
+            }
+        }
     }
 
     /// Availability updates: true while closed, once a call has succeeded.
@@ -74,43 +97,53 @@ impl CircuitBreaker {
 
     /// Records a successful call or probe; closes the circuit if it was open.
     pub fn record_success(&self) {
-        let mut state = self.lock();
-        if state.failures.is_none() {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1);
+        // A read of a line nobody writes, and a write only when the millisecond changed.
+        if self.last_success_ms.load(Ordering::Relaxed) < ms {
+            self.last_success_ms.fetch_max(ms, Ordering::AcqRel);
+        }
+        if self.steady.load(Ordering::Acquire) {
+            return;
+        }
+        let mut failures = self.lock();
+        if failures.is_none() {
             tracing::info!("Redis is reachable again: circuit closed, requests go to Redis");
             self.available.send_replace(true);
-        } else if state.last_success.is_none() {
+        } else if !*self.available.borrow() {
             tracing::info!("Redis answered: the store is usable");
             self.available.send_replace(true);
         }
-        state.failures = Some(0);
-        state.last_success = Some(Instant::now());
+        *failures = Some(0);
+        self.open.store(false, Ordering::Release);
+        self.steady.store(true, Ordering::Release);
     }
 
     /// Records a transient failure; opens the circuit at the threshold if nothing succeeded
     /// for the quiet period. `error` is logged on that transition only, not per request.
     pub fn record_failure(&self, error: &dyn std::fmt::Display) {
-        let mut state = self.lock();
-        let Some(count) = state.failures else { return };
+        let mut failures = self.lock();
+        let Some(count) = *failures else { return };
+        self.steady.store(false, Ordering::Release);
         let count = count.saturating_add(1);
-        let quiet = state
-            .last_success
-            .is_none_or(|at| at.elapsed() >= self.quiet);
-        if count >= self.threshold && quiet {
+        if count >= self.threshold && self.quiet_now() {
             tracing::warn!(
                 error = %error,
                 consecutive_failures = count,
                 "Redis unavailable: circuit open, answering by the failure policy until it is back"
             );
-            state.failures = None;
+            *failures = None;
+            self.open.store(true, Ordering::Release);
             self.available.send_replace(false);
         } else {
-            state.failures = Some(count);
+            *failures = Some(count);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        // The guarded values are a counter and a time: a panic elsewhere cannot corrupt them.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<u32>> {
+        // The guarded value is a counter: a panic elsewhere cannot corrupt it.
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -52,3 +52,50 @@ fn recent_success_keeps_it_closed() {
     never_succeeded.record_failure(&"refused");
     assert!(!never_succeeded.is_closed());
 }
+
+/// Idle until a call succeeds, then again once the quiet period has passed since the last.
+#[test]
+fn idle_before_any_success_and_after_the_quiet_period() {
+    let long = CircuitBreaker::new(1, Duration::from_secs(3600));
+    assert!(long.is_idle(), "nothing has succeeded yet");
+    long.record_success();
+    assert!(!long.is_idle());
+    long.record_success();
+    assert!(
+        !long.is_idle(),
+        "a success in the steady state keeps it recent"
+    );
+    let none = CircuitBreaker::new(1, Duration::ZERO);
+    none.record_success();
+    assert!(none.is_idle(), "a quiet period of 0 has always passed");
+}
+
+/// Successes and failures from many threads at once leave a state the last of them
+/// decides: after a final success the circuit is closed and its failures reset.
+#[test]
+fn concurrent_successes_and_failures_settle() {
+    let breaker = CircuitBreaker::new(2, Duration::ZERO);
+    std::thread::scope(|scope| {
+        for t in 0..8 {
+            let breaker = &breaker;
+            scope.spawn(move || {
+                for i in 0..2_000 {
+                    if (i + t) % 3 == 0 {
+                        breaker.record_failure(&"timeout");
+                    } else {
+                        breaker.record_success();
+                    }
+                }
+            });
+        }
+    });
+    breaker.record_success();
+    assert!(breaker.is_closed());
+    breaker.record_failure(&"timeout");
+    assert!(
+        breaker.is_closed(),
+        "one failure after a success is below the threshold"
+    );
+    breaker.record_failure(&"timeout");
+    assert!(!breaker.is_closed());
+}

@@ -147,6 +147,9 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
     }
     // Every value is a whole number of magnitude below 2^53 (the script computes in doubles):
     // checked for all of them first, then read in place (no intermediate vector of values).
+    // Whole: equal to its conversion to i64 and back, exact in that range (NaN and the
+    // infinities fail the magnitude test first); cheaper than `fract`, a call to libm's
+    // `trunc` per value on baseline x86-64.
     let at = |i: usize| {
         let mut le = [0u8; REPLY_VALUE_BYTES];
         le.copy_from_slice(&reply[i * REPLY_VALUE_BYTES..(i + 1) * REPLY_VALUE_BYTES]);
@@ -154,7 +157,7 @@ pub fn decode(reply: &[u8], ops: usize) -> Result<Applied, StoreError> {
     };
     for i in 0..reply_len(ops) {
         let value = at(i);
-        if !(value.fract() == 0.0 && value.abs() <= 2f64.powi(53)) {
+        if !(value.abs() <= 2f64.powi(53) && value == value as i64 as f64) {
             return Err(malformed(format!(
                 "value {i} is {value}, not a whole number of magnitude at most 2^53"
             )));

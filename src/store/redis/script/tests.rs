@@ -99,7 +99,7 @@ fn decode_reply() {
 /// Replies the script cannot produce are `Failed` (not transient) with a clear message.
 #[test]
 fn decode_rejects_malformed_replies() {
-    let cases: [(&[f64], usize, &str); 14] = [
+    let cases: [(&[f64], usize, &str); 16] = [
         (
             &[1.0, 0.0, 5.0, 1.0, 0.0, 0.0, 0.0],
             1,
@@ -160,6 +160,16 @@ fn decode_rejects_malformed_replies() {
             &[1.0, 0.0, 5.0, 1.0, f64::NAN, 0.0, 0.0, -1.0],
             1,
             "value 4 is NaN",
+        ),
+        (
+            &[1.0, 0.0, 5.0, 1.0, f64::INFINITY, 0.0, 0.0, -1.0],
+            1,
+            "value 4 is inf",
+        ),
+        (
+            &[1.0, 0.0, 5.0, 1.0, 0.0, -1.5, 0.0, -1.0],
+            1,
+            "value 5 is -1.5, not a whole number",
         ),
         (
             &[
