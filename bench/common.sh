@@ -53,11 +53,13 @@ YAML
     done > "$WORK/limitador.yaml"
 }
 
-# A redis-server on a free loopback port, no persistence, stopped on exit; sets REDIS_PORT.
+# A redis-server on a free loopback port, no persistence, stopped on exit; sets REDIS_PORT
+# and REDIS_PID.
 start_redis() {
     REDIS_PORT=$(free_port)
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
         --logfile "$WORK/redis.log" --daemonize no &
+    REDIS_PID=$!
     PIDS+=($!)
     until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do sleep 0.1; done
 }

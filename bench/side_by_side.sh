@@ -41,6 +41,11 @@
 #     failures, and of them the calls shed before Redis (store_errors_total{kind="shed"}); the
 #     rest are Redis deadline misses or failures. Limitador's: only the load generator's
 #     failures (h2load cannot see gRPC errors, which travel in trailers; loadgen can).
+#   - Redis CPU %: redis-server's user + system time over the timed run, in % of one core
+#     (Redis runs commands on one thread: near 100 it is what bounds the row); "-" on the rows
+#     without Redis. Machine idle %: the idle share of every CPU over the run (/proc/stat).
+#     Together they say whether a row is bound by CPU (idle near 0) or by the turns its
+#     processes take waiting on each other (idle well above 0, nobody near a full core).
 # Then the script cost: lua/apply.lua against bench/gcra_min.lua on a quiet redis-server, the
 # request's own EVALSHA captured from the bench and replayed (bench/script_cost.py), and the
 # same for a limit counted in ticks finer than a µs (domains fine1 and fine4, floodgate only).
@@ -195,6 +200,8 @@ TICKS=$(getconf CLK_TCK)
 stat_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 # Context switches (voluntary and not) of every thread of a process.
 switches() { cat /proc/"$1"/task/*/status | awk '/ctxt_switches/{s += $2} END {print s}'; }
+# The machine's idle and total ticks so far, every CPU (/proc/stat: idle + iowait, and all).
+machine_ticks() { awk '/^cpu /{print $5 + $6, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
 
 # throughput SERVER STORE KIND SPEC : one timed run; prints "rps user_us sys_us switches
 # errors/shed redis_us leases scripts_per_ok cmds" (per request; leases and scripts per OK
@@ -204,12 +211,16 @@ throughput() {
     start "$server" "$store"
     load "$kind" "$spec" "$WARMUP_REQUESTS" >/dev/null 2>&1
     redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-    local u0 s0 u1 s1 cs0 cs1 c0 c1
+    local u0 s0 u1 s1 cs0 cs1 c0 c1 ru0 rs0 ru1 rs1 m0 m1
     read -r u0 s0 < <(stat_ticks "$SRV_PID")
+    read -r ru0 rs0 < <(stat_ticks "$REDIS_PID")
+    m0=$(machine_ticks)
     cs0=$(switches "$SRV_PID")
     c0=$(counts "$server")
     load "$kind" "$spec" 0 >"$WORK/load.out" 2>&1
     read -r u1 s1 < <(stat_ticks "$SRV_PID")
+    read -r ru1 rs1 < <(stat_ticks "$REDIS_PID")
+    m1=$(machine_ticks)
     cs1=$(switches "$SRV_PID")
     c1=$(counts "$server")
     local usec scripts cmds
@@ -220,10 +231,13 @@ throughput() {
         [ "$store" = redis ] && [ "$FLOODGATE_LEASE_FRACTION" = 0 ] && leases=off
     fi
     stop
+    local redis_ticks=-
+    [ "${store#redis}" != "$store" ] && redis_ticks=$((ru1 + rs1 - ru0 - rs0))
     python3 - "$WORK/load.out" "$kind" "$u0 $s0 $u1 $s1" "$TICKS" "$c0" "$c1" "$usec" \
-        "$scripts" "$((cs1 - cs0))" "$leases" "${cmds:--}" <<'PY'
+        "$scripts" "$((cs1 - cs0))" "$leases" "${cmds:--}" "$redis_ticks" "$m0 $m1" "$(nproc)" <<'PY'
 import json, re, sys
-out, kind, ticks_, per_tick, c0, c1, usec, scripts, switches, leases, cmds = sys.argv[1:]
+(out, kind, ticks_, per_tick, c0, c1, usec, scripts, switches, leases, cmds, redis_ticks,
+ machine, cpus) = sys.argv[1:]
 u0, s0, u1, s1 = map(int, ticks_.split())
 text = open(out).read()
 if kind == "h2":
@@ -247,8 +261,12 @@ redis = f"{float(usec) / done:.1f}" if float(usec) else "-"
 if leases == "on":
     leases = f"on: {(l1 - l0) / max(ok, 1):.3f} of OK"
 per_ok = f"{int(scripts) / max(ok, 1):.3f}" if leases != "-" or int(scripts) else "-"
+idle0, all0, idle1, all1 = map(int, machine.split())
+wall = (all1 - all0) / int(cpus)
+idle = f"{100 * (idle1 - idle0) / max(all1 - all0, 1):.0f}"
+redis_cpu = f"{100 * int(redis_ticks) / max(wall, 1):.0f}" if redis_ticks != "-" else "-"
 print(f"{rps:.0f} {user:.1f} {sys_:.1f} {int(switches) / done:.3f} {errors} {redis} "
-      f"{leases.replace(' ', '_')} {per_ok} {cmds.strip() or '-'}")
+      f"{leases.replace(' ', '_')} {per_ok} {redis_cpu} {idle} {cmds.strip() or '-'}")
 PY
 }
 
@@ -285,8 +303,8 @@ SERVERS=(floor floodgate)
 [ -n "$LIMITADOR" ] && SERVERS+=(limitador)
 
 echo
-echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ×floor | leases | script calls/OK | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| scenario | server | req/s | CPU µs/req user | sys | user + sys | ×floor | leases | script calls/OK | ctx switches/req | errors/shed | Redis µs/req (commands/run) | writev/req | recvfrom/req | sendto/req | write/req | epoll_wait/req | futex/req | Redis CPU % of a core | machine idle % |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 for i in "${!ROWS[@]}"; do
     [[ " ${SBS_ROWS:-1 2 3 4 5} " == *" $((i + 1)) "* ]] || continue
     IFS='|' read -r name store kind spec <<<"${ROWS[$i]}"
@@ -294,12 +312,12 @@ for i in "${!ROWS[@]}"; do
     for server in "${SERVERS[@]}"; do
         read -r w r st wr e f < <(syscalls "$server" "$store" "$kind" "$spec")
         for _ in $(seq "$REPEAT"); do
-            read -r rps user sys cs errors redis leases per_ok cmds < <(throughput "$server" "$store" "$kind" "$spec")
+            read -r rps user sys cs errors redis leases per_ok redis_cpu idle cmds < <(throughput "$server" "$store" "$kind" "$spec")
             total=$(python3 -c "print(f'{$user + $sys:.1f}')")
             [ "$server" = floor ] && floor_runs+=("$total")
             over=$(python3 -c "import statistics, sys; f = statistics.median(map(float, sys.argv[2:])); print(f'{float(sys.argv[1]) / f:.2f}' if f else '-')" "$total" "${floor_runs[@]}")
             [ "${store#redis}" != "$store" ] && [ "$cmds" != - ] || cmds=""
-            echo "| $name | $server | $rps | $user | $sys | $total | $over | ${leases//_/ } | $per_ok | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $st | $wr | $e | $f |"
+            echo "| $name | $server | $rps | $user | $sys | $total | $over | ${leases//_/ } | $per_ok | $cs | $errors | $redis ${cmds:+($cmds)} | $w | $r | $st | $wr | $e | $f | $redis_cpu | $idle |"
         done
     done
 done
