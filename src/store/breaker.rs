@@ -100,7 +100,8 @@ impl CircuitBreaker {
         let ms = u64::try_from(self.epoch.elapsed().as_millis())
             .unwrap_or(u64::MAX - 1)
             .saturating_add(1);
-        // A read of a line nobody writes, and a write only when the millisecond changed.
+        // A read of a line written at most once a millisecond, and a write only when the
+        // millisecond changed.
         if self.last_success_ms.load(Ordering::Relaxed) < ms {
             self.last_success_ms.fetch_max(ms, Ordering::AcqRel);
         }
