@@ -24,6 +24,15 @@
 //! (requests, req/s, p50/p99/p999 in ms of all answers, `p50_ok_ms`/`p99_ok_ms` of the OK
 //! answers alone, answers by code, errors by gRPC code); a readable summary goes to stderr.
 //! `--grpc-timeout-ms` sends each request with a deadline (`grpc-timeout`), as Envoy does.
+//!
+//! **The client is made to cost little**: it shares the machine with the server it measures,
+//! so every µs it spends per request is taken from that server. It speaks gRPC over the `h2`
+//! crate directly, one task per request in flight writing its stream and reading its answer
+//! (HEADERS, one DATA frame, trailers), with no tower `Buffer` task or hyper dispatch task in
+//! between as tonic's `Channel` has, and allocates with mimalloc. Cleartext (`http://`) only.
+//! A failed call is counted by the gRPC code tonic would give it: the `grpc-status` of the
+//! answer; a stream reset or a connection lost maps as tonic maps them (REFUSED_STREAM and a
+//! broken connection: Unavailable).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
@@ -31,13 +40,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::{BufMut, Bytes, BytesMut};
 use clap::{Parser, ValueEnum};
 use floodgate::proto::common::RateLimitDescriptor;
 use floodgate::proto::common::rate_limit_descriptor::Entry;
-use floodgate::proto::rls::RateLimitRequest;
 use floodgate::proto::rls::rate_limit_response::Code;
-use floodgate::proto::rls::rate_limit_service_client::RateLimitServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use floodgate::proto::rls::{RateLimitRequest, RateLimitResponse};
+use mimalloc::MiMalloc;
+use prost::Message;
+use tonic::Code as GrpcCode;
+
+/// mimalloc, as the servers it drives use (glibc's allocator cost the client about a tenth
+/// of its CPU).
+#[global_allocator]
+static GLOBAL: MiMalloc = MiMalloc;
 
 /// Command line.
 #[derive(Parser, Debug, Clone)]
@@ -205,17 +221,15 @@ fn request(args: &Args, sampler: &Sampler, rng: &mut Rng) -> RateLimitRequest {
 /// Sends one request and counts it if it was sent at or after `measured_from`; latency is
 /// taken from `scheduled` (the send time in the closed loop, the planned time when open).
 async fn one(
-    client: &mut RateLimitServiceClient<Channel>,
+    client: &mut Client,
     request: RateLimitRequest,
     scheduled: Instant,
     run: &Run,
     tally: &mut Tally,
 ) {
-    let mut request = tonic::Request::new(request);
-    if let Some(ms) = run.args.grpc_timeout_ms {
-        request.set_timeout(Duration::from_millis(ms));
-    }
-    let result = client.should_rate_limit(request).await;
+    let result = client
+        .should_rate_limit(&request, run.args.grpc_timeout_ms)
+        .await;
     if scheduled < run.measured_from {
         return;
     }
@@ -223,7 +237,7 @@ async fn one(
     tally.latencies_us.push(micros);
     match result {
         Ok(response) => {
-            let code = match response.get_ref().overall_code() {
+            let code = match response.overall_code() {
                 Code::Ok => {
                     tally.ok_latencies_us.push(micros);
                     "ok"
@@ -233,11 +247,8 @@ async fn one(
             };
             *tally.answers.entry(code).or_default() += 1;
         }
-        Err(status) => {
-            *tally
-                .errors
-                .entry(format!("{:?}", status.code()))
-                .or_default() += 1;
+        Err(code) => {
+            *tally.errors.entry(format!("{code:?}")).or_default() += 1;
         }
     }
 }
@@ -255,6 +266,139 @@ impl Budget {
     }
 }
 
+/// The path of the one method called.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// One HTTP/2 connection, shared by the requests sent on it (each clone is a handle to it).
+#[derive(Clone)]
+struct Client {
+    send: h2::client::SendRequest<Bytes>,
+    uri: http::Uri,
+}
+
+impl Client {
+    /// Connects to `addr` (`http://host:port`) with TCP_NODELAY, as tonic's `Endpoint` was
+    /// told to, and drives the connection in a task of its own.
+    async fn connect(addr: &str) -> Result<Client, Box<dyn std::error::Error>> {
+        let uri: http::Uri =
+            format!("{}{SHOULD_RATE_LIMIT}", addr.trim_end_matches('/')).parse()?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!("{addr}: only http:// (cleartext HTTP/2) is supported").into());
+        }
+        let authority = uri
+            .authority()
+            .ok_or("the address has no host:port")?
+            .as_str();
+        let tcp = tokio::net::TcpStream::connect(authority).await?;
+        tcp.set_nodelay(true)?;
+        let (send, connection) = h2::client::handshake(tcp).await?;
+        tokio::spawn(async move {
+            // Its end (the run's, or the server's GOAWAY) fails the calls still on it.
+            let _ = connection.await;
+        });
+        Ok(Client { send, uri })
+    }
+
+    /// One ShouldRateLimit call: the request framed as gRPC (uncompressed), then the answer's
+    /// message, or the code the call failed with.
+    async fn should_rate_limit(
+        &mut self,
+        request: &RateLimitRequest,
+        timeout_ms: Option<u64>,
+    ) -> Result<RateLimitResponse, GrpcCode> {
+        let length = request.encoded_len();
+        let mut framed = BytesMut::with_capacity(5 + length);
+        framed.put_u8(0);
+        framed.put_u32(u32::try_from(length).map_err(|_| GrpcCode::ResourceExhausted)?);
+        request
+            .encode(&mut framed)
+            .map_err(|_| GrpcCode::Internal)?;
+        let mut head = http::Request::post(self.uri.clone())
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers");
+        if let Some(ms) = timeout_ms {
+            head = head.header("grpc-timeout", format!("{ms}m"));
+        }
+        let head = head.body(()).map_err(|_| GrpcCode::Internal)?;
+        std::future::poll_fn(|cx| self.send.poll_ready(cx))
+            .await
+            .map_err(h2_code)?;
+        let (answer, mut body) = self.send.send_request(head, false).map_err(h2_code)?;
+        body.send_data(framed.freeze(), true).map_err(h2_code)?;
+        let (head, mut body) = answer.await.map_err(h2_code)?.into_parts();
+        if head.status != http::StatusCode::OK {
+            return Err(http_code(head.status));
+        }
+        // Trailers-only: an error answered before any message.
+        if let Some(code) = grpc_status(&head.headers) {
+            return Err(if code == GrpcCode::Ok {
+                GrpcCode::Internal
+            } else {
+                code
+            });
+        }
+        let mut message = BytesMut::new();
+        while let Some(data) = body.data().await {
+            let data = data.map_err(h2_code)?;
+            // Given back at once, so that the connection's window never closes.
+            let _ = body.flow_control().release_capacity(data.len());
+            message.extend_from_slice(&data);
+        }
+        let trailers = body.trailers().await.map_err(h2_code)?;
+        match trailers.as_ref().and_then(grpc_status) {
+            Some(GrpcCode::Ok) => {}
+            Some(code) => return Err(code),
+            None => return Err(GrpcCode::Internal),
+        }
+        // One message: no compression flag, its length, then the message.
+        if message.len() < 5 || message[0] != 0 {
+            return Err(GrpcCode::Internal);
+        }
+        let length = u32::from_be_bytes([message[1], message[2], message[3], message[4]]);
+        let end = 5 + length as usize;
+        if message.len() != end {
+            return Err(GrpcCode::Internal);
+        }
+        RateLimitResponse::decode(&message[5..end]).map_err(|_| GrpcCode::Internal)
+    }
+}
+
+/// The `grpc-status` in `headers` (the trailers, or a trailers-only answer's headers).
+fn grpc_status(headers: &http::HeaderMap) -> Option<GrpcCode> {
+    let status = headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .parse::<i32>()
+        .ok()?;
+    Some(GrpcCode::from(status))
+}
+
+/// The code tonic gives a call that failed in HTTP/2: a stream reset by its reason, a
+/// connection lost or refused as Unavailable.
+fn h2_code(error: h2::Error) -> GrpcCode {
+    match error.reason() {
+        Some(h2::Reason::CANCEL) => GrpcCode::Cancelled,
+        Some(h2::Reason::REFUSED_STREAM) => GrpcCode::Unavailable,
+        Some(h2::Reason::ENHANCE_YOUR_CALM) => GrpcCode::ResourceExhausted,
+        Some(h2::Reason::INADEQUATE_SECURITY) => GrpcCode::PermissionDenied,
+        Some(_) if !error.is_go_away() && !error.is_io() => GrpcCode::Internal,
+        _ => GrpcCode::Unavailable,
+    }
+}
+
+/// The code gRPC gives an answer with HTTP status `status` instead of 200.
+fn http_code(status: http::StatusCode) -> GrpcCode {
+    match status.as_u16() {
+        400 => GrpcCode::Internal,
+        401 => GrpcCode::Unauthenticated,
+        403 => GrpcCode::PermissionDenied,
+        404 => GrpcCode::Unimplemented,
+        429 | 502..=504 => GrpcCode::Unavailable,
+        _ => GrpcCode::Unknown,
+    }
+}
+
 /// What every worker shares.
 struct Run {
     args: Args,
@@ -267,11 +411,7 @@ struct Run {
 }
 
 /// Closed loop: one request at a time, back to back, until the end.
-async fn closed_worker(
-    run: Arc<Run>,
-    mut client: RateLimitServiceClient<Channel>,
-    seed: u64,
-) -> Tally {
+async fn closed_worker(run: Arc<Run>, mut client: Client, seed: u64) -> Tally {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     while Instant::now() < run.end && run.budget.take() {
@@ -283,12 +423,7 @@ async fn closed_worker(
 }
 
 /// Open loop on one connection: a request every `interval`, each in its own task.
-async fn open_worker(
-    run: Arc<Run>,
-    client: RateLimitServiceClient<Channel>,
-    seed: u64,
-    interval: Duration,
-) -> Tally {
+async fn open_worker(run: Arc<Run>, client: Client, seed: u64, interval: Duration) -> Tally {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let mut tasks = tokio::task::JoinSet::new();
@@ -334,13 +469,7 @@ fn percentile(sorted: &[u32], p: f64) -> f64 {
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let mut clients = Vec::with_capacity(args.connections);
     for _ in 0..args.connections.max(1) {
-        // One Channel per connection: tonic multiplexes a Channel's requests over one HTTP/2
-        // connection.
-        let channel = Endpoint::from_shared(args.addr.clone())?
-            .tcp_nodelay(true)
-            .connect()
-            .await?;
-        clients.push(RateLimitServiceClient::new(channel));
+        clients.push(Client::connect(&args.addr).await?);
     }
     let measured_from = Instant::now() + Duration::from_secs_f64(args.warmup);
     let run = Arc::new(Run {
