@@ -10,8 +10,8 @@
 # store with 1, 4 and 10 descriptors per request, driven by h2load (HTTP/2, gRPC framing): 16
 # connections × 8 concurrent streams (closed loop: a new request as soon as one is answered),
 # one h2load thread, all on loopback; plus a light-load row (4 connections × 1 stream).
-# h2load repeats one request body, so the many-keys rows use examples/loadgen.rs (a tonic
-# client, same load shape, one thread) to spread descriptor values over 1 million keys,
+# h2load repeats one request body, so the many-keys rows use examples/loadgen.rs (a gRPC
+# client over h2, same load shape, one thread) to spread descriptor values over 1 million keys,
 # uniformly and Zipf-skewed (s = 1), with their own no-store row as the baseline of their
 # ratio. Then a Redis Cluster of 3 masters on loopback, 1 and 4 descriptors (one EVALSHA per
 # hash slot a request touches, sent in parallel). Limits are large, so every request is fully
