@@ -317,7 +317,7 @@ impl Client {
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers");
         if let Some(ms) = timeout_ms {
-            head = head.header("grpc-timeout", format!("{ms}m"));
+            head = head.header("grpc-timeout", grpc_timeout(ms));
         }
         let head = head.body(()).map_err(|_| GrpcCode::Internal)?;
         std::future::poll_fn(|cx| self.send.poll_ready(cx))
@@ -360,6 +360,16 @@ impl Client {
             return Err(GrpcCode::Internal);
         }
         RateLimitResponse::decode(&message[5..end]).map_err(|_| GrpcCode::Internal)
+    }
+}
+
+/// A deadline of `ms` milliseconds as `grpc-timeout` states it: at most 8 digits, so in
+/// seconds past 99,999,999 ms (and at most 99,999,999 s).
+fn grpc_timeout(ms: u64) -> String {
+    if ms <= 99_999_999 {
+        format!("{ms}m")
+    } else {
+        format!("{}S", (ms / 1000).min(99_999_999))
     }
 }
 
