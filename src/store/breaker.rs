@@ -8,11 +8,11 @@
 //! no timeout per request) while a background probe ([`crate::store::resilient`]) checks
 //! Redis; the first successful probe or request closes it again.
 //!
-//! Every transition is logged once and published on a `watch` channel (true = usable), which
-//! drives the health service and the `floodgate_store_available` gauge. Until the first
-//! success the store is not known to be usable, so it is published as not usable (requests
-//! still go to it): health starts NOT_SERVING and turns SERVING once Redis has answered, as
-//! the reference's does.
+//! Every transition is logged once, after it is in effect, and published on a `watch` channel
+//! (true = usable), which drives the health service and the `floodgate_store_available`
+//! gauge. Until the first success the store is not known to be usable, so it is published as
+//! not usable (requests still go to it): health starts NOT_SERVING and turns SERVING once
+//! Redis has answered, as the reference's does.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -109,16 +109,19 @@ impl CircuitBreaker {
             return;
         }
         let mut failures = self.lock();
-        if failures.is_none() {
-            tracing::info!("Redis is reachable again: circuit closed, requests go to Redis");
-            self.available.send_replace(true);
-        } else if !*self.available.borrow() {
-            tracing::info!("Redis answered: the store is usable");
-            self.available.send_replace(true);
-        }
+        let was_open = failures.is_none();
         *failures = Some(0);
         self.open.store(false, Ordering::Release);
         self.steady.store(true, Ordering::Release);
+        // Logged once in effect: whoever reads the line (an operator, a test waiting on it)
+        // and sends a request then finds the circuit closed.
+        if was_open {
+            self.available.send_replace(true);
+            tracing::info!("Redis is reachable again: circuit closed, requests go to Redis");
+        } else if !*self.available.borrow() {
+            self.available.send_replace(true);
+            tracing::info!("Redis answered: the store is usable");
+        }
     }
 
     /// Records a transient failure; opens the circuit at the threshold if nothing succeeded
@@ -129,14 +132,15 @@ impl CircuitBreaker {
         self.steady.store(false, Ordering::Release);
         let count = count.saturating_add(1);
         if count >= self.threshold && self.quiet_now() {
+            *failures = None;
+            self.open.store(true, Ordering::Release);
+            self.available.send_replace(false);
+            // Logged once in effect, as the closing is.
             tracing::warn!(
                 error = %error,
                 consecutive_failures = count,
                 "Redis unavailable: circuit open, answering by the failure policy until it is back"
             );
-            *failures = None;
-            self.open.store(true, Ordering::Release);
-            self.available.send_replace(false);
         } else {
             *failures = Some(count);
         }

@@ -99,3 +99,39 @@ fn concurrent_successes_and_failures_settle() {
     breaker.record_failure(&"timeout");
     assert!(!breaker.is_closed());
 }
+
+/// Each transition is in effect when its line is logged: whoever reads "circuit closed" and
+/// sends a request finds the circuit closed (and "circuit open", open).
+#[test]
+fn transitions_are_logged_once_in_effect() {
+    use std::sync::Arc;
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    /// Records, at each event, whether the breaker was closed and published usable.
+    struct Seen {
+        breaker: Arc<CircuitBreaker>,
+        at_events: Arc<Mutex<Vec<(bool, bool)>>>,
+    }
+    impl<S: tracing::Subscriber> Layer<S> for Seen {
+        fn on_event(&self, _: &tracing::Event<'_>, _: Context<'_, S>) {
+            let state = (self.breaker.is_closed(), *self.breaker.subscribe().borrow());
+            self.at_events.lock().unwrap().push(state);
+        }
+    }
+
+    let breaker = Arc::new(CircuitBreaker::new(1, Duration::ZERO));
+    let at_events = Arc::new(Mutex::new(Vec::new()));
+    let subscriber = tracing_subscriber::registry().with(Seen {
+        breaker: Arc::clone(&breaker),
+        at_events: Arc::clone(&at_events),
+    });
+    tracing::subscriber::with_default(subscriber, || {
+        breaker.record_success(); // usable
+        breaker.record_failure(&"refused"); // open
+        breaker.record_success(); // closed again
+    });
+    assert_eq!(
+        *at_events.lock().unwrap(),
+        [(true, true), (false, false), (true, true)]
+    );
+}
