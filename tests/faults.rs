@@ -91,10 +91,13 @@ const OPENED: &str = "circuit open";
 const CLOSED: &str = "circuit closed";
 
 /// Waits until Redis is in use: the breaker closed. (At start-up, before any call succeeded,
-/// the first slow pool connections can open it for a probe interval.)
-async fn until_redis_in_use(http: SocketAddr) {
+/// the first slow pool connections can open it for a probe interval.) Also until the log
+/// says so, if it opened: a test counts the transition lines from here, and a closing line
+/// still on its way through the log reader would be taken for the next one.
+async fn until_redis_in_use(server: &Floodgate) {
     eventually("Redis in use", || async {
-        metric(http, "floodgate_store_available").await == Some(1.0)
+        metric(server.http, "floodgate_store_available").await == Some(1.0)
+            && server.log_count(OPENED) == server.log_count(CLOSED)
     })
     .await;
 }
@@ -173,7 +176,7 @@ async fn redis_killed_under_load_policy_error() {
 
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
-    until_redis_in_use(server.http).await;
+    until_redis_in_use(&server).await;
     let (opens, closes) = (server.log_count(OPENED), server.log_count(CLOSED));
     let killing = Instant::now();
     redis.stop();
@@ -258,7 +261,7 @@ async fn redis_killed_under_load_policy_local() {
     let mut probe = client(server.grpc).await;
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
-    until_redis_in_use(server.http).await;
+    until_redis_in_use(&server).await;
     let (opens, closes) = (server.log_count(OPENED), server.log_count(CLOSED));
     redis.stop();
     let killed = Instant::now();
@@ -320,7 +323,7 @@ async fn redis_frozen_by_debug_sleep_policy_allow() {
     let http = server.http;
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
-    until_redis_in_use(server.http).await;
+    until_redis_in_use(&server).await;
     let port = redis.port().to_string();
     let opens = server.log_count(OPENED);
     let frozen = Instant::now();
@@ -379,7 +382,7 @@ async fn redis_writes_paused_policy_deny() {
     );
     let load = Load::start(server.grpc, WORKERS, load_request).await;
     load.until_answered(200).await;
-    until_redis_in_use(server.http).await;
+    until_redis_in_use(&server).await;
     let opens = server.log_count(OPENED);
     let paused = Instant::now();
     redis.command(&["CLIENT", "PAUSE", "30000", "WRITE"]).await;

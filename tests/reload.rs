@@ -88,7 +88,11 @@ async fn edited_file_is_reloaded() {
     // In place, as `echo > file` or a simple editor does.
     fs::write(&file, limits("d", 20)).unwrap();
     until_limit(&server, "d", Some(20)).await;
-    assert!(server.reloads.load(Ordering::SeqCst) >= 1);
+    // Counted after the swap that put the limits in force.
+    eventually("the reload counted", || async {
+        server.reloads.load(Ordering::SeqCst) >= 1
+    })
+    .await;
     // /rlconfig lists the limits in force.
     let listing = support::http::call(server.http_addr, "GET", "/rlconfig", None).await;
     assert!(listing.body.contains("d.k: 20/minute"), "{}", listing.body);
@@ -150,12 +154,14 @@ async fn bad_edit_keeps_previous_limits() {
 
     fs::write(&file, limits("d", 40)).unwrap();
     until_limit(&server, "d", Some(40)).await;
-    assert!(
+    // Recorded after the swap that put the limits in force.
+    eventually("floodgate_config_last_reload_success 1", || async {
         server
             .metrics
             .encode()
             .contains("floodgate_config_last_reload_success 1")
-    );
+    })
+    .await;
     server.stop().await;
 }
 

@@ -261,6 +261,15 @@ async fn healthcheck(server: &Floodgate) -> u16 {
     call(server.http, "GET", "/healthcheck", None).await.status
 }
 
+/// Waits for `/healthcheck` to answer 200: readiness follows a first load through the
+/// health task, a moment after the limits are in force.
+async fn until_ready(server: &Floodgate) {
+    support::eventually("/healthcheck 200", || async {
+        healthcheck(server).await == 200
+    })
+    .await;
+}
+
 fn start(url: &str, extra: &[&str]) -> Floodgate {
     let mut args = vec![
         "--config-xds",
@@ -302,7 +311,7 @@ async fn push_nack_update_and_restart() {
         Some(prost_types::value::Kind::StringValue("a".into()))
     );
     assert_eq!(ack.type_url, TYPE_URL);
-    assert_eq!(healthcheck(&server).await, 200);
+    until_ready(&server).await;
 
     // v2 does not load: NACKed with the loader's error, v1 stays in force.
     plane.push("v2", vec![edge(5, RateLimitUnit::Unknown)]);
@@ -486,7 +495,7 @@ async fn not_ready_until_first_config() {
     assert_eq!(support::health(server.grpc).await, 2);
     plane.push("v1", vec![edge(3, RateLimitUnit::Second)]);
     until_limit(&server, 3).await;
-    assert_eq!(healthcheck(&server).await, 200);
+    until_ready(&server).await;
     server.stop().await;
     task.abort();
 }

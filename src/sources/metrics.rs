@@ -95,6 +95,8 @@ impl SourceMetrics {
     /// Counts a limits configuration load (start-up or reload) and remembers whether the
     /// last one succeeded.
     pub fn record_config_load(&self, ok: bool) {
+        // The last load's result first: whoever sees the count go up finds it set.
+        self.families.config_last_ok.set(i64::from(ok));
         self.telemetry.count_reference_stat(if ok {
             StatName::ConfigLoadSuccess
         } else {
@@ -106,6 +108,5 @@ impl SourceMetrics {
                 result: if ok { "success" } else { "error" },
             })
             .inc();
-        self.families.config_last_ok.set(i64::from(ok));
     }
 }

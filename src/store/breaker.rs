@@ -110,16 +110,20 @@ impl CircuitBreaker {
         }
         let mut failures = self.lock();
         let was_open = failures.is_none();
+        let was_usable = *self.available.borrow();
         *failures = Some(0);
         self.open.store(false, Ordering::Release);
+        // Published before `steady`: a success that finds `steady` set returns at once, and
+        // whoever its request answered must find the store usable (health, the console).
+        if !was_usable {
+            self.available.send_replace(true);
+        }
         self.steady.store(true, Ordering::Release);
         // Logged once in effect: whoever reads the line (an operator, a test waiting on it)
         // and sends a request then finds the circuit closed.
         if was_open {
-            self.available.send_replace(true);
             tracing::info!("Redis is reachable again: circuit closed, requests go to Redis");
-        } else if !*self.available.borrow() {
-            self.available.send_replace(true);
+        } else if !was_usable {
             tracing::info!("Redis answered: the store is usable");
         }
     }
@@ -133,8 +137,10 @@ impl CircuitBreaker {
         let count = count.saturating_add(1);
         if count >= self.threshold && self.quiet_now() {
             *failures = None;
-            self.open.store(true, Ordering::Release);
+            // Unusable before open: whoever finds the circuit open (the console) finds the
+            // store unusable too.
             self.available.send_replace(false);
+            self.open.store(true, Ordering::Release);
             // Logged once in effect, as the closing is.
             tracing::warn!(
                 error = %error,

@@ -89,13 +89,14 @@ impl TransportMetrics {
     /// Counts a gRPC TLS certificate load (start-up or reload) and remembers whether the last
     /// one succeeded.
     pub fn record_tls_load(&self, ok: bool) {
+        // The last load's result first: whoever sees the count go up finds it set.
+        self.tls.last_ok.set(i64::from(ok));
         self.tls
             .loads
             .get_or_create(&ResultLabels {
                 result: if ok { "success" } else { "error" },
             })
             .inc();
-        self.tls.last_ok.set(i64::from(ok));
     }
 
     /// Counts a failed TLS handshake.

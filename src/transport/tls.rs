@@ -93,17 +93,19 @@ impl GrpcTls {
     }
 
     /// Loads the files again; on success the new configuration serves every later handshake,
-    /// on failure the previous one stays. Counted and logged either way (one line).
+    /// on failure the previous one stays. Counted and logged either way (one line), once
+    /// the new configuration is in force: whoever sees the count or the line and connects
+    /// gets it.
     pub fn reload(&self) -> Result<(), TlsError> {
-        let loaded = server_config(&self.files);
-        self.metrics.record_tls_load(loaded.is_ok());
-        match loaded {
+        match server_config(&self.files) {
             Ok(config) => {
                 self.config.store(Arc::new(config));
+                self.metrics.record_tls_load(true);
                 tracing::info!(cert = %self.files.cert.display(), "TLS certificate reloaded");
                 Ok(())
             }
             Err(e) => {
+                self.metrics.record_tls_load(false);
                 tracing::error!("TLS reload failed, keeping the previous certificate: {e}");
                 Err(e)
             }
