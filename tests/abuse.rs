@@ -187,9 +187,11 @@ async fn connections_are_bounded_per_port_and_silent_ones_closed() {
     for _ in 0..40 {
         idle.push(TcpStream::connect(server.grpc).await.unwrap());
     }
-    eventually("20 open, 20 evicted", || async {
+    // At most 20 open: exactly 20 lasts only until the idle timeout closes them (1 s), which
+    // a slow scrape can miss; the evictions say the bound was reached.
+    eventually("at most 20 open, 20 evicted", || async {
         let (open, evicted) = grpc_open_and_evicted(server.http).await;
-        open == 20.0 && evicted >= 20.0
+        open <= 20.0 && evicted >= 20.0
     })
     .await;
     // The admin port has its own bound: health stays reachable while gRPC is full.

@@ -60,9 +60,12 @@ async fn two_replicas_on_redis_admit_exactly_the_limit() {
         limits.to_str().unwrap(),
         "--redis-url",
         &redis_url,
-        // Counts under test, not the 10 ms Redis deadline on a loaded test machine.
+        // Counts under test, not the 10 ms Redis deadline or the 250 ms connect timeout on a
+        // loaded test machine.
         "--redis-timeout-ms",
         "1000",
+        "--redis-connect-timeout-ms",
+        "2000",
     ];
     let replicas = [Floodgate::start(&args), Floodgate::start(&args)];
     let bootstrap = Bootstrap::rls(

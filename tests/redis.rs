@@ -725,6 +725,10 @@ async fn two_processes_share_one_limit() {
         &url,
         "--redis-timeout-ms",
         "2000",
+        // Each process's first requests open its pools' connections at once, which a loaded
+        // machine can take longer than the 250 ms default to do.
+        "--redis-connect-timeout-ms",
+        "2000",
     ];
     let a = Floodgate::start(&args);
     let b = Floodgate::start(&args);

@@ -24,8 +24,9 @@ use support::redis_settings;
 
 /// What the tests allow past a call's deadline for its answer: the connection's task
 /// answers a late call on its next pass (docs/reliability.md), far less than this on an idle
-/// machine; the rest is room for a loaded test machine.
-const MARGIN: Duration = Duration::from_millis(250);
+/// machine; the rest is room for a loaded test machine. Without the deadline these peers
+/// would hold the call for ever, so any bound proves it.
+const MARGIN: Duration = Duration::from_secs(1);
 
 /// The most the test process's memory may grow while a peer floods.
 const RSS_GROWTH: u64 = 16 << 20;

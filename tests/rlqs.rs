@@ -178,6 +178,10 @@ async fn two_replicas_share_the_rate_through_tls_redis() {
             arg(&pki.client_cert),
             "--redis-tls-key-file",
             arg(&pki.client_key),
+            // A TLS handshake in a debug build on a loaded machine can take longer than the
+            // 250 ms default connect timeout.
+            "--redis-connect-timeout-ms",
+            "2000",
         ][..],
         &NO_REASSESS,
     ]

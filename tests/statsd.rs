@@ -369,7 +369,13 @@ async fn redis_pool_stats() {
     let port = addr.port().to_string();
     let url = redis.address();
     let server = Floodgate::start_with_env(
-        &["--redis-timeout-ms", "250"],
+        // A missed deadline retires a connection (counted in cx_local_close): generous ones.
+        &[
+            "--redis-timeout-ms",
+            "2000",
+            "--redis-connect-timeout-ms",
+            "2000",
+        ],
         &reference_env(
             &root,
             &[
