@@ -564,7 +564,10 @@ async fn failed_refund_is_counted_and_leaves_one_debit() {
     let store = Arc::new(
         ClusterStore::new(
             &ClusterSettings {
-                command_timeout: Duration::from_secs(1),
+                // The paused group's call waits while the test sees the other group's debit,
+                // kills its node and unpauses: room for a loaded machine to do all three (the
+                // refund to the dead node then fails at this deadline).
+                command_timeout: Duration::from_secs(3),
                 ..cluster_settings(&cluster.seeds())
             },
             StoreMetrics::register(&metrics),
