@@ -314,13 +314,15 @@ async fn shutdown_refuses_held_requests_whose_turn_is_past_the_cut(backend: Back
     server.join().await;
 }
 
-/// A fixed window of 5 a second beside a token bucket that holds: one token every 20 s,
-/// a burst of 1, held up to a minute.
+/// A fixed window of 5 a minute beside a token bucket that holds: one token every 20 s,
+/// a burst of 1, held up to a minute. (A window of a minute: on Redis a window's key
+/// expires in real time at its end on the test's clock, and the test needs the next window
+/// to last while it asks, whatever the machine's load.)
 const WINDOW_AND_HOLD: &str = "
 domain: w
 descriptors:
   - key: u
-    rate_limit: {unit: second, requests_per_unit: 5, algorithm: fixed_window}
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
   - key: s
     rate_limit: {unit: minute, requests_per_unit: 3, burst: 1, max_wait: 60s}
 ";
@@ -336,8 +338,8 @@ async fn a_cancelled_wait_refunds_its_own_window_only(backend: Backend) {
             vec![descriptor(&[("u", "A")]), descriptor(&[("s", "A")])],
         )
     };
-    // Late in second W: one passes, three are held (20, 40 and 60 s), all four counted in W.
-    server.advance_ms(900);
+    // Late in minute W: one passes, three are held (20, 40 and 60 s), all four counted in W.
+    server.advance_ms(59_900);
     assert_eq!(server.ask(both()).await.overall_code, Code::Ok as i32);
     let client = server.client().await;
     let held: Vec<_> = (0..3)
