@@ -160,32 +160,25 @@ async fn token_bucket_burst_deny_refill(backend: Backend) {
 /// `burst` sets the token bucket's capacity independently of its rate.
 async fn burst_sets_capacity(backend: Backend) {
     let server = TestServer::with(LIMITS).on(backend).start().await;
-    let expected = [OK, OK, OK, OK, OK, OVER];
-    // The test clock is manual but Redis expires keys in real time: the bucket's key, first
-    // written with one token taken, expires one real second later, and is full again. A run
-    // slower than that (a stalled machine) that answered otherwise is run again on a fresh
-    // bucket; one that answered otherwise within 900 ms fails.
-    let mut value = String::new();
-    for attempt in 0.. {
-        assert!(attempt < 20, "every run of the burst took over 900 ms");
-        value = format!("x{attempt}");
-        let started = Instant::now();
-        let mut codes = Vec::new();
-        for _ in 0..expected.len() {
-            codes.push(
-                server
-                    .ask(simple("test", "burst", &value))
-                    .await
-                    .overall_code,
-            );
+    let expected = vec![OK, OK, OK, OK, OK, OVER];
+    // The bucket's key, first written with one token taken, expires one real second later.
+    let value = until_answered_in_time("the burst", &expected, |value| {
+        let server = &server;
+        let runs = expected.len();
+        async move {
+            let mut codes = Vec::new();
+            for _ in 0..runs {
+                codes.push(
+                    server
+                        .ask(simple("test", "burst", &value))
+                        .await
+                        .overall_code,
+                );
+            }
+            codes
         }
-        if codes == expected {
-            break;
-        }
-        if started.elapsed() < Duration::from_millis(900) {
-            assert_eq!(codes, expected);
-        }
-    }
+    })
+    .await;
     // 60 per minute: one token per second.
     server.advance_ms(1000);
     assert_eq!(
@@ -1035,14 +1028,39 @@ const FASTEST: [(Step, (i32, u32)); 15] = {
 
 /// Runs [`FASTEST`] with descriptor value `value`; returns the answers and the real time the
 /// run took.
-async fn fastest_answers(server: &TestServer, value: &str) -> (Vec<(i32, u32)>, Duration) {
-    let started = Instant::now();
+async fn fastest_answers(server: &TestServer, value: &str) -> Vec<(i32, u32)> {
     let mut answers = Vec::new();
     for ((advance, key, hits), _) in FASTEST {
         server.clock.advance(advance);
         answers.push(extreme_on(server, key, value, hits).await);
     }
-    (answers, started.elapsed())
+    answers
+}
+
+/// Runs `run` on fresh descriptor values (`x0`, `x1`, …) until it answers `expected`, and
+/// returns the value of that run. The test clock is manual but Redis expires keys in real
+/// time (a bucket's key one real second after it was emptied), so a run slower than that (a
+/// stalled machine) that answered otherwise is run again; one that answered as expected
+/// passes however long it took (an expiry only ever refills a bucket, which would show), and
+/// one that answered otherwise within 900 ms fails.
+async fn until_answered_in_time<T, F, Fut>(what: &str, expected: &T, mut run: F) -> String
+where
+    T: PartialEq + std::fmt::Debug,
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    for attempt in 0..20 {
+        let value = format!("x{attempt}");
+        let started = Instant::now();
+        let answers = run(value.clone()).await;
+        if answers == *expected {
+            return value;
+        }
+        if started.elapsed() < Duration::from_millis(900) {
+            assert_eq!(answers, *expected);
+        }
+    }
+    panic!("every run of {what} took over 900 ms");
 }
 
 /// Every `requests_per_unit` up to u32::MAX with every unit loads and counts exactly under
@@ -1052,24 +1070,13 @@ async fn fastest_answers(server: &TestServer, value: &str) -> (Vec<(i32, u32)>, 
 async fn extreme_limits_every_algorithm(backend: Backend) {
     let server = TestServer::with(EXTREMES).on(backend).start().await;
     let expected: Vec<(i32, u32)> = FASTEST.iter().map(|(_, answer)| *answer).collect();
-    // The test clock is manual but Redis expires keys in real time, and these buckets are
-    // full again (their keys expire) one real second after they were emptied: a run slower
-    // than that (a stalled machine) that answered otherwise is run again with fresh buckets.
-    // A run that answered as expected passes however long it took (an expiry only ever
-    // refills a bucket, which would show), one that answered otherwise within 900 ms fails.
-    for attempt in 0.. {
-        assert!(
-            attempt < 20,
-            "every run of the fastest limits took over 900 ms"
-        );
-        let (answers, took) = fastest_answers(&server, &format!("x{attempt}")).await;
-        if answers == expected {
-            break;
-        }
-        if took < Duration::from_millis(900) {
-            assert_eq!(answers, expected);
-        }
-    }
+    // These buckets are full again (their keys expire) one real second after they were
+    // emptied.
+    until_answered_in_time("the fastest limits", &expected, |value| {
+        let server = &server;
+        async move { fastest_answers(server, &value).await }
+    })
+    .await;
 
     // Emptied at once, the fastest buckets report one second until full (the configured
     // rate's, not the rounded ticks'); a descriptor `limit` override of u32::MAX per minute
